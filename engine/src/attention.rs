@@ -1,0 +1,229 @@
+//! Paged tree attention on the CPU. For each sequence and KV head, every query row attends to
+//! the sequence's whole cached context (read in place from its blocks in the
+//! `PagedKvStore`) and to the rows of its own tree that its `TreeMask` marks visible
+//! (ancestors and itself), with an exact two-pass softmax.
+//!
+//! Batch invariance: a row's keys are visited in one fixed order (context positions
+//! ascending, then visible tree nodes ascending) and every reduction runs over that row alone,
+//! so a row's output never depends on which other rows or sequences share the batch, and a
+//! tree node computes bit-for-bit what its root path computes as a chain.
+
+use rayon::prelude::*;
+
+use crate::batch::{SeqEntry, TreeBatch};
+use crate::kv_store::LayerKv;
+
+/// Head geometry of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadShape {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// `q` is `[num_heads][rows][head_dim]` (already rotated); the batch's own K/V rows must
+/// already be in `kv`. Returns `[rows][num_heads * head_dim]`.
+pub fn paged_tree_attention(
+    q: &[f32],
+    kv: &LayerKv,
+    batch: &TreeBatch,
+    shape: HeadShape,
+) -> Vec<f32> {
+    let rows = batch.num_rows();
+    let hd = shape.head_dim;
+    let group = shape.num_heads / shape.num_kv_heads;
+    let work: Vec<(usize, usize)> = (0..batch.seqs.len())
+        .flat_map(|s| (0..shape.num_kv_heads).map(move |kh| (s, kh)))
+        .collect();
+    let results: Vec<Vec<f32>> = work
+        .par_iter()
+        .map(|&(s, kh)| attend_group(q, kv, batch, &batch.seqs[s], kh, group, shape))
+        .collect();
+
+    let width = shape.num_heads * hd;
+    let mut out = vec![0.0f32; rows * width];
+    for (&(s, kh), result) in work.iter().zip(&results) {
+        let seq = &batch.seqs[s];
+        let n = seq.rows.len();
+        for g in 0..group {
+            let head = kh * group + g;
+            for (i, row) in seq.rows.clone().enumerate() {
+                let src = &result[(g * n + i) * hd..(g * n + i + 1) * hd];
+                out[row * width + head * hd..row * width + (head + 1) * hd].copy_from_slice(src);
+            }
+        }
+    }
+    out
+}
+
+/// Output `[group][seq rows][head_dim]` for the query heads sharing KV head `kh`.
+fn attend_group(
+    q: &[f32],
+    kv: &LayerKv,
+    batch: &TreeBatch,
+    seq: &SeqEntry,
+    kh: usize,
+    group: usize,
+    shape: HeadShape,
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let row_width = shape.num_kv_heads * hd;
+    let total_rows = batch.num_rows();
+    let scale = (1.0 / (hd as f64).sqrt()) as f32;
+    // Offsets of this head's K/V in the store: context first, then the tree's own rows.
+    let context: Vec<usize> = (0..seq.context_len)
+        .map(|p| {
+            let slot = batch
+                .context_slot(seq, p)
+                .expect("invariant: batch validated the block table covers the context");
+            slot.index() * row_width + kh * hd
+        })
+        .collect();
+    let tree: Vec<usize> = seq
+        .rows
+        .clone()
+        .map(|r| batch.slots[r].index() * row_width + kh * hd)
+        .collect();
+
+    let n = seq.rows.len();
+    let mut out = vec![0.0f32; group * n * hd];
+    let mut scores: Vec<f32> = Vec::with_capacity(context.len() + n);
+    let mut keys: Vec<usize> = Vec::with_capacity(context.len() + n);
+    for i in 0..n {
+        keys.clear();
+        keys.extend_from_slice(&context);
+        keys.extend(seq.mask.visible(i).map(|j| tree[j]));
+        for g in 0..group {
+            let head = kh * group + g;
+            let row = seq.rows.start + i;
+            let q_row = &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd];
+            scores.clear();
+            scores.extend(
+                keys.iter()
+                    .map(|&at| dot(q_row, &kv.k[at..at + hd]) * scale),
+            );
+            softmax_in_place(&mut scores);
+            let dst = &mut out[(g * n + i) * hd..(g * n + i + 1) * hd];
+            for (&p, &at) in scores.iter().zip(&keys) {
+                axpy(p, &kv.v[at..at + hd], dst);
+            }
+        }
+    }
+    out
+}
+
+/// Dot product with eight independent partial sums (vectorises; fixed order).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (a8, a_rest) = a.split_at(a.len() - a.len() % 8);
+    let (b8, b_rest) = b.split_at(a8.len());
+    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
+    }
+    sum
+}
+
+#[inline]
+fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+fn softmax_in_place(xs: &mut [f32]) {
+    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for x in xs.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    for x in xs.iter_mut() {
+        *x /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::LogitRows;
+    use crate::kv_store::PagedKvStore;
+    use crate::tree::TokenTree;
+    use kvcache::{BlockId, BlockTable};
+
+    /// Naive attention over explicit key/value lists, for comparison.
+    fn naive(q: &[f32], keys: &[&[f32]], values: &[&[f32]]) -> Vec<f32> {
+        let scale = 1.0 / (q.len() as f32).sqrt();
+        let s: Vec<f32> = keys
+            .iter()
+            .map(|k| k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
+        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f32 = e.iter().sum();
+        let mut out = vec![0.0; q.len()];
+        for (w, v) in e.iter().zip(values) {
+            for (o, x) in out.iter_mut().zip(*v) {
+                *o += w / z * x;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_naive_attention_over_context_and_ancestors() {
+        let shape = HeadShape {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let row_width = 16;
+        let mut store = PagedKvStore::new(1, 32, row_width);
+        let mut seed = 1u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let all: Vec<u32> = (0..32).collect();
+        let slots: Vec<kvcache::Slot> = all.iter().map(|&s| kvcache::Slot(s)).collect();
+        let k: Vec<f32> = (0..32 * row_width).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..32 * row_width).map(|_| rnd()).collect();
+        store.write(0, &slots, &k, &v).unwrap();
+
+        // Context of 6 in blocks [5, 2] (block size 4), tree 0 -> {1, 2}, 2 -> 3.
+        let table = BlockTable::from_blocks(vec![BlockId(5), BlockId(2), BlockId(7)]);
+        let tree = TokenTree::new(vec![1, 2, 3, 4], vec![None, Some(0), Some(0), Some(2)]).unwrap();
+        let mut batch = TreeBatch::new(4);
+        batch.push(6, &table, &tree, LogitRows::All).unwrap();
+        let q: Vec<f32> = (0..4 * 4 * 8).map(|_| rnd()).collect();
+        let out = paged_tree_attention(&q, store.layer(0), &batch, shape);
+
+        let ctx_slots: Vec<usize> = (0..6).map(|p| table.slot(p, 4).unwrap().index()).collect();
+        for node in 0..4 {
+            let mut visible = ctx_slots.clone();
+            visible.extend(tree.path_to(node).iter().map(|&j| batch.slots[j].index()));
+            for head in 0..4 {
+                let kh = head / 2;
+                let key = |s: usize| &k[s * row_width + kh * 8..s * row_width + kh * 8 + 8];
+                let val = |s: usize| &v[s * row_width + kh * 8..s * row_width + kh * 8 + 8];
+                let keys: Vec<&[f32]> = visible.iter().map(|&s| key(s)).collect();
+                let vals: Vec<&[f32]> = visible.iter().map(|&s| val(s)).collect();
+                let qrow = &q[(head * 4 + node) * 8..(head * 4 + node + 1) * 8];
+                let want = naive(qrow, &keys, &vals);
+                let got = &out[node * 32 + head * 8..node * 32 + head * 8 + 8];
+                for (a, b) in want.iter().zip(got) {
+                    assert!((a - b).abs() < 1e-5, "node {node} head {head}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}

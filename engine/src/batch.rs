@@ -1,0 +1,167 @@
+//! `TreeBatch`: everything one forward needs, flattened. Rows are the new tokens of every
+//! sequence, concatenated; each row carries its RoPE position and the slot its K/V is written
+//! to. Each sequence carries its cached context (`context_len` positions in its block table)
+//! and the ancestor mask over its own rows. Sequences never see each other.
+//!
+//! ```text
+//!  seq A: context 5, tree of 3     seq B: context 0, chain (prefill) of 4
+//!  rows   [a0 a1 a2 | b0 b1 b2 b3]
+//!  pos    [ 5  6  6 |  0  1  2  3]    position = context_len + depth
+//!  slot   [sA(5) sA(6) sA(7) | sB(0) sB(1) sB(2) sB(3)]   node i -> slot(context_len + i)
+//! ```
+//! Node i of a tree is written at position index `context_len + i` of its block table (not at
+//! its RoPE position): siblings need distinct rows. After verification the accepted path is
+//! moved to consecutive slots.
+
+use std::ops::Range;
+
+use kvcache::{BlockTable, Slot};
+
+use crate::tree::{TokenTree, TreeMask};
+use crate::{Error, Result};
+
+/// Which rows of a sequence need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prefill chunk that does not end the prompt).
+    None,
+    /// Only the last node.
+    Last,
+    /// Every node (verification).
+    All,
+}
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone)]
+pub struct SeqEntry {
+    /// Positions already in the KV store.
+    pub context_len: usize,
+    /// Blocks backing context and new rows.
+    pub block_table: BlockTable,
+    /// This sequence's rows in the batch.
+    pub rows: Range<usize>,
+    /// Ancestor mask over its rows.
+    pub mask: TreeMask,
+}
+
+/// One forward's input.
+#[derive(Debug, Clone, Default)]
+pub struct TreeBatch {
+    /// Token of each row.
+    pub token_ids: Vec<u32>,
+    /// RoPE position of each row.
+    pub positions: Vec<u32>,
+    /// KV slot each row writes.
+    pub slots: Vec<Slot>,
+    /// The sequences, in row order.
+    pub seqs: Vec<SeqEntry>,
+    /// Rows whose logits are returned, in this order.
+    pub logit_rows: Vec<usize>,
+    /// Slots per block of every block table.
+    pub block_size: usize,
+}
+
+impl TreeBatch {
+    /// An empty batch over blocks of `block_size` slots.
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+
+    /// Appends one sequence's tree. `block_table` must already cover
+    /// `context_len + tree.len()` positions. Returns the rows the tree occupies.
+    pub fn push(
+        &mut self,
+        context_len: usize,
+        block_table: &BlockTable,
+        tree: &TokenTree,
+        logits: LogitRows,
+    ) -> Result<Range<usize>> {
+        if tree.is_empty() {
+            return Err(Error::InvalidBatch("a sequence with no new token".into()));
+        }
+        let needed = context_len + tree.len();
+        if block_table.capacity(self.block_size) < needed {
+            return Err(Error::InvalidBatch(format!(
+                "block table holds {} positions, {needed} needed",
+                block_table.capacity(self.block_size)
+            )));
+        }
+        let start = self.token_ids.len();
+        for (i, (&token, &depth)) in tree.tokens().iter().zip(tree.depths()).enumerate() {
+            let position = u32::try_from(context_len + depth)
+                .map_err(|_| Error::InvalidBatch("position overflows u32".into()))?;
+            let slot = block_table
+                .slot(context_len + i, self.block_size)
+                .ok_or_else(|| Error::InvalidBatch("slot outside block table".into()))?;
+            self.token_ids.push(token);
+            self.positions.push(position);
+            self.slots.push(slot);
+        }
+        let rows = start..self.token_ids.len();
+        match logits {
+            LogitRows::None => {}
+            LogitRows::Last => self.logit_rows.push(rows.end - 1),
+            LogitRows::All => self.logit_rows.extend(rows.clone()),
+        }
+        self.seqs.push(SeqEntry {
+            context_len,
+            block_table: block_table.clone(),
+            rows: rows.clone(),
+            mask: tree.mask(),
+        });
+        Ok(rows)
+    }
+
+    /// Rows in the batch.
+    pub fn num_rows(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Slot of context position `position` of sequence `seq`.
+    pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
+        seq.block_table.slot(position, self.block_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache::BlockId;
+
+    #[test]
+    fn rows_positions_and_slots_follow_the_diagram() {
+        let mut batch = TreeBatch::new(4);
+        let table_a = BlockTable::from_blocks(vec![BlockId(3), BlockId(1)]);
+        let tree = TokenTree::new(vec![7, 8, 9], vec![None, Some(0), Some(0)]).unwrap();
+        let rows_a = batch.push(5, &table_a, &tree, LogitRows::All).unwrap();
+        let table_b = BlockTable::from_blocks(vec![BlockId(0)]);
+        let rows_b = batch
+            .push(
+                0,
+                &table_b,
+                &TokenTree::chain(&[1, 2, 3, 4]),
+                LogitRows::Last,
+            )
+            .unwrap();
+        assert_eq!(rows_a, 0..3);
+        assert_eq!(rows_b, 3..7);
+        assert_eq!(batch.positions, vec![5, 6, 6, 0, 1, 2, 3]);
+        // seq A: positions 5,6,7 -> block 1 (second entry) offsets 1,2,3 -> slots 5,6,7.
+        let slots: Vec<u32> = batch.slots.iter().map(|s| s.0).collect();
+        assert_eq!(slots, vec![5, 6, 7, 0, 1, 2, 3]);
+        assert_eq!(batch.logit_rows, vec![0, 1, 2, 6]);
+    }
+
+    #[test]
+    fn too_small_block_table_is_an_error() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(0)]);
+        let err = batch
+            .push(3, &table, &TokenTree::chain(&[1, 2]), LogitRows::Last)
+            .unwrap_err();
+        assert!(err.to_string().contains("block table"), "{err}");
+    }
+}

@@ -1,0 +1,258 @@
+//! `Model`: a llama / qwen2 decoder (RMSNorm, RoPE at arbitrary positions, GQA, SwiGLU MLP,
+//! optional q/k/v biases, tied or untied head) whose forward takes a whole `TreeBatch`: many
+//! sequences, each with its cached prefix in the paged KV store and its own tree of new
+//! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
+//!
+//! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
+//! per-row arithmetic does not depend on the row count for the quantized formats we load);
+//! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
+//! `attention::paged_tree_attention`, which reads K/V in place from the blocks.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::attention::{paged_tree_attention, HeadShape};
+use crate::batch::TreeBatch;
+use crate::config::{ModelConfig, RopeStyle};
+use crate::kv_store::PagedKvStore;
+use crate::linear::Linear;
+use crate::{Error, Result};
+
+/// One decoder block's weights.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub attn_norm: Tensor,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// RMSNorm before the MLP.
+    pub mlp_norm: Tensor,
+    /// SwiGLU gate.
+    pub gate: Linear,
+    /// SwiGLU up.
+    pub up: Linear,
+    /// SwiGLU down.
+    pub down: Linear,
+}
+
+/// All weights of a decoder, as loaded.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    /// `[vocab, hidden]` f32.
+    pub embedding: Tensor,
+    /// Blocks, bottom first.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm.
+    pub final_norm: Tensor,
+    /// Vocabulary projection (the embedding when tied).
+    pub lm_head: Linear,
+}
+
+/// A loaded decoder.
+#[derive(Debug, Clone)]
+pub struct Model {
+    config: ModelConfig,
+    weights: ModelWeights,
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+    device: Device,
+}
+
+impl Model {
+    /// Assembles a model; validates the config and precomputes the RoPE table.
+    pub fn new(config: ModelConfig, weights: ModelWeights, device: Device) -> Result<Self> {
+        config.validate()?;
+        if weights.layers.len() != config.num_layers {
+            return Err(Error::Metadata(format!(
+                "{} layers of weights for {} layers in the config",
+                weights.layers.len(),
+                config.num_layers
+            )));
+        }
+        let (rope_cos, rope_sin) = rope_table(&config, &device)?;
+        Ok(Self {
+            config,
+            weights,
+            rope_cos,
+            rope_sin,
+            device,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of projection weights read by one decode step (embedding lookup excluded).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .weights
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.weight_bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + self.weights.lm_head.weight_bytes()
+    }
+
+    /// A KV store with room for `num_slots` rows in every layer.
+    pub fn new_kv_store(&self, num_slots: usize) -> PagedKvStore {
+        PagedKvStore::new(
+            self.config.num_layers,
+            num_slots,
+            self.config.kv_row_width(),
+        )
+    }
+
+    /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
+    /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
+    pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        self.validate(batch, kv)?;
+        let cfg = &self.config;
+        let rows = batch.num_rows();
+        let ids = Tensor::new(batch.token_ids.as_slice(), &self.device)?;
+        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
+        let cos = self.rope_cos.index_select(&positions, 0)?.contiguous()?;
+        let sin = self.rope_sin.index_select(&positions, 0)?.contiguous()?;
+        let shape = HeadShape {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        };
+        let eps = cfg.rms_norm_eps as f32;
+
+        let mut x = self.weights.embedding.index_select(&ids, 0)?;
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let q = self.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
+            let k = self.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
+            let v = layer.v.forward(&h)?;
+            // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
+            let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+            kv.write(
+                index,
+                &batch.slots,
+                &k.flatten_all()?.to_vec1::<f32>()?,
+                &v.flatten_all()?.to_vec1::<f32>()?,
+            )?;
+            let q = q.flatten_all()?.to_vec1::<f32>()?;
+            let attn = paged_tree_attention(&q, kv.layer(index), batch, shape);
+            let attn = Tensor::from_vec(attn, (rows, cfg.hidden_size), &self.device)?;
+            x = (layer.o.forward(&attn)? + x)?;
+
+            let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+            let gated =
+                (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+            x = (layer.down.forward(&gated)? + x)?;
+        }
+        if batch.logit_rows.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, cfg.vocab_size),
+                DType::F32,
+                &self.device,
+            )?);
+        }
+        let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
+        let wanted = Tensor::new(wanted.as_slice(), &self.device)?;
+        let x = x.index_select(&wanted, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.weights.final_norm, eps)?;
+        self.weights.lm_head.forward(&x)
+    }
+
+    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
+    fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let x = x
+            .reshape((1, rows, heads, self.config.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        Ok(match self.config.rope_style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+        })
+    }
+
+    fn validate(&self, batch: &TreeBatch, kv: &PagedKvStore) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidBatch(msg));
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return bad("empty batch".into());
+        }
+        if batch.positions.len() != rows || batch.slots.len() != rows {
+            return bad("token, position and slot counts differ".into());
+        }
+        if let Some(t) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return bad(format!(
+                "token id {t} outside vocabulary of {}",
+                self.config.vocab_size
+            ));
+        }
+        let max_pos = self.config.max_position_embeddings;
+        if let Some(p) = batch.positions.iter().find(|&&p| p as usize >= max_pos) {
+            return bad(format!(
+                "position {p} beyond the model's {max_pos} positions"
+            ));
+        }
+        if let Some(&r) = batch.logit_rows.iter().find(|&&r| r >= rows) {
+            return bad(format!("logit row {r} outside batch of {rows} rows"));
+        }
+        kv.check_slots(batch.slots.iter().copied())?;
+        let mut next_row = 0;
+        for seq in &batch.seqs {
+            if seq.rows.start != next_row || seq.mask.len() != seq.rows.len() {
+                return bad("sequence rows are not contiguous or mask size differs".into());
+            }
+            next_row = seq.rows.end;
+            let ctx_end = seq
+                .context_len
+                .checked_sub(1)
+                .map(|p| batch.context_slot(seq, p));
+            if let Some(None) = ctx_end {
+                return bad("block table does not cover the cached context".into());
+            }
+            let ctx = (0..seq.context_len).filter_map(|p| batch.context_slot(seq, p));
+            kv.check_slots(ctx)?;
+        }
+        if next_row != rows {
+            return bad("rows not covered by any sequence".into());
+        }
+        Ok(())
+    }
+}
+
+/// cos/sin for every position, `[max_positions, head_dim / 2]`, computed as candle's
+/// reference models do (f32 inverse frequencies, position * frequency, then cos and sin).
+fn rope_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let hd = cfg.head_dim;
+    let inv_freq: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / cfg.rope_theta.powf(i as f32 / hd as f32))
+        .collect();
+    let half = inv_freq.len();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let n = cfg.max_position_embeddings;
+    let positions = Tensor::arange(0u32, n as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((n, 1))?;
+    let angles = positions.matmul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}

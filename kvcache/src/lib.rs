@@ -1,0 +1,44 @@
+//! Paged KV block accounting for thicket: which fixed-size block of the KV store each
+//! sequence position lives in, and which blocks are free. This crate knows positions, blocks
+//! and slots only; it never sees a token or a tensor, so the engine's storage layout
+//! (`slot * row_width`) is the only contract between the two.
+//!
+//! ```text
+//!  position p of a sequence          block table            KV store (slots)
+//!  p = 0 1 2 3 | 4 5 6 7 | 8 9       [ 7, 2, 5 ]            block b holds slots
+//!      block 0 | block 1 | block 2     |  |  |              b*B .. b*B + B - 1
+//!      ---------------------------     v  v  v
+//!  slot(p) = table[p / B] * B + p % B   (B = block size; slot(9) = 5*4 + 1 = 21)
+//! ```
+
+#![deny(missing_docs)]
+
+mod block_pool;
+mod block_table;
+
+pub use block_pool::{BlockPool, PoolStats};
+pub use block_table::BlockTable;
+
+/// Index of one fixed-size block in the KV store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+/// Index of one token row in the KV store: `block * block_size + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot(pub u32);
+
+impl Slot {
+    /// The slot as a row index into the KV store.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One KV row copy: the row at `from` is written to `to` (every layer, K and V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvMove {
+    /// Source row.
+    pub from: Slot,
+    /// Destination row.
+    pub to: Slot,
+}

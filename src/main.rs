@@ -1,0 +1,8 @@
+//! The `thicket` binary: a thin entry point over `api::cli`.
+
+fn main() {
+    if let Err(err) = api::cli::run() {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}
