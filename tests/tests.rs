@@ -1,1 +1,9 @@
+//! thicket's integration tests, one binary: correctness of the paged tree-attention forward
+//! on the real default model (SmolLM2-135M, fetched on first use) and on tiny random models
+//! built in code, against candle-transformers' reference implementations.
 
+mod common;
+mod errors;
+mod forward;
+mod oracle;
+mod tokenizer;

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
 use engine::generate::{generate_greedy, GreedyOptions};
 use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
@@ -44,6 +45,9 @@ struct ModelArgs {
     /// Weight representation: auto | q | f32 | f16 | bf16.
     #[arg(long, default_value = "auto", value_parser = parse_dtype)]
     dtype: WeightDType,
+    /// Attention kernel: fused (batch-invariant, tree-exact) | reference (candle's arithmetic).
+    #[arg(long, default_value = "fused", value_parser = parse_attention)]
+    attention: AttentionKernel,
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +86,11 @@ enum BenchCommand {
     },
 }
 
+fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
+    AttentionKernel::parse(s)
+        .ok_or_else(|| format!("unknown attention kernel '{s}' (fused, reference)"))
+}
+
 fn parse_dtype(s: &str) -> Result<WeightDType, String> {
     WeightDType::parse(s).ok_or_else(|| format!("unknown dtype '{s}' (auto, q, f32, f16, bf16)"))
 }
@@ -118,8 +127,14 @@ fn fetch(alias: &str) -> anyhow::Result<()> {
 
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let started = Instant::now();
-    let loaded = load_model(&args.model, &LoadOptions { dtype: args.dtype })
-        .with_context(|| format!("loading model '{}'", args.model))?;
+    let loaded = load_model(
+        &args.model,
+        &LoadOptions {
+            dtype: args.dtype,
+            attention: args.attention,
+        },
+    )
+    .with_context(|| format!("loading model '{}'", args.model))?;
     eprintln!(
         "loaded {} ({:?}, {} layers) in {:.1}s",
         args.model,

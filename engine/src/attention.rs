@@ -8,10 +8,39 @@
 //! so a row's output never depends on which other rows or sequences share the batch, and a
 //! tree node computes bit-for-bit what its root path computes as a chain.
 
+use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::batch::{SeqEntry, TreeBatch};
 use crate::kv_store::LayerKv;
+use crate::Result;
+
+/// Which implementation computes attention. The two differ only in float summation order,
+/// and that matters: quantized matmuls round activations to 8 bits, which turns a one-ulp
+/// difference into logit differences of up to ~1 and so flips near-tied greedy choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// [`paged_tree_attention`]: reads K/V in place from the blocks; a row's arithmetic is
+    /// independent of the batch and of sibling tree nodes, so verifying a tree gives exactly
+    /// the tokens plain decoding gives. The engine's kernel.
+    #[default]
+    Fused,
+    /// [`gathered_tree_attention`]: the candle ops candle-transformers' reference models use,
+    /// so chains (prefill, decode) reproduce the reference bit for bit. Not tree-exact: the
+    /// matmul sums over masked keys too, which moves its rounding.
+    Reference,
+}
+
+impl AttentionKernel {
+    /// Parses `--attention`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fused" => Some(Self::Fused),
+            "reference" => Some(Self::Reference),
+            _ => None,
+        }
+    }
+}
 
 /// Head geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +142,83 @@ fn attend_group(
         }
     }
     out
+}
+
+/// Attention with candle ops, one sequence at a time. `q` is `[1, heads, rows, dim]`
+/// (rotated); the batch's own K/V rows must already be in `kv`. Returns `[rows, heads * dim]`.
+///
+/// Every sequence gets exactly the calls the reference makes for a prompt of its length
+/// (or a single decode row), with K/V gathered in position order (context, then its tree
+/// rows); a tree row's non-ancestors are masked to -inf, contribute exact zeros, and leave
+/// the sum over its ancestors as a chain computes it.
+pub fn gathered_tree_attention(
+    q: &Tensor,
+    kv: &LayerKv,
+    batch: &TreeBatch,
+    shape: HeadShape,
+    device: &Device,
+) -> Result<Tensor> {
+    let hd = shape.head_dim;
+    let group = shape.num_heads / shape.num_kv_heads;
+    let row_width = shape.num_kv_heads * hd;
+    let mut outputs = Vec::with_capacity(batch.seqs.len());
+    for seq in &batch.seqs {
+        let n = seq.rows.len();
+        let len = seq.context_len + n;
+        let offsets: Vec<usize> = (0..seq.context_len)
+            .map(|p| {
+                batch
+                    .context_slot(seq, p)
+                    .expect("invariant: batch validated the block table covers the context")
+                    .index()
+                    * row_width
+            })
+            .chain(seq.rows.clone().map(|r| batch.slots[r].index() * row_width))
+            .collect();
+        let gather = |store: &[f32]| -> Vec<f32> {
+            let mut out = Vec::with_capacity(shape.num_kv_heads * len * hd);
+            for kh in 0..shape.num_kv_heads {
+                for &at in &offsets {
+                    out.extend_from_slice(&store[at + kh * hd..at + (kh + 1) * hd]);
+                }
+            }
+            out
+        };
+        let k = Tensor::from_vec(gather(&kv.k), (1, shape.num_kv_heads, len, hd), device)?;
+        let v = Tensor::from_vec(gather(&kv.v), (1, shape.num_kv_heads, len, hd), device)?;
+        let k = repeat_kv(k, group)?;
+        let v = repeat_kv(v, group)?;
+        let q = q.narrow(2, seq.rows.start, n)?.contiguous()?;
+        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
+        let att = if n > 1 {
+            let mask: Vec<u8> = (0..n)
+                .flat_map(|i| {
+                    (0..len).map(move |j| {
+                        u8::from(j >= seq.context_len && !seq.mask.sees(i, j - seq.context_len))
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (n, len), device)?.broadcast_as(att.shape())?;
+            let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(att.shape())?;
+            mask.where_cond(&neg_inf, &att)?
+        } else {
+            att
+        };
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let y = att.matmul(&v.contiguous()?)?;
+        outputs.push(y.transpose(1, 2)?.reshape((n, shape.num_heads * hd))?);
+    }
+    Ok(Tensor::cat(&outputs, 0)?.to_dtype(DType::F32)?)
+}
+
+/// `[b, kv_heads, len, d]` -> `[b, kv_heads * n_rep, len, d]`, query head h reading KV head
+/// h / n_rep (the reference's layout, built the reference's way).
+fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(xs);
+    }
+    let (b, kv_heads, len, d) = xs.dims4()?;
+    Ok(Tensor::cat(&vec![&xs; n_rep], 2)?.reshape((b, kv_heads * n_rep, len, d))?)
 }
 
 /// Dot product with eight independent partial sums (vectorises; fixed order).

@@ -5,6 +5,7 @@
 
 use candle_core::{DType, Device};
 
+use crate::attention::AttentionKernel;
 use crate::fetch::{resolve_model, ModelSource};
 use crate::linear::WeightDType;
 use crate::model::Model;
@@ -16,6 +17,8 @@ use crate::{gguf, hf, Result};
 pub struct LoadOptions {
     /// Weight representation.
     pub dtype: WeightDType,
+    /// Attention implementation.
+    pub attention: AttentionKernel,
 }
 
 /// A model and everything needed to talk to it.
@@ -62,7 +65,7 @@ pub fn load_source(source: ModelSource, options: &LoadOptions) -> Result<LoadedM
         }
     };
     Ok(LoadedModel {
-        model,
+        model: model.with_attention(options.attention),
         tokenizer,
         source,
     })

@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::attention::{paged_tree_attention, HeadShape};
+use crate::attention::{gathered_tree_attention, paged_tree_attention, AttentionKernel, HeadShape};
 use crate::batch::TreeBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::kv_store::PagedKvStore;
@@ -61,6 +61,7 @@ pub struct Model {
     rope_cos: Tensor,
     rope_sin: Tensor,
     device: Device,
+    attention: AttentionKernel,
 }
 
 impl Model {
@@ -81,7 +82,19 @@ impl Model {
             rope_cos,
             rope_sin,
             device,
+            attention: AttentionKernel::default(),
         })
+    }
+
+    /// The same model computing attention with `kernel`.
+    pub fn with_attention(mut self, kernel: AttentionKernel) -> Self {
+        self.attention = kernel;
+        self
+    }
+
+    /// The attention kernel in use.
+    pub fn attention(&self) -> AttentionKernel {
+        self.attention
     }
 
     /// Hyper-parameters.
@@ -150,9 +163,16 @@ impl Model {
                 &k.flatten_all()?.to_vec1::<f32>()?,
                 &v.flatten_all()?.to_vec1::<f32>()?,
             )?;
-            let q = q.flatten_all()?.to_vec1::<f32>()?;
-            let attn = paged_tree_attention(&q, kv.layer(index), batch, shape);
-            let attn = Tensor::from_vec(attn, (rows, cfg.hidden_size), &self.device)?;
+            let attn = match self.attention {
+                AttentionKernel::Reference => {
+                    gathered_tree_attention(&q, kv.layer(index), batch, shape, &self.device)?
+                }
+                AttentionKernel::Fused => {
+                    let q = q.flatten_all()?.to_vec1::<f32>()?;
+                    let attn = paged_tree_attention(&q, kv.layer(index), batch, shape);
+                    Tensor::from_vec(attn, (rows, cfg.hidden_size), &self.device)?
+                }
+            };
             x = (layer.o.forward(&attn)? + x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;

@@ -1,0 +1,70 @@
+//! Shared fixtures: the default model loaded once per test binary, tiny random models in
+//! temporary directories, and logits helpers.
+
+use std::sync::OnceLock;
+
+use candle_core::Tensor;
+use engine::fetch::{resolve_model, ModelSource};
+use engine::testing::{write_tiny_hf_model, TinyModelSpec};
+use engine::{LoadOptions, LoadedModel, Model, WeightDType};
+
+/// SmolLM2-135M (Q4_1 GGUF), fetched into `$THICKET_MODELS` on first use.
+pub fn smollm2() -> &'static LoadedModel {
+    static MODEL: OnceLock<LoadedModel> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        engine::load_model("smollm2-135m", &LoadOptions::default()).expect("load smollm2-135m")
+    })
+}
+
+/// SmolLM2-135M with weights dequantized to f32 (no 8-bit activation rounding).
+pub fn smollm2_f32() -> &'static LoadedModel {
+    static MODEL: OnceLock<LoadedModel> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let options = LoadOptions {
+            dtype: WeightDType::F32,
+            ..LoadOptions::default()
+        };
+        engine::load_model("smollm2-135m", &options).expect("load smollm2-135m as f32")
+    })
+}
+
+/// Path of the SmolLM2 GGUF.
+pub fn smollm2_path() -> std::path::PathBuf {
+    match resolve_model("smollm2-135m").expect("resolve smollm2-135m") {
+        ModelSource::Gguf(path) => path,
+        other => panic!("unexpected source {other:?}"),
+    }
+}
+
+/// A tiny random model written to a fresh temp dir and loaded in f32.
+pub fn tiny_model(spec: &TinyModelSpec) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_hf_model(dir.path(), spec).expect("write tiny model");
+    let (model, _) =
+        engine::load::load_hf_model(dir.path(), WeightDType::F32, &candle_core::Device::Cpu)
+            .expect("load tiny model");
+    (dir, model)
+}
+
+/// Largest absolute difference between two equally shaped tensors.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len(), "shape mismatch");
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Prompts of varied kind and length for generation tests.
+pub const PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "<|im_start|>user\nWrite a haiku about autumn leaves.<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a small village at the edge of a dark forest, there lived",
+    "Q: If a train travels 60 miles per hour for 2.5 hours, how far does it go?\nA:",
+    "1, 2, 3, 5, 8, 13,",
+    "Photosynthesis is the process by which",
+    "<|im_start|>user\nList three uses of copper.<|im_end|>\n<|im_start|>assistant\n",
+];

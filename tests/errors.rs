@@ -1,0 +1,87 @@
+//! Bad input gives clear errors, never a panic: a missing file, a corrupt GGUF header, a GGUF
+//! of an unsupported architecture, an HF directory without weights, and an empty prompt.
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use engine::generate::{generate_greedy, GreedyOptions};
+use engine::testing::TinyModelSpec;
+use engine::{load_model, Error, LoadOptions};
+
+use crate::common::tiny_model;
+
+fn load_err(spec: &str) -> Error {
+    load_model(spec, &LoadOptions::default()).expect_err("load should fail")
+}
+
+#[test]
+fn missing_file_is_reported() {
+    let err = load_err("/definitely/not/here/model.gguf");
+    assert!(matches!(err, Error::ModelNotFound(_)), "{err:?}");
+    assert!(err.to_string().contains("/definitely/not/here/model.gguf"));
+}
+
+#[test]
+fn corrupt_header_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("corrupt.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00garbage that is not a header").unwrap();
+    let err = load_err(path.to_str().unwrap());
+    assert!(matches!(err, Error::InvalidGguf { .. }), "{err:?}");
+    let not_gguf = dir.path().join("text.gguf");
+    std::fs::write(&not_gguf, b"hello").unwrap();
+    assert!(matches!(
+        load_err(not_gguf.to_str().unwrap()),
+        Error::InvalidGguf { .. }
+    ));
+}
+
+#[test]
+fn unsupported_architecture_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpt2.gguf");
+    let arch = Value::String("gpt2".into());
+    let weight = QTensor::quantize(
+        &Tensor::zeros((4, 32), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        GgmlDType::F32,
+    )
+    .unwrap();
+    let mut file = std::fs::File::create(&path).unwrap();
+    gguf_file::write(
+        &mut file,
+        &[("general.architecture", &arch)],
+        &[("token_embd.weight", &weight)],
+    )
+    .unwrap();
+    drop(file);
+    let err = load_err(path.to_str().unwrap());
+    assert!(
+        matches!(err, Error::UnsupportedArchitecture(ref a) if a == "gpt2"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("supported: llama, qwen2"));
+}
+
+#[test]
+fn hf_dir_without_weights_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    engine::testing::write_tiny_hf_model(dir.path(), &TinyModelSpec::default()).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let err = load_err(dir.path().to_str().unwrap());
+    assert!(matches!(err, Error::MissingFile(_)), "{err:?}");
+}
+
+#[test]
+fn empty_prompt_is_rejected() {
+    let (_dir, model) = tiny_model(&TinyModelSpec::default());
+    let err =
+        generate_greedy(&model, &[vec![1, 2], vec![]], &GreedyOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::EmptyPrompt), "{err:?}");
+}
+
+#[test]
+fn out_of_range_token_is_rejected() {
+    let (_dir, model) = tiny_model(&TinyModelSpec::default());
+    let err = generate_greedy(&model, &[vec![1, 100_000]], &GreedyOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("outside vocabulary"), "{err}");
+}

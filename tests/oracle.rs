@@ -1,0 +1,216 @@
+//! Reference oracle: our forward against candle-transformers' own implementations on the same
+//! weights. SmolLM2 (GGUF, quantized): greedy tokens must be identical for 64 tokens on five
+//! prompts. A tiny random qwen2 (f32): logits must agree within 1e-4 absolute (logits are
+//! O(1)-O(10); the two differ only in attention's summation order).
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use candle_transformers::models::{quantized_llama, qwen2};
+use engine::attention::AttentionKernel;
+use engine::config::Architecture;
+use engine::generate::{argmax, generate_greedy, GreedyOptions};
+use engine::testing::TinyModelSpec;
+use engine::{LogitRows, TokenTree, TreeBatch};
+use kvcache::{BlockPool, BlockTable};
+
+use crate::common::{max_abs_diff, smollm2, smollm2_f32, smollm2_path, tiny_model, PROMPTS};
+
+const ORACLE_TOKENS: usize = 64;
+/// Serialises construction of reference models: the f32 oracle flips candle's
+/// `CANDLE_DEQUANTIZE_ALL` switch, which candle reads when a thread first builds a QMatMul.
+static REFERENCE_LOCK: Mutex<()> = Mutex::new(());
+
+fn reference_model(dequantize: bool) -> quantized_llama::ModelWeights {
+    let _guard = REFERENCE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let path = smollm2_path();
+    let build = move || {
+        let mut file = std::fs::File::open(&path).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+        quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()
+    };
+    if !dequantize {
+        return build();
+    }
+    // A fresh thread reads the switch anew; it is cleared before the lock is released.
+    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    let model = std::thread::spawn(build).join().unwrap();
+    std::env::remove_var("CANDLE_DEQUANTIZE_ALL");
+    model
+}
+
+/// Greedy decoding with candle-transformers' quantized llama, one token per forward.
+fn reference_greedy(
+    model: &mut quantized_llama::ModelWeights,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let dev = Device::Cpu;
+    model.clear_kv_cache();
+    let input = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
+    let logits = model.forward(&input, 0).unwrap().squeeze(0).unwrap();
+    let mut out = vec![argmax(&logits.to_vec1::<f32>().unwrap())];
+    while out.len() < n {
+        let last = *out.last().unwrap();
+        let input = Tensor::new(&[last], &dev).unwrap().unsqueeze(0).unwrap();
+        let pos = prompt.len() + out.len() - 1;
+        let row = model.forward(&input, pos).unwrap().squeeze(0).unwrap();
+        out.push(argmax(&row.to_vec1::<f32>().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn smollm2_greedy_tokens_equal_candle_quantized_llama() {
+    // The reference kernel reproduces candle's attention arithmetic, so everything else in our
+    // forward (GGUF loading, RoPE at batch positions, norms, quantized matmuls over a
+    // multi-sequence batch, paging) must give candle's tokens exactly, near-ties included.
+    let loaded = smollm2();
+    let model = loaded
+        .model
+        .clone()
+        .with_attention(AttentionKernel::Reference);
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| loaded.tokenizer.encode(p).unwrap())
+        .collect();
+    let options = GreedyOptions {
+        max_tokens: ORACLE_TOKENS,
+        ..GreedyOptions::default()
+    };
+    let ours = generate_greedy(&model, &prompts, &options).unwrap();
+    let mut reference = reference_model(false);
+    for (prompt, ours) in prompts.iter().zip(&ours) {
+        let theirs = reference_greedy(&mut reference, prompt, ORACLE_TOKENS);
+        assert_eq!(ours.token_ids.len(), ORACLE_TOKENS);
+        assert_eq!(
+            ours.token_ids,
+            theirs,
+            "prompt {:?}\nours:   {:?}\ntheirs: {:?}",
+            loaded.tokenizer.decode(prompt).unwrap(),
+            loaded.tokenizer.decode(&ours.token_ids).unwrap(),
+            loaded.tokenizer.decode(&theirs).unwrap()
+        );
+    }
+}
+
+#[test]
+fn smollm2_f32_logits_match_candle_dequantized_llama() {
+    // With dequantized weights no activation is rounded to 8 bits, so our engine's (fused)
+    // attention and candle's differ only in float summation order and must agree closely.
+    let ours = smollm2_f32();
+    assert_eq!(ours.model.attention(), AttentionKernel::Fused);
+    let mut reference = reference_model(true);
+    let mut tokens = ours.tokenizer.encode(PROMPTS[2]).unwrap();
+    tokens.extend(
+        ours.tokenizer
+            .encode("Crisp leaves drift down, golden light on quiet paths")
+            .unwrap(),
+    );
+    let bs = 16;
+    let mut pool = BlockPool::new(tokens.len().div_ceil(bs), bs);
+    let mut table = BlockTable::new();
+    assert!(table.ensure_capacity(tokens.len(), &mut pool));
+    let mut kv = ours.model.new_kv_store(pool.num_slots());
+    let mut batch = TreeBatch::new(bs);
+    batch
+        .push(0, &table, &TokenTree::chain(&tokens), LogitRows::All)
+        .unwrap();
+    let our_logits = ours.model.forward(&batch, &mut kv).unwrap();
+
+    reference.clear_kv_cache();
+    let mut worst = 0.0f32;
+    for (pos, &token) in tokens.iter().enumerate() {
+        let input = Tensor::new(&[token], &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let theirs = reference.forward(&input, pos).unwrap().squeeze(0).unwrap();
+        worst = worst.max(max_abs_diff(&our_logits.i(pos).unwrap(), &theirs));
+    }
+    eprintln!(
+        "f32 SmolLM2: max |ours - candle| over {} positions = {worst}",
+        tokens.len()
+    );
+    assert!(worst < F32_LOGIT_TOLERANCE, "max |ours - candle| = {worst}");
+}
+
+/// Logits are O(10) here; summation-order differences over 30 layers stay far below this.
+const F32_LOGIT_TOLERANCE: f32 = 2e-3;
+
+#[test]
+fn tiny_qwen2_logits_match_candle_qwen2() {
+    let spec = TinyModelSpec {
+        architecture: Architecture::Qwen2,
+        vocab_size: 300,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_layers: 3,
+        num_heads: 4,
+        num_kv_heads: 2,
+        tie_word_embeddings: false,
+        seed: 11,
+    };
+    let (dir, ours) = tiny_model(&spec);
+    let cfg: qwen2::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    let vb = unsafe { candle_nn_varbuilder(&dir.path().join("model.safetensors")) };
+    let mut reference = qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
+
+    let prompt: Vec<u32> = vec![5, 17, 123, 42, 250, 3, 77, 9, 199, 64];
+    let steps = 12;
+    let mut pool = BlockPool::new(8, 4);
+    let mut table = BlockTable::new();
+    assert!(table.ensure_capacity(prompt.len() + steps, &mut pool));
+    let mut kv = ours.new_kv_store(pool.num_slots());
+
+    let mut batch = TreeBatch::new(4);
+    batch
+        .push(0, &table, &TokenTree::chain(&prompt), LogitRows::Last)
+        .unwrap();
+    let mut our_logits = ours.forward(&batch, &mut kv).unwrap();
+    let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mut their_logits = reference.forward(&input, 0).unwrap().i((0, ..)).unwrap();
+    let mut worst = 0.0f32;
+    for step in 0..steps {
+        let ours_row = our_logits.i(0).unwrap();
+        let diff = max_abs_diff(&ours_row, &their_logits.squeeze(0).unwrap());
+        worst = worst.max(diff);
+        let next = argmax(&ours_row.to_vec1::<f32>().unwrap());
+        let pos = prompt.len() + step;
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(pos, &table, &TokenTree::chain(&[next]), LogitRows::Last)
+            .unwrap();
+        our_logits = ours.forward(&batch, &mut kv).unwrap();
+        let input = Tensor::new(&[next], &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        their_logits = reference.forward(&input, pos).unwrap().i((0, ..)).unwrap();
+    }
+    let scale = their_logits
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        scale > 0.5,
+        "degenerate logits (max |logit| {scale}) make the comparison meaningless"
+    );
+    assert!(worst < 1e-4, "max |ours - candle qwen2| = {worst}");
+}
+
+/// A VarBuilder over one safetensors file in f32.
+///
+/// # Safety
+/// The file must not change while mapped.
+unsafe fn candle_nn_varbuilder(path: &std::path::Path) -> candle_nn::VarBuilder<'static> {
+    candle_nn::VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap()
+}

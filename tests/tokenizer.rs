@@ -1,0 +1,43 @@
+//! The tokenizer rebuilt from GGUF metadata: exact round trips, special tokens matched whole,
+//! and SmolLM2's documented pre-tokenization (digits split one by one).
+
+use crate::common::smollm2;
+
+const TEXTS: &[&str] = &[
+    "Hello, world!",
+    "  leading spaces and trailing   ",
+    "Numbers: 1234567890 and 3.14159",
+    "def f(x):\n\treturn x ** 2  # square\n",
+    "Unicode: café, naïve, 日本語, emoji 🎉🚀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "mixed\r\nline\nendings\r",
+    "",
+];
+
+#[test]
+fn smollm2_round_trips_exactly() {
+    let tok = &smollm2().tokenizer;
+    for text in TEXTS {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(&tok.decode(&ids).unwrap(), text, "ids {ids:?}");
+    }
+}
+
+#[test]
+fn smollm2_special_tokens_and_digits() {
+    let tok = &smollm2().tokenizer;
+    // GGUF metadata: <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2 (control tokens).
+    assert_eq!(tok.encode("<|im_start|>").unwrap(), vec![1]);
+    assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![2]);
+    assert!(tok.eos_ids().contains(&2) && tok.eos_ids().contains(&0));
+    // The smollm pre-tokenizer splits every digit.
+    assert_eq!(tok.encode("2024").unwrap().len(), 4);
+    assert_eq!(
+        tok.encode("7").unwrap(),
+        vec![tok.token_to_id("7").unwrap()]
+    );
+    // Byte-level: a leading space is part of the word token.
+    let ids = tok.encode(" Paris").unwrap();
+    assert_eq!(ids, vec![tok.token_to_id("ĠParis").unwrap()]);
+    assert_eq!(tok.vocab_size(), 49_152);
+}
