@@ -85,10 +85,10 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {
             return bad("head and layer counts must be positive");
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad("query heads must be a multiple of key/value heads");
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("head dimension must be even and positive");
         }
         if self.num_heads * self.head_dim != self.hidden_size {
