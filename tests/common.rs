@@ -68,3 +68,11 @@ pub const PROMPTS: &[&str] = &[
     "Photosynthesis is the process by which",
     "<|im_start|>user\nList three uses of copper.<|im_end|>\n<|im_start|>assistant\n",
 ];
+
+/// Path of the Qwen2.5-Coder-0.5B GGUF (qwen2 architecture, ~491 MB), fetched on first use.
+pub fn qwen_path() -> std::path::PathBuf {
+    match resolve_model("qwen2.5-coder-0.5b").expect("resolve qwen2.5-coder-0.5b") {
+        ModelSource::Gguf(path) => path,
+        other => panic!("unexpected source {other:?}"),
+    }
+}

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use candle_transformers::models::{quantized_llama, qwen2};
+use candle_transformers::models::{quantized_llama, quantized_qwen2, qwen2};
 use engine::attention::AttentionKernel;
 use engine::config::Architecture;
 use engine::generate::{argmax, generate_greedy, GreedyOptions};
@@ -14,7 +14,9 @@ use engine::testing::TinyModelSpec;
 use engine::{LogitRows, TokenTree, TreeBatch};
 use kvcache::{BlockPool, BlockTable};
 
-use crate::common::{max_abs_diff, smollm2, smollm2_f32, smollm2_path, tiny_model, PROMPTS};
+use crate::common::{
+    max_abs_diff, qwen_path, smollm2, smollm2_f32, smollm2_path, tiny_model, PROMPTS,
+};
 
 const ORACLE_TOKENS: usize = 64;
 /// Serialises construction of reference models: the f32 oracle flips candle's
@@ -213,4 +215,55 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
 /// The file must not change while mapped.
 unsafe fn candle_nn_varbuilder(path: &std::path::Path) -> candle_nn::VarBuilder<'static> {
     candle_nn::VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn qwen2_gguf_greedy_tokens_equal_candle_quantized_qwen2() {
+    // The real qwen2 path: GGUF loading with q/k/v biases, halves RoPE at theta 1e6, untied
+    // head, Q5_0/Q8_0/Q4_K/Q6_K weights, the BPE tokenizer rebuilt from metadata.
+    let options = engine::LoadOptions {
+        attention: AttentionKernel::Reference,
+        ..engine::LoadOptions::default()
+    };
+    let path = qwen_path();
+    let ours = engine::load_model(path.to_str().unwrap(), &options).unwrap();
+    let mut reference = {
+        let _guard = REFERENCE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = std::fs::File::open(&path).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+        quantized_qwen2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()
+    };
+    let steps = 24;
+    for text in ["def quicksort(arr):\n", "// Reverse a linked list in C\n"] {
+        let prompt = ours.tokenizer.encode(text).unwrap();
+        let options = GreedyOptions {
+            max_tokens: steps,
+            ..GreedyOptions::default()
+        };
+        let mine = generate_greedy(&ours.model, std::slice::from_ref(&prompt), &options).unwrap();
+        reference.clear_kv_cache();
+        let dev = Device::Cpu;
+        let input = Tensor::new(prompt.as_slice(), &dev)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let row = reference.forward(&input, 0).unwrap().squeeze(0).unwrap();
+        let mut theirs = vec![argmax(&row.to_vec1::<f32>().unwrap())];
+        while theirs.len() < steps {
+            let input = Tensor::new(&[*theirs.last().unwrap()], &dev)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let pos = prompt.len() + theirs.len() - 1;
+            let row = reference.forward(&input, pos).unwrap().squeeze(0).unwrap();
+            theirs.push(argmax(&row.to_vec1::<f32>().unwrap()));
+        }
+        assert_eq!(
+            mine[0].token_ids,
+            theirs,
+            "ours {:?} theirs {:?}",
+            ours.tokenizer.decode(&mine[0].token_ids).unwrap(),
+            ours.tokenizer.decode(&theirs).unwrap()
+        );
+    }
 }

@@ -41,3 +41,18 @@ fn smollm2_special_tokens_and_digits() {
     assert_eq!(ids, vec![tok.token_to_id("ĠParis").unwrap()]);
     assert_eq!(tok.vocab_size(), 49_152);
 }
+
+#[test]
+fn qwen_tokenizer_matches_known_ids() {
+    // Only the GGUF header and metadata are read: the tokenizer lives there.
+    let (content, _) = engine::gguf::read_content(&crate::common::qwen_path()).unwrap();
+    let tok = engine::ModelTokenizer::from_gguf(&content).unwrap();
+    assert_eq!(tok.encode("def").unwrap(), vec![750]);
+    assert_eq!(tok.encode(" fibonacci").unwrap(), vec![75698]);
+    assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![151_645]);
+    assert!(tok.eos_ids().contains(&151_645));
+    for text in TEXTS {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(&tok.decode(&ids).unwrap(), text, "ids {ids:?}");
+    }
+}
