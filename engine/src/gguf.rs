@@ -3,7 +3,6 @@
 //! the requested dtype. GGUF llama weights are permuted for interleaved RoPE; qwen2 keeps the
 //! halves layout.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
@@ -174,9 +173,4 @@ fn as_f32(v: &Value, key: &str) -> Result<f32> {
         Value::F64(x) => Ok(*x as f32),
         _ => Err(Error::Metadata(format!("{key} is not a float"))),
     }
-}
-
-/// Metadata as a plain map (for tests and tools).
-pub fn metadata(content: &Content) -> &HashMap<String, Value> {
-    &content.metadata
 }
