@@ -85,3 +85,22 @@ fn out_of_range_token_is_rejected() {
     let err = generate_greedy(&model, &[vec![1, 100_000]], &GreedyOptions::default()).unwrap_err();
     assert!(err.to_string().contains("outside vocabulary"), "{err}");
 }
+
+#[test]
+fn context_block_outside_the_store_is_rejected() {
+    let (_dir, model) = tiny_model(&TinyModelSpec::default());
+    let mut kv = model.new_kv_store(8);
+    // Block 5 of size 4 holds slots 20..24, past the 8-slot store; the new row fits.
+    let table = kvcache::BlockTable::from_blocks(vec![kvcache::BlockId(5), kvcache::BlockId(1)]);
+    let mut batch = engine::TreeBatch::new(4);
+    batch
+        .push(
+            4,
+            &table,
+            &engine::TokenTree::chain(&[1]),
+            engine::LogitRows::Last,
+        )
+        .unwrap();
+    let err = model.forward(&batch, &mut kv).unwrap_err();
+    assert!(err.to_string().contains("outside KV store"), "{err}");
+}

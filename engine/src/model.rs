@@ -242,15 +242,23 @@ impl Model {
                 return bad("sequence rows are not contiguous or mask size differs".into());
             }
             next_row = seq.rows.end;
-            let ctx_end = seq
-                .context_len
-                .checked_sub(1)
-                .map(|p| batch.context_slot(seq, p));
-            if let Some(None) = ctx_end {
+            // The context lives in whole blocks: checking each block that backs it (rather
+            // than every position) proves every context slot is inside the store.
+            let context_blocks = seq.context_len.div_ceil(batch.block_size);
+            let blocks = seq.block_table.blocks();
+            if blocks.len() < context_blocks {
                 return bad("block table does not cover the cached context".into());
             }
-            let ctx = (0..seq.context_len).filter_map(|p| batch.context_slot(seq, p));
-            kv.check_slots(ctx)?;
+            if let Some(b) = blocks[..context_blocks]
+                .iter()
+                .find(|b| (b.0 as usize + 1) * batch.block_size > kv.num_slots())
+            {
+                return bad(format!(
+                    "block {} outside KV store of {} slots",
+                    b.0,
+                    kv.num_slots()
+                ));
+            }
         }
         if next_row != rows {
             return bad("rows not covered by any sequence".into());
