@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 use candle_core::Tensor;
 use engine::fetch::{resolve_model, ModelSource};
 use engine::testing::{write_tiny_hf_model, TinyModelSpec};
-use engine::{LoadOptions, LoadedModel, Model, WeightDType};
+use engine::{LoadOptions, LoadedModel, Model, PagedKvStore, WeightDType};
+use kvcache::{BlockPool, BlockTable};
 
 /// SmolLM2-135M (Q4_1 GGUF), fetched into `$THICKET_MODELS` on first use.
 pub fn smollm2() -> &'static LoadedModel {
@@ -75,4 +76,13 @@ pub fn qwen_path() -> std::path::PathBuf {
         ModelSource::Gguf(path) => path,
         other => panic!("unexpected source {other:?}"),
     }
+}
+
+/// A block table holding `len` positions (blocks of `block_size`, allocated in order) and a
+/// KV store sized for it: the setup of every single-sequence forward test.
+pub fn one_sequence(model: &Model, len: usize, block_size: usize) -> (BlockTable, PagedKvStore) {
+    let mut pool = BlockPool::new(len.div_ceil(block_size), block_size);
+    let mut table = BlockTable::new();
+    assert!(table.ensure_capacity(len, &mut pool));
+    (table, model.new_kv_store(pool.num_slots()))
 }

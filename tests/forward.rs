@@ -11,7 +11,7 @@ use kvcache::{BlockId, BlockPool, BlockTable};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{max_abs_diff, smollm2, smollm2_f32, tiny_model, PROMPTS};
+use crate::common::{max_abs_diff, one_sequence, smollm2, smollm2_f32, tiny_model, PROMPTS};
 
 /// A random tree: node i > 0 hangs under a uniformly chosen earlier node.
 fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
@@ -26,10 +26,7 @@ fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
 /// same cached prefix; returns the largest difference.
 fn tree_vs_chains(model: &Model, prefix: &[u32], tree: &TokenTree) -> f32 {
     let bs = 8;
-    let mut pool = BlockPool::new((prefix.len() + tree.len()).div_ceil(bs) + 1, bs);
-    let mut table = BlockTable::new();
-    assert!(table.ensure_capacity(prefix.len() + tree.len(), &mut pool));
-    let mut kv: PagedKvStore = model.new_kv_store(pool.num_slots());
+    let (table, mut kv) = one_sequence(model, prefix.len() + tree.len(), bs);
     let mut batch = TreeBatch::new(bs);
     batch
         .push(0, &table, &TokenTree::chain(prefix), LogitRows::None)

@@ -12,10 +12,9 @@ use engine::config::Architecture;
 use engine::generate::{argmax, generate_greedy, GreedyOptions};
 use engine::testing::TinyModelSpec;
 use engine::{LogitRows, TokenTree, TreeBatch};
-use kvcache::{BlockPool, BlockTable};
 
 use crate::common::{
-    max_abs_diff, qwen_path, smollm2, smollm2_f32, smollm2_path, tiny_model, PROMPTS,
+    max_abs_diff, one_sequence, qwen_path, smollm2, smollm2_f32, smollm2_path, tiny_model, PROMPTS,
 };
 
 const ORACLE_TOKENS: usize = 64;
@@ -41,23 +40,23 @@ fn reference_model(dequantize: bool) -> quantized_llama::ModelWeights {
     model
 }
 
-/// Greedy decoding with candle-transformers' quantized llama, one token per forward.
+/// Greedy decoding with a candle-transformers model, one token per forward after the
+/// prompt; `forward(input, position)` returns the last position's logits.
 fn reference_greedy(
-    model: &mut quantized_llama::ModelWeights,
+    mut forward: impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor>,
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
     let dev = Device::Cpu;
-    model.clear_kv_cache();
-    let input = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
-    let logits = model.forward(&input, 0).unwrap().squeeze(0).unwrap();
-    let mut out = vec![argmax(&logits.to_vec1::<f32>().unwrap())];
+    let mut step = |tokens: &[u32], pos: usize| -> u32 {
+        let input = Tensor::new(tokens, &dev).unwrap().unsqueeze(0).unwrap();
+        let row = forward(&input, pos).unwrap().squeeze(0).unwrap();
+        argmax(&row.to_vec1::<f32>().unwrap())
+    };
+    let mut out = vec![step(prompt, 0)];
     while out.len() < n {
-        let last = *out.last().unwrap();
-        let input = Tensor::new(&[last], &dev).unwrap().unsqueeze(0).unwrap();
         let pos = prompt.len() + out.len() - 1;
-        let row = model.forward(&input, pos).unwrap().squeeze(0).unwrap();
-        out.push(argmax(&row.to_vec1::<f32>().unwrap()));
+        out.push(step(&[*out.last().unwrap()], pos));
     }
     out
 }
@@ -83,7 +82,8 @@ fn smollm2_greedy_tokens_equal_candle_quantized_llama() {
     let ours = generate_greedy(&model, &prompts, &options).unwrap();
     let mut reference = reference_model(false);
     for (prompt, ours) in prompts.iter().zip(&ours) {
-        let theirs = reference_greedy(&mut reference, prompt, ORACLE_TOKENS);
+        reference.clear_kv_cache();
+        let theirs = reference_greedy(|x, pos| reference.forward(x, pos), prompt, ORACLE_TOKENS);
         assert_eq!(ours.token_ids.len(), ORACLE_TOKENS);
         assert_eq!(
             ours.token_ids,
@@ -110,10 +110,7 @@ fn smollm2_f32_logits_match_candle_dequantized_llama() {
             .unwrap(),
     );
     let bs = 16;
-    let mut pool = BlockPool::new(tokens.len().div_ceil(bs), bs);
-    let mut table = BlockTable::new();
-    assert!(table.ensure_capacity(tokens.len(), &mut pool));
-    let mut kv = ours.model.new_kv_store(pool.num_slots());
+    let (table, mut kv) = one_sequence(&ours.model, tokens.len(), bs);
     let mut batch = TreeBatch::new(bs);
     batch
         .push(0, &table, &TokenTree::chain(&tokens), LogitRows::All)
@@ -162,10 +159,7 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
 
     let prompt: Vec<u32> = vec![5, 17, 123, 42, 250, 3, 77, 9, 199, 64];
     let steps = 12;
-    let mut pool = BlockPool::new(8, 4);
-    let mut table = BlockTable::new();
-    assert!(table.ensure_capacity(prompt.len() + steps, &mut pool));
-    let mut kv = ours.new_kv_store(pool.num_slots());
+    let (table, mut kv) = one_sequence(&ours, prompt.len() + steps, 4);
 
     let mut batch = TreeBatch::new(4);
     batch
@@ -242,22 +236,7 @@ fn qwen2_gguf_greedy_tokens_equal_candle_quantized_qwen2() {
         };
         let mine = generate_greedy(&ours.model, std::slice::from_ref(&prompt), &options).unwrap();
         reference.clear_kv_cache();
-        let dev = Device::Cpu;
-        let input = Tensor::new(prompt.as_slice(), &dev)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let row = reference.forward(&input, 0).unwrap().squeeze(0).unwrap();
-        let mut theirs = vec![argmax(&row.to_vec1::<f32>().unwrap())];
-        while theirs.len() < steps {
-            let input = Tensor::new(&[*theirs.last().unwrap()], &dev)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap();
-            let pos = prompt.len() + theirs.len() - 1;
-            let row = reference.forward(&input, pos).unwrap().squeeze(0).unwrap();
-            theirs.push(argmax(&row.to_vec1::<f32>().unwrap()));
-        }
+        let theirs = reference_greedy(|x, pos| reference.forward(x, pos), &prompt, steps);
         assert_eq!(
             mine[0].token_ids,
             theirs,
