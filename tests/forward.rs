@@ -4,10 +4,10 @@
 
 use candle_core::{IndexOp, Tensor};
 use engine::attention::AttentionKernel;
-use engine::generate::{generate_greedy, GreedyOptions};
+use engine::generate::{cache_config_for, generate_greedy, generate_greedy_with, GreedyOptions};
 use engine::testing::TinyModelSpec;
-use engine::{LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
-use kvcache::{BlockId, BlockPool, BlockTable};
+use engine::{KvCache, LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
+use kvcache::{BlockId, BlockPool, BlockTable, ManagerConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -181,19 +181,35 @@ fn scrambled_block_table_matches_contiguous_one() {
     let diff = max_abs_diff(&run(&contiguous), &run(&scrambled));
     assert_eq!(diff, 0.0, "paging changed logits by {diff}");
 
+    // Greedy decoding through a fragmented pool (every other block held by another
+    // sequence, so tables are non-contiguous and descending) matches a fresh pool.
     let options = GreedyOptions {
         max_tokens: 24,
-        block_size: 4,
         ..GreedyOptions::default()
     };
-    let plain = generate_greedy(model, std::slice::from_ref(&prompt), &options).unwrap();
-    let scrambled_options = GreedyOptions {
-        scramble_blocks: true,
-        ..options
-    };
-    let shuffled =
-        generate_greedy(model, std::slice::from_ref(&prompt), &scrambled_options).unwrap();
-    assert_eq!(plain[0].token_ids, shuffled[0].token_ids);
+    let prompts = std::slice::from_ref(&prompt);
+    let plain = generate_greedy(model, prompts, &options).unwrap();
+    let config = cache_config_for(prompts, &options, bs, false);
+    let mut cache = KvCache::new(
+        model,
+        ManagerConfig {
+            num_blocks: config.num_blocks * 3,
+            ..config
+        },
+    );
+    let mut fillers = Vec::new();
+    loop {
+        let seq = cache.new_seq_id();
+        match cache.admit(seq, &[1], bs).unwrap() {
+            Some(_) => fillers.push(seq),
+            None => break,
+        }
+    }
+    for &seq in fillers.iter().step_by(2) {
+        cache.release(seq).unwrap();
+    }
+    let fragmented = generate_greedy_with(model, &mut cache, prompts, &options).unwrap();
+    assert_eq!(plain[0].token_ids, fragmented[0].token_ids);
 }
 
 #[test]

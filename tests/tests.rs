@@ -5,5 +5,6 @@
 mod common;
 mod errors;
 mod forward;
+mod kv_cache;
 mod oracle;
 mod tokenizer;

@@ -7,8 +7,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
-use engine::generate::{generate_greedy, GreedyOptions};
-use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
+use engine::generate::{cache_config_for, generate_greedy_with, GreedyOptions};
+use engine::{load_model, KvCache, LoadOptions, LoadedModel, WeightDType};
 
 use crate::chat::{render_chat, ChatMessage};
 
@@ -50,10 +50,23 @@ struct ModelArgs {
     attention: AttentionKernel,
 }
 
+/// KV cache flags shared by everything that runs the engine.
+#[derive(Debug, Args)]
+struct KvArgs {
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    block_size: u16,
+    /// Do not reuse the KV of previously computed prompt prefixes.
+    #[arg(long)]
+    no_prefix_cache: bool,
+}
+
 #[derive(Debug, Args)]
 struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    kv: KvArgs,
     /// Prompt text.
     #[arg(long)]
     prompt: String,
@@ -175,7 +188,15 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         eos_ids: tokenizer.eos_ids().to_vec(),
         ..GreedyOptions::default()
     };
-    let generation = generate_greedy(&loaded.model, std::slice::from_ref(&prompt), &options)?
+    let prompts = std::slice::from_ref(&prompt);
+    let config = cache_config_for(
+        prompts,
+        &options,
+        usize::from(args.kv.block_size),
+        !args.kv.no_prefix_cache,
+    );
+    let mut cache = KvCache::new(&loaded.model, config);
+    let generation = generate_greedy_with(&loaded.model, &mut cache, prompts, &options)?
         .into_iter()
         .next()
         .context("no generation returned")?;

@@ -47,6 +47,9 @@ pub enum Error {
     /// The KV store has no room for the request.
     #[error("out of KV blocks: {0}")]
     OutOfBlocks(String),
+    /// The block manager refused a call (an engine bookkeeping error).
+    #[error("kv cache: {0}")]
+    KvCache(#[from] kvcache::KvError),
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -1,15 +1,16 @@
-//! Plain greedy autoregressive generation through the batched forward, for `thicket
-//! generate`, the forward-cost bench and the correctness tests. Every prompt is prefilled in
-//! one batch, then every unfinished sequence decodes one token per step in one shared
-//! forward. (The serving engine's scheduler, with chunking and preemption, builds on the same
+//! Plain greedy autoregressive generation through the batched forward and the KV cache, for
+//! `thicket generate`, the forward-cost bench and the correctness tests. Every prompt is
+//! admitted (reusing cached prefix blocks) and prefilled in one batch, forked `n` ways if
+//! asked, then every unfinished sequence decodes one token per step in one shared forward. (The serving engine's scheduler, with chunking and preemption, builds on the same
 //! forward; this is its simplest client.)
 
 use std::time::Instant;
 
 use candle_core::Tensor;
-use kvcache::{BlockPool, BlockTable};
+use kvcache::{ManagerConfig, SeqId};
 
 use crate::batch::{LogitRows, TreeBatch};
+use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -30,10 +31,8 @@ pub struct GreedyOptions {
     pub max_tokens: usize,
     /// Tokens that end a sequence.
     pub eos_ids: Vec<u32>,
-    /// KV block size.
-    pub block_size: usize,
-    /// Hand blocks out in a scrambled order (tests of paging).
-    pub scramble_blocks: bool,
+    /// Sequences per prompt; they share the prompt's KV blocks (forked after its prefill).
+    pub n: usize,
 }
 
 impl Default for GreedyOptions {
@@ -41,19 +40,20 @@ impl Default for GreedyOptions {
         Self {
             max_tokens: 64,
             eos_ids: Vec::new(),
-            block_size: 16,
-            scramble_blocks: false,
+            n: 1,
         }
     }
 }
 
-/// One prompt's result.
+/// One sequence's result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     /// Generated ids (EOS included when it ended the sequence).
     pub token_ids: Vec<u32>,
     /// Why it stopped.
     pub finish: FinishReason,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
     /// Seconds spent prefilling (shared by the whole call).
     pub prefill_seconds: f64,
     /// Seconds spent decoding (shared by the whole call).
@@ -76,98 +76,165 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     Ok(logits.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect())
 }
 
-/// Generates greedily for every prompt, all decoding together.
+/// A KV pool just large enough for one [`generate_greedy_with`] call over `prompts`.
+pub fn cache_config_for(
+    prompts: &[Vec<u32>],
+    options: &GreedyOptions,
+    block_size: usize,
+    prefix_caching: bool,
+) -> ManagerConfig {
+    let per_seq = |p: &Vec<u32>| (p.len() + options.max_tokens).div_ceil(block_size);
+    ManagerConfig {
+        num_blocks: prompts.iter().map(per_seq).sum::<usize>() * options.n.max(1),
+        block_size,
+        prefix_caching,
+        watermark: 0.0,
+    }
+}
+
+/// Generates greedily for every prompt in a cache made for the call (blocks of 16).
+/// Results are in prompt order, `n` per prompt.
 pub fn generate_greedy(
     model: &Model,
+    prompts: &[Vec<u32>],
+    options: &GreedyOptions,
+) -> Result<Vec<Generation>> {
+    let mut cache = KvCache::new(model, cache_config_for(prompts, options, 16, true));
+    generate_greedy_with(model, &mut cache, prompts, options)
+}
+
+/// Generates greedily for every prompt, all decoding together, in a cache that outlives the
+/// call (so a later call can reuse this one's prompts through the prefix cache). Every
+/// sequence is released before returning, also on error.
+pub fn generate_greedy_with(
+    model: &Model,
+    cache: &mut KvCache,
     prompts: &[Vec<u32>],
     options: &GreedyOptions,
 ) -> Result<Vec<Generation>> {
     if prompts.iter().any(Vec::is_empty) {
         return Err(Error::EmptyPrompt);
     }
-    let bs = options.block_size;
-    let blocks: usize = prompts
-        .iter()
-        .map(|p| (p.len() + options.max_tokens).div_ceil(bs))
-        .sum();
-    let mut pool = BlockPool::new(blocks, bs);
-    let mut tables: Vec<BlockTable> = vec![BlockTable::new(); prompts.len()];
-    if options.scramble_blocks {
-        // Take every block, then give each sequence every third one from the end.
-        let mut all: Vec<_> = (0..blocks).filter_map(|_| pool.allocate()).collect();
-        all.reverse();
-        let stride = 3.min(all.len().max(1));
-        let order: Vec<_> = (0..stride)
-            .flat_map(|s| all.iter().skip(s).step_by(stride).copied())
-            .collect();
-        let mut it = order.into_iter();
-        for (table, p) in tables.iter_mut().zip(prompts) {
-            let n = (p.len() + options.max_tokens).div_ceil(bs);
-            *table = BlockTable::from_blocks(it.by_ref().take(n).collect());
-        }
-    } else {
-        for (table, p) in tables.iter_mut().zip(prompts) {
-            if !table.ensure_capacity(p.len() + options.max_tokens, &mut pool) {
-                return Err(Error::OutOfBlocks("generation pool too small".into()));
-            }
-        }
+    if options.n == 0 {
+        return Err(Error::InvalidBatch("n must be at least 1".into()));
     }
-    let mut kv = model.new_kv_store(pool.num_slots());
+    let mut live = Vec::new();
+    let result = run_greedy(model, cache, prompts, options, &mut live);
+    for seq in live {
+        cache.release(seq)?;
+    }
+    result
+}
 
+/// One sequence being decoded.
+struct Decoding {
+    seq: SeqId,
+    /// Tokens whose KV is committed, then the pending one.
+    tokens: Vec<u32>,
+    output: Vec<u32>,
+    cached_tokens: usize,
+    finish: Option<FinishReason>,
+}
+
+fn run_greedy(
+    model: &Model,
+    cache: &mut KvCache,
+    prompts: &[Vec<u32>],
+    options: &GreedyOptions,
+    live: &mut Vec<SeqId>,
+) -> Result<Vec<Generation>> {
+    let bs = cache.block_size();
     let started = Instant::now();
     let mut batch = TreeBatch::new(bs);
-    for (p, table) in prompts.iter().zip(&tables) {
-        batch.push(0, table, &TokenTree::chain(p), LogitRows::Last)?;
+    let mut parents = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let seq = cache.new_seq_id();
+        let reserve = prompt.len() + options.max_tokens;
+        let cached = cache
+            .admit(seq, prompt, reserve)?
+            .ok_or_else(|| Error::OutOfBlocks(format!("no room for a {reserve}-token sequence")))?;
+        live.push(seq);
+        let table = cache.table(seq)?;
+        batch.push(
+            cached,
+            table,
+            &TokenTree::chain(&prompt[cached..]),
+            LogitRows::Last,
+        )?;
+        parents.push((seq, cached));
     }
-    let mut next = argmax_rows(&model.forward(&batch, &mut kv)?)?;
+    let first = argmax_rows(&model.forward(&batch, cache.store_mut())?)?;
     let prefill_seconds = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
-    let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    let mut finish: Vec<Option<FinishReason>> = vec![None; prompts.len()];
-    let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut seqs = Vec::with_capacity(prompts.len() * options.n);
+    for ((prompt, &(parent, cached)), &token) in prompts.iter().zip(&parents).zip(&first) {
+        cache.commit(parent, prompt)?;
+        for sample in 0..options.n {
+            let seq = if sample == 0 {
+                parent
+            } else {
+                let child = cache.new_seq_id();
+                cache.fork(parent, child)?;
+                live.push(child);
+                child
+            };
+            let mut tokens = prompt.clone();
+            tokens.push(token);
+            seqs.push(Decoding {
+                seq,
+                tokens,
+                output: Vec::new(),
+                cached_tokens: cached,
+                finish: None,
+            });
+        }
+    }
     loop {
+        let mut batch = TreeBatch::new(bs);
         let mut active = Vec::new();
-        for (i, &token) in next.iter().enumerate() {
-            if finish[i].is_some() {
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if s.finish.is_some() {
                 continue;
             }
-            outputs[i].push(token);
+            let token = *s.tokens.last().expect("invariant: a pending token");
+            s.output.push(token);
             if options.eos_ids.contains(&token) {
-                finish[i] = Some(FinishReason::Eos);
-            } else if outputs[i].len() >= options.max_tokens {
-                finish[i] = Some(FinishReason::Length);
+                s.finish = Some(FinishReason::Eos);
+            } else if s.output.len() >= options.max_tokens {
+                s.finish = Some(FinishReason::Length);
             } else {
+                let context = s.tokens.len() - 1;
+                if !cache.ensure_capacity(s.seq, context + 1)? {
+                    return Err(Error::OutOfBlocks("pool ran dry while decoding".into()));
+                }
+                batch.push(
+                    context,
+                    cache.table(s.seq)?,
+                    &TokenTree::chain(&[token]),
+                    LogitRows::Last,
+                )?;
                 active.push(i);
             }
         }
         if active.is_empty() {
             break;
         }
-        let mut batch = TreeBatch::new(bs);
-        for &i in &active {
-            let token = *outputs[i].last().expect("invariant: just pushed");
-            batch.push(
-                lens[i],
-                &tables[i],
-                &TokenTree::chain(&[token]),
-                LogitRows::Last,
-            )?;
-            lens[i] += 1;
-        }
-        let step = argmax_rows(&model.forward(&batch, &mut kv)?)?;
-        next = vec![0; prompts.len()];
-        for (&i, &token) in active.iter().zip(&step) {
-            next[i] = token;
+        let next = argmax_rows(&model.forward(&batch, cache.store_mut())?)?;
+        for (&i, &token) in active.iter().zip(&next) {
+            let s = &mut seqs[i];
+            cache.commit(s.seq, &s.tokens)?;
+            s.tokens.push(token);
         }
     }
+    cache.publish_metrics();
     let decode_seconds = started.elapsed().as_secs_f64();
-    Ok(outputs
+    Ok(seqs
         .into_iter()
-        .zip(finish)
-        .map(|(token_ids, finish)| Generation {
-            token_ids,
-            finish: finish.unwrap_or(FinishReason::Length),
+        .map(|s| Generation {
+            token_ids: s.output,
+            finish: s.finish.unwrap_or(FinishReason::Length),
+            cached_tokens: s.cached_tokens,
             prefill_seconds,
             decode_seconds,
         })

@@ -26,6 +26,37 @@ impl BlockTable {
         &self.blocks
     }
 
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the table holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Appends a block the caller already holds a reference to.
+    pub fn push(&mut self, block: BlockId) {
+        self.blocks.push(block);
+    }
+
+    /// Replaces logical block `index` (copy-on-write) and returns the old one.
+    ///
+    /// # Panics
+    /// If `index` is past the end.
+    pub fn replace(&mut self, index: usize, block: BlockId) -> BlockId {
+        std::mem::replace(&mut self.blocks[index], block)
+    }
+
+    /// Removes and returns every block from logical index `keep` on.
+    pub fn split_off(&mut self, keep: usize) -> Vec<BlockId> {
+        if keep >= self.blocks.len() {
+            return Vec::new();
+        }
+        self.blocks.split_off(keep)
+    }
+
     /// Positions the table can hold.
     pub fn capacity(&self, block_size: usize) -> usize {
         self.blocks.len() * block_size
@@ -44,7 +75,7 @@ impl BlockTable {
         let needed = len
             .div_ceil(pool.block_size())
             .saturating_sub(self.blocks.len());
-        if needed > pool.num_free() {
+        if needed > pool.num_available() {
             return false;
         }
         for _ in 0..needed {
@@ -87,7 +118,7 @@ mod tests {
         assert!(!b.ensure_capacity(1, &mut pool));
         assert!(b.blocks().is_empty());
         a.release(&mut pool);
-        assert_eq!(pool.num_free(), 3);
+        assert_eq!(pool.num_available(), 3);
         assert!(b.ensure_capacity(4, &mut pool));
         assert_eq!(b.blocks().len(), 1);
     }

@@ -1,7 +1,8 @@
-//! Paged KV block accounting for thicket: which fixed-size block of the KV store each
-//! sequence position lives in, and which blocks are free. This crate knows positions, blocks
-//! and slots only; it never sees a token or a tensor, so the engine's storage layout
-//! (`slot * row_width`) is the only contract between the two.
+//! Paged KV block management for thicket: which fixed-size block of the KV store each
+//! sequence position lives in, which blocks are shared (copy-on-write, prefix cache) and
+//! which are free. This crate knows positions, blocks and slots only; token ids pass through
+//! it only to be hashed for the prefix cache, and it never sees a tensor, so the engine's
+//! storage layout (`slot * row_width`) is the only contract between the two.
 //!
 //! ```text
 //!  position p of a sequence          block table            KV store (slots)
@@ -10,14 +11,31 @@
 //!      ---------------------------     v  v  v
 //!  slot(p) = table[p / B] * B + p % B   (B = block size; slot(9) = 5*4 + 1 = 21)
 //! ```
+//!
+//! Two sequences may hold the same block (a fork for `n > 1`, or a prefix-cache hit); such a
+//! block is only ever read. Before a sequence writes into a shared block, the manager gives
+//! it a private copy and returns the row copies ([`KvMove`]) for the backend to execute.
 
 #![deny(missing_docs)]
 
+mod block_hash;
 mod block_pool;
 mod block_table;
+mod compaction;
+mod error;
+mod lru;
+mod manager;
 
+pub use block_hash::BlockHash;
 pub use block_pool::{BlockPool, PoolStats};
 pub use block_table::BlockTable;
+pub use compaction::plan_compaction;
+pub use error::KvError;
+pub use manager::{BlockManager, CacheStats, ManagerConfig};
+
+/// Identity of one sequence for its whole life in the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
 
 /// Index of one fixed-size block in the KV store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
