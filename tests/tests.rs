@@ -1,10 +1,12 @@
 //! thicket's integration tests, one binary: correctness of the paged tree-attention forward
 //! on the real default model (SmolLM2-135M, fetched on first use) and on tiny random models
-//! built in code, against candle-transformers' reference implementations.
+//! built in code, against candle-transformers' reference implementations; the KV cache and
+//! the serving engine end to end.
 
 mod common;
 mod errors;
 mod forward;
 mod kv_cache;
 mod oracle;
+mod serving;
 mod tokenizer;

@@ -56,3 +56,26 @@ fn qwen_tokenizer_matches_known_ids() {
         assert_eq!(&tok.decode(&ids).unwrap(), text, "ids {ids:?}");
     }
 }
+
+#[test]
+fn incremental_detokenizer_never_emits_a_broken_character() {
+    use engine::detokenizer::IncrementalDetokenizer;
+    let tokenizer = &smollm2().tokenizer;
+    let text = "Grüße aus 東京 😀🎉 — naïve café ∑x² ok";
+    let ids = tokenizer.encode(text).unwrap();
+    // The point of the test: some characters really are split across tokens.
+    let split = ids
+        .iter()
+        .filter(|&&id| tokenizer.decode(&[id]).unwrap().contains('\u{FFFD}'))
+        .count();
+    assert!(split >= 2, "no token splits a character; pick other text");
+    let mut detokenizer = IncrementalDetokenizer::new();
+    let mut shown = String::new();
+    for &id in &ids {
+        let piece = detokenizer.push(tokenizer, id).unwrap();
+        assert!(!piece.contains('\u{FFFD}'), "broken piece {piece:?}");
+        shown.push_str(&piece);
+    }
+    shown.push_str(&detokenizer.flush(tokenizer).unwrap());
+    assert_eq!(shown, text);
+}

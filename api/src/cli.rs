@@ -7,10 +7,11 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
-use engine::generate::{cache_config_for, generate_greedy_with, GreedyOptions};
-use engine::{load_model, KvCache, LoadOptions, LoadedModel, WeightDType};
+use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
-use crate::chat::{render_chat, ChatMessage};
+use crate::bench_cmd;
+use crate::engine_args::EngineArgs;
+use crate::generate_cmd::{self, GenerateArgs};
 
 /// thicket: a continuous-batching LLM engine with per-sequence speculative drafters.
 #[derive(Debug, Parser)]
@@ -38,47 +39,16 @@ enum Command {
 
 /// Flags shared by everything that loads a model.
 #[derive(Debug, Args)]
-struct ModelArgs {
+pub struct ModelArgs {
     /// Alias, GGUF file, or HF directory.
     #[arg(long, default_value = DEFAULT_MODEL)]
-    model: String,
+    pub model: String,
     /// Weight representation: auto | q | f32 | f16 | bf16.
     #[arg(long, default_value = "auto", value_parser = parse_dtype)]
-    dtype: WeightDType,
+    pub dtype: WeightDType,
     /// Attention kernel: fused (batch-invariant, tree-exact) | reference (candle's arithmetic).
     #[arg(long, default_value = "fused", value_parser = parse_attention)]
-    attention: AttentionKernel,
-}
-
-/// KV cache flags shared by everything that runs the engine.
-#[derive(Debug, Args)]
-struct KvArgs {
-    /// Positions per KV block.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    block_size: u16,
-    /// Do not reuse the KV of previously computed prompt prefixes.
-    #[arg(long)]
-    no_prefix_cache: bool,
-}
-
-#[derive(Debug, Args)]
-struct GenerateArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    kv: KvArgs,
-    /// Prompt text.
-    #[arg(long)]
-    prompt: String,
-    /// Wrap the prompt as a user message in the model's chat template.
-    #[arg(long)]
-    chat: bool,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 128)]
-    max_tokens: usize,
-    /// Print one JSON object instead of the text.
-    #[arg(long)]
-    json: bool,
+    pub attention: AttentionKernel,
 }
 
 #[derive(Debug, Subcommand)]
@@ -97,6 +67,19 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         repeats: usize,
     },
+    /// Output tokens/s of the serving engine at several concurrencies (greedy, fixed length).
+    Engine {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Concurrent requests per level.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+        concurrency: Vec<usize>,
+        /// Output tokens per request.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+    },
 }
 
 fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
@@ -113,7 +96,7 @@ pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Fetch { alias } => fetch(&alias),
-        Command::Generate(args) => generate(args),
+        Command::Generate(args) => generate_cmd::run(&load(&args.model)?, &args),
         Command::Bench {
             bench:
                 BenchCommand::Forward {
@@ -122,7 +105,16 @@ pub fn run() -> anyhow::Result<()> {
                     sizes,
                     repeats,
                 },
-        } => bench_forward(&model, context, &sizes, repeats),
+        } => bench_cmd::forward(&load(&model)?, context, &sizes, repeats),
+        Command::Bench {
+            bench:
+                BenchCommand::Engine {
+                    model,
+                    engine,
+                    concurrency,
+                    max_tokens,
+                },
+        } => bench_cmd::engine(&load(&model)?, &engine, &concurrency, max_tokens),
     }
 }
 
@@ -156,101 +148,4 @@ fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
         started.elapsed().as_secs_f64()
     );
     Ok(loaded)
-}
-
-fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    if args.prompt.is_empty() {
-        bail!("--prompt is empty: give some text to continue");
-    }
-    let loaded = load(&args.model)?;
-    let tokenizer = &loaded.tokenizer;
-    let text = if args.chat {
-        let template = tokenizer
-            .chat_template()
-            .context("--chat: this model has no chat template")?;
-        let token_text = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.inner().id_to_token(i))
-                .unwrap_or_default()
-        };
-        let eos = tokenizer.eos_ids().first().copied();
-        render_chat(
-            template,
-            &[ChatMessage::user(&args.prompt)],
-            &token_text(tokenizer.bos_id()),
-            &token_text(eos),
-        )?
-    } else {
-        args.prompt.clone()
-    };
-    let prompt = tokenizer.encode(&text)?;
-    let options = GreedyOptions {
-        max_tokens: args.max_tokens,
-        eos_ids: tokenizer.eos_ids().to_vec(),
-        ..GreedyOptions::default()
-    };
-    let prompts = std::slice::from_ref(&prompt);
-    let config = cache_config_for(
-        prompts,
-        &options,
-        usize::from(args.kv.block_size),
-        !args.kv.no_prefix_cache,
-    );
-    let mut cache = KvCache::new(&loaded.model, config);
-    let generation = generate_greedy_with(&loaded.model, &mut cache, prompts, &options)?
-        .into_iter()
-        .next()
-        .context("no generation returned")?;
-    let text = tokenizer.decode_skip_special(&generation.token_ids)?;
-    // The first token comes from the prefill; decode steps produce the rest.
-    let decoded = generation.token_ids.len().saturating_sub(1);
-    let tokens_per_second = if generation.decode_seconds > 0.0 {
-        decoded as f64 / generation.decode_seconds
-    } else {
-        0.0
-    };
-    if args.json {
-        let out = serde_json::json!({
-            "model": args.model.model,
-            "prompt_token_ids": prompt,
-            "token_ids": generation.token_ids,
-            "text": text,
-            "finish_reason": format!("{:?}", generation.finish).to_lowercase(),
-            "prefill_seconds": generation.prefill_seconds,
-            "decode_seconds": generation.decode_seconds,
-            "tokens_per_second": tokens_per_second,
-        });
-        println!("{out}");
-    } else {
-        println!("{text}");
-        eprintln!(
-            "{} prompt tokens, {} generated, {:.1} tokens/s decode",
-            prompt.len(),
-            generation.token_ids.len(),
-            tokens_per_second
-        );
-    }
-    Ok(())
-}
-
-fn bench_forward(
-    args: &ModelArgs,
-    context: usize,
-    sizes: &[usize],
-    repeats: usize,
-) -> anyhow::Result<()> {
-    let loaded = load(args)?;
-    let points = engine::bench::forward_cost(&loaded.model, context, sizes, repeats)?;
-    let base = points.first().map(|p| p.seconds).unwrap_or(1.0);
-    println!("| new tokens | ms / forward | x cost(1) | ms / token |");
-    println!("|---:|---:|---:|---:|");
-    for p in &points {
-        println!(
-            "| {} | {:.2} | {:.2} | {:.2} |",
-            p.new_tokens,
-            p.seconds * 1e3,
-            p.seconds / base,
-            p.seconds * 1e3 / p.new_tokens as f64
-        );
-    }
-    Ok(())
 }

@@ -50,6 +50,9 @@ pub enum Error {
     /// The block manager refused a call (an engine bookkeeping error).
     #[error("kv cache: {0}")]
     KvCache(#[from] kvcache::KvError),
+    /// The scheduler refused a call (an engine bookkeeping error).
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] scheduler::SchedulerError),
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -12,17 +12,10 @@ use kvcache::{ManagerConfig, SeqId};
 use crate::batch::{LogitRows, TreeBatch};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
+pub use crate::request::FinishReason;
+pub use crate::sampler::argmax;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
-
-/// Why a generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// Produced an end-of-sequence token.
-    Eos,
-    /// Hit `max_tokens`.
-    Length,
-}
 
 /// Options shared by every prompt of a call.
 #[derive(Debug, Clone)]
@@ -58,17 +51,6 @@ pub struct Generation {
     pub prefill_seconds: f64,
     /// Seconds spent decoding (shared by the whole call).
     pub decode_seconds: f64,
-}
-
-/// Index of the largest value; the first one on ties.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Greedy next token of every logits row.

@@ -151,12 +151,16 @@ impl KvCache {
 
     /// Publishes the KV gauges and counters to the installed `metrics` recorder.
     pub fn publish_metrics(&self) {
-        use metric_names::*;
-        let stats = self.stats();
-        metrics::gauge!(BLOCKS_TOTAL).set(stats.total as f64);
-        metrics::gauge!(BLOCKS_IN_USE).set(stats.in_use as f64);
-        metrics::gauge!(BLOCKS_CACHED).set(stats.cached as f64);
-        metrics::counter!(PREFIX_QUERIES).absolute(stats.prefix_query_tokens);
-        metrics::counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens);
+        publish_metrics(&self.stats());
     }
+}
+
+/// Publishes KV block counts to the installed `metrics` recorder.
+pub fn publish_metrics(stats: &CacheStats) {
+    use metric_names::*;
+    metrics::gauge!(BLOCKS_TOTAL).set(stats.total as f64);
+    metrics::gauge!(BLOCKS_IN_USE).set(stats.in_use as f64);
+    metrics::gauge!(BLOCKS_CACHED).set(stats.cached as f64);
+    metrics::counter!(PREFIX_QUERIES).absolute(stats.prefix_query_tokens);
+    metrics::counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens);
 }

@@ -1,7 +1,10 @@
 //! thicket's engine: everything that touches candle. Models are fetched (`fetch`) and loaded
 //! (`load`, from GGUF or HF directories) with their tokenizer; the `Model` forward takes a
 //! `TreeBatch` of many sequences, each with a cached prefix in the `PagedKvStore` and its own
-//! tree of new tokens, and returns logits for the rows asked for. Token ids in, token ids out.
+//! tree of new tokens, and returns logits for the rows asked for. The engine thread
+//! (`handle::spawn`) serves many requests at once through that forward: continuous batching
+//! with chunked prefill and preemption (the `scheduler` crate), sampling, stop conditions and
+//! streamed events. Token ids in, token ids (and their text) out.
 
 #![deny(missing_docs)]
 
@@ -9,16 +12,22 @@ pub mod attention;
 pub mod batch;
 pub mod bench;
 pub mod config;
+pub mod detokenizer;
+mod engine_loop;
 mod error;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
+pub mod handle;
 pub mod hf;
 pub mod kv_cache;
 pub mod kv_store;
 pub mod linear;
 pub mod load;
+pub mod metrics;
 pub mod model;
+pub mod request;
+pub mod sampler;
 pub mod testing;
 pub mod tokenizer;
 pub mod tree;
@@ -26,10 +35,15 @@ pub mod tree;
 pub use batch::{LogitRows, TreeBatch};
 pub use config::{Architecture, ModelConfig};
 pub use error::{Error, Result};
+pub use handle::{spawn, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError};
 pub use kv_cache::KvCache;
 pub use kv_store::PagedKvStore;
+pub use kvcache::ManagerConfig;
 pub use linear::WeightDType;
 pub use load::{load_model, LoadOptions, LoadedModel};
 pub use model::Model;
+pub use request::{Event, FinishReason, InvalidRequest, Request, StopConditions, Usage};
+pub use sampler::SamplingParams;
+pub use scheduler::SchedulerConfig;
 pub use tokenizer::ModelTokenizer;
 pub use tree::{TokenTree, TreeMask};

@@ -1,0 +1,87 @@
+//! Engine flags shared by every command that runs the engine (`generate`, `bench engine`,
+//! and the server and batch runner), and how they become an [`EngineConfig`] for a model.
+
+use anyhow::bail;
+use clap::Args;
+use engine::{EngineConfig, ManagerConfig, Model, SchedulerConfig};
+
+/// KV cache flags.
+#[derive(Debug, Clone, Args)]
+pub struct KvArgs {
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub block_size: u16,
+    /// Do not reuse the KV of previously computed prompt prefixes.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+}
+
+/// Scheduler and KV pool flags.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// KV cache flags.
+    #[command(flatten)]
+    pub kv: KvArgs,
+    /// Memory for the KV cache, in MiB (sets the number of blocks).
+    #[arg(long, default_value_t = 2048)]
+    pub kv_cache_mib: usize,
+    /// Tokens fed to the model in one step; longer prompts are prefilled in chunks.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Longest prompt plus output, in tokens [default: the model's context length, within
+    /// the KV cache].
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Requests queued beyond the running ones before new ones are refused.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+}
+
+impl EngineArgs {
+    /// The engine configuration these flags describe for `model`.
+    pub fn config(&self, model: &Model) -> anyhow::Result<EngineConfig> {
+        let block_size = usize::from(self.kv.block_size);
+        let num_blocks = EngineConfig::kv_blocks_for(
+            model,
+            self.kv_cache_mib.saturating_mul(1 << 20),
+            block_size,
+        );
+        let pool_len = (num_blocks * block_size).saturating_sub(block_size);
+        let model_len = model.config().max_position_embeddings;
+        let max_model_len = match self.max_model_len {
+            Some(len) if len > model_len => {
+                bail!("--max-model-len {len} exceeds the model's context length {model_len}")
+            }
+            Some(len) if len > pool_len => bail!(
+                "--max-model-len {len} does not fit in {} MiB of KV cache ({pool_len} tokens); raise --kv-cache-mib",
+                self.kv_cache_mib
+            ),
+            Some(len) => len,
+            None => model_len.min(pool_len),
+        };
+        if max_model_len < 2 {
+            bail!("--kv-cache-mib {} holds too few tokens", self.kv_cache_mib);
+        }
+        let config = EngineConfig {
+            scheduler: SchedulerConfig {
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                max_model_len,
+                kv: ManagerConfig {
+                    num_blocks,
+                    block_size,
+                    prefix_caching: !self.kv.no_prefix_cache,
+                    watermark: 0.01,
+                },
+            },
+            max_pending: self.max_queue + self.max_num_seqs,
+        };
+        if let Err(e) = config.scheduler.validate() {
+            bail!("{e}");
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,163 @@
+//! `thicket generate`: one prompt through the serving engine, text streamed to stdout as it
+//! is produced (or one JSON object with `--json`). Greedy unless `--temperature` is set.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use engine::{Event, LoadedModel, Request, SamplingParams, StopConditions};
+
+use crate::chat::{render_chat, ChatMessage};
+use crate::cli::ModelArgs;
+use crate::engine_args::EngineArgs;
+
+/// Flags of `thicket generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model flags.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Engine flags.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Seed for sampling (same seed, same output).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Strings that end generation (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print one JSON object instead of streaming the text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `thicket generate`.
+pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
+    if args.prompt.is_empty() {
+        bail!("--prompt is empty: give some text to continue");
+    }
+    let tokenizer = &loaded.tokenizer;
+    let text = if args.chat {
+        let template = tokenizer
+            .chat_template()
+            .context("--chat: this model has no chat template")?;
+        let token_text = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.inner().id_to_token(i))
+                .unwrap_or_default()
+        };
+        let eos = tokenizer.eos_ids().first().copied();
+        render_chat(
+            template,
+            &[ChatMessage::user(&args.prompt)],
+            &token_text(tokenizer.bos_id()),
+            &token_text(eos),
+        )?
+    } else {
+        args.prompt.clone()
+    };
+    let prompt = tokenizer.encode(&text)?;
+    let config = args.engine.config(&loaded.model)?;
+    let (handle, _thread) = engine::spawn(
+        loaded.model.clone(),
+        Arc::new(tokenizer.clone()),
+        tokenizer.eos_ids().to_vec(),
+        config,
+    )?;
+    let request = Request {
+        prompt: prompt.clone(),
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        stop: StopConditions {
+            max_tokens: args.max_tokens,
+            stop: args.stop.clone(),
+            ..StopConditions::default()
+        },
+        n: 1,
+    };
+    let started = Instant::now();
+    let stream = handle.submit(request)?;
+    let mut token_ids = Vec::new();
+    let mut output = String::new();
+    let mut first_token = None;
+    let mut finish = None;
+    let mut stdout = std::io::stdout().lock();
+    while let Some(event) = stream.recv() {
+        match event {
+            Event::Output {
+                token_ids: ids,
+                text,
+                ..
+            } => {
+                first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                token_ids.extend(ids);
+                if !args.json {
+                    write!(stdout, "{text}")?;
+                    stdout.flush()?;
+                }
+                output.push_str(&text);
+            }
+            Event::Finished { reason, .. } => finish = Some(reason),
+            Event::Error(e) => bail!("generation failed: {e}"),
+        }
+    }
+    let finish = finish.context("the engine stopped before the request finished")?;
+    let total = started.elapsed().as_secs_f64();
+    let first_token = first_token.unwrap_or(total);
+    // The first token comes with the prefill; the rest are decode steps.
+    let decoded = token_ids.len().saturating_sub(1);
+    let decode_seconds = total - first_token;
+    let tokens_per_second = if decode_seconds > 0.0 {
+        decoded as f64 / decode_seconds
+    } else {
+        0.0
+    };
+    if args.json {
+        let out = serde_json::json!({
+            "model": args.model.model,
+            "prompt_token_ids": prompt,
+            "token_ids": token_ids,
+            "text": output,
+            "finish_reason": finish.as_openai(),
+            "time_to_first_token_seconds": first_token,
+            "decode_seconds": decode_seconds,
+            "tokens_per_second": tokens_per_second,
+        });
+        writeln!(stdout, "{out}")?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!(
+            "{} prompt tokens, {} generated ({}), {:.1} tokens/s decode",
+            prompt.len(),
+            token_ids.len(),
+            finish.as_openai(),
+            tokens_per_second
+        );
+    }
+    handle.shutdown();
+    Ok(())
+}

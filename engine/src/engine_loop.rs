@@ -1,0 +1,485 @@
+//! `Engine`: the one thread that owns the model, the scheduler (and through it the KV
+//! blocks), the KV rows and every request's state. Each step:
+//!
+//! ```text
+//!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
+//!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions
+//!  forward    ONE TreeBatch for every scheduled sequence (prefill chunks and decodes mixed)
+//!  sample     for sequences that caught up: penalties, sampling, logprobs; forks for n > 1
+//!  commit     scheduler.commit; stop conditions; detokenize; events out; finished freed
+//!  metrics    step time, batch tokens, queue lengths, preemptions, KV use, latencies
+//! ```
+//! No lock guards any of this: callers talk to the thread only through channels.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvcache::SeqId;
+use scheduler::{Progress, ScheduledSeq, Scheduler};
+
+use crate::batch::{LogitRows, TreeBatch};
+use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
+use crate::kv_store::PagedKvStore;
+use crate::metrics as names;
+use crate::model::Model;
+use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
+use crate::sampler::{sample, SampleContext};
+use crate::tokenizer::ModelTokenizer;
+use crate::tree::TokenTree;
+use crate::Result;
+
+/// Messages from handles to the engine thread.
+pub(crate) enum Command {
+    /// A validated request and where its events go.
+    Submit(Box<Submission>),
+    /// Reply with a snapshot of the engine's counters.
+    Stats(flume::Sender<EngineStats>),
+    /// Fail everything pending and stop.
+    Shutdown,
+}
+
+/// A snapshot of the engine's queues and KV use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Queue lengths, preemptions, steps.
+    pub scheduler: scheduler::SchedulerStats,
+    /// KV block counts and prefix-cache counters.
+    pub cache: kvcache::CacheStats,
+    /// Requests in the engine (not yet finished).
+    pub requests: usize,
+}
+
+/// A validated request and where its events go.
+pub(crate) struct Submission {
+    pub(crate) id: u64,
+    pub(crate) request: Request,
+    pub(crate) events: flume::Sender<Event>,
+    pub(crate) submitted: Instant,
+}
+
+/// A request with at least one unfinished sample.
+struct ActiveRequest {
+    request: Request,
+    seed: u64,
+    events: flume::Sender<Event>,
+    submitted: Instant,
+    first_token_at: Option<Instant>,
+    /// Its sequences (the first, then forks).
+    seqs: Vec<SeqId>,
+    unfinished: usize,
+    cached_tokens: usize,
+}
+
+/// Per-sample output state.
+struct SampleState {
+    request: u64,
+    index: usize,
+    detokenizer: IncrementalDetokenizer,
+    filter: StopStringFilter,
+    num_output: usize,
+    last_token_at: Option<Instant>,
+}
+
+/// The engine thread's state.
+pub(crate) struct Engine {
+    model: Model,
+    tokenizer: Arc<ModelTokenizer>,
+    eos_ids: Vec<u32>,
+    scheduler: Scheduler,
+    store: PagedKvStore,
+    inbox: flume::Receiver<Command>,
+    pending: Arc<AtomicUsize>,
+    requests: HashMap<u64, ActiveRequest>,
+    samples: HashMap<SeqId, SampleState>,
+    next_seq: u64,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        model: Model,
+        tokenizer: Arc<ModelTokenizer>,
+        eos_ids: Vec<u32>,
+        scheduler: Scheduler,
+        inbox: flume::Receiver<Command>,
+        pending: Arc<AtomicUsize>,
+    ) -> Self {
+        let store = model.new_kv_store(scheduler.blocks().num_slots());
+        Self {
+            model,
+            tokenizer,
+            eos_ids,
+            scheduler,
+            store,
+            inbox,
+            pending,
+            requests: HashMap::new(),
+            samples: HashMap::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// Runs until shut down or until every handle is gone and the work is done.
+    pub(crate) fn run(mut self) {
+        loop {
+            if !self.scheduler.has_work() {
+                match self.inbox.recv() {
+                    Ok(Command::Shutdown) | Err(_) => return self.shutdown(),
+                    Ok(command) => self.intake(command),
+                }
+            }
+            // Only what is queued now: a steady stream of commands must not stall the step.
+            for _ in 0..self.inbox.len() {
+                let Ok(command) = self.inbox.try_recv() else {
+                    break;
+                };
+                if matches!(command, Command::Shutdown) {
+                    return self.shutdown();
+                }
+                self.intake(command);
+            }
+            self.drop_cancelled();
+            if self.scheduler.has_work() {
+                self.step();
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail_request(id, "the engine is shutting down");
+        }
+    }
+
+    fn intake(&mut self, command: Command) {
+        let Submission {
+            id,
+            request,
+            events,
+            submitted,
+        } = match command {
+            Command::Submit(submission) => *submission,
+            Command::Stats(reply) => {
+                let _ = reply.send(EngineStats {
+                    scheduler: self.scheduler.stats(),
+                    cache: self.scheduler.cache_stats(),
+                    requests: self.requests.len(),
+                });
+                return;
+            }
+            Command::Shutdown => return,
+        };
+        let seq = SeqId(self.next_seq);
+        self.next_seq += 1;
+        if let Err(e) = self.scheduler.add(seq, request.prompt.clone(), request.n) {
+            let _ = events.send(Event::Error(e.to_string()));
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
+        self.samples.insert(seq, SampleState::new(id, 0, &request));
+        self.requests.insert(
+            id,
+            ActiveRequest {
+                seed: request.sampling.seed.unwrap_or(0),
+                unfinished: request.n,
+                request,
+                events,
+                submitted,
+                first_token_at: None,
+                seqs: vec![seq],
+                cached_tokens: 0,
+            },
+        );
+    }
+
+    /// Aborts requests whose stream was dropped.
+    fn drop_cancelled(&mut self) {
+        let gone: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.events.is_disconnected())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.remove_request(id);
+        }
+    }
+
+    fn remove_request(&mut self, id: u64) {
+        if let Some(request) = self.requests.remove(&id) {
+            for seq in request.seqs {
+                self.scheduler.abort(seq);
+                self.samples.remove(&seq);
+            }
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            metrics::histogram!(names::E2E_LATENCY)
+                .record(request.submitted.elapsed().as_secs_f64());
+        }
+    }
+
+    fn fail_request(&mut self, id: u64, message: &str) {
+        if let Some(request) = self.requests.get(&id) {
+            let _ = request.events.send(Event::Error(message.to_string()));
+        }
+        self.remove_request(id);
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let plan = self.scheduler.schedule();
+        metrics::counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
+        if plan.is_empty() {
+            self.fail_unschedulable();
+            return;
+        }
+        if let Err(e) = self.run_plan(&plan.scheduled, &plan.kv_copies) {
+            // The forward failed: the requests in it fail, everyone else goes on.
+            let failed: Vec<u64> = plan
+                .scheduled
+                .iter()
+                .filter_map(|s| self.samples.get(&s.seq).map(|st| st.request))
+                .collect();
+            for id in failed {
+                self.fail_request(id, &format!("internal error: {e}"));
+            }
+        }
+        let stats = self.scheduler.stats();
+        metrics::counter!(names::STEPS).increment(1);
+        metrics::histogram!(names::STEP_DURATION).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(names::BATCH_TOKENS).record(plan.num_batched_tokens as f64);
+        metrics::gauge!(names::SEQS_RUNNING).set(stats.running as f64);
+        metrics::gauge!(names::SEQS_WAITING).set(stats.waiting as f64);
+        crate::kv_cache::publish_metrics(&self.scheduler.cache_stats());
+    }
+
+    /// Nothing could be scheduled although work is queued: with nothing running, the head
+    /// of the queue can never fit, so it fails instead of waiting forever.
+    fn fail_unschedulable(&mut self) {
+        if self.scheduler.stats().running > 0 {
+            return;
+        }
+        if let Some(seq) = self.scheduler.waiting_front() {
+            if let Some(id) = self.samples.get(&seq).map(|s| s.request) {
+                self.fail_request(id, "the request does not fit in the KV cache");
+            }
+        }
+    }
+
+    fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
+        self.store.apply_moves(copies)?;
+        let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
+        for s in scheduled {
+            let seq = self.seq(s.seq)?;
+            let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
+            let rows = if s.samples {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            };
+            let table = self
+                .scheduler
+                .block_table(s.seq)
+                .ok_or_else(|| missing(s.seq))?;
+            batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+            if s.first_since_admission && seq.num_preemptions() == 0 {
+                if let Some(request) = self.request_of(s.seq) {
+                    metrics::histogram!(names::QUEUE_TIME)
+                        .record(request.submitted.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let logits = self
+            .model
+            .forward(&batch, &mut self.store)?
+            .to_vec2::<f32>()?;
+        let mut rows = logits.into_iter();
+        for s in scheduled {
+            if s.first_since_admission {
+                let cached = s.num_computed;
+                if let Some(request) = self.request_of_mut(s.seq) {
+                    request.cached_tokens = request.cached_tokens.max(cached);
+                }
+            }
+            if !s.samples {
+                self.scheduler.commit(s.seq, Progress::Chain, &[])?;
+                continue;
+            }
+            let row = rows.next().ok_or_else(|| missing(s.seq))?;
+            self.sample_and_emit(s.seq, &row)?;
+        }
+        Ok(())
+    }
+
+    fn sample_and_emit(&mut self, seq_id: SeqId, row: &[f32]) -> Result<()> {
+        let Some(state) = self.samples.get(&seq_id) else {
+            return Ok(());
+        };
+        let Some(request) = self.requests.get(&state.request) else {
+            return Ok(());
+        };
+        let seq = self.seq(seq_id)?;
+        let stop = &request.request.stop;
+        let output = seq.output();
+        let mut suppress = Vec::new();
+        if output.len() < stop.min_tokens {
+            if !stop.ignore_eos {
+                suppress.extend_from_slice(&self.eos_ids);
+            }
+            suppress.extend_from_slice(&stop.stop_token_ids);
+        }
+        let samples = 1 + seq.pending_forks();
+        let drawn: Vec<_> = (0..samples)
+            .map(|i| {
+                let ctx = SampleContext {
+                    prompt: &seq.tokens()[..seq.num_prompt_tokens()],
+                    output,
+                    suppress: &suppress,
+                    seed: request.seed,
+                    index: state.index + i,
+                };
+                sample(row, &request.request.sampling, &ctx)
+            })
+            .collect();
+        let request_id = state.request;
+        self.scheduler
+            .commit(seq_id, Progress::Chain, &[drawn[0].token_id])?;
+        let mut emitted = vec![(seq_id, drawn[0].clone())];
+        for (i, sampled) in drawn.into_iter().enumerate().skip(1) {
+            let child = SeqId(self.next_seq);
+            self.next_seq += 1;
+            self.scheduler.fork(seq_id, child, sampled.token_id)?;
+            let request = self
+                .requests
+                .get_mut(&request_id)
+                .ok_or_else(|| missing(seq_id))?;
+            request.seqs.push(child);
+            let state = SampleState::new(request_id, i, &request.request);
+            self.samples.insert(child, state);
+            emitted.push((child, sampled));
+        }
+        for (seq, sampled) in emitted {
+            self.emit(seq, sampled.token_id, sampled.logprob)?;
+        }
+        Ok(())
+    }
+
+    /// Records `token` as the newest output of `seq_id`, checks stop conditions and sends
+    /// the events.
+    fn emit(&mut self, seq_id: SeqId, token: u32, logprob: Option<TokenLogprob>) -> Result<()> {
+        let now = Instant::now();
+        let total_len = self.seq(seq_id)?.tokens().len();
+        let max_model_len = self.scheduler.config().max_model_len;
+        let Some(state) = self.samples.get_mut(&seq_id) else {
+            return Ok(());
+        };
+        let Some(request) = self.requests.get_mut(&state.request) else {
+            return Ok(());
+        };
+        state.num_output += 1;
+        match state.last_token_at {
+            Some(at) => {
+                metrics::histogram!(names::INTER_TOKEN_LATENCY).record((now - at).as_secs_f64())
+            }
+            None if request.first_token_at.is_none() => {
+                request.first_token_at = Some(now);
+                metrics::histogram!(names::TIME_TO_FIRST_TOKEN)
+                    .record((now - request.submitted).as_secs_f64());
+            }
+            None => {}
+        }
+        state.last_token_at = Some(now);
+        metrics::counter!(names::GENERATED_TOKENS).increment(1);
+
+        let stop = &request.request.stop;
+        let past_min = state.num_output >= stop.min_tokens;
+        let mut finish = None;
+        if past_min && !stop.ignore_eos && self.eos_ids.contains(&token) {
+            finish = Some(FinishReason::Eos);
+        } else if past_min && stop.stop_token_ids.contains(&token) {
+            finish = Some(FinishReason::StopToken(token));
+        }
+        let mut text = String::new();
+        if finish.is_none() {
+            let piece = state.detokenizer.push(&self.tokenizer, token)?;
+            let (shown, stopped) = state.filter.push(&piece);
+            text = shown;
+            finish = stopped.map(FinishReason::StopString);
+        }
+        if finish.is_none() && (state.num_output >= stop.max_tokens || total_len >= max_model_len) {
+            finish = Some(FinishReason::Length);
+        }
+        if matches!(
+            finish,
+            Some(FinishReason::Eos | FinishReason::StopToken(_) | FinishReason::Length)
+        ) {
+            let rest = state.detokenizer.flush(&self.tokenizer)?;
+            let (shown, stopped) = state.filter.push(&rest);
+            text.push_str(&shown);
+            match stopped {
+                Some(s) => finish = Some(FinishReason::StopString(s)),
+                None => text.push_str(&state.filter.flush()),
+            }
+        }
+        let _ = request.events.send(Event::Output {
+            index: state.index,
+            token_ids: vec![token],
+            text,
+            logprobs: logprob.into_iter().collect(),
+        });
+        let Some(reason) = finish else {
+            return Ok(());
+        };
+        let usage = Usage {
+            prompt_tokens: request.request.prompt.len(),
+            completion_tokens: state.num_output,
+            cached_tokens: request.cached_tokens,
+        };
+        let _ = request.events.send(Event::Finished {
+            index: state.index,
+            reason,
+            usage,
+        });
+        request.unfinished -= 1;
+        let request_id = state.request;
+        let done = request.unfinished == 0;
+        self.samples.remove(&seq_id);
+        self.scheduler.finish(seq_id);
+        if done {
+            self.remove_request(request_id);
+        }
+        Ok(())
+    }
+
+    fn seq(&self, seq: SeqId) -> Result<&scheduler::Sequence> {
+        self.scheduler.seq(seq).ok_or_else(|| missing(seq))
+    }
+
+    fn request_of(&self, seq: SeqId) -> Option<&ActiveRequest> {
+        self.requests.get(&self.samples.get(&seq)?.request)
+    }
+
+    fn request_of_mut(&mut self, seq: SeqId) -> Option<&mut ActiveRequest> {
+        let id = self.samples.get(&seq)?.request;
+        self.requests.get_mut(&id)
+    }
+}
+
+impl SampleState {
+    fn new(request: u64, index: usize, r: &Request) -> Self {
+        Self {
+            request,
+            index,
+            detokenizer: IncrementalDetokenizer::new(),
+            filter: StopStringFilter::new(&r.stop.stop),
+            num_output: 0,
+            last_token_at: None,
+        }
+    }
+}
+
+fn missing(seq: SeqId) -> crate::Error {
+    crate::Error::InvalidBatch(format!("engine state lost sequence {seq:?}"))
+}

@@ -1,0 +1,237 @@
+//! The engine's front door. [`spawn`] starts the engine thread, which owns the model, the
+//! scheduler and the KV store; [`EngineHandle`] (cheap to clone, shared by every caller)
+//! validates a request in the caller's thread and queues it on a bounded channel;
+//! [`RequestStream`] yields that request's events. Dropping a stream cancels its request:
+//! the engine notices at its next step and frees the request's blocks.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use scheduler::{Scheduler, SchedulerConfig};
+
+pub use crate::engine_loop::EngineStats;
+use crate::engine_loop::{Command, Engine, Submission};
+use crate::model::Model;
+use crate::request::Usage;
+use crate::request::{Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob};
+use crate::tokenizer::ModelTokenizer;
+use crate::{Error, Result};
+
+/// How the engine is set up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// Step limits and the KV pool.
+    pub scheduler: SchedulerConfig,
+    /// Requests accepted but not finished, beyond which `submit` answers `Overloaded`.
+    pub max_pending: usize,
+}
+
+impl EngineConfig {
+    /// Blocks of `block_size` positions that fit in `bytes` of KV for `model`.
+    pub fn kv_blocks_for(model: &Model, bytes: usize, block_size: usize) -> usize {
+        let per_position = model.config().num_layers * 2 * model.config().kv_row_width() * 4;
+        bytes / (per_position * block_size).max(1)
+    }
+}
+
+/// Why a request was not queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// A field is invalid (a client error).
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// Too many requests are pending; retry later.
+    #[error("the engine is overloaded: {0} requests pending")]
+    Overloaded(usize),
+    /// The engine has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Submits requests to the engine thread. Clone freely.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    commands: flume::Sender<Command>,
+    pending: Arc<AtomicUsize>,
+    next_request: Arc<AtomicU64>,
+    max_pending: usize,
+    limits: RequestLimits,
+    tokenizer: Arc<ModelTokenizer>,
+}
+
+/// Starts the engine thread for `model`. Errors on a configuration that cannot work.
+pub fn spawn(
+    model: Model,
+    tokenizer: Arc<ModelTokenizer>,
+    eos_ids: Vec<u32>,
+    config: EngineConfig,
+) -> Result<(EngineHandle, JoinHandle<()>)> {
+    let scheduler = Scheduler::new(config.scheduler)
+        .map_err(|e| Error::InvalidBatch(format!("engine configuration: {e}")))?;
+    let limits = RequestLimits {
+        vocab_size: model.config().vocab_size,
+        max_model_len: config.scheduler.max_model_len,
+        max_n: config.scheduler.max_num_seqs,
+    };
+    let (commands, inbox) = flume::bounded(config.max_pending.max(1));
+    let pending = Arc::new(AtomicUsize::new(0));
+    let engine = Engine::new(
+        model,
+        Arc::clone(&tokenizer),
+        eos_ids,
+        scheduler,
+        inbox,
+        Arc::clone(&pending),
+    );
+    let thread = std::thread::Builder::new()
+        .name("thicket-engine".into())
+        .spawn(move || engine.run())
+        .map_err(|e| Error::io("starting the engine thread", e))?;
+    crate::metrics::describe();
+    let handle = EngineHandle {
+        commands,
+        pending,
+        next_request: Arc::new(AtomicU64::new(0)),
+        max_pending: config.max_pending,
+        limits,
+        tokenizer,
+    };
+    Ok((handle, thread))
+}
+
+impl EngineHandle {
+    /// Validates `request` and queues it. The returned stream yields its events.
+    pub fn submit(&self, mut request: Request) -> std::result::Result<RequestStream, SubmitError> {
+        request.validate(&self.limits)?;
+        let before = self.pending.fetch_add(1, Ordering::SeqCst);
+        if before >= self.max_pending {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Overloaded(before));
+        }
+        if request.sampling.seed.is_none() {
+            request.sampling.seed = Some(rand::random());
+        }
+        let (events, stream) = flume::unbounded();
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let command = Command::Submit(Box::new(Submission {
+            id,
+            request,
+            events,
+            submitted: Instant::now(),
+        }));
+        match self.commands.try_send(command) {
+            Ok(()) => Ok(RequestStream { events: stream }),
+            Err(e) => {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+                match e {
+                    flume::TrySendError::Full(_) => Err(SubmitError::Overloaded(before)),
+                    flume::TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
+                }
+            }
+        }
+    }
+
+    /// Asks the engine to stop: pending requests get an error event.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+
+    /// A snapshot of the engine's queues and KV use (waits for the current step), or
+    /// `None` when the engine has stopped.
+    pub fn stats(&self) -> Option<EngineStats> {
+        let (reply, answer) = flume::bounded(1);
+        self.commands.send(Command::Stats(reply)).ok()?;
+        answer.recv().ok()
+    }
+
+    /// Requests accepted and not yet finished.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// The limits requests are validated against.
+    pub fn limits(&self) -> RequestLimits {
+        self.limits
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<ModelTokenizer> {
+        &self.tokenizer
+    }
+}
+
+/// One request's events; dropping it cancels the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    events: flume::Receiver<Event>,
+}
+
+/// One sample's complete output, gathered by [`RequestStream::wait`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SampleOutput {
+    /// Generated token ids.
+    pub token_ids: Vec<u32>,
+    /// Generated text (stop strings excluded).
+    pub text: String,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Why it ended.
+    pub finish: Option<FinishReason>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl RequestStream {
+    /// The next event, or `None` when the request is over.
+    pub fn recv(&self) -> Option<Event> {
+        self.events.recv().ok()
+    }
+
+    /// The next event, awaiting it.
+    pub async fn recv_async(&self) -> Option<Event> {
+        self.events.recv_async().await.ok()
+    }
+
+    /// Blocks until the request ends and returns every sample's output, or the error the
+    /// request failed with.
+    pub fn wait(self) -> std::result::Result<Vec<SampleOutput>, String> {
+        let mut samples: Vec<SampleOutput> = Vec::new();
+        let slot = |samples: &mut Vec<SampleOutput>, index: usize| {
+            if samples.len() <= index {
+                samples.resize(index + 1, SampleOutput::default());
+            }
+        };
+        while let Some(event) = self.recv() {
+            match event {
+                Event::Output {
+                    index,
+                    token_ids,
+                    text,
+                    logprobs,
+                } => {
+                    slot(&mut samples, index);
+                    let s = &mut samples[index];
+                    s.token_ids.extend(token_ids);
+                    s.text.push_str(&text);
+                    s.logprobs.extend(logprobs);
+                }
+                Event::Finished {
+                    index,
+                    reason,
+                    usage,
+                } => {
+                    slot(&mut samples, index);
+                    samples[index].finish = Some(reason);
+                    samples[index].usage = usage;
+                }
+                Event::Error(message) => return Err(message),
+            }
+        }
+        if samples.is_empty() || samples.iter().any(|s| s.finish.is_none()) {
+            return Err("the engine stopped before the request finished".into());
+        }
+        Ok(samples)
+    }
+}

@@ -1,0 +1,346 @@
+//! What goes into the engine and what comes out: a [`Request`] (prompt token ids, sampling
+//! parameters, stop conditions, `n`), validated in the caller's thread before it is queued,
+//! and the [`Event`]s streamed back per request (text and tokens, then a finish per sample).
+
+use crate::sampler::SamplingParams;
+
+/// When a sample stops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopConditions {
+    /// Output tokens at most.
+    pub max_tokens: usize,
+    /// Output tokens before any stop condition may end the sample (EOS and stop tokens are
+    /// suppressed until then).
+    pub min_tokens: usize,
+    /// Token ids that end the sample (not emitted as text).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the sample when they appear in the output text (not emitted).
+    pub stop: Vec<String>,
+    /// Keep going past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for StopConditions {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Most stop strings one request may carry.
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// How tokens are chosen.
+    pub sampling: SamplingParams,
+    /// When each sample stops.
+    pub stop: StopConditions,
+    /// Samples of this prompt (they share its KV).
+    pub n: usize,
+}
+
+/// Why a sample ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// A stop token id was produced.
+    StopToken(u32),
+    /// A stop string appeared in the text.
+    StopString(String),
+    /// `max_tokens` or the model length was reached.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason`: `stop` or `length`.
+    pub fn as_openai(&self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// Log-probability of one chosen token and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The chosen token.
+    pub token_id: u32,
+    /// Its log-probability under the model (before sampling adjustments).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Token counts of a finished sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens of this sample.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What the engine streams back for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New output of sample `index`: tokens, and the text that is now safe to show (text
+    /// can lag tokens: an incomplete UTF-8 character or a possible stop string is held back).
+    Output {
+        /// Which of the `n` samples.
+        index: usize,
+        /// New token ids.
+        token_ids: Vec<u32>,
+        /// New text.
+        text: String,
+        /// Log-probabilities of the new tokens, when asked for.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// Sample `index` ended; no more output for it follows.
+    Finished {
+        /// Which of the `n` samples.
+        index: usize,
+        /// Why.
+        reason: FinishReason,
+        /// Its token counts.
+        usage: Usage,
+    },
+    /// The request failed; nothing follows.
+    Error(String),
+}
+
+/// A request the engine refuses before queueing it; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidRequest {
+    /// The offending field, as the OpenAI API names it.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// Limits a request is validated against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Logits per row.
+    pub vocab_size: usize,
+    /// Prompt plus output tokens at most.
+    pub max_model_len: usize,
+    /// Largest `n`.
+    pub max_n: usize,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
+    InvalidRequest {
+        field,
+        message: message.into(),
+    }
+}
+
+impl Request {
+    /// Checks every field against `limits`; the first problem is returned.
+    pub fn validate(&self, limits: &RequestLimits) -> Result<(), InvalidRequest> {
+        if self.prompt.is_empty() {
+            return Err(invalid("prompt", "the prompt has no tokens"));
+        }
+        if let Some(bad) = self
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size)
+        {
+            return Err(invalid(
+                "prompt",
+                format!(
+                    "token id {bad} outside the vocabulary of {}",
+                    limits.vocab_size
+                ),
+            ));
+        }
+        if self.prompt.len() >= limits.max_model_len {
+            return Err(invalid(
+                "prompt",
+                format!(
+                    "the prompt has {} tokens; the model length is {} including at least one generated token",
+                    self.prompt.len(),
+                    limits.max_model_len
+                ),
+            ));
+        }
+        if self.n == 0 || self.n > limits.max_n {
+            return Err(invalid(
+                "n",
+                format!("must be between 1 and {}", limits.max_n),
+            ));
+        }
+        let stop = &self.stop;
+        if stop.max_tokens == 0 {
+            return Err(invalid("max_tokens", "must be at least 1"));
+        }
+        if stop.min_tokens > stop.max_tokens {
+            return Err(invalid("min_tokens", "must not exceed max_tokens"));
+        }
+        if stop.stop.len() > MAX_STOP_STRINGS {
+            return Err(invalid(
+                "stop",
+                format!("at most {MAX_STOP_STRINGS} stop strings"),
+            ));
+        }
+        if stop.stop.iter().any(String::is_empty) {
+            return Err(invalid("stop", "stop strings must not be empty"));
+        }
+        if stop.stop.iter().any(|s| s.len() > MAX_STOP_STRING_BYTES) {
+            return Err(invalid(
+                "stop",
+                format!("stop strings are at most {MAX_STOP_STRING_BYTES} bytes"),
+            ));
+        }
+        if let Some(bad) = stop
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size)
+        {
+            return Err(invalid(
+                "stop_token_ids",
+                format!("token id {bad} outside the vocabulary"),
+            ));
+        }
+        self.sampling.validate(limits.vocab_size)
+    }
+}
+
+/// Shorthand used by the sampler's validation.
+pub(crate) fn invalid_field(field: &'static str, message: impl Into<String>) -> InvalidRequest {
+    invalid(field, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> RequestLimits {
+        RequestLimits {
+            vocab_size: 100,
+            max_model_len: 10,
+            max_n: 4,
+        }
+    }
+
+    fn request() -> Request {
+        Request {
+            prompt: vec![1, 2, 3],
+            n: 1,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        assert_eq!(request().validate(&limits()), Ok(()));
+        let cases: Vec<(&str, Request)> = vec![
+            (
+                "prompt",
+                Request {
+                    prompt: vec![],
+                    ..request()
+                },
+            ),
+            (
+                "prompt",
+                Request {
+                    prompt: vec![100],
+                    ..request()
+                },
+            ),
+            (
+                "prompt",
+                Request {
+                    prompt: vec![1; 10],
+                    ..request()
+                },
+            ),
+            ("n", Request { n: 5, ..request() }),
+            ("n", Request { n: 0, ..request() }),
+            (
+                "max_tokens",
+                Request {
+                    stop: StopConditions {
+                        max_tokens: 0,
+                        ..StopConditions::default()
+                    },
+                    ..request()
+                },
+            ),
+            (
+                "min_tokens",
+                Request {
+                    stop: StopConditions {
+                        min_tokens: 17,
+                        ..StopConditions::default()
+                    },
+                    ..request()
+                },
+            ),
+            (
+                "stop",
+                Request {
+                    stop: StopConditions {
+                        stop: vec!["x".into(); 17],
+                        ..StopConditions::default()
+                    },
+                    ..request()
+                },
+            ),
+            (
+                "stop",
+                Request {
+                    stop: StopConditions {
+                        stop: vec![String::new()],
+                        ..StopConditions::default()
+                    },
+                    ..request()
+                },
+            ),
+            (
+                "stop_token_ids",
+                Request {
+                    stop: StopConditions {
+                        stop_token_ids: vec![1000],
+                        ..StopConditions::default()
+                    },
+                    ..request()
+                },
+            ),
+            (
+                "temperature",
+                Request {
+                    sampling: SamplingParams {
+                        temperature: f32::NAN,
+                        ..SamplingParams::default()
+                    },
+                    ..request()
+                },
+            ),
+        ];
+        for (field, case) in cases {
+            assert_eq!(
+                case.validate(&limits()).unwrap_err().field,
+                field,
+                "{case:?}"
+            );
+        }
+    }
+}
