@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use engine::generate::{generate_greedy, GreedyOptions};
 use engine::handle::EngineHandle;
-use engine::{EngineConfig, FinishReason, Request, SamplingParams, StopConditions, SubmitError};
+use engine::{
+    EngineConfig, FinishReason, Request, SamplingParams, SpeculationConfig, StopConditions,
+    SubmitError,
+};
 use kvcache::ManagerConfig;
 use scheduler::SchedulerConfig;
 
@@ -27,6 +30,7 @@ fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
             },
         },
         max_pending: 256,
+        speculation: SpeculationConfig::default(),
     }
 }
 
@@ -51,6 +55,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
             ..StopConditions::default()
         },
         n: 1,
+        speculation: None,
     }
 }
 
@@ -152,6 +157,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
             ..StopConditions::default()
         },
         n: 2,
+        speculation: None,
     };
     let alone = handle.submit(sampled(7)).unwrap().wait().unwrap();
     // The same request among others with other seeds and prompts.

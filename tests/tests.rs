@@ -9,4 +9,5 @@ mod forward;
 mod kv_cache;
 mod oracle;
 mod serving;
+mod speculation;
 mod tokenizer;

@@ -80,6 +80,7 @@ pub fn engine(
             ..StopConditions::default()
         },
         n: 1,
+        speculation: None,
     };
     // Warm-up: page in the weights.
     handle

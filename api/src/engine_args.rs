@@ -1,9 +1,14 @@
 //! Engine flags shared by every command that runs the engine (`generate`, `bench engine`,
 //! and the server and batch runner), and how they become an [`EngineConfig`] for a model.
 
-use anyhow::bail;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
 use clap::Args;
-use engine::{EngineConfig, ManagerConfig, Model, SchedulerConfig};
+use engine::{
+    CostCurve, EngineConfig, ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest,
+    SpeculationConfig,
+};
 
 /// KV cache flags.
 #[derive(Debug, Clone, Args)]
@@ -38,6 +43,71 @@ pub struct EngineArgs {
     /// Requests queued beyond the running ones before new ones are refused.
     #[arg(long, default_value_t = 1024)]
     pub max_queue: usize,
+    /// Speculation flags.
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding flags.
+#[derive(Debug, Clone, Args)]
+pub struct SpecArgs {
+    /// Default speculation method: auto | recycling | ngram_trie | prompt_lookup | none.
+    #[arg(long, default_value = "auto", value_parser = parse_method)]
+    pub speculation: SpecMethod,
+    /// Most draft tokens per sequence per step.
+    #[arg(long, default_value_t = 64)]
+    pub max_draft_tokens: usize,
+    /// File the Token Recycling matrix is loaded from at start and saved to at shutdown.
+    #[arg(long)]
+    pub recycling_state: Option<PathBuf>,
+    /// Forward-cost curve for draft budgets: measure (at start-up) | flat | linear.
+    #[arg(long, default_value = "measure", value_parser = ["measure", "flat", "linear"])]
+    pub spec_cost: String,
+}
+
+fn parse_method(s: &str) -> Result<SpecMethod, String> {
+    match SpecMethod::parse(s) {
+        Some(SpecMethod::DraftModel) => Err("draft_model is not available in this build".into()),
+        Some(m) => Ok(m),
+        None => Err(format!(
+            "unknown speculation method '{s}' (auto, recycling, ngram_trie, prompt_lookup, none)"
+        )),
+    }
+}
+
+impl SpecArgs {
+    /// The speculation configuration, measuring the forward-cost curve of `model` when asked
+    /// (a few seconds at start-up).
+    pub fn config(&self, model: &Model) -> anyhow::Result<SpeculationConfig> {
+        let cost = match self.spec_cost.as_str() {
+            "flat" => CostCurve::flat(),
+            "linear" => CostCurve::linear(),
+            _ if self.speculation == SpecMethod::None => CostCurve::linear(),
+            _ => {
+                let started = std::time::Instant::now();
+                let sizes = [1, 2, 4, 8, 16, 32, 64, 96];
+                let points = engine::bench::forward_cost(model, 128, &sizes, 1)?;
+                let curve =
+                    CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
+                        .context("the measured forward cost is not usable")?;
+                tracing::info!(
+                    "measured the forward-cost curve in {:.1}s: {:?}",
+                    started.elapsed().as_secs_f64(),
+                    curve.points()
+                );
+                curve
+            }
+        };
+        Ok(SpeculationConfig {
+            default: SpecRequest {
+                method: self.speculation,
+                max_draft_tokens: None,
+            },
+            max_draft_tokens: self.max_draft_tokens,
+            cost,
+            recycling_state: self.recycling_state.clone(),
+        })
+    }
 }
 
 impl EngineArgs {
@@ -78,6 +148,7 @@ impl EngineArgs {
                 },
             },
             max_pending: self.max_queue + self.max_num_seqs,
+            speculation: self.spec.config(model)?,
         };
         if let Err(e) = config.scheduler.validate() {
             bail!("{e}");

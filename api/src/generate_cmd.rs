@@ -98,6 +98,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
             ..StopConditions::default()
         },
         n: 1,
+        speculation: None,
     };
     let started = Instant::now();
     let stream = handle.submit(request)?;
@@ -105,6 +106,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
     let mut output = String::new();
     let mut first_token = None;
     let mut finish = None;
+    let mut usage = engine::Usage::default();
     let mut stdout = std::io::stdout().lock();
     while let Some(event) = stream.recv() {
         match event {
@@ -121,7 +123,14 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
                 }
                 output.push_str(&text);
             }
-            Event::Finished { reason, .. } => finish = Some(reason),
+            Event::Finished {
+                reason,
+                usage: done,
+                ..
+            } => {
+                finish = Some(reason);
+                usage = done;
+            }
             Event::Error(e) => bail!("generation failed: {e}"),
         }
     }
@@ -146,6 +155,13 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
             "time_to_first_token_seconds": first_token,
             "decode_seconds": decode_seconds,
             "tokens_per_second": tokens_per_second,
+            "speculation": {
+                "verify_steps": usage.spec_steps,
+                "draft_tokens": usage.draft_tokens,
+                "accepted_tokens": usage.accepted_tokens,
+                "mean_accepted_tokens": mean_accepted_tokens(&usage),
+            },
+            "mean_accepted_tokens": mean_accepted_tokens(&usage),
         });
         writeln!(stdout, "{out}")?;
     } else {
@@ -160,4 +176,13 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
     }
     handle.shutdown();
     Ok(())
+}
+
+/// Tokens produced per verification step (accepted drafts plus the bonus token): the
+/// papers' MAT. 1.0 when nothing was drafted.
+pub fn mean_accepted_tokens(usage: &engine::Usage) -> f64 {
+    if usage.spec_steps == 0 {
+        return 1.0;
+    }
+    (usage.spec_steps + usage.accepted_tokens) as f64 / usage.spec_steps as f64
 }

@@ -25,7 +25,9 @@ use crate::kv_store::PagedKvStore;
 use crate::metrics as names;
 use crate::model::Model;
 use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
-use crate::sampler::{sample, SampleContext};
+use crate::sampler::{sample, SampleContext, Sampled};
+use crate::spec::verify::verify;
+use crate::speculation::Speculation;
 use crate::tokenizer::ModelTokenizer;
 use crate::tree::TokenTree;
 use crate::Result;
@@ -93,6 +95,7 @@ pub(crate) struct Engine {
     pending: Arc<AtomicUsize>,
     requests: HashMap<u64, ActiveRequest>,
     samples: HashMap<SeqId, SampleState>,
+    spec: Speculation,
     next_seq: u64,
 }
 
@@ -102,6 +105,7 @@ impl Engine {
         tokenizer: Arc<ModelTokenizer>,
         eos_ids: Vec<u32>,
         scheduler: Scheduler,
+        spec: Speculation,
         inbox: flume::Receiver<Command>,
         pending: Arc<AtomicUsize>,
     ) -> Self {
@@ -116,6 +120,7 @@ impl Engine {
             pending,
             requests: HashMap::new(),
             samples: HashMap::new(),
+            spec,
             next_seq: 0,
         }
     }
@@ -151,6 +156,7 @@ impl Engine {
         for id in ids {
             self.fail_request(id, "the engine is shutting down");
         }
+        self.spec.save();
     }
 
     fn intake(&mut self, command: Command) {
@@ -180,6 +186,8 @@ impl Engine {
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
         self.samples.insert(seq, SampleState::new(id, 0, &request));
+        self.spec
+            .register(seq, request.speculation, &request.prompt);
         self.requests.insert(
             id,
             ActiveRequest {
@@ -213,6 +221,7 @@ impl Engine {
             for seq in request.seqs {
                 self.scheduler.abort(seq);
                 self.samples.remove(&seq);
+                self.spec.remove(seq);
             }
             self.pending.fetch_sub(1, Ordering::SeqCst);
             metrics::histogram!(names::E2E_LATENCY)
@@ -229,7 +238,8 @@ impl Engine {
 
     fn step(&mut self) {
         let started = Instant::now();
-        let plan = self.scheduler.schedule();
+        let drafts = self.draft_offers();
+        let plan = self.scheduler.schedule_with(drafts.as_ref());
         metrics::counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
         if plan.is_empty() {
             self.fail_unschedulable();
@@ -255,6 +265,25 @@ impl Engine {
         crate::kv_cache::publish_metrics(&self.scheduler.cache_stats());
     }
 
+    /// Offers of every running sequence that has caught up with its tokens and speculates.
+    fn draft_offers(&mut self) -> Option<scheduler::DraftInputs> {
+        let scheduler = &self.scheduler;
+        let candidates = self.samples.keys().filter_map(|&id| {
+            let seq = scheduler.seq(id)?;
+            let ready = seq.status() == scheduler::SeqStatus::Running
+                && seq.num_computed() + 1 == seq.tokens().len()
+                && seq.pending_forks() == 0;
+            ready.then_some((id, seq.tokens()))
+        });
+        let candidates: Vec<(SeqId, &[u32])> = candidates
+            .filter(|(id, _)| self.spec.is_speculating(*id))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        self.spec.offers(candidates.into_iter())
+    }
+
     /// Nothing could be scheduled although work is queued: with nothing running, the head
     /// of the queue can never fit, so it fails instead of waiting forever.
     fn fail_unschedulable(&mut self) {
@@ -271,19 +300,27 @@ impl Engine {
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.store.apply_moves(copies)?;
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
+        let mut trees: Vec<Option<TokenTree>> = Vec::with_capacity(scheduled.len());
         for s in scheduled {
-            let seq = self.seq(s.seq)?;
-            let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
-            let rows = if s.samples {
-                LogitRows::Last
-            } else {
-                LogitRows::None
-            };
+            let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
             let table = self
                 .scheduler
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
-            batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+            if s.draft_budget > 0 {
+                let tree = self.spec.draft(s.seq, seq.tokens(), s.draft_budget);
+                batch.push(s.num_computed, table, &tree, LogitRows::All)?;
+                trees.push(Some(tree));
+            } else {
+                let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
+                let rows = if s.samples {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                };
+                batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+                trees.push(None);
+            }
             if s.first_since_admission && seq.num_preemptions() == 0 {
                 if let Some(request) = self.request_of(s.seq) {
                     metrics::histogram!(names::QUEUE_TIME)
@@ -295,8 +332,12 @@ impl Engine {
             .model
             .forward(&batch, &mut self.store)?
             .to_vec2::<f32>()?;
+        // Token Recycling learns from every row whose logits were computed.
+        for (row, &at) in logits.iter().zip(&batch.logit_rows) {
+            self.spec.learn(batch.token_ids[at], row);
+        }
         let mut rows = logits.into_iter();
-        for s in scheduled {
+        for (s, tree) in scheduled.iter().zip(trees) {
             if s.first_since_admission {
                 let cached = s.num_computed;
                 if let Some(request) = self.request_of_mut(s.seq) {
@@ -307,22 +348,35 @@ impl Engine {
                 self.scheduler.commit(s.seq, Progress::Chain, &[])?;
                 continue;
             }
-            let row = rows.next().ok_or_else(|| missing(s.seq))?;
-            self.sample_and_emit(s.seq, &row)?;
+            match tree {
+                Some(tree) => {
+                    let tree_rows: Vec<Vec<f32>> = rows.by_ref().take(tree.len()).collect();
+                    if tree_rows.len() != tree.len() {
+                        return Err(missing(s.seq));
+                    }
+                    self.verify_and_emit(s.seq, &tree, &tree_rows)?;
+                }
+                None => {
+                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
+                    self.sample_and_emit(s.seq, &row)?;
+                }
+            }
         }
         Ok(())
     }
 
-    fn sample_and_emit(&mut self, seq_id: SeqId, row: &[f32]) -> Result<()> {
-        let Some(state) = self.samples.get(&seq_id) else {
-            return Ok(());
-        };
-        let Some(request) = self.requests.get(&state.request) else {
-            return Ok(());
-        };
-        let seq = self.seq(seq_id)?;
+    /// The model's choice from `row` for `seq_id` after `output` (its output so far).
+    fn choose(
+        &self,
+        seq_id: SeqId,
+        index_offset: usize,
+        row: &[f32],
+        output: &[u32],
+    ) -> Option<Sampled> {
+        let state = self.samples.get(&seq_id)?;
+        let request = self.requests.get(&state.request)?;
+        let seq = self.scheduler.seq(seq_id)?;
         let stop = &request.request.stop;
-        let output = seq.output();
         let mut suppress = Vec::new();
         if output.len() < stop.min_tokens {
             if !stop.ignore_eos {
@@ -330,22 +384,81 @@ impl Engine {
             }
             suppress.extend_from_slice(&stop.stop_token_ids);
         }
+        let ctx = SampleContext {
+            prompt: &seq.tokens()[..seq.num_prompt_tokens()],
+            output,
+            suppress: &suppress,
+            seed: request.seed,
+            index: state.index + index_offset,
+        };
+        Some(sample(row, &request.request.sampling, &ctx))
+    }
+
+    /// Verifies `seq_id`'s draft tree against its rows of logits, commits the accepted path
+    /// (moving its KV into place) and emits the new tokens until a stop condition.
+    fn verify_and_emit(
+        &mut self,
+        seq_id: SeqId,
+        tree: &TokenTree,
+        rows: &[Vec<f32>],
+    ) -> Result<()> {
+        let output = self.seq(seq_id)?.output().to_vec();
+        let mut failed = false;
+        let verified = verify(tree, |node, produced| {
+            let mut so_far = output.clone();
+            so_far.extend_from_slice(produced);
+            self.choose(seq_id, 0, &rows[node], &so_far)
+                .unwrap_or_else(|| {
+                    failed = true;
+                    Sampled {
+                        token_id: 0,
+                        logprob: None,
+                    }
+                })
+        });
+        if failed {
+            return Err(missing(seq_id));
+        }
+        let new: Vec<u32> = verified.tokens.iter().map(|s| s.token_id).collect();
+        let progress = Progress::Tree {
+            accepted: &verified.accepted,
+        };
+        let moves = self.scheduler.commit(seq_id, progress, &new)?;
+        self.store.apply_moves(&moves)?;
+        self.spec.verified(seq_id, tree, &verified.accepted);
+        let tokens = self
+            .scheduler
+            .seq(seq_id)
+            .ok_or_else(|| missing(seq_id))?
+            .tokens();
+        self.spec.observe(seq_id, tokens, new.len());
+        for sampled in verified.tokens {
+            if self.emit(seq_id, sampled.token_id, sampled.logprob)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn sample_and_emit(&mut self, seq_id: SeqId, row: &[f32]) -> Result<()> {
+        let Some(request_id) = self.samples.get(&seq_id).map(|s| s.request) else {
+            return Ok(());
+        };
+        let seq = self.seq(seq_id)?;
+        let output = seq.output().to_vec();
         let samples = 1 + seq.pending_forks();
-        let drawn: Vec<_> = (0..samples)
-            .map(|i| {
-                let ctx = SampleContext {
-                    prompt: &seq.tokens()[..seq.num_prompt_tokens()],
-                    output,
-                    suppress: &suppress,
-                    seed: request.seed,
-                    index: state.index + i,
-                };
-                sample(row, &request.request.sampling, &ctx)
-            })
-            .collect();
-        let request_id = state.request;
+        let drawn = (0..samples)
+            .map(|i| self.choose(seq_id, i, row, &output))
+            .collect::<Option<Vec<Sampled>>>()
+            .ok_or_else(|| missing(seq_id))?;
         self.scheduler
             .commit(seq_id, Progress::Chain, &[drawn[0].token_id])?;
+        let tokens = self
+            .scheduler
+            .seq(seq_id)
+            .ok_or_else(|| missing(seq_id))?
+            .tokens();
+        self.spec.observe(seq_id, tokens, 1);
         let mut emitted = vec![(seq_id, drawn[0].clone())];
         for (i, sampled) in drawn.into_iter().enumerate().skip(1) {
             let child = SeqId(self.next_seq);
@@ -358,6 +471,12 @@ impl Engine {
             request.seqs.push(child);
             let state = SampleState::new(request_id, i, &request.request);
             self.samples.insert(child, state);
+            let child_tokens = self
+                .scheduler
+                .seq(child)
+                .ok_or_else(|| missing(child))?
+                .tokens();
+            self.spec.fork(seq_id, child, child_tokens);
             emitted.push((child, sampled));
         }
         for (seq, sampled) in emitted {
@@ -367,16 +486,16 @@ impl Engine {
     }
 
     /// Records `token` as the newest output of `seq_id`, checks stop conditions and sends
-    /// the events.
-    fn emit(&mut self, seq_id: SeqId, token: u32, logprob: Option<TokenLogprob>) -> Result<()> {
+    /// the events. Returns true when the sample finished (it is then gone).
+    fn emit(&mut self, seq_id: SeqId, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
         let now = Instant::now();
         let total_len = self.seq(seq_id)?.tokens().len();
         let max_model_len = self.scheduler.config().max_model_len;
         let Some(state) = self.samples.get_mut(&seq_id) else {
-            return Ok(());
+            return Ok(true);
         };
         let Some(request) = self.requests.get_mut(&state.request) else {
-            return Ok(());
+            return Ok(true);
         };
         state.num_output += 1;
         match state.last_token_at {
@@ -430,12 +549,16 @@ impl Engine {
             logprobs: logprob.into_iter().collect(),
         });
         let Some(reason) = finish else {
-            return Ok(());
+            return Ok(false);
         };
+        let spec = self.spec.remove(seq_id);
         let usage = Usage {
             prompt_tokens: request.request.prompt.len(),
             completion_tokens: state.num_output,
             cached_tokens: request.cached_tokens,
+            spec_steps: spec.steps,
+            draft_tokens: spec.drafted,
+            accepted_tokens: spec.accepted,
         };
         let _ = request.events.send(Event::Finished {
             index: state.index,
@@ -450,7 +573,7 @@ impl Engine {
         if done {
             self.remove_request(request_id);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn seq(&self, seq: SeqId) -> Result<&scheduler::Sequence> {

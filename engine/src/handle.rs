@@ -16,16 +16,19 @@ use crate::engine_loop::{Command, Engine, Submission};
 use crate::model::Model;
 use crate::request::Usage;
 use crate::request::{Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob};
+use crate::speculation::{Speculation, SpeculationConfig};
 use crate::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
 
 /// How the engine is set up.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Step limits and the KV pool.
     pub scheduler: SchedulerConfig,
     /// Requests accepted but not finished, beyond which `submit` answers `Overloaded`.
     pub max_pending: usize,
+    /// Speculative decoding.
+    pub speculation: SpeculationConfig,
 }
 
 impl EngineConfig {
@@ -77,11 +80,13 @@ pub fn spawn(
     };
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
+    let spec = Speculation::new(config.speculation.clone(), model.config().vocab_size);
     let engine = Engine::new(
         model,
         Arc::clone(&tokenizer),
         eos_ids,
         scheduler,
+        spec,
         inbox,
         Arc::clone(&pending),
     );

@@ -52,4 +52,5 @@ pub fn describe() {
     describe_counter!(GENERATED_TOKENS, "Output tokens generated");
     describe_counter!(PROMPT_TOKENS, "Prompt tokens admitted");
     crate::kv_cache::describe_metrics();
+    crate::speculation::describe_metrics();
 }

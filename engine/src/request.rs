@@ -3,6 +3,10 @@
 //! and the [`Event`]s streamed back per request (text and tokens, then a finish per sample).
 
 use crate::sampler::SamplingParams;
+use crate::spec::{SpecMethod, SpecRequest};
+
+/// Most draft tokens a request may ask for per step.
+pub const MAX_DRAFT_TOKENS: usize = 256;
 
 /// When a sample stops.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +52,8 @@ pub struct Request {
     pub stop: StopConditions,
     /// Samples of this prompt (they share its KV).
     pub n: usize,
+    /// Speculation for this request (the engine's default when absent).
+    pub speculation: Option<SpecRequest>,
 }
 
 /// Why a sample ended.
@@ -93,6 +99,12 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Verification steps that had draft tokens.
+    pub spec_steps: usize,
+    /// Draft tokens verified.
+    pub draft_tokens: usize,
+    /// Draft tokens accepted.
+    pub accepted_tokens: usize,
 }
 
 /// What the engine streams back for a request.
@@ -217,6 +229,20 @@ impl Request {
                 "stop_token_ids",
                 format!("token id {bad} outside the vocabulary"),
             ));
+        }
+        if let Some(spec) = &self.speculation {
+            if spec.method == SpecMethod::DraftModel {
+                return Err(invalid(
+                    "speculation.method",
+                    "draft_model needs a server started with a draft model, which this build does not offer yet",
+                ));
+            }
+            if spec.max_draft_tokens.is_some_and(|n| n > MAX_DRAFT_TOKENS) {
+                return Err(invalid(
+                    "speculation.max_draft_tokens",
+                    format!("at most {MAX_DRAFT_TOKENS}"),
+                ));
+            }
         }
         self.sampling.validate(limits.vocab_size)
     }

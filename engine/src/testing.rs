@@ -152,3 +152,23 @@ impl SplitMix {
         ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
+
+/// Writes a `tokenizer.json` for a tiny model: token i is the word `<i>`, words are split on
+/// whitespace, so `decode` gives `<3> <17> ...` and every id round-trips.
+pub fn write_tiny_tokenizer(dir: &Path, vocab_size: usize) -> Result<()> {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+    let vocab = (0..vocab_size)
+        .map(|i| (format!("<{i}>"), i as u32))
+        .collect::<std::collections::HashMap<_, _>>();
+    let model = WordLevel::builder()
+        .vocab(vocab.into_iter().collect())
+        .unk_token("<0>".into())
+        .build()
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+    tokenizer
+        .save(dir.join("tokenizer.json"), false)
+        .map_err(|e| Error::Tokenizer(e.to_string()))
+}

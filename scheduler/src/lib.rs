@@ -10,12 +10,14 @@
 
 #![deny(missing_docs)]
 
+pub mod budget;
 mod config;
 mod error;
 mod plan;
 mod scheduler;
 mod sequence;
 
+pub use budget::{CostCurve, DraftInputs, DraftOffer};
 pub use config::SchedulerConfig;
 pub use error::SchedulerError;
 pub use kvcache::SeqId;

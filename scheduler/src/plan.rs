@@ -1,7 +1,9 @@
 //! `StepPlan`: one step's decisions as plain data. For every scheduled sequence, the engine
 //! feeds `tokens[num_computed .. num_computed + num_new_tokens]` as a chain on top of its
 //! cached context, runs the KV copies first, and samples a token wherever the sequence
-//! catches up with its known tokens. Afterwards it reports back with [`Progress`].
+//! catches up with its known tokens. A decoding sequence with a draft budget feeds a tree
+//! instead: its pending token and up to `draft_budget` drafted nodes under it. Afterwards
+//! the engine reports back with [`Progress`].
 
 use kvcache::{KvMove, SeqId};
 
@@ -18,6 +20,9 @@ pub struct ScheduledSeq {
     pub samples: bool,
     /// Whether this is the first time the sequence is fed since admission (new or resumed).
     pub first_since_admission: bool,
+    /// Draft tree nodes this sequence may add under its pending token (its blocks already
+    /// hold `num_computed + 1 + draft_budget` positions). Zero when not speculating.
+    pub draft_budget: usize,
 }
 
 /// Everything the engine needs to run one step.

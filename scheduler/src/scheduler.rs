@@ -18,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 
 use kvcache::{BlockManager, BlockTable, CacheStats, KvMove, SeqId};
 
+use crate::budget::{allocate, DraftInputs, DraftOffer};
 use crate::{
     Progress, ScheduledSeq, SchedulerConfig, SchedulerError, SeqStatus, Sequence, StepPlan,
 };
@@ -106,6 +107,7 @@ impl Scheduler {
                 pending_forks: n - 1,
                 num_preemptions: 0,
                 scheduled: 0,
+                scheduled_draft: 0,
             },
         );
         self.waiting.push_back(seq);
@@ -174,11 +176,18 @@ impl Scheduler {
         self.blocks.stats()
     }
 
-    /// Plans the next step (see the module diagram).
+    /// Plans the next step with no speculation (see the module diagram).
     pub fn schedule(&mut self) -> StepPlan {
+        self.schedule_with(None)
+    }
+
+    /// Plans the next step; with `drafts`, decoding sequences that made an offer also get
+    /// draft budgets (see [`crate::budget`]).
+    pub fn schedule_with(&mut self, drafts: Option<&DraftInputs>) -> StepPlan {
         self.steps += 1;
         for seq in self.seqs.values_mut() {
             seq.scheduled = 0;
+            seq.scheduled_draft = 0;
         }
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_num_batched_tokens;
@@ -208,7 +217,49 @@ impl Scheduler {
         if plan.preempted.is_empty() {
             self.admit_waiting(&mut budget, &mut plan);
         }
+        if let Some(drafts) = drafts {
+            self.assign_draft_budgets(drafts, budget, &mut plan);
+        }
         plan
+    }
+
+    fn assign_draft_budgets(&mut self, drafts: &DraftInputs, budget: usize, plan: &mut StepPlan) {
+        let candidates: Vec<(usize, SeqId, &DraftOffer)> = plan
+            .scheduled
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.samples && s.num_new_tokens == 1)
+            .filter_map(|(i, s)| drafts.offers.get(&s.seq).map(|o| (i, s.seq, o)))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let offers: Vec<(SeqId, &DraftOffer)> =
+            candidates.iter().map(|&(_, id, o)| (id, o)).collect();
+        // Every row already planned is useful work worth one token (a decode row yields a
+        // token, a prompt row is a token that had to be computed anyway).
+        let base = plan.num_batched_tokens;
+        let budgets = allocate(&offers, base, base, budget, &drafts.cost);
+        let mut granted = Vec::new();
+        for (&(index, id, _), &nodes) in candidates.iter().zip(&budgets) {
+            if nodes == 0 {
+                continue;
+            }
+            let end = plan.scheduled[index].num_computed + 1 + nodes;
+            // Drafts never preempt anyone: without room the sequence decodes plainly.
+            if let Ok(Some(copies)) = self.blocks.ensure_capacity(id, end) {
+                plan.kv_copies.extend(copies);
+                granted.push((index, nodes));
+            }
+        }
+        for (index, nodes) in granted {
+            let id = plan.scheduled[index].seq;
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.scheduled_draft = nodes;
+            }
+            plan.scheduled[index].draft_budget = nodes;
+            plan.num_batched_tokens += nodes;
+        }
     }
 
     fn admit_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan) {
@@ -255,6 +306,7 @@ impl Scheduler {
             num_new_tokens: n,
             samples: seq.num_computed + n == seq.tokens.len(),
             first_since_admission: admitted,
+            draft_budget: 0,
         });
     }
 
@@ -299,10 +351,20 @@ impl Scheduler {
         let start = seq.num_computed;
         let accepted_len = match progress {
             Progress::Chain => seq.scheduled,
-            Progress::Tree { accepted } => accepted.len(),
+            Progress::Tree { accepted } => {
+                if accepted.first() != Some(&0)
+                    || accepted.last().is_some_and(|&n| n > seq.scheduled_draft)
+                {
+                    return Err(invalid(format!(
+                        "accepted path {accepted:?} must start at node 0 and stay within {} drafted nodes",
+                        seq.scheduled_draft
+                    )));
+                }
+                accepted.len()
+            }
         };
         let computed = start + accepted_len;
-        let known = seq.tokens.len().max(computed) + new_tokens.len();
+        let known = seq.tokens.len() + new_tokens.len();
         let caught_up = start + seq.scheduled >= seq.tokens.len();
         let expected_known = if caught_up {
             computed + 1
@@ -329,6 +391,7 @@ impl Scheduler {
         seq.tokens.extend_from_slice(new_tokens);
         seq.num_computed = computed;
         seq.scheduled = 0;
+        seq.scheduled_draft = 0;
         self.blocks.commit(id, &seq.tokens[..computed])?;
         Ok(moves)
     }
@@ -370,6 +433,7 @@ impl Scheduler {
             pending_forks: 0,
             num_preemptions: 0,
             scheduled: 0,
+            scheduled_draft: 0,
         };
         self.blocks.fork(parent, child)?;
         if let Some(source) = self.seqs.get_mut(&parent) {

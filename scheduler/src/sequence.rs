@@ -28,6 +28,8 @@ pub struct Sequence {
     pub(crate) num_preemptions: u32,
     /// Tokens scheduled in the current step (0 when not scheduled).
     pub(crate) scheduled: usize,
+    /// Draft nodes granted in the current step.
+    pub(crate) scheduled_draft: usize,
 }
 
 impl Sequence {

@@ -358,3 +358,158 @@ fn config_that_could_starve_or_deadlock_is_rejected() {
     assert!(s.add(SeqId(1), vec![1; 255], 1).is_ok());
     assert!(s.add(SeqId(1), vec![1], 1).is_err(), "duplicate id");
 }
+
+/// One speculative step of the mock: every sequence with a draft budget feeds a chain of
+/// its pending token plus drafted tokens, where the first `good` drafts are what the model
+/// will produce and the rest are wrong; the accepted prefix and one bonus token commit.
+fn speculative_step(
+    engine: &mut MockEngine,
+    drafts: &scheduler::DraftInputs,
+    good: usize,
+) -> StepPlan {
+    let plan = engine.scheduler.schedule_with(Some(drafts));
+    let config = *engine.scheduler.config();
+    assert!(plan.num_batched_tokens <= config.max_num_batched_tokens);
+    for m in &plan.kv_copies {
+        engine.rows[m.to.index()] = engine.rows[m.from.index()];
+    }
+    let bs = engine.scheduler.blocks().block_size();
+    for s in &plan.scheduled {
+        let seq = engine.scheduler.seq(s.seq).unwrap();
+        let mut tokens = seq.tokens().to_vec();
+        let table = engine.scheduler.block_table(s.seq).unwrap().clone();
+        for (p, &token) in tokens.iter().enumerate().take(s.num_computed) {
+            let slot = table.slot(p, bs).unwrap();
+            assert_eq!(engine.rows[slot.index()], Some(token));
+        }
+        if s.draft_budget == 0 {
+            let end = s.num_computed + s.num_new_tokens;
+            for (p, &token) in tokens.iter().enumerate().take(end).skip(s.num_computed) {
+                engine.rows[table.slot(p, bs).unwrap().index()] = Some(token);
+            }
+            let new: Vec<u32> = if s.samples {
+                vec![next_token(&tokens)]
+            } else {
+                vec![]
+            };
+            engine
+                .scheduler
+                .commit(s.seq, Progress::Chain, &new)
+                .unwrap();
+            if s.samples {
+                engine.finish_if_done(s.seq);
+            }
+            continue;
+        }
+        // Tree = chain: pending, then drafts.
+        let mut chain = vec![*tokens.last().unwrap()];
+        let mut shadow = tokens.clone();
+        for i in 0..s.draft_budget {
+            let right = next_token(&shadow);
+            let token = if i < good { right } else { (right + 1) % 50 };
+            chain.push(token);
+            shadow.push(token);
+        }
+        for (i, &token) in chain.iter().enumerate() {
+            engine.rows[table.slot(s.num_computed + i, bs).unwrap().index()] = Some(token);
+        }
+        // Verify: accept drafts while they match the model, then one bonus token.
+        let mut accepted = vec![0];
+        let mut new = Vec::new();
+        loop {
+            let next = next_token(&tokens);
+            let node = accepted.len();
+            if node < chain.len() && chain[node] == next {
+                accepted.push(node);
+                new.push(next);
+                tokens.push(next);
+            } else {
+                new.push(next);
+                break;
+            }
+        }
+        let moves = engine
+            .scheduler
+            .commit(
+                s.seq,
+                Progress::Tree {
+                    accepted: &accepted,
+                },
+                &new,
+            )
+            .unwrap();
+        for m in &moves {
+            engine.rows[m.to.index()] = engine.rows[m.from.index()];
+        }
+        engine.finish_if_done_allowing_overshoot(s.seq);
+    }
+    engine.scheduler.check_invariants().unwrap();
+    plan
+}
+
+impl MockEngine {
+    /// Like `finish_if_done`, but a speculative step may pass `max_tokens`: the output is
+    /// compared on its first `max_tokens` tokens.
+    fn finish_if_done_allowing_overshoot(&mut self, id: SeqId) {
+        let seq = self.scheduler.seq(id).unwrap();
+        let max_tokens = self.requests[&id].max_tokens;
+        if seq.output().len() >= max_tokens {
+            let output = seq.output()[..max_tokens].to_vec();
+            self.scheduler.finish(id);
+            let request = self.requests.remove(&id).unwrap();
+            let expected = solo_output(
+                &request.prompt,
+                next_token(&request.prompt) + request.fork_index,
+                max_tokens,
+            );
+            assert_eq!(output, expected, "{id:?} speculative output differs");
+            self.finished
+                .insert(id, (output, self.step - request.arrived_step));
+        }
+    }
+}
+
+fn offers_for(engine: &MockEngine, cost: scheduler::CostCurve) -> scheduler::DraftInputs {
+    let offers = engine
+        .requests
+        .keys()
+        .map(|&id| {
+            let offer = scheduler::DraftOffer {
+                expected_accepted: vec![0.9, 1.7, 2.4, 3.0, 3.5, 3.9],
+            };
+            (id, offer)
+        })
+        .collect();
+    scheduler::DraftInputs { cost, offers }
+}
+
+#[test]
+fn draft_budgets_follow_the_cost_curve_and_trees_commit_losslessly() {
+    let mut rng = StdRng::seed_from_u64(9);
+    for (cost, expect_drafts) in [
+        (scheduler::CostCurve::flat(), true),
+        (scheduler::CostCurve::linear(), false),
+    ] {
+        let mut engine = MockEngine::new(config(40, 64, 8, 160));
+        let mut drafted = 0;
+        for step in 0..3_000 {
+            if step < 2_500 && rng.random_bool(0.2) {
+                let len = rng.random_range(1..60);
+                let prompt = random_prompt(&mut rng, len);
+                engine.add(prompt, rng.random_range(1..40), 1);
+            }
+            engine.step += 1;
+            let drafts = offers_for(&engine, cost.clone());
+            let plan = speculative_step(&mut engine, &drafts, rng.random_range(0..4));
+            drafted += plan.scheduled.iter().map(|s| s.draft_budget).sum::<usize>();
+        }
+        while engine.scheduler.has_work() {
+            engine.step += 1;
+            let drafts = offers_for(&engine, cost.clone());
+            speculative_step(&mut engine, &drafts, 2);
+        }
+        assert_eq!(engine.scheduler.cache_stats().in_use, 0);
+        assert!(engine.finished.len() > 300);
+        assert_eq!(drafted > 0, expect_drafts, "drafted {drafted} nodes");
+    }
+}

@@ -1,0 +1,113 @@
+//! `auto`: per request, the method that has been accepting best lately. The request's
+//! context-based drafters (n-gram trie, prompt lookup) and Token Recycling all keep up with
+//! the sequence; each step the method with the best recent accepted tokens per verification
+//! (plus an exploration bonus that fades with tries) drafts, falling back to the next one
+//! when it has nothing to propose.
+
+use super::ngram_trie::NgramTrie;
+use super::prompt_lookup::PromptLookup;
+use super::recycling::{StaticTree, TokenRecycling};
+use super::{DraftContext, Drafter, SpecMethod};
+use crate::tree::TokenTree;
+
+/// Weight of a new outcome in a method's score.
+const ALPHA: f32 = 0.2;
+
+/// The `auto` drafter.
+pub struct AutoDrafter {
+    drafters: Vec<Box<dyn Drafter>>,
+    scores: Vec<f32>,
+    tries: Vec<u32>,
+    current: usize,
+}
+
+impl AutoDrafter {
+    /// Drafters for a sequence whose known tokens are `tokens`.
+    pub fn new(tokens: &[u32], tree: &StaticTree) -> Self {
+        let drafters: Vec<Box<dyn Drafter>> = vec![
+            Box::new(NgramTrie::from_tokens(tokens)),
+            Box::new(TokenRecycling::new(tree.clone())),
+            Box::new(PromptLookup::new()),
+        ];
+        let n = drafters.len();
+        Self {
+            drafters,
+            scores: vec![0.0; n],
+            tries: vec![0; n],
+            current: 0,
+        }
+    }
+
+    fn ranked(&self) -> Vec<usize> {
+        let value = |i: usize| self.scores[i] + 1.0 / (1.0 + self.tries[i] as f32);
+        let mut order: Vec<usize> = (0..self.drafters.len()).collect();
+        order.sort_by(|&a, &b| value(b).total_cmp(&value(a)));
+        order
+    }
+}
+
+impl Drafter for AutoDrafter {
+    fn method(&self) -> SpecMethod {
+        self.drafters[self.current].method()
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        for i in self.ranked() {
+            let available = self.drafters[i].prepare(ctx);
+            if available > 0 {
+                self.current = i;
+                return available;
+            }
+        }
+        0
+    }
+
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        self.drafters[self.current].draft(ctx, budget)
+    }
+
+    fn observe(&mut self, tokens: &[u32], appended: usize) {
+        for d in &mut self.drafters {
+            d.observe(tokens, appended);
+        }
+    }
+
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let i = self.current;
+        self.tries[i] = self.tries[i].saturating_add(1);
+        self.scores[i] += ALPHA * (accepted as f32 - self.scores[i]);
+        self.drafters[i].record(drafted, accepted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::recycling::RecyclingMatrix;
+
+    #[test]
+    fn settles_on_the_method_that_accepts() {
+        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let matrix = RecyclingMatrix::new(16, 8);
+        let ctx = DraftContext {
+            tokens: &tokens,
+            recycling: &matrix,
+        };
+        let mut auto = AutoDrafter::new(&tokens, &StaticTree::paper());
+        // Recycling has no rows, so only the context drafters can propose.
+        for _ in 0..20 {
+            assert!(auto.prepare(&ctx) > 0);
+            let accepted = if auto.method() == SpecMethod::PromptLookup {
+                5
+            } else {
+                0
+            };
+            auto.record(8, accepted);
+        }
+        auto.prepare(&ctx);
+        assert_eq!(auto.method(), SpecMethod::PromptLookup);
+    }
+}

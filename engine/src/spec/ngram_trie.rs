@@ -1,0 +1,236 @@
+//! The N-Gram Trie drafter: a trie over the request's own tokens, built with an n-gram
+//! sliding window (n = 13, maximum prefix length Lp = 3). Window i splits into a prefix
+//! `t[i .. i+Lp]` and a suffix `t[i+Lp .. i+n]`; for every sub-prefix (the prefix without
+//! its first 0, 1, 2 tokens) the key `sub-prefix + suffix` is inserted from the root, and
+//! every node on a key's path counts one more use (its frequency).
+//!
+//! ```text
+//!  tokens  a b c d e f ...        window 0: prefix [a b c], suffix [d e f ...]
+//!  keys    a b c d e f ...   b c d e f ...   c d e f ...
+//!  draft   the last Lp generated tokens are looked up (then Lp-1, ...); the subtree under
+//!          the match is cut to the budget by frequency, best first
+//! ```
+//! The trie grows incrementally: each new token extends the keys of every window still
+//! open (a cursor per sub-prefix), so extending with accepted output costs O(n * Lp) and
+//! gives exactly the trie a full rebuild would.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use super::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::tree::TokenTree;
+
+/// Window length.
+pub const WINDOW: usize = 13;
+/// Maximum prefix length.
+pub const MAX_PREFIX: usize = 3;
+/// Most nodes prepared for one draft.
+pub const MAX_NODES: usize = 64;
+
+#[derive(Debug, Clone)]
+struct Node {
+    frequency: u32,
+    children: Vec<u32>,
+    token: u32,
+}
+
+/// A window whose suffix is still growing: one trie cursor per sub-prefix.
+#[derive(Debug, Clone)]
+struct OpenWindow {
+    start: usize,
+    cursors: Vec<u32>,
+}
+
+/// The per-request n-gram trie drafter.
+#[derive(Debug, Clone)]
+pub struct NgramTrie {
+    nodes: Vec<Node>,
+    edges: HashMap<(u32, u32), u32>,
+    open: VecDeque<OpenWindow>,
+    tokens: Vec<u32>,
+    candidates: Candidates,
+}
+
+impl Default for NgramTrie {
+    fn default() -> Self {
+        Self {
+            nodes: vec![Node {
+                frequency: 0,
+                children: Vec::new(),
+                token: u32::MAX,
+            }],
+            edges: HashMap::new(),
+            open: VecDeque::new(),
+            tokens: Vec::new(),
+            candidates: Candidates::new(),
+        }
+    }
+}
+
+impl NgramTrie {
+    /// A trie over `tokens`.
+    pub fn from_tokens(tokens: &[u32]) -> Self {
+        let mut trie = Self::default();
+        for &t in tokens {
+            trie.append(t);
+        }
+        trie
+    }
+
+    /// Nodes in the trie (the root included).
+    pub fn num_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The child of `node` for `token`, created if needed; its frequency grows by one.
+    fn step(&mut self, node: u32, token: u32) -> u32 {
+        let child = match self.edges.get(&(node, token)) {
+            Some(&child) => child,
+            None => {
+                let child = self.nodes.len() as u32;
+                self.nodes.push(Node {
+                    frequency: 0,
+                    children: Vec::new(),
+                    token,
+                });
+                self.nodes[node as usize].children.push(child);
+                self.edges.insert((node, token), child);
+                child
+            }
+        };
+        self.nodes[child as usize].frequency += 1;
+        child
+    }
+
+    /// Appends one token of the sequence.
+    pub fn append(&mut self, token: u32) {
+        self.tokens.push(token);
+        let p = self.tokens.len() - 1;
+        // Extend the suffix of every open window, then close the full ones.
+        let mut open = std::mem::take(&mut self.open);
+        for window in open.iter_mut() {
+            for cursor in window.cursors.iter_mut() {
+                *cursor = self.step(*cursor, token);
+            }
+        }
+        open.retain(|w| w.start + WINDOW - 1 > p);
+        self.open = open;
+        // The window whose prefix ends here starts; insert its sub-prefixes.
+        if p + 1 >= MAX_PREFIX {
+            let start = p + 1 - MAX_PREFIX;
+            let mut cursors = Vec::with_capacity(MAX_PREFIX);
+            for cut in 0..MAX_PREFIX {
+                let mut node = 0;
+                for i in start + cut..=p {
+                    node = self.step(node, self.tokens[i]);
+                }
+                cursors.push(node);
+            }
+            if WINDOW > MAX_PREFIX {
+                self.open.push_back(OpenWindow { start, cursors });
+            }
+        }
+    }
+
+    /// The node reached from the root through `key`, if the trie holds it.
+    fn find(&self, key: &[u32]) -> Option<u32> {
+        key.iter()
+            .try_fold(0u32, |node, &t| self.edges.get(&(node, t)).copied())
+    }
+}
+
+impl Drafter for NgramTrie {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::NgramTrie
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        self.candidates.clear();
+        let tokens = ctx.tokens;
+        let matched = (1..=MAX_PREFIX.min(tokens.len()))
+            .rev()
+            .filter_map(|k| self.find(&tokens[tokens.len() - k..]))
+            .find(|&node| !self.nodes[node as usize].children.is_empty());
+        let Some(matched) = matched else {
+            return 0;
+        };
+        // Best first by frequency (then by creation order); parents always precede children.
+        let mut heap = BinaryHeap::new();
+        for &child in &self.nodes[matched as usize].children {
+            heap.push((
+                self.nodes[child as usize].frequency,
+                std::cmp::Reverse(child),
+                None,
+            ));
+        }
+        while let Some((_, std::cmp::Reverse(node), parent)) = heap.pop() {
+            if self.candidates.len() >= MAX_NODES {
+                break;
+            }
+            let index = self
+                .candidates
+                .push(parent, self.nodes[node as usize].token);
+            for &child in &self.nodes[node as usize].children {
+                let frequency = self.nodes[child as usize].frequency;
+                heap.push((frequency, std::cmp::Reverse(child), Some(index)));
+            }
+        }
+        self.candidates.len()
+    }
+
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        self.candidates.tree(pending, budget)
+    }
+
+    fn observe(&mut self, tokens: &[u32], appended: usize) {
+        let start = tokens.len().saturating_sub(appended).max(self.tokens.len());
+        for &t in &tokens[start..] {
+            self.append(t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::recycling::RecyclingMatrix;
+
+    #[test]
+    fn incremental_growth_equals_a_rebuild() {
+        let tokens: Vec<u32> = (0..200).map(|i| (i * 7 + i / 13) % 23).collect();
+        let mut grown = NgramTrie::from_tokens(&tokens[..50]);
+        grown.observe(&tokens, 150);
+        let rebuilt = NgramTrie::from_tokens(&tokens);
+        assert_eq!(grown.num_nodes(), rebuilt.num_nodes());
+        let freq = |t: &NgramTrie, key: &[u32]| t.find(key).map(|n| t.nodes[n as usize].frequency);
+        for start in 0..190 {
+            let key = &tokens[start..start + 5];
+            assert_eq!(freq(&grown, key), freq(&rebuilt, key));
+        }
+    }
+
+    #[test]
+    fn drafts_the_most_frequent_continuations_of_the_last_tokens() {
+        // "5 6 7 1 2" appears twice, "5 6 7 3" once: after "5 6 7" the draft starts with 1.
+        let tokens = [5, 6, 7, 1, 2, 9, 5, 6, 7, 3, 8, 5, 6, 7, 1, 2, 0, 5, 6, 7];
+        let mut trie = NgramTrie::from_tokens(&tokens);
+        let matrix = RecyclingMatrix::new(16, 8);
+        let ctx = DraftContext {
+            tokens: &tokens,
+            recycling: &matrix,
+        };
+        assert!(trie.prepare(&ctx) >= 3);
+        let tree = trie.draft(&ctx, 3);
+        assert_eq!(tree.tokens()[0], 7);
+        assert_eq!(tree.tokens()[1], 1, "{:?}", tree.tokens());
+        assert_eq!(tree.parents()[1], Some(0));
+        // With no match there is nothing to draft.
+        let mut empty = NgramTrie::from_tokens(&[1, 2, 3]);
+        let lonely = [1, 2, 3, 42];
+        let ctx = DraftContext {
+            tokens: &lonely,
+            recycling: &matrix,
+        };
+        assert_eq!(empty.prepare(&ctx), 0);
+    }
+}

@@ -1,0 +1,326 @@
+//! Token Recycling. One adjacency matrix `M[vocab][k]` (k = 8) for the whole engine: after
+//! every forward, for every token fed whose logits were computed, `M[token]` becomes the
+//! top-k of those logits (last write wins). Every request drafts from the same matrix, so
+//! what one request teaches, all use (the paper's hot start, shared across concurrent
+//! requests), and the matrix can be saved and loaded so a restarted server starts warm.
+//!
+//! Drafting walks a static, imbalanced tree (80 nodes in 6 layers, from the paper) breadth
+//! first: a node `[i, j]` is the j-th candidate of the i-th candidate of the root. The
+//! tree's node list is in layer order, so its first b entries are the smaller tree used for
+//! a budget of b.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use super::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::tree::TokenTree;
+use crate::{Error, Result};
+
+/// Candidates kept per token.
+pub const TOP_K: usize = 8;
+const MAGIC: &[u8; 8] = b"THKTRM01";
+const UNSET: u32 = u32::MAX;
+
+/// The shared adjacency matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecyclingMatrix {
+    vocab: usize,
+    k: usize,
+    /// `vocab * k` candidates; a row is unset until its token is first seen.
+    rows: Vec<u32>,
+}
+
+impl RecyclingMatrix {
+    /// An empty (cold) matrix.
+    pub fn new(vocab: usize, k: usize) -> Self {
+        Self {
+            vocab,
+            k,
+            rows: vec![UNSET; vocab * k],
+        }
+    }
+
+    /// Rows.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Candidates per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of the matrix.
+    pub fn bytes(&self) -> usize {
+        self.rows.len() * 4
+    }
+
+    /// Rows that have been written.
+    pub fn filled_rows(&self) -> usize {
+        self.rows
+            .chunks(self.k.max(1))
+            .filter(|r| r[0] != UNSET)
+            .count()
+    }
+
+    /// The candidates after `token`, best first, or `None` before it was ever seen.
+    pub fn candidates(&self, token: u32) -> Option<&[u32]> {
+        let t = token as usize;
+        if t >= self.vocab {
+            return None;
+        }
+        let row = &self.rows[t * self.k..(t + 1) * self.k];
+        (row[0] != UNSET).then_some(row)
+    }
+
+    /// Sets `M[token]` to the top-k of `logits`.
+    pub fn update(&mut self, token: u32, logits: &[f32]) {
+        let t = token as usize;
+        if t >= self.vocab || logits.len() < self.k {
+            return;
+        }
+        let mut indexed: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        indexed.select_nth_unstable_by(self.k - 1, desc);
+        indexed.truncate(self.k);
+        indexed.sort_unstable_by(desc);
+        for (slot, (id, _)) in self.rows[t * self.k..(t + 1) * self.k]
+            .iter_mut()
+            .zip(indexed)
+        {
+            *slot = id;
+        }
+    }
+
+    /// Writes the matrix to `path` (atomically, through a temporary file).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("partial");
+        let io = |e| Error::io(format!("saving recycling state to {}", path.display()), e);
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        out.write_all(MAGIC).map_err(io)?;
+        out.write_all(&(self.vocab as u32).to_le_bytes())
+            .map_err(io)?;
+        out.write_all(&(self.k as u32).to_le_bytes()).map_err(io)?;
+        for &v in &self.rows {
+            out.write_all(&v.to_le_bytes()).map_err(io)?;
+        }
+        out.flush().map_err(io)?;
+        drop(out);
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Reads a matrix saved by [`RecyclingMatrix::save`]; errors on a file that is not one or
+    /// was made for another vocabulary.
+    pub fn load(path: &Path, vocab: usize, k: usize) -> Result<Self> {
+        let io = |e| {
+            Error::io(
+                format!("loading recycling state from {}", path.display()),
+                e,
+            )
+        };
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .map_err(io)?
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        let bad = |why: &str| Error::Metadata(format!("recycling state {}: {why}", path.display()));
+        let header = bytes.get(..16).ok_or_else(|| bad("truncated"))?;
+        if &header[..8] != MAGIC {
+            return Err(bad("not a thicket recycling state"));
+        }
+        let read_u32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let (v, kk) = (read_u32(&header[8..12]), read_u32(&header[12..16]));
+        if v != vocab || kk != k {
+            return Err(bad(&format!(
+                "made for {v} x {kk}, this model needs {vocab} x {k}"
+            )));
+        }
+        let body = &bytes[16..];
+        if body.len() != vocab * k * 4 {
+            return Err(bad("wrong size"));
+        }
+        let rows = body
+            .chunks_exact(4)
+            .map(read_u32)
+            .map(|x| x as u32)
+            .collect();
+        Ok(Self { vocab, k, rows })
+    }
+}
+
+/// The static draft tree: each node is its path of candidate ranks from the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticTree {
+    /// `parent[i]`: index of node i's parent node, `None` under the root.
+    parents: Vec<Option<usize>>,
+    /// `rank[i]`: which candidate of its parent node i is.
+    ranks: Vec<usize>,
+}
+
+const TREE_JSON: &str = include_str!("../../data/token_recycling_tree.json");
+
+impl StaticTree {
+    /// The paper's 80-node tree.
+    pub fn paper() -> Self {
+        Self::from_json(TREE_JSON).unwrap_or_else(|_| Self::chain(8))
+    }
+
+    /// A chain of `len` top-1 candidates (a fallback that cannot fail).
+    pub fn chain(len: usize) -> Self {
+        Self {
+            parents: (0..len).map(|i| i.checked_sub(1)).collect(),
+            ranks: vec![0; len],
+        }
+    }
+
+    /// Parses `{"paths": [[0], [1], [0, 0], ...]}`: every path's parent must come earlier.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::Metadata(format!("tree json: {e}")))?;
+        let paths: Vec<Vec<usize>> = serde_json::from_value(value["paths"].clone())
+            .map_err(|e| Error::Metadata(format!("tree paths: {e}")))?;
+        let mut index: std::collections::HashMap<Vec<usize>, usize> = Default::default();
+        let (mut parents, mut ranks) = (Vec::new(), Vec::new());
+        for (i, path) in paths.iter().enumerate() {
+            let (&rank, prefix) = path
+                .split_last()
+                .ok_or_else(|| Error::Metadata("empty tree path".into()))?;
+            let parent = if prefix.is_empty() {
+                None
+            } else {
+                Some(*index.get(prefix).ok_or_else(|| {
+                    Error::Metadata(format!("tree path {path:?} comes before its parent"))
+                })?)
+            };
+            parents.push(parent);
+            ranks.push(rank);
+            index.insert(path.clone(), i);
+        }
+        Ok(Self { parents, ranks })
+    }
+
+    /// Nodes.
+    pub fn len(&self) -> usize {
+        self.parents.len()
+    }
+
+    /// Whether the tree has no node.
+    pub fn is_empty(&self) -> bool {
+        self.parents.is_empty()
+    }
+}
+
+/// A sequence's Token Recycling drafter (the matrix is the engine's).
+#[derive(Debug, Clone)]
+pub struct TokenRecycling {
+    tree: StaticTree,
+    candidates: Candidates,
+}
+
+impl TokenRecycling {
+    /// A drafter walking `tree`.
+    pub fn new(tree: StaticTree) -> Self {
+        Self {
+            tree,
+            candidates: Candidates::new(),
+        }
+    }
+}
+
+impl Drafter for TokenRecycling {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Recycling
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        self.candidates.clear();
+        let Some(&pending) = ctx.tokens.last() else {
+            return 0;
+        };
+        // Candidate index of each static-tree node, `None` where its parent had no row.
+        let mut placed: Vec<Option<usize>> = Vec::with_capacity(self.tree.len());
+        for (&parent, &rank) in self.tree.parents.iter().zip(&self.tree.ranks) {
+            let (source, parent_index) = match parent {
+                None => (Some(pending), None),
+                Some(p) => match placed[p] {
+                    Some(c) => (Some(self.candidates.token(c)), Some(c)),
+                    None => (None, None),
+                },
+            };
+            let token = source
+                .and_then(|t| ctx.recycling.candidates(t))
+                .and_then(|row| row.get(rank).copied());
+            placed.push(token.map(|t| self.candidates.push(parent_index, t)));
+        }
+        self.candidates.len()
+    }
+
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        self.candidates.tree(pending, budget)
+    }
+
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_paper_tree_has_80_nodes_in_layer_order() {
+        let tree = StaticTree::paper();
+        assert_eq!(tree.len(), 80);
+        assert!(tree
+            .parents
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.is_none_or(|p| p < i)));
+        assert_eq!(tree.parents.iter().filter(|p| p.is_none()).count(), 8);
+    }
+
+    #[test]
+    fn matrix_keeps_the_top_k_and_round_trips_through_a_file() {
+        let mut m = RecyclingMatrix::new(10, 3);
+        assert_eq!(m.candidates(4), None);
+        m.update(4, &[0.0, 5.0, 1.0, 9.0, 2.0, 0.5, 3.0, 0.0, 0.0, 0.0]);
+        assert_eq!(m.candidates(4), Some(&[3, 1, 6][..]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.bin");
+        m.save(&path).unwrap();
+        assert_eq!(RecyclingMatrix::load(&path, 10, 3).unwrap(), m);
+        assert!(RecyclingMatrix::load(&path, 11, 3).is_err());
+        std::fs::write(&path, b"junk").unwrap();
+        assert!(RecyclingMatrix::load(&path, 10, 3).is_err());
+    }
+
+    #[test]
+    fn drafts_follow_the_matrix_breadth_first() {
+        let mut m = RecyclingMatrix::new(10, 2);
+        let row = |best: usize, second: usize| {
+            let mut l = vec![0.0; 10];
+            l[best] = 2.0;
+            l[second] = 1.0;
+            l
+        };
+        m.update(1, &row(2, 3));
+        m.update(2, &row(4, 5));
+        let tree =
+            StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}"#).unwrap();
+        let mut d = TokenRecycling::new(tree);
+        let tokens = [7, 1];
+        let ctx = DraftContext {
+            tokens: &tokens,
+            recycling: &m,
+        };
+        // Root 1 -> [2, 3]; 2 -> [4]; 3 has no row; 4 has no row.
+        assert_eq!(d.prepare(&ctx), 3);
+        let t = d.draft(&ctx, 3);
+        assert_eq!(t.tokens(), &[1, 2, 3, 4]);
+        assert_eq!(t.parents(), &[None, Some(0), Some(0), Some(1)]);
+    }
+}

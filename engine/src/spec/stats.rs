@@ -1,0 +1,107 @@
+//! Online acceptance statistics: for one method, the expected number of accepted draft
+//! tokens as a function of the tree size, learnt from verification outcomes (an exponential
+//! moving average per size bucket, starting from a modest prior). The scheduler uses these
+//! curves to decide how many nodes each sequence's tree gets.
+
+/// Largest tree size of each bucket.
+const BUCKET_UPPER: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, usize::MAX];
+/// Expected accepted tokens before any observation.
+const PRIOR: [f32; 8] = [0.5, 0.8, 1.1, 1.4, 1.7, 2.0, 2.3, 2.5];
+/// Weight of a new observation.
+const ALPHA: f32 = 0.05;
+
+/// Expected accepted tokens by tree size for one method.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptanceStats {
+    expected: [f32; 8],
+    observations: u64,
+}
+
+impl Default for AcceptanceStats {
+    fn default() -> Self {
+        Self {
+            expected: PRIOR,
+            observations: 0,
+        }
+    }
+}
+
+fn bucket(nodes: usize) -> usize {
+    BUCKET_UPPER
+        .iter()
+        .position(|&upper| nodes <= upper)
+        .unwrap_or(BUCKET_UPPER.len() - 1)
+}
+
+impl AcceptanceStats {
+    /// Records that a tree of `nodes` drafted nodes had `accepted` of them accepted.
+    pub fn record(&mut self, nodes: usize, accepted: usize) {
+        if nodes == 0 {
+            return;
+        }
+        // A smaller tree is a prefix of this one's candidates: it would have accepted at
+        // most as many (and at most its own size), so smaller buckets learn too.
+        let last = bucket(nodes);
+        for (expected, &upper) in self.expected.iter_mut().zip(&BUCKET_UPPER).take(last + 1) {
+            let seen = accepted.min(upper) as f32;
+            *expected += ALPHA * (seen - *expected);
+        }
+        self.observations += 1;
+    }
+
+    /// Verification outcomes recorded.
+    pub fn observations(&self) -> u64 {
+        self.observations
+    }
+
+    /// Expected accepted tokens for 1..=`max_nodes` nodes: linear between the buckets'
+    /// upper sizes, non-decreasing, never above the number of nodes.
+    pub fn curve(&self, max_nodes: usize) -> Vec<f32> {
+        let mut knots: Vec<(f32, f32)> = vec![(0.0, 0.0)];
+        for (b, &upper) in BUCKET_UPPER.iter().enumerate() {
+            let x = if upper == usize::MAX {
+                128.0
+            } else {
+                upper as f32
+            };
+            knots.push((x, self.expected[b]));
+        }
+        let mut best = 0.0f32;
+        (1..=max_nodes)
+            .map(|n| {
+                let x = n as f32;
+                let i = knots.iter().rposition(|k| k.0 <= x).unwrap_or(0);
+                let value = match knots.get(i + 1) {
+                    Some(&(x1, y1)) => {
+                        let (x0, y0) = knots[i];
+                        y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+                    }
+                    None => knots[i].1,
+                };
+                best = best.max(value);
+                best.min(x)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curve_is_monotone_capped_and_learns() {
+        let mut s = AcceptanceStats::default();
+        let c = s.curve(100);
+        assert!(c.windows(2).all(|w| w[0] <= w[1]));
+        assert!(c.iter().enumerate().all(|(i, &e)| e <= (i + 1) as f32));
+        for _ in 0..500 {
+            s.record(16, 6);
+        }
+        assert!((s.curve(16)[15] - 6.0).abs() < 0.1);
+        for _ in 0..500 {
+            s.record(4, 0);
+        }
+        assert!(s.curve(4)[3] < 0.1);
+    }
+}

@@ -1,0 +1,267 @@
+//! The engine thread's speculation state: the shared Token Recycling matrix, one drafter per
+//! speculating sequence, per-method acceptance statistics and the forward-cost curve. The
+//! engine loop asks it for the scheduler's draft offers, for each granted tree, and tells it
+//! what every forward computed and what every verification accepted. Metrics per method:
+//! drafted and accepted tokens, verify steps, acceptances per tree depth.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kvcache::SeqId;
+use scheduler::{CostCurve, DraftInputs, DraftOffer};
+
+use crate::spec::recycling::{RecyclingMatrix, StaticTree, TOP_K};
+use crate::spec::stats::AcceptanceStats;
+use crate::spec::{new_drafter, DraftContext, Drafter, SpecMethod, SpecRequest};
+use crate::tree::TokenTree;
+
+/// Metric names.
+pub mod metric_names {
+    /// Counter `{method}`: draft tokens proposed and verified.
+    pub const DRAFT_TOKENS: &str = "thicket_spec_draft_tokens_total";
+    /// Counter `{method}`: draft tokens accepted.
+    pub const ACCEPTED_TOKENS: &str = "thicket_spec_accepted_tokens_total";
+    /// Counter `{method}`: verification steps (trees with at least one draft node).
+    pub const VERIFY_STEPS: &str = "thicket_spec_verify_steps_total";
+    /// Counter `{method, position}`: accepted tokens at each depth of the tree.
+    pub const ACCEPTED_PER_POSITION: &str = "thicket_spec_accepted_per_position_total";
+}
+
+/// How the engine speculates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculationConfig {
+    /// Used by requests that do not choose.
+    pub default: SpecRequest,
+    /// Most draft nodes per sequence per step.
+    pub max_draft_tokens: usize,
+    /// The forward-cost curve the draft budgets are planned with.
+    pub cost: CostCurve,
+    /// Where the Token Recycling matrix is loaded from at start and saved at shutdown.
+    pub recycling_state: Option<PathBuf>,
+}
+
+impl Default for SpeculationConfig {
+    fn default() -> Self {
+        Self {
+            default: SpecRequest {
+                method: SpecMethod::None,
+                max_draft_tokens: None,
+            },
+            max_draft_tokens: 80,
+            cost: CostCurve::linear(),
+            recycling_state: None,
+        }
+    }
+}
+
+/// One speculating sequence.
+struct SeqDrafter {
+    drafter: Box<dyn Drafter>,
+    request: SpecRequest,
+    max_draft: usize,
+    /// How this sequence accepts relative to its method's statistics.
+    ratio: f32,
+    /// Nodes the drafter prepared this step.
+    available: usize,
+}
+
+/// Per-sequence totals of speculation, reported with the finished sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpecTotals {
+    /// Verification steps.
+    pub steps: usize,
+    /// Draft nodes verified.
+    pub drafted: usize,
+    /// Draft nodes accepted.
+    pub accepted: usize,
+}
+
+pub(crate) struct Speculation {
+    config: SpeculationConfig,
+    recycling: RecyclingMatrix,
+    tree: StaticTree,
+    stats: HashMap<SpecMethod, AcceptanceStats>,
+    seqs: HashMap<SeqId, SeqDrafter>,
+    totals: HashMap<SeqId, SpecTotals>,
+}
+
+impl Speculation {
+    /// State for a model with `vocab` logits per row; loads the recycling state if present.
+    pub(crate) fn new(config: SpeculationConfig, vocab: usize) -> Self {
+        let recycling = match &config.recycling_state {
+            Some(path) if path.exists() => RecyclingMatrix::load(path, vocab, TOP_K)
+                .unwrap_or_else(|e| {
+                    tracing::warn!("starting with a cold recycling matrix: {e}");
+                    RecyclingMatrix::new(vocab, TOP_K)
+                }),
+            _ => RecyclingMatrix::new(vocab, TOP_K),
+        };
+        Self {
+            config,
+            recycling,
+            tree: StaticTree::paper(),
+            stats: HashMap::new(),
+            seqs: HashMap::new(),
+            totals: HashMap::new(),
+        }
+    }
+
+    /// Starts speculating for `seq` (nothing for method `none`).
+    pub(crate) fn register(&mut self, seq: SeqId, request: Option<SpecRequest>, tokens: &[u32]) {
+        let request = request.unwrap_or(self.config.default);
+        let max_draft = request
+            .max_draft_tokens
+            .unwrap_or(self.config.max_draft_tokens)
+            .min(self.config.max_draft_tokens);
+        if max_draft == 0 {
+            return;
+        }
+        if let Some(drafter) = new_drafter(request.method, tokens, &self.tree) {
+            let state = SeqDrafter {
+                drafter,
+                request,
+                max_draft,
+                ratio: 1.0,
+                available: 0,
+            };
+            self.seqs.insert(seq, state);
+        }
+    }
+
+    /// Gives `child` (forked from `parent`, known tokens `tokens`) a drafter of its own.
+    pub(crate) fn fork(&mut self, parent: SeqId, child: SeqId, tokens: &[u32]) {
+        if let Some(request) = self.seqs.get(&parent).map(|s| s.request) {
+            self.register(child, Some(request), tokens);
+        }
+    }
+
+    /// Forgets `seq`; returns its totals.
+    pub(crate) fn remove(&mut self, seq: SeqId) -> SpecTotals {
+        self.seqs.remove(&seq);
+        self.totals.remove(&seq).unwrap_or_default()
+    }
+
+    /// Whether `seq` speculates.
+    pub(crate) fn is_speculating(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    /// Prepares every candidate's drafter and returns the scheduler's draft inputs.
+    pub(crate) fn offers<'a>(
+        &mut self,
+        candidates: impl Iterator<Item = (SeqId, &'a [u32])>,
+    ) -> Option<DraftInputs> {
+        let mut offers = HashMap::new();
+        for (seq, tokens) in candidates {
+            let Some(state) = self.seqs.get_mut(&seq) else {
+                continue;
+            };
+            let ctx = DraftContext {
+                tokens,
+                recycling: &self.recycling,
+            };
+            state.available = state.drafter.prepare(&ctx).min(state.max_draft);
+            if state.available == 0 {
+                continue;
+            }
+            let stats = self.stats.entry(state.drafter.method()).or_default();
+            let expected_accepted = stats
+                .curve(state.available)
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
+                .collect();
+            offers.insert(seq, DraftOffer { expected_accepted });
+        }
+        (!offers.is_empty()).then(|| DraftInputs {
+            cost: self.config.cost.clone(),
+            offers,
+        })
+    }
+
+    /// The draft tree of `seq` for `budget` nodes (root = its pending token).
+    pub(crate) fn draft(&mut self, seq: SeqId, tokens: &[u32], budget: usize) -> TokenTree {
+        let pending = tokens.last().copied().unwrap_or(0);
+        match self.seqs.get_mut(&seq) {
+            Some(state) => {
+                let ctx = DraftContext {
+                    tokens,
+                    recycling: &self.recycling,
+                };
+                state.drafter.draft(&ctx, budget.min(state.available))
+            }
+            None => TokenTree::chain(&[pending]),
+        }
+    }
+
+    /// Token Recycling learns from one computed row: `token` was fed, `logits` came out.
+    pub(crate) fn learn(&mut self, token: u32, logits: &[f32]) {
+        self.recycling.update(token, logits);
+    }
+
+    /// Records a verification of `seq`: a tree with `depths` per node, and the accepted
+    /// nodes (root first).
+    pub(crate) fn verified(&mut self, seq: SeqId, tree: &TokenTree, accepted: &[usize]) {
+        let drafted = tree.len().saturating_sub(1);
+        let Some(state) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        if drafted == 0 {
+            return;
+        }
+        let accepted_drafts = accepted.len().saturating_sub(1);
+        let method = state.drafter.method();
+        let stats = self.stats.entry(method).or_default();
+        let expected = stats
+            .curve(drafted)
+            .last()
+            .copied()
+            .unwrap_or(0.0)
+            .max(0.05);
+        let ratio = (accepted_drafts as f32 / expected).clamp(0.05, 3.0);
+        state.ratio += 0.2 * (ratio - state.ratio);
+        stats.record(drafted, accepted_drafts);
+        state.drafter.record(drafted, accepted_drafts);
+        let totals = self.totals.entry(seq).or_default();
+        totals.steps += 1;
+        totals.drafted += drafted;
+        totals.accepted += accepted_drafts;
+        let name = method.as_str();
+        use metric_names::*;
+        metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
+        metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
+        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
+        for depth in 1..accepted.len() {
+            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
+                .increment(1);
+        }
+    }
+
+    /// `seq`'s known tokens grew by their last `appended`.
+    pub(crate) fn observe(&mut self, seq: SeqId, tokens: &[u32], appended: usize) {
+        if let Some(state) = self.seqs.get_mut(&seq) {
+            state.drafter.observe(tokens, appended);
+        }
+    }
+
+    /// Saves the recycling matrix where the configuration says.
+    pub(crate) fn save(&self) {
+        if let Some(path) = &self.config.recycling_state {
+            if let Err(e) = self.recycling.save(path) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// Registers descriptions of the speculation metrics.
+pub fn describe_metrics() {
+    use metric_names::*;
+    metrics::describe_counter!(DRAFT_TOKENS, "Draft tokens verified, by method");
+    metrics::describe_counter!(ACCEPTED_TOKENS, "Draft tokens accepted, by method");
+    metrics::describe_counter!(VERIFY_STEPS, "Verification steps with a draft, by method");
+    metrics::describe_counter!(
+        ACCEPTED_PER_POSITION,
+        "Accepted draft tokens by tree depth, by method"
+    );
+}

@@ -1,0 +1,235 @@
+//! Draft budgets that adapt to load. Speculation pays only while verifying more rows costs
+//! less than the extra tokens it is expected to accept, so each step the scheduler splits
+//! extra tree nodes between the decoding sequences to maximise
+//!
+//! ```text
+//!            work done this step       base rows + sum_i E_i(b_i)
+//!   rate  =  -------------------  =  ---------------------------------
+//!            cost of the forward      cost(base rows + sum_i b_i)
+//! ```
+//!
+//! where every planned row counts as one token of useful work (a decode row yields a token, a
+//! prompt row computes one), `E_i(b)` is sequence i's expected accepted draft tokens with a
+//! tree of b nodes (its
+//! drafter's online statistics, supplied by the engine) and `cost` the measured forward-cost
+//! curve. Marginal gains are taken best first; the number of extra nodes kept is the one
+//! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
+//! CPU matmul that re-reads weights per row) every budget is zero.
+
+use std::collections::HashMap;
+
+use kvcache::SeqId;
+
+/// Cost of one forward as a function of the rows it feeds: piecewise linear between
+/// measured points, extended along the last segment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostCurve {
+    points: Vec<(usize, f64)>,
+}
+
+impl CostCurve {
+    /// A curve through `(rows, seconds)` points; `None` without a point at positive rows or
+    /// with a non-finite or negative cost.
+    pub fn new(mut points: Vec<(usize, f64)>) -> Option<Self> {
+        points.retain(|&(rows, _)| rows > 0);
+        if points.is_empty() || points.iter().any(|&(_, c)| !c.is_finite() || c < 0.0) {
+            return None;
+        }
+        points.sort_by_key(|&(rows, _)| rows);
+        points.dedup_by_key(|p| p.0);
+        Some(Self { points })
+    }
+
+    /// Every forward costs the same, whatever its size (an idealised accelerator).
+    pub fn flat() -> Self {
+        Self {
+            points: vec![(1, 1.0)],
+        }
+    }
+
+    /// Cost grows in proportion to rows (verification is never cheaper than decoding).
+    pub fn linear() -> Self {
+        Self {
+            points: vec![(1, 1.0), (2, 2.0)],
+        }
+    }
+
+    /// Measured points.
+    pub fn points(&self) -> &[(usize, f64)] {
+        &self.points
+    }
+
+    /// Estimated seconds for a forward of `rows` rows.
+    pub fn cost(&self, rows: usize) -> f64 {
+        let p = &self.points;
+        if p.len() == 1 {
+            return p[0].1;
+        }
+        let i = match p.binary_search_by_key(&rows, |&(r, _)| r) {
+            Ok(i) => return p[i].1,
+            Err(0) => 0,
+            Err(i) if i >= p.len() => p.len() - 2,
+            Err(i) => i - 1,
+        };
+        let ((r0, c0), (r1, c1)) = (p[i], p[i + 1]);
+        let slope = (c1 - c0) / (r1 - r0) as f64;
+        (c0 + slope * (rows as f64 - r0 as f64)).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// What one decoding sequence could gain from a draft tree this step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftOffer {
+    /// `expected_accepted[n - 1]`: expected accepted draft tokens with a tree of n nodes,
+    /// for n = 1 ..= the most nodes its drafter can use now.
+    pub expected_accepted: Vec<f32>,
+}
+
+/// Inputs of the draft-budget decision for one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftInputs {
+    /// The forward-cost curve.
+    pub cost: CostCurve,
+    /// Offers of the sequences that may draft (caught up and speculating).
+    pub offers: HashMap<SeqId, DraftOffer>,
+}
+
+/// Splits at most `max_extra` extra rows between `offers` (sequence, offer) on top of a
+/// forward of `base_rows` rows that yields `base_tokens` tokens. Returns one budget per
+/// offer, in order.
+pub fn allocate(
+    offers: &[(SeqId, &DraftOffer)],
+    base_rows: usize,
+    base_tokens: usize,
+    max_extra: usize,
+    cost: &CostCurve,
+) -> Vec<usize> {
+    // Every (sequence, n-th node) marginal gain, best first. Each sequence's gains are the
+    // slopes of the concave envelope of its curve, so they never increase and taking the
+    // best ones in order always gives each sequence a prefix of its nodes.
+    let mut marginal: Vec<(f32, usize)> = Vec::new();
+    for (i, (_, offer)) in offers.iter().enumerate() {
+        for gain in concave_gains(&offer.expected_accepted) {
+            marginal.push((gain, i));
+        }
+    }
+    marginal.sort_by(|a, b| b.0.total_cmp(&a.0));
+    marginal.truncate(max_extra);
+    let base_rate = base_tokens as f64 / cost.cost(base_rows.max(1));
+    let (mut best_rate, mut best_count) = (base_rate, 0);
+    let mut tokens = base_tokens as f64;
+    for (m, &(gain, _)) in marginal.iter().enumerate() {
+        tokens += f64::from(gain);
+        let rate = tokens / cost.cost(base_rows + m + 1);
+        if rate > best_rate * (1.0 + 1e-9) {
+            best_rate = rate;
+            best_count = m + 1;
+        }
+    }
+    let mut budgets = vec![0; offers.len()];
+    for &(_, i) in &marginal[..best_count] {
+        budgets[i] += 1;
+    }
+    budgets
+}
+
+/// Marginal gains of the smallest concave curve over `(0, 0), (1, e[0]), (2, e[1]), ...`:
+/// non-increasing, and summing to the best value reachable with each number of nodes.
+pub fn concave_gains(expected: &[f32]) -> Vec<f32> {
+    let points: Vec<(f32, f32)> = std::iter::once((0.0, 0.0))
+        .chain(
+            expected
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| ((i + 1) as f32, e.max(0.0))),
+        )
+        .collect();
+    // Upper hull, left to right.
+    let mut hull: Vec<(f32, f32)> = Vec::with_capacity(points.len());
+    for &p in &points {
+        while hull.len() >= 2 {
+            let (a, b) = (hull[hull.len() - 2], hull[hull.len() - 1]);
+            let cross = (b.0 - a.0) * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0);
+            if cross >= 0.0 {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(p);
+    }
+    let mut gains = Vec::with_capacity(expected.len());
+    for segment in hull.windows(2) {
+        let (a, b) = (segment[0], segment[1]);
+        let slope = ((b.1 - a.1) / (b.0 - a.0)).max(0.0);
+        for _ in 0..(b.0 - a.0).round() as usize {
+            gains.push(slope);
+        }
+    }
+    gains
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(expected: &[f32]) -> DraftOffer {
+        DraftOffer {
+            expected_accepted: expected.to_vec(),
+        }
+    }
+
+    #[test]
+    fn concave_gains_never_increase_and_reach_every_plateau() {
+        let gains = concave_gains(&[0.5, 0.8, 1.1, 1.1, 1.4, 1.4, 1.4, 1.4]);
+        assert_eq!(gains.len(), 8);
+        assert!(gains.windows(2).all(|w| w[0] >= w[1] - 1e-6), "{gains:?}");
+        assert!((gains.iter().sum::<f32>() - 1.4).abs() < 1e-5);
+        assert!(
+            gains[4] > 0.0,
+            "a flat step must not end the curve: {gains:?}"
+        );
+    }
+
+    #[test]
+    fn curve_interpolates_and_extrapolates() {
+        let c = CostCurve::new(vec![(1, 1.0), (4, 2.5), (8, 4.5)]).unwrap();
+        assert_eq!(c.cost(1), 1.0);
+        assert!((c.cost(2) - 1.5).abs() < 1e-9);
+        assert!((c.cost(16) - 8.5).abs() < 1e-9);
+        assert!(CostCurve::new(vec![(0, 1.0)]).is_none());
+        assert!(CostCurve::new(vec![(1, f64::NAN)]).is_none());
+        assert_eq!(CostCurve::flat().cost(100), 1.0);
+    }
+
+    #[test]
+    fn expensive_rows_give_zero_budgets() {
+        let a = offer(&[0.8, 1.5, 2.0, 2.3]);
+        let b = offer(&[0.5, 0.9]);
+        let offers = [(SeqId(1), &a), (SeqId(2), &b)];
+        assert_eq!(
+            allocate(&offers, 2, 2, 64, &CostCurve::linear()),
+            vec![0, 0]
+        );
+    }
+
+    #[test]
+    fn free_rows_give_every_useful_node() {
+        let a = offer(&[0.8, 1.5, 2.0, 2.0]);
+        let b = offer(&[0.5, 0.9]);
+        let offers = [(SeqId(1), &a), (SeqId(2), &b)];
+        // The 4th node of `a` adds nothing, so it is not taken.
+        assert_eq!(allocate(&offers, 2, 2, 64, &CostCurve::flat()), vec![3, 2]);
+        // The token budget caps the extra rows; best gains go first.
+        assert_eq!(allocate(&offers, 2, 2, 2, &CostCurve::flat()), vec![2, 0]);
+    }
+
+    #[test]
+    fn a_cheap_start_then_expensive_rows_stop_at_the_knee() {
+        // Up to 8 rows cost the same, then each row costs as much as a forward.
+        let cost = CostCurve::new(vec![(1, 1.0), (8, 1.0), (9, 2.0), (10, 3.0)]).unwrap();
+        let a = offer(&[0.9, 1.7, 2.4, 3.0, 3.5, 3.9, 4.2, 4.4, 4.5, 4.6, 4.7]);
+        let offers = [(SeqId(1), &a)];
+        assert_eq!(allocate(&offers, 1, 1, 64, &cost), vec![7]);
+    }
+}

@@ -1,0 +1,405 @@
+//! Speculation end to end: for every drafter, greedy output is token-identical to plain
+//! decoding (alone, and in batches that mix methods, prefill chunks and preemption), on a
+//! tiny random model and on SmolLM2; sampled output has the plain sampling distribution (and
+//! is even identical for equal seeds); the Token Recycling matrix is shared between requests
+//! and survives a restart; expensive extra rows turn drafting off.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use engine::handle::EngineHandle;
+use engine::testing::{write_tiny_hf_model, write_tiny_tokenizer, TinyModelSpec};
+use engine::{
+    CostCurve, EngineConfig, LoadOptions, LoadedModel, ManagerConfig, Request, SampleOutput,
+    SamplingParams, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig, StopConditions,
+    WeightDType,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::common::{smollm2, PROMPTS};
+
+const METHODS: [SpecMethod; 5] = [
+    SpecMethod::None,
+    SpecMethod::Recycling,
+    SpecMethod::NgramTrie,
+    SpecMethod::PromptLookup,
+    SpecMethod::Auto,
+];
+
+struct Setup {
+    num_blocks: usize,
+    block_size: usize,
+    budget: usize,
+    max_draft: usize,
+    cost: CostCurve,
+    recycling_state: Option<std::path::PathBuf>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            num_blocks: 256,
+            block_size: 16,
+            budget: 256,
+            max_draft: 8,
+            cost: CostCurve::flat(),
+            recycling_state: None,
+        }
+    }
+}
+
+fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: setup.budget,
+            max_num_seqs: 16,
+            max_model_len: 160,
+            kv: ManagerConfig {
+                num_blocks: setup.num_blocks,
+                block_size: setup.block_size,
+                prefix_caching: true,
+                watermark: 0.0,
+            },
+        },
+        max_pending: 64,
+        speculation: SpeculationConfig {
+            max_draft_tokens: setup.max_draft,
+            cost: setup.cost,
+            recycling_state: setup.recycling_state,
+            ..SpeculationConfig::default()
+        },
+    };
+    engine::spawn(
+        loaded.model.clone(),
+        Arc::new(loaded.tokenizer.clone()),
+        loaded.tokenizer.eos_ids().to_vec(),
+        config,
+    )
+    .unwrap()
+}
+
+fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        sampling: SamplingParams::greedy(),
+        stop: StopConditions {
+            max_tokens,
+            ..StopConditions::default()
+        },
+        n: 1,
+        speculation: Some(SpecRequest {
+            method,
+            max_draft_tokens: None,
+        }),
+    }
+}
+
+/// Submits every request at once and waits for all.
+fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| handle.submit(r).unwrap())
+        .collect();
+    streams
+        .into_iter()
+        .map(|s| s.wait().unwrap().remove(0))
+        .collect()
+}
+
+fn tiny_loaded(dir: &Path, vocab: usize) -> LoadedModel {
+    let spec = TinyModelSpec {
+        vocab_size: vocab,
+        ..TinyModelSpec::default()
+    };
+    write_tiny_hf_model(dir, &spec).unwrap();
+    write_tiny_tokenizer(dir, vocab).unwrap();
+    let options = LoadOptions {
+        dtype: WeightDType::F32,
+        ..LoadOptions::default()
+    };
+    engine::load_model(dir.to_str().unwrap(), &options).unwrap()
+}
+
+/// Prompts with repeated stretches, so context drafters find matches.
+fn repetitive_prompts(rng: &mut StdRng, count: usize, vocab: u32) -> Vec<Vec<u32>> {
+    (0..count)
+        .map(|_| {
+            let motif: Vec<u32> = (0..rng.random_range(3..9))
+                .map(|_| rng.random_range(0..vocab))
+                .collect();
+            let mut prompt = Vec::new();
+            for _ in 0..rng.random_range(2..6) {
+                prompt.extend(&motif);
+                prompt.push(rng.random_range(0..vocab));
+            }
+            prompt
+        })
+        .collect()
+}
+
+#[test]
+fn every_method_is_lossless_on_a_tiny_model_alone_and_in_mixed_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 256);
+    let mut rng = StdRng::seed_from_u64(5);
+    let prompts = repetitive_prompts(&mut rng, 16, 256);
+    let max_tokens = 24;
+    let (plain, _) = start(&loaded, Setup::default());
+    let reference: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            run_all(&plain, vec![request(p, SpecMethod::None, max_tokens)])[0]
+                .token_ids
+                .clone()
+        })
+        .collect();
+    // Alone, with large trees.
+    let (alone, _) = start(
+        &loaded,
+        Setup {
+            max_draft: 64,
+            ..Setup::default()
+        },
+    );
+    for method in METHODS {
+        let mut accepted = 0;
+        for (prompt, want) in prompts.iter().zip(&reference) {
+            let out = &run_all(&alone, vec![request(prompt, method, max_tokens)])[0];
+            assert_eq!(&out.token_ids, want, "{method:?} alone");
+            accepted += out.usage.accepted_tokens;
+        }
+        if method != SpecMethod::None {
+            assert!(accepted > 0, "{method:?} never had a draft accepted");
+        }
+    }
+    // Batches of 4 and 16 mixing methods, with prefill chunks (budget 48) and a pool small
+    // enough to preempt.
+    for (batch, num_blocks) in [(4, 256), (16, 44)] {
+        let (handle, _) = start(
+            &loaded,
+            Setup {
+                num_blocks,
+                block_size: 4,
+                budget: 48,
+                max_draft: 6,
+                ..Setup::default()
+            },
+        );
+        let requests = prompts[..batch]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| request(p, METHODS[i % METHODS.len()], max_tokens))
+            .collect();
+        let outputs = run_all(&handle, requests);
+        for (i, out) in outputs.iter().enumerate() {
+            assert_eq!(out.token_ids, reference[i], "batch of {batch}, request {i}");
+        }
+        if batch == 16 {
+            let stats = handle.stats().unwrap();
+            assert!(stats.scheduler.preemptions > 0, "{stats:?}");
+            assert_eq!(stats.cache.in_use, 0);
+        }
+    }
+}
+
+#[test]
+fn every_method_is_lossless_on_smollm2() {
+    let loaded = smollm2();
+    let tokenizer = &loaded.tokenizer;
+    let prompts: Vec<Vec<u32>> = [
+        PROMPTS[1],
+        PROMPTS[5],
+        "The list: apples, pears, plums. Again the list: apples, pears, plums. Again the list:",
+    ]
+    .iter()
+    .map(|p| tokenizer.encode(p).unwrap())
+    .collect();
+    let max_tokens = 12;
+    let (handle, _) = start(
+        loaded,
+        Setup {
+            max_draft: 4,
+            ..Setup::default()
+        },
+    );
+    let reference: Vec<SampleOutput> = prompts
+        .iter()
+        .map(|p| run_all(&handle, vec![request(p, SpecMethod::None, max_tokens)]).remove(0))
+        .collect();
+    for method in &METHODS[1..] {
+        let requests = prompts
+            .iter()
+            .map(|p| request(p, *method, max_tokens))
+            .collect();
+        for (i, out) in run_all(&handle, requests).iter().enumerate() {
+            assert_eq!(
+                out.token_ids, reference[i].token_ids,
+                "{method:?} prompt {i}"
+            );
+            assert_eq!(out.text, reference[i].text);
+        }
+    }
+    // The repetitive prompt must actually be sped up by the context drafters.
+    let out = run_all(
+        &handle,
+        vec![request(&prompts[2], SpecMethod::PromptLookup, max_tokens)],
+    );
+    assert!(out[0].usage.accepted_tokens > 0, "{:?}", out[0].usage);
+}
+
+/// Two-sample chi-square statistic over token counts.
+fn chi_square(a: &[usize], b: &[usize]) -> f64 {
+    let (na, nb) = (
+        a.iter().sum::<usize>() as f64,
+        b.iter().sum::<usize>() as f64,
+    );
+    a.iter()
+        .zip(b)
+        .filter(|(&x, &y)| x + y > 0)
+        .map(|(&x, &y)| {
+            let (x, y) = (x as f64, y as f64);
+            let (ea, eb) = ((x + y) * na / (na + nb), (x + y) * nb / (na + nb));
+            (x - ea).powi(2) / ea + (y - eb).powi(2) / eb
+        })
+        .sum()
+}
+
+#[test]
+fn sampling_keeps_the_plain_distribution_for_every_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = 12;
+    let loaded = tiny_loaded(dir.path(), vocab);
+    let (handle, _) = start(
+        &loaded,
+        Setup {
+            max_draft: 6,
+            ..Setup::default()
+        },
+    );
+    let prompt = [1u32, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2];
+    let samples = 1200;
+    let sampled = |method: SpecMethod, seed: u64| {
+        let mut r = request(&prompt, method, 4);
+        r.sampling = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        r
+    };
+    // Counts of the tokens at output positions 2..4 (where drafts are verified).
+    let histogram = |method: SpecMethod, first_seed: u64| -> (Vec<usize>, usize, Vec<Vec<u32>>) {
+        let mut counts = vec![0; vocab * 3];
+        let mut accepted = 0;
+        let mut outputs = Vec::new();
+        for chunk in (0..samples as u64).collect::<Vec<_>>().chunks(48) {
+            let requests = chunk
+                .iter()
+                .map(|&s| sampled(method, first_seed + s))
+                .collect();
+            for out in run_all(&handle, requests) {
+                for (pos, &t) in out.token_ids.iter().enumerate().skip(1) {
+                    counts[(pos - 1) * vocab + t as usize] += 1;
+                }
+                accepted += out.usage.accepted_tokens;
+                outputs.push(out.token_ids);
+            }
+        }
+        (counts, accepted, outputs)
+    };
+    let (plain, _, plain_outputs) = histogram(SpecMethod::None, 1_000_000);
+    // 33 cells at most -> 32 degrees of freedom; p = 0.001 is at 62.5.
+    for method in &METHODS[1..] {
+        let (counts, accepted, _) = histogram(*method, 0);
+        assert!(
+            accepted > 0,
+            "{method:?} accepted nothing: the test would prove little"
+        );
+        let chi2 = chi_square(&plain, &counts);
+        assert!(chi2 < 62.5, "{method:?}: chi-square {chi2:.1}");
+    }
+    // Same seeds give the very same output with and without drafting.
+    let (_, _, same_seeds) = histogram(SpecMethod::PromptLookup, 1_000_000);
+    assert_eq!(same_seeds, plain_outputs);
+}
+
+#[test]
+fn recycling_matrix_is_shared_between_requests_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 256);
+    let state = dir.path().join("recycling.bin");
+    let setup = || Setup {
+        max_draft: 32,
+        recycling_state: Some(state.clone()),
+        ..Setup::default()
+    };
+    // The student is a follow-up of the teacher: its prompt and the start of its answer.
+    let teacher: Vec<u32> = (0..12).map(|i| (i * 37) % 256).collect();
+    let answer = {
+        let (handle, _) = start(
+            &loaded,
+            Setup {
+                recycling_state: None,
+                ..setup()
+            },
+        );
+        run_all(&handle, vec![request(&teacher, SpecMethod::None, 8)]).remove(0)
+    };
+    let mut student = teacher.clone();
+    student.extend(&answer.token_ids[..6]);
+    let mat = |out: &SampleOutput| {
+        (out.usage.spec_steps + out.usage.accepted_tokens) as f64
+            / out.usage.spec_steps.max(1) as f64
+    };
+    let cold = {
+        let (handle, _) = start(
+            &loaded,
+            Setup {
+                recycling_state: None,
+                ..setup()
+            },
+        );
+        mat(&run_all(&handle, vec![request(&student, SpecMethod::Recycling, 40)])[0])
+    };
+    let warm = {
+        let (handle, thread) = start(&loaded, setup());
+        run_all(&handle, vec![request(&teacher, SpecMethod::Recycling, 40)]);
+        let warm = mat(&run_all(&handle, vec![request(&student, SpecMethod::Recycling, 40)])[0]);
+        handle.shutdown();
+        thread.join().unwrap();
+        warm
+    };
+    assert!(warm > cold, "warm MAT {warm:.2} vs cold {cold:.2}");
+    assert!(state.is_file(), "the matrix was not saved");
+    let (handle, _) = start(&loaded, setup());
+    let restarted = mat(&run_all(&handle, vec![request(&student, SpecMethod::Recycling, 40)])[0]);
+    assert!(
+        restarted > cold,
+        "restarted MAT {restarted:.2} vs cold {cold:.2}"
+    );
+}
+
+#[test]
+fn expensive_rows_turn_drafting_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 256);
+    let prompt: Vec<u32> = [5u32, 6, 7, 8].repeat(6);
+    let drafted = |cost: CostCurve| {
+        let (handle, _) = start(
+            &loaded,
+            Setup {
+                cost,
+                ..Setup::default()
+            },
+        );
+        let out = run_all(
+            &handle,
+            vec![request(&prompt, SpecMethod::PromptLookup, 16)],
+        );
+        out[0].usage.draft_tokens
+    };
+    assert!(drafted(CostCurve::flat()) > 0);
+    assert_eq!(drafted(CostCurve::linear()), 0);
+}
