@@ -11,14 +11,14 @@ use std::thread::JoinHandle;
 use engine::handle::EngineHandle;
 use engine::testing::{write_tiny_hf_model, write_tiny_tokenizer, TinyModelSpec};
 use engine::{
-    CostCurve, EngineConfig, LoadOptions, LoadedModel, ManagerConfig, Request, SampleOutput,
-    SamplingParams, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig, StopConditions,
-    WeightDType,
+    CostCurve, DraftModelSetup, EngineConfig, LoadOptions, LoadedModel, ManagerConfig, Request,
+    SampleOutput, SamplingParams, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig,
+    StopConditions, WeightDType,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{smollm2, PROMPTS};
+use crate::common::{smollm2, smollm2_f32, PROMPTS};
 
 const METHODS: [SpecMethod; 5] = [
     SpecMethod::None,
@@ -29,6 +29,7 @@ const METHODS: [SpecMethod; 5] = [
 ];
 
 struct Setup {
+    draft_model: Option<DraftModelSetup>,
     num_blocks: usize,
     block_size: usize,
     budget: usize,
@@ -40,6 +41,7 @@ struct Setup {
 impl Default for Setup {
     fn default() -> Self {
         Self {
+            draft_model: None,
             num_blocks: 256,
             block_size: 16,
             budget: 256,
@@ -68,6 +70,7 @@ fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
             max_draft_tokens: setup.max_draft,
             cost: setup.cost,
             recycling_state: setup.recycling_state,
+            draft_model: setup.draft_model,
             ..SpeculationConfig::default()
         },
     };
@@ -402,4 +405,75 @@ fn expensive_rows_turn_drafting_off() {
     };
     assert!(drafted(CostCurve::flat()) > 0);
     assert_eq!(drafted(CostCurve::linear()), 0);
+}
+
+#[test]
+fn draft_model_path_is_lossless_with_smollm2_drafting_for_itself() {
+    // The 4-bit model verifies; the same model in f32 drafts (same tokenizer, close logits).
+    let loaded = smollm2();
+    let tokenizer = &loaded.tokenizer;
+    let draft = DraftModelSetup {
+        model: smollm2_f32().model.clone(),
+        k_config: vec![2, 1, 1],
+        kv: ManagerConfig {
+            num_blocks: 64,
+            block_size: 16,
+            prefix_caching: true,
+            watermark: 0.0,
+        },
+    };
+    let (handle, _) = start(
+        loaded,
+        Setup {
+            draft_model: Some(draft),
+            max_draft: 4,
+            ..Setup::default()
+        },
+    );
+    let prompts: Vec<Vec<u32>> = [PROMPTS[0], PROMPTS[3], PROMPTS[6]]
+        .iter()
+        .map(|p| tokenizer.encode(p).unwrap())
+        .collect();
+    let max_tokens = 12;
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            run_all(&handle, vec![request(p, SpecMethod::None, max_tokens)])
+                .remove(0)
+                .token_ids
+        })
+        .collect();
+    // Alone, then together with other methods in one batch.
+    let mut accepted = 0;
+    for (prompt, want) in prompts.iter().zip(&plain) {
+        let out = run_all(
+            &handle,
+            vec![request(prompt, SpecMethod::DraftModel, max_tokens)],
+        );
+        assert_eq!(&out[0].token_ids, want);
+        accepted += out[0].usage.accepted_tokens;
+    }
+    assert!(
+        accepted > 0,
+        "the f32 draft never agreed with the 4-bit target"
+    );
+    let methods = [
+        SpecMethod::DraftModel,
+        SpecMethod::NgramTrie,
+        SpecMethod::DraftModel,
+    ];
+    let requests = prompts
+        .iter()
+        .zip(methods)
+        .map(|(p, m)| request(p, m, max_tokens))
+        .collect();
+    for (out, want) in run_all(&handle, requests).iter().zip(&plain) {
+        assert_eq!(&out.token_ids, want);
+    }
+    // Without a draft model the method is refused with the field named.
+    let (bare, _) = start(loaded, Setup::default());
+    match bare.submit(request(&prompts[0], SpecMethod::DraftModel, 4)) {
+        Err(engine::SubmitError::Invalid(e)) => assert_eq!(e.field, "speculation.method"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }

@@ -75,6 +75,24 @@ fn minijinja_contrib_pycompat(
     })
 }
 
+/// `text` as a single user message in `tokenizer`'s chat template, ready to encode.
+pub fn user_prompt(tokenizer: &engine::ModelTokenizer, text: &str) -> anyhow::Result<String> {
+    let template = tokenizer
+        .chat_template()
+        .ok_or_else(|| anyhow::anyhow!("this model has no chat template"))?;
+    let token_text = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.inner().id_to_token(i))
+            .unwrap_or_default()
+    };
+    let eos = tokenizer.eos_ids().first().copied();
+    render_chat(
+        template,
+        &[ChatMessage::user(text)],
+        &token_text(tokenizer.bos_id()),
+        &token_text(eos),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

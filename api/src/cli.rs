@@ -10,6 +10,7 @@ use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
 use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
 use crate::bench_cmd;
+use crate::bench_spec::{self, SpecBenchArgs};
 use crate::engine_args::EngineArgs;
 use crate::generate_cmd::{self, GenerateArgs};
 
@@ -80,6 +81,8 @@ enum BenchCommand {
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
     },
+    /// Speculation methods on Spec-Bench questions: speedup per category, MAT, tokens/s.
+    Spec(SpecBenchArgs),
 }
 
 fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
@@ -115,6 +118,9 @@ pub fn run() -> anyhow::Result<()> {
                     max_tokens,
                 },
         } => bench_cmd::engine(&load(&model)?, &engine, &concurrency, max_tokens),
+        Command::Bench {
+            bench: BenchCommand::Spec(args),
+        } => bench_spec::run(&load(&args.model)?, &args),
     }
 }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::{
-    CostCurve, EngineConfig, ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest,
-    SpeculationConfig,
+    CostCurve, DraftModelSetup, EngineConfig, LoadOptions, ManagerConfig, Model, SchedulerConfig,
+    SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
 };
 
 /// KV cache flags.
@@ -63,16 +63,31 @@ pub struct SpecArgs {
     /// Forward-cost curve for draft budgets: measure (at start-up) | flat | linear.
     #[arg(long, default_value = "measure", value_parser = ["measure", "flat", "linear"])]
     pub spec_cost: String,
+    /// A smaller model with the same tokenizer, for `draft_model` requests (alias, GGUF
+    /// file or HF directory).
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// Weight representation of the draft model: auto | q | f32 | f16 | bf16.
+    #[arg(long, default_value = "auto", value_parser = parse_dtype)]
+    pub draft_dtype: WeightDType,
+    /// Draft-model tree shape: candidates per depth.
+    #[arg(long, value_delimiter = ',', default_value = "4,2,1,1")]
+    pub k_config: Vec<usize>,
+    /// Memory for the draft model's KV cache, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub draft_kv_cache_mib: usize,
+}
+
+fn parse_dtype(s: &str) -> Result<WeightDType, String> {
+    WeightDType::parse(s).ok_or_else(|| format!("unknown dtype '{s}' (auto, q, f32, f16, bf16)"))
 }
 
 fn parse_method(s: &str) -> Result<SpecMethod, String> {
-    match SpecMethod::parse(s) {
-        Some(SpecMethod::DraftModel) => Err("draft_model is not available in this build".into()),
-        Some(m) => Ok(m),
-        None => Err(format!(
-            "unknown speculation method '{s}' (auto, recycling, ngram_trie, prompt_lookup, none)"
-        )),
-    }
+    SpecMethod::parse(s).ok_or_else(|| {
+        format!(
+            "unknown speculation method '{s}' (auto, recycling, ngram_trie, prompt_lookup, draft_model, none)"
+        )
+    })
 }
 
 impl SpecArgs {
@@ -98,6 +113,36 @@ impl SpecArgs {
                 curve
             }
         };
+        let draft_model = match &self.draft_model {
+            Some(name) => {
+                let options = LoadOptions {
+                    dtype: self.draft_dtype,
+                    ..LoadOptions::default()
+                };
+                let draft = engine::load_model(name, &options)
+                    .with_context(|| format!("loading draft model '{name}'"))?;
+                if self.k_config.is_empty() || self.k_config.contains(&0) {
+                    bail!("--k-config needs positive candidate counts, e.g. 4,2,1,1");
+                }
+                let block_size = 16;
+                let bytes = self.draft_kv_cache_mib.saturating_mul(1 << 20);
+                let num_blocks = EngineConfig::kv_blocks_for(&draft.model, bytes, block_size);
+                Some(DraftModelSetup {
+                    model: draft.model,
+                    k_config: self.k_config.clone(),
+                    kv: ManagerConfig {
+                        num_blocks,
+                        block_size,
+                        prefix_caching: true,
+                        watermark: 0.0,
+                    },
+                })
+            }
+            None if self.speculation == SpecMethod::DraftModel => {
+                bail!("--speculation draft_model needs --draft-model")
+            }
+            None => None,
+        };
         Ok(SpeculationConfig {
             default: SpecRequest {
                 method: self.speculation,
@@ -106,6 +151,7 @@ impl SpecArgs {
             max_draft_tokens: self.max_draft_tokens,
             cost,
             recycling_state: self.recycling_state.clone(),
+            draft_model,
         })
     }
 }

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use engine::{Event, LoadedModel, Request, SamplingParams, StopConditions};
 
-use crate::chat::{render_chat, ChatMessage};
+use crate::chat::user_prompt;
 use crate::cli::ModelArgs;
 use crate::engine_args::EngineArgs;
 
@@ -58,20 +58,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
     }
     let tokenizer = &loaded.tokenizer;
     let text = if args.chat {
-        let template = tokenizer
-            .chat_template()
-            .context("--chat: this model has no chat template")?;
-        let token_text = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.inner().id_to_token(i))
-                .unwrap_or_default()
-        };
-        let eos = tokenizer.eos_ids().first().copied();
-        render_chat(
-            template,
-            &[ChatMessage::user(&args.prompt)],
-            &token_text(tokenizer.bos_id()),
-            &token_text(eos),
-        )?
+        user_prompt(tokenizer, &args.prompt).context("--chat")?
     } else {
         args.prompt.clone()
     };

@@ -1,9 +1,10 @@
 //! thicket's user-facing layer: the command line (`fetch`, `generate`, `bench forward`,
-//! `bench engine`), engine flags, and chat prompt rendering. Tokenization for users happens here; the engine sees token ids.
+//! `bench engine`, `bench spec`), engine flags, and chat prompt rendering. Tokenization for users happens here; the engine sees token ids.
 
 #![deny(missing_docs)]
 
 pub mod bench_cmd;
+pub mod bench_spec;
 pub mod chat;
 pub mod cli;
 pub mod engine_args;

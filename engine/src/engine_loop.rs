@@ -300,6 +300,15 @@ impl Engine {
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.store.apply_moves(copies)?;
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
+        let granted = scheduled
+            .iter()
+            .filter(|s| s.draft_budget > 0)
+            .map(|s| {
+                let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
+                Ok((s.seq, seq.tokens(), s.draft_budget))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut drafted = self.spec.draft_all(&granted).into_iter();
         let mut trees: Vec<Option<TokenTree>> = Vec::with_capacity(scheduled.len());
         for s in scheduled {
             let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
@@ -308,7 +317,7 @@ impl Engine {
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
             if s.draft_budget > 0 {
-                let tree = self.spec.draft(s.seq, seq.tokens(), s.draft_budget);
+                let tree = drafted.next().ok_or_else(|| missing(s.seq))?;
                 batch.push(s.num_computed, table, &tree, LogitRows::All)?;
                 trees.push(Some(tree));
             } else {

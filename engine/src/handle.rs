@@ -21,7 +21,7 @@ use crate::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
 
 /// How the engine is set up.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Step limits and the KV pool.
     pub scheduler: SchedulerConfig,
@@ -77,7 +77,17 @@ pub fn spawn(
         vocab_size: model.config().vocab_size,
         max_model_len: config.scheduler.max_model_len,
         max_n: config.scheduler.max_num_seqs,
+        draft_model: config.speculation.draft_model.is_some(),
     };
+    if let Some(draft) = &config.speculation.draft_model {
+        if draft.model.config().vocab_size != model.config().vocab_size {
+            return Err(Error::Metadata(format!(
+                "the draft model's vocabulary ({}) differs from the target's ({}): they must share a tokenizer",
+                draft.model.config().vocab_size,
+                model.config().vocab_size
+            )));
+        }
+    }
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
     let spec = Speculation::new(config.speculation.clone(), model.config().vocab_size);

@@ -48,6 +48,6 @@ pub use request::{Event, FinishReason, InvalidRequest, Request, StopConditions, 
 pub use sampler::SamplingParams;
 pub use scheduler::{CostCurve, SchedulerConfig};
 pub use spec::{SpecMethod, SpecRequest};
-pub use speculation::SpeculationConfig;
+pub use speculation::{DraftModelSetup, SpeculationConfig};
 pub use tokenizer::ModelTokenizer;
 pub use tree::{TokenTree, TreeMask};

@@ -154,6 +154,8 @@ pub struct RequestLimits {
     pub max_model_len: usize,
     /// Largest `n`.
     pub max_n: usize,
+    /// Whether a draft model is loaded.
+    pub draft_model: bool,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
@@ -231,10 +233,10 @@ impl Request {
             ));
         }
         if let Some(spec) = &self.speculation {
-            if spec.method == SpecMethod::DraftModel {
+            if spec.method == SpecMethod::DraftModel && !limits.draft_model {
                 return Err(invalid(
                     "speculation.method",
-                    "draft_model needs a server started with a draft model, which this build does not offer yet",
+                    "draft_model needs an engine started with a draft model (--draft-model)",
                 ));
             }
             if spec.max_draft_tokens.is_some_and(|n| n > MAX_DRAFT_TOKENS) {
@@ -262,6 +264,7 @@ mod tests {
             vocab_size: 100,
             max_model_len: 10,
             max_n: 4,
+            draft_model: false,
         }
     }
 

@@ -7,9 +7,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use kvcache::SeqId;
+use kvcache::{ManagerConfig, SeqId};
 use scheduler::{CostCurve, DraftInputs, DraftOffer};
 
+use crate::model::Model;
+use crate::spec::draft_model::{DraftModelDrafter, DraftModelRunner};
 use crate::spec::recycling::{RecyclingMatrix, StaticTree, TOP_K};
 use crate::spec::stats::AcceptanceStats;
 use crate::spec::{new_drafter, DraftContext, Drafter, SpecMethod, SpecRequest};
@@ -28,7 +30,7 @@ pub mod metric_names {
 }
 
 /// How the engine speculates.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SpeculationConfig {
     /// Used by requests that do not choose.
     pub default: SpecRequest,
@@ -38,6 +40,19 @@ pub struct SpeculationConfig {
     pub cost: CostCurve,
     /// Where the Token Recycling matrix is loaded from at start and saved at shutdown.
     pub recycling_state: Option<PathBuf>,
+    /// A draft model for `draft_model` requests.
+    pub draft_model: Option<DraftModelSetup>,
+}
+
+/// A draft model and how it drafts.
+#[derive(Debug, Clone)]
+pub struct DraftModelSetup {
+    /// The model (same tokenizer as the target).
+    pub model: Model,
+    /// Candidates per depth, e.g. `[4, 2, 1, 1]`.
+    pub k_config: Vec<usize>,
+    /// Its KV pool.
+    pub kv: ManagerConfig,
 }
 
 impl Default for SpeculationConfig {
@@ -50,6 +65,7 @@ impl Default for SpeculationConfig {
             max_draft_tokens: 80,
             cost: CostCurve::linear(),
             recycling_state: None,
+            draft_model: None,
         }
     }
 }
@@ -78,6 +94,7 @@ pub struct SpecTotals {
 
 pub(crate) struct Speculation {
     config: SpeculationConfig,
+    runner: Option<DraftModelRunner>,
     recycling: RecyclingMatrix,
     tree: StaticTree,
     stats: HashMap<SpecMethod, AcceptanceStats>,
@@ -96,8 +113,13 @@ impl Speculation {
                 }),
             _ => RecyclingMatrix::new(vocab, TOP_K),
         };
+        let runner = config
+            .draft_model
+            .as_ref()
+            .map(|d| DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone()));
         Self {
             config,
+            runner,
             recycling,
             tree: StaticTree::paper(),
             stats: HashMap::new(),
@@ -116,7 +138,13 @@ impl Speculation {
         if max_draft == 0 {
             return;
         }
-        if let Some(drafter) = new_drafter(request.method, tokens, &self.tree) {
+        let drafter: Option<Box<dyn Drafter>> = match (&self.runner, request.method) {
+            (Some(runner), SpecMethod::DraftModel) => {
+                Some(Box::new(DraftModelDrafter::new(runner.max_nodes())))
+            }
+            _ => new_drafter(request.method, tokens, &self.tree),
+        };
+        if let Some(drafter) = drafter {
             let state = SeqDrafter {
                 drafter,
                 request,
@@ -138,6 +166,9 @@ impl Speculation {
     /// Forgets `seq`; returns its totals.
     pub(crate) fn remove(&mut self, seq: SeqId) -> SpecTotals {
         self.seqs.remove(&seq);
+        if let Some(runner) = &mut self.runner {
+            runner.release(seq);
+        }
         self.totals.remove(&seq).unwrap_or_default()
     }
 
@@ -159,6 +190,7 @@ impl Speculation {
             let ctx = DraftContext {
                 tokens,
                 recycling: &self.recycling,
+                prepared: None,
             };
             state.available = state.drafter.prepare(&ctx).min(state.max_draft);
             if state.available == 0 {
@@ -179,19 +211,41 @@ impl Speculation {
         })
     }
 
-    /// The draft tree of `seq` for `budget` nodes (root = its pending token).
-    pub(crate) fn draft(&mut self, seq: SeqId, tokens: &[u32], budget: usize) -> TokenTree {
-        let pending = tokens.last().copied().unwrap_or(0);
-        match self.seqs.get_mut(&seq) {
-            Some(state) => {
-                let ctx = DraftContext {
-                    tokens,
-                    recycling: &self.recycling,
-                };
-                state.drafter.draft(&ctx, budget.min(state.available))
+    /// The draft trees of every `(seq, known tokens, budget)` granted this step (root = the
+    /// pending token), in order. Drafters that run a model do so here, batched.
+    pub(crate) fn draft_all(&mut self, granted: &[(SeqId, &[u32], usize)]) -> Vec<TokenTree> {
+        if let Some(runner) = &mut self.runner {
+            let uses_model: Vec<(SeqId, &[u32], usize)> = granted
+                .iter()
+                .copied()
+                .filter(|(seq, _, _)| {
+                    self.seqs
+                        .get(seq)
+                        .is_some_and(|s| s.drafter.method() == SpecMethod::DraftModel)
+                })
+                .collect();
+            if let Err(e) = runner.prepare(&uses_model) {
+                tracing::warn!("draft model failed, decoding without its drafts: {e}");
             }
-            None => TokenTree::chain(&[pending]),
         }
+        granted
+            .iter()
+            .map(|&(seq, tokens, budget)| {
+                let pending = tokens.last().copied().unwrap_or(0);
+                let prepared = self.runner.as_ref().and_then(|r| r.prepared(seq));
+                match self.seqs.get_mut(&seq) {
+                    Some(state) => {
+                        let ctx = DraftContext {
+                            tokens,
+                            recycling: &self.recycling,
+                            prepared,
+                        };
+                        state.drafter.draft(&ctx, budget.min(state.available))
+                    }
+                    None => TokenTree::chain(&[pending]),
+                }
+            })
+            .collect()
     }
 
     /// Token Recycling learns from one computed row: `token` was fed, `logits` came out.

@@ -95,6 +95,7 @@ mod tests {
         let ctx = DraftContext {
             tokens: &tokens,
             recycling: &matrix,
+            prepared: None,
         };
         let mut auto = AutoDrafter::new(&tokens, &StaticTree::paper());
         // Recycling has no rows, so only the context drafters can propose.

@@ -9,6 +9,7 @@
 //! type behind this trait and a [`SpecMethod`] name; the engine loop never changes.
 
 pub mod auto;
+pub mod draft_model;
 pub mod ngram_trie;
 pub mod prompt_lookup;
 pub mod recycling;
@@ -81,6 +82,8 @@ pub struct DraftContext<'a> {
     pub tokens: &'a [u32],
     /// The engine-wide Token Recycling matrix.
     pub recycling: &'a RecyclingMatrix,
+    /// A tree prepared for this sequence by a batched drafter (the draft model).
+    pub prepared: Option<&'a Candidates>,
 }
 
 /// One sequence's drafter.

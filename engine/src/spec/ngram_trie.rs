@@ -218,6 +218,7 @@ mod tests {
         let ctx = DraftContext {
             tokens: &tokens,
             recycling: &matrix,
+            prepared: None,
         };
         assert!(trie.prepare(&ctx) >= 3);
         let tree = trie.draft(&ctx, 3);
@@ -230,6 +231,7 @@ mod tests {
         let ctx = DraftContext {
             tokens: &lonely,
             recycling: &matrix,
+            prepared: None,
         };
         assert_eq!(empty.prepare(&ctx), 0);
     }

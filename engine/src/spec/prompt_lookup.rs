@@ -78,6 +78,7 @@ mod tests {
         let ctx = DraftContext {
             tokens: &tokens,
             recycling: &matrix,
+            prepared: None,
         };
         let mut d = PromptLookup::new();
         assert_eq!(d.prepare(&ctx), 4);

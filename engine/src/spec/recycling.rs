@@ -316,6 +316,7 @@ mod tests {
         let ctx = DraftContext {
             tokens: &tokens,
             recycling: &m,
+            prepared: None,
         };
         // Root 1 -> [2, 3]; 2 -> [4]; 3 has no row; 4 has no row.
         assert_eq!(d.prepare(&ctx), 3);
