@@ -244,6 +244,43 @@ fn every_method_is_lossless_on_smollm2() {
             assert_eq!(out.text, reference[i].text);
         }
     }
+    // A batch of 4 mixing methods, with prompts prefilled in chunks (budget 24) and a pool
+    // of blocks of 4 small enough to preempt.
+    let (tight, _) = start(
+        loaded,
+        Setup {
+            num_blocks: 44,
+            block_size: 4,
+            budget: 24,
+            max_draft: 4,
+            ..Setup::default()
+        },
+    );
+    // Longer prompts (three of the shared ones each) so four of them overflow the pool.
+    let batch_prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let text = format!("{} {} {}", PROMPTS[i], PROMPTS[i + 4], PROMPTS[(i + 2) % 8]);
+            tokenizer.encode(&text).unwrap()
+        })
+        .collect();
+    let mixed = [
+        SpecMethod::Recycling,
+        SpecMethod::NgramTrie,
+        SpecMethod::PromptLookup,
+        SpecMethod::Auto,
+    ];
+    let requests = batch_prompts
+        .iter()
+        .zip(mixed)
+        .map(|(p, m)| request(p, m, max_tokens))
+        .collect();
+    let outputs = run_all(&tight, requests);
+    for (i, (out, prompt)) in outputs.iter().zip(&batch_prompts).enumerate() {
+        let solo = run_all(&handle, vec![request(prompt, SpecMethod::None, max_tokens)]);
+        assert_eq!(out.token_ids, solo[0].token_ids, "mixed batch, request {i}");
+    }
+    let stats = tight.stats().unwrap();
+    assert!(stats.scheduler.preemptions > 0, "{stats:?}");
     // The repetitive prompt must actually be sped up by the context drafters.
     let out = run_all(
         &handle,

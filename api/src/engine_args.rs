@@ -98,20 +98,7 @@ impl SpecArgs {
             "flat" => CostCurve::flat(),
             "linear" => CostCurve::linear(),
             _ if self.speculation == SpecMethod::None => CostCurve::linear(),
-            _ => {
-                let started = std::time::Instant::now();
-                let sizes = [1, 2, 4, 8, 16, 32, 64, 96];
-                let points = engine::bench::forward_cost(model, 128, &sizes, 1)?;
-                let curve =
-                    CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
-                        .context("the measured forward cost is not usable")?;
-                tracing::info!(
-                    "measured the forward-cost curve in {:.1}s: {:?}",
-                    started.elapsed().as_secs_f64(),
-                    curve.points()
-                );
-                curve
-            }
+            _ => measured_cost(model)?,
         };
         let draft_model = match &self.draft_model {
             Some(name) => {
@@ -201,4 +188,42 @@ impl EngineArgs {
         }
         Ok(config)
     }
+}
+
+/// The forward-cost curve of `model` on this machine: read from the models directory when
+/// it was measured before, else measured now (a few seconds) and stored there.
+fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
+    let c = model.config();
+    let name = format!(
+        "cost-{}-{}x{}-{}b-{:?}.json",
+        c.architecture.as_str(),
+        c.num_layers,
+        c.hidden_size,
+        model.weight_bytes(),
+        model.attention()
+    );
+    let path = engine::fetch::models_dir().join(name);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let points: Option<Vec<(usize, f64)>> = serde_json::from_str(&text).ok();
+        if let Some(curve) = points.and_then(CostCurve::new) {
+            return Ok(curve);
+        }
+    }
+    let started = std::time::Instant::now();
+    let sizes = [1, 2, 4, 8, 16, 32, 64];
+    let points = engine::bench::forward_cost(model, 64, &sizes, 1)?;
+    let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
+        .context("the measured forward cost is not usable")?;
+    tracing::info!(
+        "measured the forward-cost curve in {:.1}s (saved to {}): {:?}",
+        started.elapsed().as_secs_f64(),
+        path.display(),
+        curve.points()
+    );
+    if let Ok(json) = serde_json::to_string(curve.points()) {
+        // A cache only: failing to write it costs a re-measurement next time.
+        let _ = std::fs::create_dir_all(engine::fetch::models_dir());
+        let _ = std::fs::write(&path, json);
+    }
+    Ok(curve)
 }

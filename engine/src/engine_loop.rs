@@ -240,6 +240,19 @@ impl Engine {
         let started = Instant::now();
         let drafts = self.draft_offers();
         let plan = self.scheduler.schedule_with(drafts.as_ref());
+        if drafts.is_some() {
+            let budgets: Vec<(u64, usize)> = plan
+                .scheduled
+                .iter()
+                .filter(|s| s.samples)
+                .map(|s| (s.seq.0, s.draft_budget))
+                .collect();
+            tracing::debug!(
+                rows = plan.num_batched_tokens,
+                ?budgets,
+                "draft budgets (sequence, nodes)"
+            );
+        }
         metrics::counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
         if plan.is_empty() {
             self.fail_unschedulable();
@@ -337,10 +350,13 @@ impl Engine {
                 }
             }
         }
+        let forward_started = Instant::now();
         let logits = self
             .model
             .forward(&batch, &mut self.store)?
             .to_vec2::<f32>()?;
+        self.spec
+            .observe_cost(batch.num_rows(), forward_started.elapsed().as_secs_f64());
         // Token Recycling learns from every row whose logits were computed.
         for (row, &at) in logits.iter().zip(&batch.logit_rows) {
             self.spec.learn(batch.token_ids[at], row);
@@ -498,7 +514,6 @@ impl Engine {
     /// the events. Returns true when the sample finished (it is then gone).
     fn emit(&mut self, seq_id: SeqId, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
         let now = Instant::now();
-        let total_len = self.seq(seq_id)?.tokens().len();
         let max_model_len = self.scheduler.config().max_model_len;
         let Some(state) = self.samples.get_mut(&seq_id) else {
             return Ok(true);
@@ -536,7 +551,10 @@ impl Engine {
             text = shown;
             finish = stopped.map(FinishReason::StopString);
         }
-        if finish.is_none() && (state.num_output >= stop.max_tokens || total_len >= max_model_len) {
+        if finish.is_none()
+            && (state.num_output >= stop.max_tokens
+                || request.request.prompt.len() + state.num_output >= max_model_len)
+        {
             finish = Some(FinishReason::Length);
         }
         if matches!(

@@ -248,6 +248,11 @@ impl Speculation {
             .collect()
     }
 
+    /// Refines the cost curve with one measured forward of `rows` rows.
+    pub(crate) fn observe_cost(&mut self, rows: usize, seconds: f64) {
+        self.config.cost.observe(rows, seconds);
+    }
+
     /// Token Recycling learns from one computed row: `token` was fed, `logits` came out.
     pub(crate) fn learn(&mut self, token: u32, logits: &[f32]) {
         self.recycling.update(token, logits);

@@ -59,6 +59,25 @@ impl CostCurve {
         &self.points
     }
 
+    /// Refines the curve with a measured forward: the knot nearest `rows` (in ratio) moves
+    /// a little towards the measurement (by 5%, so one noisy step changes little). Curves with one
+    /// knot (flat) stay as they are.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        let predicted = self.cost(rows);
+        if self.points.len() < 2 || rows == 0 || !seconds.is_finite() || predicted <= 0.0 {
+            return;
+        }
+        let factor = 1.0 + 0.05 * (seconds / predicted - 1.0).clamp(-0.5, 1.0);
+        let distance = |r: usize| ((r as f64).ln() - (rows as f64).ln()).abs();
+        if let Some(nearest) = self
+            .points
+            .iter_mut()
+            .min_by(|a, b| distance(a.0).total_cmp(&distance(b.0)))
+        {
+            nearest.1 *= factor;
+        }
+    }
+
     /// Estimated seconds for a forward of `rows` rows.
     pub fn cost(&self, rows: usize) -> f64 {
         let p = &self.points;
@@ -200,6 +219,18 @@ mod tests {
         assert!(CostCurve::new(vec![(0, 1.0)]).is_none());
         assert!(CostCurve::new(vec![(1, f64::NAN)]).is_none());
         assert_eq!(CostCurve::flat().cost(100), 1.0);
+    }
+
+    #[test]
+    fn observations_pull_the_curve_towards_measurements() {
+        let mut c = CostCurve::new(vec![(1, 1.0), (8, 2.0), (64, 10.0)]).unwrap();
+        for _ in 0..200 {
+            c.observe(8, 4.0);
+        }
+        assert!((c.cost(8) - 4.0).abs() < 0.2, "{:?}", c.points());
+        let mut flat = CostCurve::flat();
+        flat.observe(10, 5.0);
+        assert_eq!(flat, CostCurve::flat());
     }
 
     #[test]

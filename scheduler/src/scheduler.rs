@@ -242,10 +242,14 @@ impl Scheduler {
         let budgets = allocate(&offers, base, base, budget, &drafts.cost);
         let mut granted = Vec::new();
         for (&(index, id, _), &nodes) in candidates.iter().zip(&budgets) {
+            // A tree never reaches past the model length (positions beyond it do not exist).
+            let computed = plan.scheduled[index].num_computed;
+            let room = self.config.max_model_len.saturating_sub(computed + 1);
+            let nodes = nodes.min(room);
             if nodes == 0 {
                 continue;
             }
-            let end = plan.scheduled[index].num_computed + 1 + nodes;
+            let end = computed + 1 + nodes;
             // Drafts never preempt anyone: without room the sequence decodes plainly.
             if let Ok(Some(copies)) = self.blocks.ensure_capacity(id, end) {
                 plan.kv_copies.extend(copies);
