@@ -7,6 +7,7 @@ mod common;
 mod errors;
 mod forward;
 mod kv_cache;
+mod mock_backend;
 mod oracle;
 mod serving;
 mod speculation;

@@ -1,12 +1,16 @@
-//! `Engine`: the one thread that owns the model, the scheduler (and through it the KV
-//! blocks), the KV rows and every request's state. Each step:
+//! `Engine`: the one thread that owns the backend (model and KV rows), the scheduler (and
+//! through it the KV blocks), the speculation state and every request's state. Each step:
 //!
 //! ```text
 //!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
-//!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions
-//!  forward    ONE TreeBatch for every scheduled sequence (prefill chunks and decodes mixed)
-//!  sample     for sequences that caught up: penalties, sampling, logprobs; forks for n > 1
-//!  commit     scheduler.commit; stop conditions; detokenize; events out; finished freed
+//!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
+//!             draft budget for each decoding sequence that offered one
+//!  draft      granted sequences' drafters grow their trees (a draft model runs batched)
+//!  forward    ONE TreeBatch for every scheduled sequence: prefill chunks, plain decodes
+//!             and draft trees mixed
+//!  verify     the model's own choices decide how much of each tree is kept; forks for n > 1
+//!  commit     scheduler.commit, KV compaction; stop conditions; detokenize; events out
+//!  learn      recycling matrix from every computed row; drafters see the new tokens
 //!  metrics    step time, batch tokens, queue lengths, preemptions, KV use, latencies
 //! ```
 //! No lock guards any of this: callers talk to the thread only through channels.
@@ -19,11 +23,10 @@ use std::time::Instant;
 use kvcache::SeqId;
 use scheduler::{Progress, ScheduledSeq, Scheduler};
 
+use crate::backend::Backend;
 use crate::batch::{LogitRows, TreeBatch};
 use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
-use crate::kv_store::PagedKvStore;
 use crate::metrics as names;
-use crate::model::Model;
 use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::verify::verify;
@@ -86,11 +89,10 @@ struct SampleState {
 
 /// The engine thread's state.
 pub(crate) struct Engine {
-    model: Model,
+    backend: Box<dyn Backend>,
     tokenizer: Arc<ModelTokenizer>,
     eos_ids: Vec<u32>,
     scheduler: Scheduler,
-    store: PagedKvStore,
     inbox: flume::Receiver<Command>,
     pending: Arc<AtomicUsize>,
     requests: HashMap<u64, ActiveRequest>,
@@ -101,7 +103,7 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) fn new(
-        model: Model,
+        backend: Box<dyn Backend>,
         tokenizer: Arc<ModelTokenizer>,
         eos_ids: Vec<u32>,
         scheduler: Scheduler,
@@ -109,13 +111,11 @@ impl Engine {
         inbox: flume::Receiver<Command>,
         pending: Arc<AtomicUsize>,
     ) -> Self {
-        let store = model.new_kv_store(scheduler.blocks().num_slots());
         Self {
-            model,
+            backend,
             tokenizer,
             eos_ids,
             scheduler,
-            store,
             inbox,
             pending,
             requests: HashMap::new(),
@@ -311,7 +311,7 @@ impl Engine {
     }
 
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
-        self.store.apply_moves(copies)?;
+        self.backend.move_kv(copies)?;
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
         let granted = scheduled
             .iter()
@@ -351,10 +351,7 @@ impl Engine {
             }
         }
         let forward_started = Instant::now();
-        let logits = self
-            .model
-            .forward(&batch, &mut self.store)?
-            .to_vec2::<f32>()?;
+        let logits = self.backend.forward(&batch)?;
         self.spec
             .observe_cost(batch.num_rows(), forward_started.elapsed().as_secs_f64());
         // Token Recycling learns from every row whose logits were computed.
@@ -449,7 +446,7 @@ impl Engine {
             accepted: &verified.accepted,
         };
         let moves = self.scheduler.commit(seq_id, progress, &new)?;
-        self.store.apply_moves(&moves)?;
+        self.backend.move_kv(&moves)?;
         self.spec.verified(seq_id, tree, &verified.accepted);
         let tokens = self
             .scheduler

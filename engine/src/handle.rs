@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use scheduler::{Scheduler, SchedulerConfig};
 
+use crate::backend::{Backend, CandleBackend};
 pub use crate::engine_loop::EngineStats;
 use crate::engine_loop::{Command, Engine, Submission};
 use crate::model::Model;
@@ -71,28 +72,40 @@ pub fn spawn(
     eos_ids: Vec<u32>,
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
+    let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
+    let backend = Box::new(CandleBackend::new(model, num_slots));
+    spawn_with_backend(backend, tokenizer, eos_ids, config)
+}
+
+/// Starts the engine thread over any [`Backend`] (a real model, or a mock in tests).
+pub fn spawn_with_backend(
+    backend: Box<dyn Backend>,
+    tokenizer: Arc<ModelTokenizer>,
+    eos_ids: Vec<u32>,
+    config: EngineConfig,
+) -> Result<(EngineHandle, JoinHandle<()>)> {
     let scheduler = Scheduler::new(config.scheduler)
         .map_err(|e| Error::InvalidBatch(format!("engine configuration: {e}")))?;
+    let vocab_size = backend.vocab_size();
     let limits = RequestLimits {
-        vocab_size: model.config().vocab_size,
+        vocab_size,
         max_model_len: config.scheduler.max_model_len,
         max_n: config.scheduler.max_num_seqs,
         draft_model: config.speculation.draft_model.is_some(),
     };
     if let Some(draft) = &config.speculation.draft_model {
-        if draft.model.config().vocab_size != model.config().vocab_size {
+        if draft.model.config().vocab_size != vocab_size {
             return Err(Error::Metadata(format!(
-                "the draft model's vocabulary ({}) differs from the target's ({}): they must share a tokenizer",
+                "the draft model's vocabulary ({}) differs from the target's ({vocab_size}): they must share a tokenizer",
                 draft.model.config().vocab_size,
-                model.config().vocab_size
             )));
         }
     }
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
-    let spec = Speculation::new(config.speculation.clone(), model.config().vocab_size);
+    let spec = Speculation::new(config.speculation.clone(), vocab_size);
     let engine = Engine::new(
-        model,
+        backend,
         Arc::clone(&tokenizer),
         eos_ids,
         scheduler,

@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+pub mod backend;
 pub mod batch;
 pub mod bench;
 pub mod config;
@@ -34,10 +35,13 @@ pub mod testing;
 pub mod tokenizer;
 pub mod tree;
 
+pub use backend::{Backend, CandleBackend, MockBackend};
 pub use batch::{LogitRows, TreeBatch};
 pub use config::{Architecture, ModelConfig};
 pub use error::{Error, Result};
-pub use handle::{spawn, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError};
+pub use handle::{
+    spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError,
+};
 pub use kv_cache::KvCache;
 pub use kv_store::PagedKvStore;
 pub use kvcache::ManagerConfig;

@@ -1,0 +1,184 @@
+//! `Backend`: what the engine loop needs from a model: one forward of a [`TreeBatch`] (each
+//! row's K/V written at its slot, logits returned for the rows asked for) and row copies in
+//! the KV store. [`CandleBackend`] is the real model over its paged KV store;
+//! [`MockBackend`] has no tensors at all: it remembers which token each slot holds and
+//! scores the next token as a fixed function of the tokens a row can see, so the engine,
+//! scheduler and server can be tested quickly and exactly without a model.
+
+use kvcache::KvMove;
+
+use crate::batch::TreeBatch;
+use crate::kv_store::PagedKvStore;
+use crate::model::Model;
+use crate::{Error, Result};
+
+/// A model the engine loop can run.
+pub trait Backend: Send + 'static {
+    /// Logits per row.
+    fn vocab_size(&self) -> usize;
+    /// Runs `batch`, writing every row's K/V at its slot; returns the logits of
+    /// `batch.logit_rows`, in that order.
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
+    /// Copies KV rows, in order (copy-on-write and compaction).
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
+}
+
+/// The real model and its KV rows.
+#[derive(Debug)]
+pub struct CandleBackend {
+    model: Model,
+    store: PagedKvStore,
+}
+
+impl CandleBackend {
+    /// `model` with a zeroed KV store of `num_slots` rows.
+    pub fn new(model: Model, num_slots: usize) -> Self {
+        let store = model.new_kv_store(num_slots);
+        Self { model, store }
+    }
+}
+
+impl Backend for CandleBackend {
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        Ok(self
+            .model
+            .forward(batch, &mut self.store)?
+            .to_vec2::<f32>()?)
+    }
+
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        self.store.apply_moves(moves)
+    }
+}
+
+/// A tensor-free stand-in for a model: the next token after a sequence is
+/// [`MockBackend::next_token`] of the tokens it can see (its context from the slots, then
+/// its tree ancestors), with a clear margin over every other token.
+#[derive(Debug, Clone)]
+pub struct MockBackend {
+    vocab: usize,
+    slots: Vec<Option<u32>>,
+}
+
+impl MockBackend {
+    /// A mock with `vocab` logits per row and `num_slots` KV rows.
+    pub fn new(vocab: usize, num_slots: usize) -> Self {
+        Self {
+            vocab,
+            slots: vec![None; num_slots],
+        }
+    }
+
+    /// The mock model's greedy next token after `tokens` (a hash of the last three).
+    pub fn next_token(tokens: &[u32], vocab: usize) -> u32 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &t in tokens.iter().rev().take(3) {
+            h = (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % vocab.max(1) as u64) as u32
+    }
+
+    /// Logits that make `next` the most likely token, then tokens close to it.
+    fn logits(&self, next: u32) -> Vec<f32> {
+        (0..self.vocab as u32)
+            .map(|t| {
+                let gap = (t as i64 - next as i64).unsigned_abs() as f32;
+                -gap.min(8.0)
+            })
+            .collect()
+    }
+}
+
+impl Backend for MockBackend {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        let num_slots = self.slots.len();
+        let slot_of = |s: kvcache::Slot| -> Result<usize> {
+            let i = s.index();
+            (i < num_slots)
+                .then_some(i)
+                .ok_or_else(|| Error::InvalidBatch(format!("slot {i} outside the mock store")))
+        };
+        // Every row's visible sequence, computed before any row is written.
+        let mut seen: Vec<Vec<u32>> = vec![Vec::new(); batch.num_rows()];
+        for seq in &batch.seqs {
+            let mut context = Vec::with_capacity(seq.context_len);
+            for p in 0..seq.context_len {
+                let slot = batch
+                    .context_slot(seq, p)
+                    .ok_or_else(|| Error::InvalidBatch("context past the table".into()))?;
+                let token = self.slots[slot_of(slot)?]
+                    .ok_or_else(|| Error::InvalidBatch(format!("context position {p} unset")))?;
+                context.push(token);
+            }
+            for (local, row) in seq.rows.clone().enumerate() {
+                let mut tokens = context.clone();
+                tokens.extend(
+                    seq.mask
+                        .visible(local)
+                        .map(|j| batch.token_ids[seq.rows.start + j]),
+                );
+                seen[row] = tokens;
+            }
+        }
+        for (row, &slot) in batch.slots.iter().enumerate() {
+            let at = slot_of(slot)?;
+            self.slots[at] = Some(batch.token_ids[row]);
+        }
+        Ok(batch
+            .logit_rows
+            .iter()
+            .map(|&row| self.logits(Self::next_token(&seen[row], self.vocab)))
+            .collect())
+    }
+
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        for m in moves {
+            let (from, to) = (m.from.index(), m.to.index());
+            if from >= self.slots.len() || to >= self.slots.len() {
+                return Err(Error::InvalidBatch("kv move outside the mock store".into()));
+            }
+            self.slots[to] = self.slots[from];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::LogitRows;
+    use crate::tree::TokenTree;
+    use kvcache::{BlockId, BlockTable};
+
+    #[test]
+    fn mock_scores_what_each_row_sees() {
+        let mut mock = MockBackend::new(50, 16);
+        let table = BlockTable::from_blocks(vec![BlockId(0), BlockId(1)]);
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(0, &table, &TokenTree::chain(&[1, 2, 3]), LogitRows::Last)
+            .unwrap();
+        let logits = mock.forward(&batch).unwrap();
+        assert_eq!(
+            crate::sampler::argmax(&logits[0]),
+            MockBackend::next_token(&[1, 2, 3], 50)
+        );
+        // A tree over that context: node 2 sees [1, 2, 3, 7, 9], not node 1's token 8.
+        let mut batch = TreeBatch::new(4);
+        let tree = TokenTree::new(vec![7, 8, 9], vec![None, Some(0), Some(0)]).unwrap();
+        batch.push(3, &table, &tree, LogitRows::All).unwrap();
+        let logits = mock.forward(&batch).unwrap();
+        assert_eq!(
+            crate::sampler::argmax(&logits[2]),
+            MockBackend::next_token(&[1, 2, 3, 7, 9], 50)
+        );
+    }
+}
