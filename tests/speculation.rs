@@ -244,8 +244,8 @@ fn every_method_is_lossless_on_smollm2() {
             assert_eq!(out.text, reference[i].text);
         }
     }
-    // A batch of 4 mixing methods, with prompts prefilled in chunks (budget 24) and a pool
-    // of blocks of 4 small enough to preempt.
+    // A batch of 16 mixing every method, with prompts prefilled in chunks (budget 24) and a
+    // pool of blocks of 4 small enough to preempt.
     let (tight, _) = start(
         loaded,
         Setup {
@@ -256,23 +256,22 @@ fn every_method_is_lossless_on_smollm2() {
             ..Setup::default()
         },
     );
-    // Longer prompts (three of the shared ones each) so four of them overflow the pool.
-    let batch_prompts: Vec<Vec<u32>> = (0..4)
+    // Longer prompts (three of the shared ones each) so the batch overflows the pool.
+    let batch_prompts: Vec<Vec<u32>> = (0..16)
         .map(|i| {
-            let text = format!("{} {} {}", PROMPTS[i], PROMPTS[i + 4], PROMPTS[(i + 2) % 8]);
+            let text = format!(
+                "{} {} {}",
+                PROMPTS[i % 8],
+                PROMPTS[(i + 4) % 8],
+                PROMPTS[(i / 8 + i + 2) % 8]
+            );
             tokenizer.encode(&text).unwrap()
         })
         .collect();
-    let mixed = [
-        SpecMethod::Recycling,
-        SpecMethod::NgramTrie,
-        SpecMethod::PromptLookup,
-        SpecMethod::Auto,
-    ];
     let requests = batch_prompts
         .iter()
-        .zip(mixed)
-        .map(|(p, m)| request(p, m, max_tokens))
+        .enumerate()
+        .map(|(i, p)| request(p, METHODS[i % METHODS.len()], max_tokens))
         .collect();
     let outputs = run_all(&tight, requests);
     for (i, (out, prompt)) in outputs.iter().zip(&batch_prompts).enumerate() {
@@ -281,6 +280,10 @@ fn every_method_is_lossless_on_smollm2() {
     }
     let stats = tight.stats().unwrap();
     assert!(stats.scheduler.preemptions > 0, "{stats:?}");
+    assert!(
+        outputs.iter().any(|o| o.usage.accepted_tokens > 0),
+        "no draft was accepted in the mixed batch"
+    );
     // The repetitive prompt must actually be sped up by the context drafters.
     let out = run_all(
         &handle,
@@ -419,6 +422,36 @@ fn recycling_matrix_is_shared_between_requests_and_survives_a_restart() {
         restarted > cold,
         "restarted MAT {restarted:.2} vs cold {cold:.2}"
     );
+}
+
+#[test]
+fn recycling_learns_from_prompt_rows_only_for_requests_that_use_it() {
+    use engine::spec::recycling::{RecyclingMatrix, TOP_K};
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 256);
+    // 40 distinct tokens, prefilled in chunks of 16 (at most 32 learning rows a step).
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 256).collect();
+    let filled_rows = |method: SpecMethod| {
+        let state = dir.path().join(format!("{method:?}.bin"));
+        let (handle, thread) = start(
+            &loaded,
+            Setup {
+                budget: 16,
+                recycling_state: Some(state.clone()),
+                ..Setup::default()
+            },
+        );
+        run_all(&handle, vec![request(&prompt, method, 1)]);
+        handle.shutdown();
+        thread.join().unwrap();
+        RecyclingMatrix::load(&state, 256, TOP_K)
+            .unwrap()
+            .filled_rows()
+    };
+    // Every prompt token is learned (the last one from its sampled row).
+    assert_eq!(filled_rows(SpecMethod::Recycling), prompt.len());
+    // A request that does not draft with the matrix computes only its sampled row.
+    assert_eq!(filled_rows(SpecMethod::PromptLookup), 1);
 }
 
 #[test]

@@ -115,6 +115,18 @@ impl TreeBatch {
         Ok(rows)
     }
 
+    /// Also returns the logits of `row` (after every row requested so far).
+    pub fn request_logits(&mut self, row: usize) -> Result<()> {
+        if row >= self.num_rows() {
+            return Err(Error::InvalidBatch(format!(
+                "logit row {row} outside batch of {} rows",
+                self.num_rows()
+            )));
+        }
+        self.logit_rows.push(row);
+        Ok(())
+    }
+
     /// Rows in the batch.
     pub fn num_rows(&self) -> usize {
         self.token_ids.len()

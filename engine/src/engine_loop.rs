@@ -15,7 +15,7 @@
 //! ```
 //! No lock guards any of this: callers talk to the thread only through channels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +34,9 @@ use crate::speculation::Speculation;
 use crate::tokenizer::ModelTokenizer;
 use crate::tree::TokenTree;
 use crate::Result;
+
+/// Most prompt rows computed per step only to teach Token Recycling.
+const PROMPT_LEARNING_ROWS: usize = 32;
 
 /// Messages from handles to the engine thread.
 pub(crate) enum Command {
@@ -323,6 +326,7 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         let mut drafted = self.spec.draft_all(&granted).into_iter();
         let mut trees: Vec<Option<TokenTree>> = Vec::with_capacity(scheduled.len());
+        let mut learning_rows = Vec::new();
         for s in scheduled {
             let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
             let table = self
@@ -340,7 +344,12 @@ impl Engine {
                 } else {
                     LogitRows::None
                 };
-                batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+                let pushed = batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+                if self.spec.learns_from_prompt(s.seq) {
+                    // A sampled row's logits are computed (and learned from) anyway.
+                    let unsampled = fed.len() - usize::from(s.samples);
+                    learning_rows.extend(pushed.take(unsampled));
+                }
                 trees.push(None);
             }
             if s.first_since_admission && seq.num_preemptions() == 0 {
@@ -350,6 +359,7 @@ impl Engine {
                 }
             }
         }
+        self.add_learning_rows(&mut batch, learning_rows)?;
         let forward_started = Instant::now();
         let logits = self.backend.forward(&batch)?;
         self.spec
@@ -382,6 +392,24 @@ impl Engine {
                     let row = rows.next().ok_or_else(|| missing(s.seq))?;
                     self.sample_and_emit(s.seq, &row)?;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Token Recycling learns from prompt rows too, but each one costs a row of the output
+    /// projection, so only rows whose token the shared matrix has never seen are computed
+    /// (each token once, at most [`PROMPT_LEARNING_ROWS`] a step); once the matrix is warm
+    /// prefill costs nothing extra. Their logits come after every sampled row.
+    fn add_learning_rows(&self, batch: &mut TreeBatch, rows: Vec<usize>) -> Result<()> {
+        let mut seen = HashSet::new();
+        for row in rows {
+            if seen.len() >= PROMPT_LEARNING_ROWS {
+                break;
+            }
+            let token = batch.token_ids[row];
+            if self.spec.is_cold(token) && seen.insert(token) {
+                batch.request_logits(row)?;
             }
         }
         Ok(())

@@ -100,6 +100,23 @@ pub(crate) struct Speculation {
     stats: HashMap<SpecMethod, AcceptanceStats>,
     seqs: HashMap<SeqId, SeqDrafter>,
     totals: HashMap<SeqId, SpecTotals>,
+    /// Measured seconds per unit of the cost curve (moving average).
+    seconds_per_unit: Option<f64>,
+    /// Measured seconds the draft model spends per sequence it drafts for (moving average).
+    draft_model_seconds: Option<f64>,
+}
+
+/// Weight of a new measurement in the moving averages above.
+const COST_SMOOTHING: f64 = 0.2;
+
+fn smooth(average: &mut Option<f64>, sample: f64) {
+    if !sample.is_finite() || sample < 0.0 {
+        return;
+    }
+    *average = Some(match *average {
+        Some(a) => a + COST_SMOOTHING * (sample - a),
+        None => sample,
+    });
 }
 
 impl Speculation {
@@ -125,6 +142,8 @@ impl Speculation {
             stats: HashMap::new(),
             seqs: HashMap::new(),
             totals: HashMap::new(),
+            seconds_per_unit: None,
+            draft_model_seconds: None,
         }
     }
 
@@ -196,14 +215,27 @@ impl Speculation {
             if state.available == 0 {
                 continue;
             }
-            let stats = self.stats.entry(state.drafter.method()).or_default();
+            let method = state.drafter.method();
+            let stats = self.stats.entry(method).or_default();
             let expected_accepted = stats
                 .curve(state.available)
                 .into_iter()
                 .enumerate()
                 .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
                 .collect();
-            offers.insert(seq, DraftOffer { expected_accepted });
+            let fixed_cost = match (method, self.draft_model_seconds, self.seconds_per_unit) {
+                (SpecMethod::DraftModel, Some(seconds), Some(per_unit)) if per_unit > 0.0 => {
+                    seconds / per_unit
+                }
+                _ => 0.0,
+            };
+            offers.insert(
+                seq,
+                DraftOffer {
+                    expected_accepted,
+                    fixed_cost,
+                },
+            );
         }
         (!offers.is_empty()).then(|| DraftInputs {
             cost: self.config.cost.clone(),
@@ -224,8 +256,14 @@ impl Speculation {
                         .is_some_and(|s| s.drafter.method() == SpecMethod::DraftModel)
                 })
                 .collect();
+            let drafting: usize = uses_model.iter().filter(|g| g.2 > 0).count();
+            let started = std::time::Instant::now();
             if let Err(e) = runner.prepare(&uses_model) {
                 tracing::warn!("draft model failed, decoding without its drafts: {e}");
+            }
+            if drafting > 0 {
+                let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
+                smooth(&mut self.draft_model_seconds, per_seq);
             }
         }
         granted
@@ -250,7 +288,24 @@ impl Speculation {
 
     /// Refines the cost curve with one measured forward of `rows` rows.
     pub(crate) fn observe_cost(&mut self, rows: usize, seconds: f64) {
+        let units = self.config.cost.cost(rows);
+        if units > 0.0 {
+            smooth(&mut self.seconds_per_unit, seconds / units);
+        }
         self.config.cost.observe(rows, seconds);
+    }
+
+    /// Whether Token Recycling should learn from `seq`'s prompt rows: it drafts with the
+    /// shared matrix (directly or through `auto`).
+    pub(crate) fn learns_from_prompt(&self, seq: SeqId) -> bool {
+        self.seqs
+            .get(&seq)
+            .is_some_and(|s| matches!(s.request.method, SpecMethod::Recycling | SpecMethod::Auto))
+    }
+
+    /// Whether the recycling matrix has never seen `token` fed to the model.
+    pub(crate) fn is_cold(&self, token: u32) -> bool {
+        (token as usize) < self.recycling.vocab() && self.recycling.candidates(token).is_none()
     }
 
     /// Token Recycling learns from one computed row: `token` was fed, `logits` came out.

@@ -14,7 +14,9 @@
 //! drafter's online statistics, supplied by the engine) and `cost` the measured forward-cost
 //! curve. Marginal gains are taken best first; the number of extra nodes kept is the one
 //! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
-//! CPU matmul that re-reads weights per row) every budget is zero.
+//! CPU matmul that re-reads weights per row) every budget is zero. A drafter that costs time
+//! of its own (a draft model's forwards) adds its fixed cost to the denominator once it is
+//! granted a node; the plan with such drafters is compared against the plan without them.
 
 use std::collections::HashMap;
 
@@ -102,6 +104,19 @@ pub struct DraftOffer {
     /// `expected_accepted[n - 1]`: expected accepted draft tokens with a tree of n nodes,
     /// for n = 1 ..= the most nodes its drafter can use now.
     pub expected_accepted: Vec<f32>,
+    /// What drafting costs when the sequence gets at least one node, in the units of the
+    /// cost curve (0 for drafters that only look things up).
+    pub fixed_cost: f64,
+}
+
+impl DraftOffer {
+    /// An offer from a drafter whose drafting costs nothing measurable.
+    pub fn free(expected_accepted: Vec<f32>) -> Self {
+        Self {
+            expected_accepted,
+            fixed_cost: 0.0,
+        }
+    }
 }
 
 /// Inputs of the draft-budget decision for one step.
@@ -123,11 +138,48 @@ pub fn allocate(
     max_extra: usize,
     cost: &CostCurve,
 ) -> Vec<usize> {
+    let all = best_plan(offers, |_| true, base_rows, base_tokens, max_extra, cost);
+    if offers.iter().all(|(_, o)| o.fixed_cost <= 0.0) {
+        return all.budgets;
+    }
+    let free_only = best_plan(
+        offers,
+        |o| o.fixed_cost <= 0.0,
+        base_rows,
+        base_tokens,
+        max_extra,
+        cost,
+    );
+    if free_only.rate >= all.rate {
+        free_only.budgets
+    } else {
+        all.budgets
+    }
+}
+
+/// Budgets and the rate they reach.
+struct Plan {
+    budgets: Vec<usize>,
+    rate: f64,
+}
+
+/// The best prefix of the marginal gains of the offers `include` admits.
+fn best_plan(
+    offers: &[(SeqId, &DraftOffer)],
+    include: impl Fn(&DraftOffer) -> bool,
+    base_rows: usize,
+    base_tokens: usize,
+    max_extra: usize,
+    cost: &CostCurve,
+) -> Plan {
     // Every (sequence, n-th node) marginal gain, best first. Each sequence's gains are the
     // slopes of the concave envelope of its curve, so they never increase and taking the
     // best ones in order always gives each sequence a prefix of its nodes.
     let mut marginal: Vec<(f32, usize)> = Vec::new();
     for (i, (_, offer)) in offers.iter().enumerate() {
+        if !include(offer) {
+            continue;
+        }
         for gain in concave_gains(&offer.expected_accepted) {
             marginal.push((gain, i));
         }
@@ -137,9 +189,15 @@ pub fn allocate(
     let base_rate = base_tokens as f64 / cost.cost(base_rows.max(1));
     let (mut best_rate, mut best_count) = (base_rate, 0);
     let mut tokens = base_tokens as f64;
-    for (m, &(gain, _)) in marginal.iter().enumerate() {
+    let mut fixed = 0.0;
+    let mut touched = vec![false; offers.len()];
+    for (m, &(gain, i)) in marginal.iter().enumerate() {
         tokens += f64::from(gain);
-        let rate = tokens / cost.cost(base_rows + m + 1);
+        if !touched[i] {
+            touched[i] = true;
+            fixed += offers[i].1.fixed_cost.max(0.0);
+        }
+        let rate = tokens / (cost.cost(base_rows + m + 1) + fixed);
         if rate > best_rate * (1.0 + 1e-9) {
             best_rate = rate;
             best_count = m + 1;
@@ -149,7 +207,10 @@ pub fn allocate(
     for &(_, i) in &marginal[..best_count] {
         budgets[i] += 1;
     }
-    budgets
+    Plan {
+        budgets,
+        rate: best_rate,
+    }
 }
 
 /// Marginal gains of the smallest concave curve over `(0, 0), (1, e[0]), (2, e[1]), ...`:
@@ -193,9 +254,7 @@ mod tests {
     use super::*;
 
     fn offer(expected: &[f32]) -> DraftOffer {
-        DraftOffer {
-            expected_accepted: expected.to_vec(),
-        }
+        DraftOffer::free(expected.to_vec())
     }
 
     #[test]
@@ -262,5 +321,24 @@ mod tests {
         let a = offer(&[0.9, 1.7, 2.4, 3.0, 3.5, 3.9, 4.2, 4.4, 4.5, 4.6, 4.7]);
         let offers = [(SeqId(1), &a)];
         assert_eq!(allocate(&offers, 1, 1, 64, &cost), vec![7]);
+    }
+
+    #[test]
+    fn a_costly_drafter_drafts_only_when_it_pays_for_itself() {
+        let cheap = offer(&[0.6, 1.0]);
+        let mut model = offer(&[0.9, 1.7, 2.4, 3.0]);
+        let offers = |m: &DraftOffer| [(SeqId(1), cheap.clone()), (SeqId(2), m.clone())];
+        let run = |m: &DraftOffer| {
+            let o = offers(m);
+            let refs: Vec<(SeqId, &DraftOffer)> = o.iter().map(|(s, o)| (*s, o)).collect();
+            allocate(&refs, 2, 2, 64, &CostCurve::flat())
+        };
+        // Free rows, drafting costs a tenth of a forward: everyone drafts.
+        model.fixed_cost = 0.1;
+        assert_eq!(run(&model), vec![2, 4]);
+        // Drafting costs three forwards: 3 expected tokens do not pay for it, the cheap
+        // drafter still drafts.
+        model.fixed_cost = 3.0;
+        assert_eq!(run(&model), vec![2, 0]);
     }
 }
