@@ -13,6 +13,7 @@ use crate::bench_cmd;
 use crate::bench_spec::{self, SpecBenchArgs};
 use crate::engine_args::EngineArgs;
 use crate::generate_cmd::{self, GenerateArgs};
+use crate::server::serve_cmd::{self, ServeArgs};
 
 /// thicket: a continuous-batching LLM engine with per-sequence speculative drafters.
 #[derive(Debug, Parser)]
@@ -31,6 +32,8 @@ enum Command {
     },
     /// Generate greedily from one prompt.
     Generate(GenerateArgs),
+    /// OpenAI-compatible HTTP server.
+    Serve(Box<ServeArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -100,6 +103,7 @@ pub fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Fetch { alias } => fetch(&alias),
         Command::Generate(args) => generate_cmd::run(&load(&args.model)?, &args),
+        Command::Serve(args) => serve_cmd::run(*args),
         Command::Bench {
             bench:
                 BenchCommand::Forward {
@@ -136,7 +140,8 @@ fn fetch(alias: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
+/// Loads (fetching if needed) the model named by `args`.
+pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let started = Instant::now();
     let loaded = load_model(
         &args.model,

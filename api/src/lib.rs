@@ -1,5 +1,6 @@
-//! thicket's user-facing layer: the command line (`fetch`, `generate`, `bench forward`,
-//! `bench engine`, `bench spec`), engine flags, and chat prompt rendering. Tokenization for users happens here; the engine sees token ids.
+//! thicket's user-facing layer: the command line (`fetch`, `generate`, `serve`, `bench
+//! forward`, `bench engine`, `bench spec`), the OpenAI-compatible HTTP server, engine flags,
+//! and chat prompt rendering. Tokenization for users happens here; the engine sees token ids.
 
 #![deny(missing_docs)]
 
@@ -9,3 +10,4 @@ pub mod chat;
 pub mod cli;
 pub mod engine_args;
 pub mod generate_cmd;
+pub mod server;

@@ -214,9 +214,14 @@ impl Engine {
             .filter(|(_, r)| r.events.is_disconnected())
             .map(|(&id, _)| id)
             .collect();
+        if gone.is_empty() {
+            return;
+        }
         for id in gone {
             self.remove_request(id);
         }
+        // With nothing left to run no step follows: publish the freed blocks now.
+        crate::kv_cache::publish_metrics(&self.scheduler.cache_stats());
     }
 
     fn remove_request(&mut self, id: u64) {

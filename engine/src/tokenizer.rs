@@ -189,6 +189,16 @@ impl ModelTokenizer {
         Ok(ids)
     }
 
+    /// Token ids of `text` without BOS (for text that already carries the model's special
+    /// tokens, such as a rendered chat template).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Text of `ids`, special tokens included (so decode(encode(s)) == s).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -1,0 +1,293 @@
+//! `POST /v1/completions` and `POST /v1/chat/completions`: validate the body, render chat
+//! messages with the model's template, tokenize, submit one engine request per prompt (its
+//! `n` samples share the prompt's KV), then either collect every choice into one response
+//! or hand the event streams to [`super::stream`]. Dropping the handler (a client that went
+//! away) drops the engine streams, which cancels the requests.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::handle::{EngineHandle, RequestStream};
+use engine::{Event, ModelTokenizer};
+
+use super::body::GenerationBody;
+use super::convert::{settings, Settings, DEFAULT_COMPLETION_TOKENS};
+use super::error::{ApiError, ApiResult};
+use super::protocol::{ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput};
+use super::responses::{full_response, ChoiceState, Endpoint, ResponseMeta};
+use super::stream::sse_response;
+use super::AppState;
+use crate::chat::{render_chat, ChatMessage};
+
+/// Roles a chat message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 256;
+
+/// One submitted prompt.
+pub struct Submitted {
+    /// Its events.
+    pub stream: RequestStream,
+    /// Text shown before its choices (`echo`).
+    pub echo: Option<String>,
+}
+
+pub(super) async fn completions(
+    State(state): State<AppState>,
+    GenerationBody(body): GenerationBody<CompletionRequest>,
+) -> ApiResult<Response> {
+    let engine = state.engine()?;
+    state.check_model(body.common.model.as_deref())?;
+    let limits = engine.limits();
+    if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    let echo = body.echo.unwrap_or(false);
+    if echo && body.logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo together with logprobs is not supported (prompt log-probabilities are not computed)",
+        ));
+    }
+    let settings = settings(&body.common, body.common.max_tokens, body.logprobs, &limits)?;
+    if let Some(best_of) = body.best_of {
+        if best_of != settings.options.n {
+            return Err(ApiError::invalid(
+                "best_of",
+                "only best_of equal to n is supported",
+            ));
+        }
+    }
+    let tokenizer = engine.tokenizer();
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+    };
+    let prompts: Vec<Vec<u32>> = match body.prompt {
+        None => return Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(PromptInput::Text(text)) => vec![encode(&text)?],
+        Some(PromptInput::Texts(texts)) => {
+            texts.iter().map(|t| encode(t)).collect::<ApiResult<_>>()?
+        }
+        Some(PromptInput::Tokens(ids)) => vec![ids],
+        Some(PromptInput::TokenLists(lists)) => lists,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt list is empty"));
+    }
+    if prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_PROMPTS} prompts in one request"),
+        ));
+    }
+    let echoes = prompts
+        .iter()
+        .map(|p| {
+            echo.then(|| tokenizer.decode_skip_special(p))
+                .transpose()
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let submitted = submit_all(
+        engine,
+        &settings,
+        prompts.into_iter().zip(echoes),
+        Some(DEFAULT_COMPLETION_TOKENS),
+    )?;
+    let meta = ResponseMeta::new(Endpoint::Completion, state.model_name());
+    respond(engine, meta, settings, submitted).await
+}
+
+pub(super) async fn chat_completions(
+    State(state): State<AppState>,
+    GenerationBody(body): GenerationBody<ChatRequest>,
+) -> ApiResult<Response> {
+    let engine = state.engine()?;
+    state.check_model(body.common.model.as_deref())?;
+    let limits = engine.limits();
+    if body
+        .tools
+        .as_ref()
+        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(ApiError::invalid("tools", "tool calling is not supported"));
+    }
+    if let Some(format) = &body.response_format {
+        if !format.is_null() && format.get("type").and_then(|t| t.as_str()) != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                "only the text response format is supported",
+            ));
+        }
+    }
+    let wants_logprobs = body.logprobs.unwrap_or(false);
+    if body.top_logprobs.is_some() && !wants_logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs set to true",
+        ));
+    }
+    let top = wants_logprobs.then(|| body.top_logprobs.unwrap_or(0));
+    let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
+    let settings = settings(&body.common, max_tokens, top, &limits)?;
+    let messages = body
+        .messages
+        .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+    let tokenizer = engine.tokenizer();
+    let text = render_messages(tokenizer, &messages)?;
+    let prompt = tokenizer
+        .encode_plain(&text)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
+    let meta = ResponseMeta::new(Endpoint::Chat, state.model_name());
+    respond(engine, meta, settings, submitted).await
+}
+
+/// `messages` rendered with the model's chat template, ready to encode.
+pub fn render_messages(
+    tokenizer: &ModelTokenizer,
+    messages: &[ChatMessageIn],
+) -> ApiResult<String> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let mut plain = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("unknown role {:?}: use one of {}", m.role, ROLES.join(", ")),
+            ));
+        }
+        let content = match &m.content {
+            None => String::new(),
+            Some(MessageContent::Text(t)) => t.clone(),
+            Some(MessageContent::Parts(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), &part.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content"),
+                                format!(
+                                    "content parts of type {kind:?} are not supported; only text"
+                                ),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        plain.push(ChatMessage {
+            role: m.role.clone(),
+            content,
+        });
+    }
+    let template = tokenizer.chat_template().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template; use /v1/completions",
+        )
+    })?;
+    let token_text = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.inner().id_to_token(i))
+            .unwrap_or_default()
+    };
+    render_chat(
+        template,
+        &plain,
+        &token_text(tokenizer.bos_id()),
+        &token_text(tokenizer.eos_ids().first().copied()),
+    )
+    .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// Submits every prompt; on a refusal the ones already queued are cancelled (dropped).
+fn submit_all(
+    engine: &EngineHandle,
+    settings: &Settings,
+    prompts: impl Iterator<Item = (Vec<u32>, Option<String>)>,
+    default_max_tokens: Option<usize>,
+) -> ApiResult<Vec<Submitted>> {
+    let limits = engine.limits();
+    let requests = prompts
+        .map(|(prompt, echo)| Ok((settings.request(prompt, default_max_tokens, &limits)?, echo)))
+        .collect::<ApiResult<Vec<_>>>()?;
+    let mut submitted = Vec::with_capacity(requests.len());
+    for (request, echo) in requests {
+        submitted.push(Submitted {
+            stream: engine.submit(request)?,
+            echo,
+        });
+    }
+    Ok(submitted)
+}
+
+async fn respond(
+    engine: &EngineHandle,
+    meta: ResponseMeta,
+    settings: Settings,
+    submitted: Vec<Submitted>,
+) -> ApiResult<Response> {
+    let tokenizer = engine.tokenizer().clone();
+    let options = settings.options;
+    if options.stream {
+        return Ok(sse_response(meta, tokenizer, options, submitted));
+    }
+    let n = options.n;
+    let mut choices = Vec::with_capacity(submitted.len() * n);
+    let mut echoes = Vec::with_capacity(submitted.len());
+    for s in submitted {
+        choices.extend(collect(&s.stream, n).await?);
+        echoes.push(s.echo);
+    }
+    let body = full_response(&meta, &tokenizer, &choices, &echoes, n, options.logprobs);
+    Ok(Json(body).into_response())
+}
+
+/// Waits for all `n` choices of one request.
+async fn collect(stream: &RequestStream, n: usize) -> ApiResult<Vec<ChoiceState>> {
+    let mut choices = vec![ChoiceState::default(); n];
+    let mut open = n;
+    while open > 0 {
+        match stream.recv_async().await {
+            Some(Event::Output {
+                index,
+                text,
+                logprobs,
+                ..
+            }) => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.logprobs.extend(logprobs);
+                }
+            }
+            Some(Event::Finished {
+                index,
+                reason,
+                usage,
+            }) => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.finish = Some(reason);
+                    c.usage = usage;
+                    open -= 1;
+                }
+            }
+            Some(Event::Error(message)) => return Err(engine_failure(&message)),
+            None => return Err(engine_failure("the engine stopped")),
+        }
+    }
+    Ok(choices)
+}
+
+/// A request the engine could not finish (it is shutting down, or the request cannot fit).
+pub fn engine_failure(message: &str) -> ApiError {
+    ApiError::unavailable(format!(
+        "the engine could not finish the request: {message}"
+    ))
+}

@@ -1,0 +1,169 @@
+//! `thicket serve`: binds the address first (so `/health` answers 503 while the model
+//! loads), loads the model and starts the engine in the background, then serves until
+//! SIGINT or SIGTERM. Shutdown refuses new requests at once, lets running ones finish for a
+//! grace period, then cancels the rest, stops the engine (saving the Token Recycling
+//! matrix) and exits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::net::TcpListener;
+
+use super::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use crate::cli::{load, ModelArgs};
+use crate::engine_args::EngineArgs;
+
+/// Flags of `thicket serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model flags.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Engine flags.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every /v1 endpoint.
+    #[arg(long, env = "THICKET_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The model name clients send [default: the --model value].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Seconds running requests may take to finish after SIGINT/SIGTERM before they are
+    /// cancelled.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+}
+
+/// Runs the server until a shutdown signal.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("thicket-http")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let state = AppState::new(ServerConfig {
+        served_model_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| args.model.model.clone()),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body_bytes,
+    });
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    eprintln!("listening on http://{address} (the model is loading; /health answers 503 until it is ready)");
+
+    let loader_state = state.clone();
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let loaded = load(&args.model)?;
+        let config = args.engine.config(&loaded.model)?;
+        let tokenizer = Arc::new(loaded.tokenizer.clone());
+        let (handle, thread) = engine::spawn(
+            loaded.model.clone(),
+            tokenizer,
+            loaded.tokenizer.eos_ids().to_vec(),
+            config,
+        )?;
+        loader_state.set_engine(handle);
+        eprintln!("ready: serving '{}'", loader_state.model_name());
+        Ok(thread)
+    });
+
+    let app = router(state.clone());
+    let (load_failed_tx, load_failed_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(
+        state.clone(),
+        grace,
+        load_failed_rx,
+    ));
+    let server = tokio::spawn(async move { server.await });
+
+    let engine_thread = match loading.await {
+        Ok(Ok(thread)) => Some(thread),
+        Ok(Err(e)) => {
+            let _ = load_failed_tx.send(());
+            let _ = server.await;
+            return Err(e.context("the model could not be loaded"));
+        }
+        Err(e) => {
+            let _ = load_failed_tx.send(());
+            let _ = server.await;
+            anyhow::bail!("the loading task failed: {e}");
+        }
+    };
+    let served = server.await;
+    if let Some(engine) = state.started_engine() {
+        engine.shutdown();
+    }
+    if let Some(thread) = engine_thread {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    served
+        .context("the server task failed")?
+        .context("serving HTTP")?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// Resolves when the server should stop: on SIGINT or SIGTERM (after which requests still
+/// running get `grace` to finish before the engine cancels them), or at once when the
+/// model failed to load.
+async fn shutdown_signal(
+    state: AppState,
+    grace: Duration,
+    load_failed: tokio::sync::oneshot::Receiver<()>,
+) {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+        result = load_failed => {
+            if result.is_ok() {
+                return;
+            }
+            std::future::pending::<()>().await;
+        }
+    }
+    eprintln!(
+        "shutting down: refusing new requests, giving running ones {}s",
+        grace.as_secs()
+    );
+    state.begin_shutdown();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        if let Some(engine) = state.started_engine() {
+            engine.shutdown();
+        }
+    });
+}

@@ -1,0 +1,208 @@
+//! Server-sent events for streamed responses: the engine events of every prompt are merged,
+//! each becomes a chunk (`data: {...}`), a chat choice opens with the assistant role and
+//! every choice closes with its finish reason; with `stream_options.include_usage` every
+//! chunk carries `"usage": null` and a last chunk carries the totals; `data: [DONE]` ends
+//! the stream. An engine failure mid-stream is sent as an error object before `[DONE]`.
+//! When the client goes away the stream is dropped, and with it the engine streams, which
+//! cancels their requests.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use engine::handle::RequestStream;
+use engine::{Event, ModelTokenizer};
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+
+use super::convert::ResponseOptions;
+use super::generate::{engine_failure, Submitted};
+use super::responses::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
+
+/// `(prompt index, event)` of every prompt, merged.
+type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
+
+fn events_of(prompt: usize, stream: RequestStream) -> BoxStream<'static, (usize, Event)> {
+    stream::unfold(stream, move |s| async move {
+        s.recv_async().await.map(|event| ((prompt, event), s))
+    })
+    .boxed()
+}
+
+struct StreamState {
+    meta: ResponseMeta,
+    tokenizer: Arc<ModelTokenizer>,
+    options: ResponseOptions,
+    events: Events,
+    choices: Vec<ChoiceState>,
+    /// Characters sent per choice (completions' logprob offsets).
+    sent_chars: Vec<usize>,
+    open: usize,
+    ready: VecDeque<SseEvent>,
+    done: bool,
+}
+
+impl StreamState {
+    fn push(&mut self, value: serde_json::Value) {
+        self.ready
+            .push_back(SseEvent::default().data(value.to_string()));
+    }
+
+    fn chunk(&mut self, parts: ChunkParts<'_>) -> serde_json::Value {
+        chunk(
+            &self.meta,
+            &self.tokenizer,
+            parts,
+            self.options.include_usage,
+        )
+    }
+
+    /// The opening chunks: the chat role, or the echoed prompt, of every choice.
+    fn open_choices(&mut self, echoes: &[Option<String>]) {
+        let n = self.options.n;
+        for index in 0..self.choices.len() {
+            let opening = match self.meta.endpoint {
+                Endpoint::Chat => Some((String::new(), true)),
+                Endpoint::Completion => echoes
+                    .get(index / n)
+                    .cloned()
+                    .flatten()
+                    .map(|text| (text, false)),
+            };
+            if let Some((text, role)) = opening {
+                self.sent_chars[index] += text.chars().count();
+                let value = self.chunk(ChunkParts {
+                    index,
+                    text,
+                    logprobs: None,
+                    offset: 0,
+                    role,
+                    finish: None,
+                });
+                self.push(value);
+            }
+        }
+    }
+
+    fn handle(&mut self, prompt: usize, event: Event) {
+        let n = self.options.n;
+        match event {
+            Event::Output {
+                index,
+                text,
+                logprobs,
+                ..
+            } => {
+                let at = prompt * n + index;
+                if at >= self.choices.len() {
+                    return;
+                }
+                let offset = self.sent_chars[at];
+                self.sent_chars[at] += text.chars().count();
+                let want = self.options.logprobs;
+                let value = self.chunk(ChunkParts {
+                    index: at,
+                    text,
+                    logprobs: want.then_some(logprobs.as_slice()),
+                    offset,
+                    role: false,
+                    finish: None,
+                });
+                self.push(value);
+            }
+            Event::Finished {
+                index,
+                reason,
+                usage,
+            } => {
+                let at = prompt * n + index;
+                if at >= self.choices.len() {
+                    return;
+                }
+                let value = self.chunk(ChunkParts {
+                    index: at,
+                    text: String::new(),
+                    logprobs: None,
+                    offset: self.sent_chars[at],
+                    role: false,
+                    finish: Some(&reason),
+                });
+                self.push(value);
+                self.choices[at].finish = Some(reason);
+                self.choices[at].usage = usage;
+                self.open = self.open.saturating_sub(1);
+            }
+            Event::Error(message) => {
+                self.push(engine_failure(&message).body());
+                self.done = true;
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        if self.options.include_usage && self.open == 0 {
+            let value = usage_chunk(&self.meta, &self.choices, self.options.n);
+            self.push(value);
+        }
+        self.ready.push_back(SseEvent::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+/// The streamed response over `submitted`.
+pub fn sse_response(
+    meta: ResponseMeta,
+    tokenizer: Arc<ModelTokenizer>,
+    options: ResponseOptions,
+    submitted: Vec<Submitted>,
+) -> Response {
+    let num_choices = submitted.len() * options.n;
+    let echoes: Vec<Option<String>> = submitted.iter().map(|s| s.echo.clone()).collect();
+    let events: Events = stream::select_all(
+        submitted
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| events_of(i, s.stream)),
+    );
+    let mut state = StreamState {
+        meta,
+        tokenizer,
+        options,
+        events,
+        choices: vec![ChoiceState::default(); num_choices],
+        sent_chars: vec![0; num_choices],
+        open: num_choices,
+        ready: VecDeque::new(),
+        done: false,
+    };
+    state.open_choices(&echoes);
+    let body = stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(event) = state.ready.pop_front() {
+                return Some((Ok::<_, Infallible>(event), state));
+            }
+            if state.done {
+                return None;
+            }
+            if state.open == 0 {
+                state.close();
+                continue;
+            }
+            match state.events.next().await {
+                Some((prompt, event)) => {
+                    state.handle(prompt, event);
+                    if state.done {
+                        state.ready.push_back(SseEvent::default().data("[DONE]"));
+                    }
+                }
+                None => {
+                    let failure = engine_failure("the engine stopped").body();
+                    state.push(failure);
+                    state.close();
+                }
+            }
+        }
+    });
+    Sse::new(body).into_response()
+}

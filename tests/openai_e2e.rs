@@ -1,0 +1,140 @@
+//! End to end with the official `openai` Python package: starts the real `thicket serve` on
+//! SmolLM2 (with an API key, on a free port), runs `tests/e2e/openai_client.py` against it
+//! (chat, completions, streaming, n, stop strings, logprobs, seeds, invalid requests, 20
+//! clients that disconnect mid-stream), then stops the server with SIGTERM and checks it
+//! exits cleanly. The Python package is installed, pinned, under `target/` on first use.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::common::smollm2_path;
+
+/// The `openai` client version the test runs with.
+const OPENAI_VERSION: &str = "3.54.0";
+/// The plain HTTP client the disconnect check uses.
+const HTTPX_VERSION: &str = "0.28.1";
+
+fn python_deps() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "target/e2e-python/openai-{OPENAI_VERSION}-httpx-{HTTPX_VERSION}"
+    ));
+    if !dir.join("openai").is_dir() || !dir.join("httpx").is_dir() {
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-warn-conflicts",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .arg(format!("httpx=={HTTPX_VERSION}"))
+            .status()
+            .expect("python3 must be installed for the end-to-end test");
+        assert!(
+            status.success(),
+            "pip could not install openai=={OPENAI_VERSION}"
+        );
+    }
+    dir
+}
+
+struct ServerProcess(Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_openai_client_works_against_the_real_server() {
+    let deps = python_deps();
+    let model = smollm2_path();
+    let key = "e2e-secret";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_thicket"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--served-model-name",
+            "smollm2",
+            "--kv-cache-mib",
+            "256",
+        ])
+        .args([
+            "--max-model-len",
+            "1024",
+            "--shutdown-grace-secs",
+            "5",
+            "--model",
+        ])
+        .arg(&model)
+        .env("THICKET_API_KEY", key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting thicket serve");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut server = ServerProcess(child);
+    // Forward the server's log and pick up the bound address and readiness from it.
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[server] {line}");
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut base = None;
+    let mut ready = false;
+    while !ready {
+        let line = lines
+            .recv_timeout(Duration::from_secs(300))
+            .expect("the server did not become ready");
+        if let Some(rest) = line.strip_prefix("listening on ") {
+            base = rest.split_whitespace().next().map(str::to_string);
+        }
+        ready = line.starts_with("ready:");
+    }
+    let base = base.expect("the server printed its address");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/openai_client.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .args([&base, key, "smollm2"])
+        .env("PYTHONPATH", &deps)
+        .output()
+        .expect("running the openai client script");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "openai client failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("checks passed"), "{stdout}");
+    eprintln!("{stdout}");
+
+    // SIGTERM: the server stops on its own, successfully.
+    let pid = server.0.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut exited = None;
+    for _ in 0..300 {
+        if let Some(s) = server.0.try_wait().expect("waiting for the server") {
+            exited = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let exited = exited.expect("the server did not exit within 30 s of SIGTERM");
+    assert!(exited.success(), "the server exited with {exited}");
+}
