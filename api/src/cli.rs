@@ -160,3 +160,30 @@ pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     );
     Ok(loaded)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn every_command_has_consistent_flags() {
+        // Catches duplicate or conflicting flag names across flattened argument groups.
+        Cli::command().debug_assert();
+        let serve = Cli::try_parse_from([
+            "thicket",
+            "serve",
+            "--port",
+            "0",
+            "--api-key",
+            "k",
+            "--max-model-len",
+            "512",
+            "--speculation",
+            "none",
+        ]);
+        assert!(serve.is_ok(), "{serve:?}");
+        assert!(Cli::try_parse_from(["thicket", "serve", "--port", "70000"]).is_err());
+    }
+}
