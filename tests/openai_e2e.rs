@@ -4,13 +4,12 @@
 //! clients that disconnect mid-stream), then stops the server with SIGTERM and checks it
 //! exits cleanly. The Python package is installed, pinned, under `target/` on first use.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use crate::common::smollm2_path;
+use crate::processes::ServerProcess;
 
 /// The `openai` client version the test runs with.
 const OPENAI_VERSION: &str = "3.54.0";
@@ -45,69 +44,31 @@ fn python_deps() -> PathBuf {
     dir
 }
 
-struct ServerProcess(Child);
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_openai_client_works_against_the_real_server() {
     let deps = python_deps();
     let model = smollm2_path();
     let key = "e2e-secret";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_thicket"))
-        .args([
-            "serve",
-            "--port",
-            "0",
+    let model = model.to_str().expect("a UTF-8 model path");
+    let mut server = ServerProcess::start(
+        &[
             "--served-model-name",
             "smollm2",
             "--kv-cache-mib",
             "256",
-        ])
-        .args([
             "--max-model-len",
             "1024",
             "--shutdown-grace-secs",
             "5",
             "--model",
-        ])
-        .arg(&model)
-        .env("THICKET_API_KEY", key)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting thicket serve");
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let mut server = ServerProcess(child);
-    // Forward the server's log and pick up the bound address and readiness from it.
-    let (lines_tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[server] {line}");
-            let _ = lines_tx.send(line);
-        }
-    });
-    let mut base = None;
-    let mut ready = false;
-    while !ready {
-        let line = lines
-            .recv_timeout(Duration::from_secs(300))
-            .expect("the server did not become ready");
-        if let Some(rest) = line.strip_prefix("listening on ") {
-            base = rest.split_whitespace().next().map(str::to_string);
-        }
-        ready = line.starts_with("ready:");
-    }
-    let base = base.expect("the server printed its address");
+            model,
+        ],
+        &[("THICKET_API_KEY", key)],
+    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/openai_client.py");
     let output = Command::new("python3")
         .arg(&script)
-        .args([&base, key, "smollm2"])
+        .args([&server.base, key, "smollm2"])
         .env("PYTHONPATH", &deps)
         .output()
         .expect("running the openai client script");
@@ -121,7 +82,7 @@ fn the_openai_client_works_against_the_real_server() {
     eprintln!("{stdout}");
 
     // SIGTERM: the server stops on its own, successfully.
-    let pid = server.0.id().to_string();
+    let pid = server.child.id().to_string();
     let status = Command::new("kill")
         .args(["-TERM", &pid])
         .status()
@@ -129,7 +90,7 @@ fn the_openai_client_works_against_the_real_server() {
     assert!(status.success());
     let mut exited = None;
     for _ in 0..300 {
-        if let Some(s) = server.0.try_wait().expect("waiting for the server") {
+        if let Some(s) = server.child.try_wait().expect("waiting for the server") {
             exited = Some(s);
             break;
         }

@@ -3,6 +3,7 @@
 //! built in code, against candle-transformers' reference implementations; the KV cache and
 //! the serving engine end to end.
 
+mod batch;
 mod common;
 mod errors;
 mod forward;
@@ -10,6 +11,7 @@ mod kv_cache;
 mod mock_backend;
 mod openai_e2e;
 mod oracle;
+mod processes;
 mod server;
 mod serving;
 mod speculation;

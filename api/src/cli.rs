@@ -9,6 +9,7 @@ use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
 use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
+use crate::batch::{self, BatchArgs};
 use crate::bench_cmd;
 use crate::bench_spec::{self, SpecBenchArgs};
 use crate::engine_args::EngineArgs;
@@ -34,6 +35,8 @@ enum Command {
     Generate(GenerateArgs),
     /// OpenAI-compatible HTTP server.
     Serve(Box<ServeArgs>),
+    /// Offline generation over a JSONL file of requests (resumable).
+    Batch(Box<BatchArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -104,6 +107,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Fetch { alias } => fetch(&alias),
         Command::Generate(args) => generate_cmd::run(&load(&args.model)?, &args),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::Batch(args) => batch::run(*args),
         Command::Bench {
             bench:
                 BenchCommand::Forward {
@@ -185,5 +189,28 @@ mod tests {
         ]);
         assert!(serve.is_ok(), "{serve:?}");
         assert!(Cli::try_parse_from(["thicket", "serve", "--port", "70000"]).is_err());
+        let batch = Cli::try_parse_from([
+            "thicket",
+            "batch",
+            "-i",
+            "in.jsonl",
+            "-o",
+            "out.jsonl",
+            "--dtype",
+            "f32",
+        ]);
+        assert!(batch.is_ok(), "{batch:?}");
+        let zero_in_flight = [
+            "thicket",
+            "batch",
+            "-i",
+            "a",
+            "-o",
+            "b",
+            "--max-in-flight",
+            "0",
+        ];
+        assert!(Cli::try_parse_from(zero_in_flight).is_err());
+        assert!(Cli::try_parse_from(["thicket", "batch", "-i", "in.jsonl"]).is_err());
     }
 }

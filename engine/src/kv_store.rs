@@ -28,14 +28,19 @@ pub struct PagedKvStore {
 impl PagedKvStore {
     /// Zeroed storage for `num_slots` rows of `row_width` values in each of `num_layers`.
     pub fn new(num_layers: usize, num_slots: usize, row_width: usize) -> Self {
-        let layer = LayerKv {
-            k: vec![0.0; num_slots * row_width],
-            v: vec![0.0; num_slots * row_width],
-        };
+        // Each layer allocated zeroed on its own (not cloned from one), so the pages are
+        // mapped lazily by the OS instead of copied up front: start-up stays instant for a
+        // multi-GiB pool.
+        let layers = (0..num_layers)
+            .map(|_| LayerKv {
+                k: vec![0.0; num_slots * row_width],
+                v: vec![0.0; num_slots * row_width],
+            })
+            .collect();
         Self {
             num_slots,
             row_width,
-            layers: vec![layer; num_layers],
+            layers,
         }
     }
 

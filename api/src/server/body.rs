@@ -71,13 +71,21 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let JsonBody(value) = JsonBody::<serde_json::Value>::from_request(request, state).await?;
-        if !value.is_object() {
-            return Err(ApiError::bad_body("the request body must be a JSON object"));
-        }
-        let mut body: T = from_value(&value)?;
-        *body.common_mut() = from_value(&value)?;
-        Ok(GenerationBody(body))
+        generation_body(&value).map(GenerationBody)
     }
+}
+
+/// Reads a generation request (its own fields and the shared ones) from a parsed JSON body.
+pub fn generation_body<T>(value: &serde_json::Value) -> Result<T, ApiError>
+where
+    T: DeserializeOwned + HasCommonFields,
+{
+    if !value.is_object() {
+        return Err(ApiError::bad_body("the request body must be a JSON object"));
+    }
+    let mut body: T = from_value(value)?;
+    *body.common_mut() = from_value(value)?;
+    Ok(body)
 }
 
 /// Reads `T` from a parsed JSON value; errors name the offending field.

@@ -4,6 +4,8 @@
 //! or hand the event streams to [`super::stream`]. Dropping the handler (a client that went
 //! away) drops the engine streams, which cancels the requests.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,7 +13,7 @@ use engine::handle::{EngineHandle, RequestStream};
 use engine::{Event, ModelTokenizer};
 
 use super::body::GenerationBody;
-use super::convert::{settings, Settings, DEFAULT_COMPLETION_TOKENS};
+use super::convert::{settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS};
 use super::error::{ApiError, ApiResult};
 use super::protocol::{ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput};
 use super::responses::{full_response, ChoiceState, Endpoint, ResponseMeta};
@@ -37,6 +39,60 @@ pub(super) async fn completions(
     State(state): State<AppState>,
     GenerationBody(body): GenerationBody<CompletionRequest>,
 ) -> ApiResult<Response> {
+    start_completion(&state, body)?.respond().await
+}
+
+pub(super) async fn chat_completions(
+    State(state): State<AppState>,
+    GenerationBody(body): GenerationBody<ChatRequest>,
+) -> ApiResult<Response> {
+    start_chat(&state, body)?.respond().await
+}
+
+/// A generation request the engine accepted: everything its response needs.
+pub struct Started {
+    meta: ResponseMeta,
+    tokenizer: Arc<ModelTokenizer>,
+    options: ResponseOptions,
+    submitted: Vec<Submitted>,
+}
+
+impl Started {
+    /// The whole (non-streamed) response body, once every choice has finished: exactly what
+    /// the endpoint answers with.
+    pub async fn body(self) -> ApiResult<serde_json::Value> {
+        let n = self.options.n;
+        let mut choices = Vec::with_capacity(self.submitted.len() * n);
+        let mut echoes = Vec::with_capacity(self.submitted.len());
+        for s in self.submitted {
+            choices.extend(collect(&s.stream, n).await?);
+            echoes.push(s.echo);
+        }
+        Ok(full_response(
+            &self.meta,
+            &self.tokenizer,
+            &choices,
+            &echoes,
+            n,
+            self.options.logprobs,
+        ))
+    }
+
+    async fn respond(self) -> ApiResult<Response> {
+        if self.options.stream {
+            return Ok(sse_response(
+                self.meta,
+                self.tokenizer,
+                self.options,
+                self.submitted,
+            ));
+        }
+        Ok(Json(self.body().await?).into_response())
+    }
+}
+
+/// Validates a `/v1/completions` body and submits its prompts.
+pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<Started> {
     let engine = state.engine()?;
     state.check_model(body.common.model.as_deref())?;
     let limits = engine.limits();
@@ -97,14 +153,16 @@ pub(super) async fn completions(
         prompts.into_iter().zip(echoes),
         Some(DEFAULT_COMPLETION_TOKENS),
     )?;
-    let meta = ResponseMeta::new(Endpoint::Completion, state.model_name());
-    respond(engine, meta, settings, submitted).await
+    Ok(Started {
+        meta: ResponseMeta::new(Endpoint::Completion, state.model_name()),
+        tokenizer: tokenizer.clone(),
+        options: settings.options,
+        submitted,
+    })
 }
 
-pub(super) async fn chat_completions(
-    State(state): State<AppState>,
-    GenerationBody(body): GenerationBody<ChatRequest>,
-) -> ApiResult<Response> {
+/// Validates a `/v1/chat/completions` body and submits its prompt.
+pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     let engine = state.engine()?;
     state.check_model(body.common.model.as_deref())?;
     let limits = engine.limits();
@@ -142,8 +200,12 @@ pub(super) async fn chat_completions(
         .encode_plain(&text)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
-    let meta = ResponseMeta::new(Endpoint::Chat, state.model_name());
-    respond(engine, meta, settings, submitted).await
+    Ok(Started {
+        meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
+        tokenizer: tokenizer.clone(),
+        options: settings.options,
+        submitted,
+    })
 }
 
 /// `messages` rendered with the model's chat template, ready to encode.
@@ -226,28 +288,6 @@ fn submit_all(
         });
     }
     Ok(submitted)
-}
-
-async fn respond(
-    engine: &EngineHandle,
-    meta: ResponseMeta,
-    settings: Settings,
-    submitted: Vec<Submitted>,
-) -> ApiResult<Response> {
-    let tokenizer = engine.tokenizer().clone();
-    let options = settings.options;
-    if options.stream {
-        return Ok(sse_response(meta, tokenizer, options, submitted));
-    }
-    let n = options.n;
-    let mut choices = Vec::with_capacity(submitted.len() * n);
-    let mut echoes = Vec::with_capacity(submitted.len());
-    for s in submitted {
-        choices.extend(collect(&s.stream, n).await?);
-        echoes.push(s.echo);
-    }
-    let body = full_response(&meta, &tokenizer, &choices, &echoes, n, options.logprobs);
-    Ok(Json(body).into_response())
 }
 
 /// Waits for all `n` choices of one request.
