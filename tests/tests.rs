@@ -4,6 +4,7 @@
 //! the serving engine end to end.
 
 mod batch;
+mod bench_serve;
 mod common;
 mod errors;
 mod forward;

@@ -11,6 +11,7 @@ use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
 use crate::batch::{self, BatchArgs};
 use crate::bench_cmd;
+use crate::bench_serve::{self, sweep::SweepArgs, tot::TotArgs, ServeBenchArgs};
 use crate::bench_spec::{self, SpecBenchArgs};
 use crate::engine_args::EngineArgs;
 use crate::generate_cmd::{self, GenerateArgs};
@@ -89,6 +90,12 @@ enum BenchCommand {
     },
     /// Speculation methods on Spec-Bench questions: speedup per category, MAT, tokens/s.
     Spec(SpecBenchArgs),
+    /// Load on any OpenAI-compatible server: throughput, TTFT, TPOT, ITL, E2E, goodput.
+    Serve(Box<ServeBenchArgs>),
+    /// `bench serve` over concurrency levels with speculation on and off, with charts.
+    Sweep(Box<SweepArgs>),
+    /// Tree-of-thought on GSM8K (SEED's workload): serial vs parallel wall time per question.
+    Tot(Box<TotArgs>),
 }
 
 fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
@@ -129,6 +136,15 @@ pub fn run() -> anyhow::Result<()> {
         Command::Bench {
             bench: BenchCommand::Spec(args),
         } => bench_spec::run(&load(&args.model)?, &args),
+        Command::Bench {
+            bench: BenchCommand::Serve(args),
+        } => bench_serve::run(&args),
+        Command::Bench {
+            bench: BenchCommand::Sweep(args),
+        } => bench_serve::sweep::run(&args),
+        Command::Bench {
+            bench: BenchCommand::Tot(args),
+        } => bench_serve::tot::run(&args),
     }
 }
 
@@ -212,5 +228,37 @@ mod tests {
         ];
         assert!(Cli::try_parse_from(zero_in_flight).is_err());
         assert!(Cli::try_parse_from(["thicket", "batch", "-i", "in.jsonl"]).is_err());
+        let bench = [
+            "thicket",
+            "bench",
+            "serve",
+            "--request-rate",
+            "inf",
+            "--goodput",
+            "ttft:500",
+        ];
+        assert!(Cli::try_parse_from(bench).is_ok());
+        let bench = [
+            "thicket",
+            "bench",
+            "serve",
+            "--request-rate",
+            "2.5",
+            "--max-concurrency",
+            "4",
+        ];
+        assert!(Cli::try_parse_from(bench).is_ok());
+        let bench = ["thicket", "bench", "serve", "--request-rate", "-1"];
+        assert!(Cli::try_parse_from(bench).is_err());
+        let sweep = [
+            "thicket",
+            "bench",
+            "sweep",
+            "--concurrency",
+            "1,2,4",
+            "--speculation",
+            "auto,none",
+        ];
+        assert!(Cli::try_parse_from(sweep).is_ok());
     }
 }

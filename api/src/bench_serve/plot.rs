@@ -1,0 +1,217 @@
+//! Charts of benchmark results, drawn with plotters as SVG or PNG (by the file's extension)
+//! with an embedded DejaVu Sans, so they look the same on every machine: line charts of
+//! labelled series (sweeps, speculation), and latency distributions of one load run.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::BenchReport;
+
+/// Series colours, distinguishable in print.
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+const SIZE: (u32, u32) = (760, 460);
+
+fn register_font() -> anyhow::Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        [FontStyle::Normal, FontStyle::Bold]
+            .into_iter()
+            .all(|style| register_font_bytes(style).is_ok())
+    });
+    if ok {
+        Ok(())
+    } else {
+        bail!("the embedded font could not be loaded")
+    }
+}
+
+fn register_font_bytes(style: FontStyle) -> Result<(), ()> {
+    let bytes = match style {
+        FontStyle::Bold => dejavu::sans::bold(),
+        _ => dejavu::sans::regular(),
+    };
+    plotters::style::register_font("sans-serif", style, bytes).map_err(|_| ())
+}
+
+/// A line chart: what it shows and its series.
+#[derive(Debug, Clone)]
+pub struct LineChart {
+    /// Caption.
+    pub title: String,
+    /// X axis label.
+    pub x_label: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// Plot x on a log2 axis (labels show the original values).
+    pub log2_x: bool,
+    /// `(label, points)`.
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl LineChart {
+    /// Draws the chart to `path` (`.png` for a bitmap, anything else SVG).
+    pub fn draw(&self, path: &Path) -> anyhow::Result<()> {
+        register_font()?;
+        let is_png = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+        if is_png {
+            self.draw_on(BitMapBackend::new(path, SIZE).into_drawing_area())
+        } else {
+            self.draw_on(SVGBackend::new(path, SIZE).into_drawing_area())
+        }
+    }
+
+    fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> anyhow::Result<()> {
+        let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing a chart: {e:?}");
+        let transform = |x: f64| if self.log2_x { x.max(1e-9).log2() } else { x };
+        let points = self.series.iter().flat_map(|(_, p)| p.iter());
+        let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+        for &(x, y) in points {
+            x0 = x0.min(transform(x));
+            x1 = x1.max(transform(x));
+            y1 = y1.max(y);
+        }
+        if !x0.is_finite() {
+            bail!("nothing to plot in '{}'", self.title);
+        }
+        if !self.log2_x {
+            x0 = x0.min(0.0);
+        }
+        if x1 <= x0 {
+            x1 = x0 + 1.0;
+        }
+        let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+        root.fill(&WHITE).map_err(fail)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(14)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x0..x1, 0.0..y1)
+            .map_err(fail)?;
+        let log2 = self.log2_x;
+        let x_format = move |x: &f64| {
+            if log2 {
+                format!("{}", 2f64.powf(*x).round())
+            } else {
+                format!("{x}")
+            }
+        };
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_label_formatter(&x_format)
+            .x_labels(if log2 { (x1 - x0) as usize + 1 } else { 10 })
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(fail)?;
+        for (i, (label, points)) in self.series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let line: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (transform(x), y)).collect();
+            chart
+                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+                .map_err(fail)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(fail)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(fail)?;
+        root.present().map_err(fail)?;
+        Ok(())
+    }
+}
+
+/// The share of requests (y, %) done within x milliseconds, for TTFT and end-to-end latency.
+pub fn latency_cdf(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
+    let ok: Vec<_> = report.requests.iter().filter(|r| r.success).collect();
+    if ok.is_empty() {
+        bail!("no request completed; nothing to chart");
+    }
+    let cdf = |mut ms: Vec<f64>| {
+        ms.sort_by(f64::total_cmp);
+        let n = ms.len() as f64;
+        ms.into_iter()
+            .enumerate()
+            .map(|(i, v)| (v, 100.0 * (i + 1) as f64 / n))
+            .collect::<Vec<_>>()
+    };
+    LineChart {
+        title: format!(
+            "{} requests to {} ({:.1} output tok/s)",
+            report.completed, report.model, report.output_throughput
+        ),
+        x_label: "latency (ms)".into(),
+        y_label: "requests done (%)".into(),
+        log2_x: false,
+        series: vec![
+            (
+                "time to first token".into(),
+                cdf(ok.iter().map(|r| r.ttft * 1000.0).collect()),
+            ),
+            (
+                "end-to-end".into(),
+                cdf(ok.iter().map(|r| r.e2el * 1000.0).collect()),
+            ),
+        ],
+    }
+    .draw(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charts_are_written_as_svg_and_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let chart = LineChart {
+            title: "throughput".into(),
+            x_label: "concurrency".into(),
+            y_label: "tok/s".into(),
+            log2_x: true,
+            series: vec![
+                ("on".into(), vec![(1.0, 10.0), (2.0, 18.0), (4.0, 30.0)]),
+                ("off".into(), vec![(1.0, 8.0), (2.0, 15.0), (4.0, 26.0)]),
+            ],
+        };
+        let svg = dir.path().join("c.svg");
+        chart.draw(&svg).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+        assert!(text.contains("throughput") && text.contains("concurrency"));
+        assert!(text.contains("<polyline"), "lines are drawn");
+        let png = dir.path().join("c.png");
+        chart.draw(&png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        let empty = LineChart {
+            series: vec![],
+            ..chart
+        };
+        assert!(empty.draw(&dir.path().join("e.svg")).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! `thicket bench serve`, `bench sweep` and `bench tot` end to end against a real
+//! `thicket serve` on SmolLM2, with a handful of short requests: the JSON reports hold every
+//! metric with sane values, and the charts are valid SVG and PNG files.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::common::smollm2_path;
+use crate::processes::{thicket, ServerProcess};
+
+fn run(args: &[&str]) -> Output {
+    let output = thicket()
+        .args(args)
+        .output()
+        .expect("running thicket bench");
+    assert!(
+        output.status.success(),
+        "thicket {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("a report was written");
+    serde_json::from_str(&text).expect("the report is JSON")
+}
+
+fn assert_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).expect("a chart was written");
+    assert!(
+        text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+        "{}",
+        path.display()
+    );
+    assert!(
+        text.contains("<polyline") || text.contains("<path"),
+        "{} draws nothing",
+        path.display()
+    );
+}
+
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).expect("a chart was written");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+    // IHDR: width and height are big-endian at bytes 16..24.
+    let width = u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+    let height = u32::from_be_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]);
+    assert!(width >= 300 && height >= 200, "{width}x{height}");
+}
+
+fn assert_latency(report: &Value, name: &str) {
+    let s = &report[name];
+    for key in ["mean", "median", "p90", "p99"] {
+        let v = s[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name}.{key} missing: {s}"));
+        assert!(v.is_finite() && v >= 0.0, "{name}.{key} = {v}");
+    }
+    assert!(s["p99"].as_f64() >= s["median"].as_f64(), "{name}: {s}");
+}
+
+#[test]
+fn load_benchmarks_report_every_metric_against_thicket_serve() {
+    let model = smollm2_path();
+    let server = ServerProcess::start(
+        &[
+            "--kv-cache-mib",
+            "256",
+            "--max-model-len",
+            "1024",
+            "--model",
+            model.to_str().expect("a UTF-8 path"),
+        ],
+        &[],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"Name a color.\"}\n{\"prompt\": \"Count to five.\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi.\"}]}\n",
+    )
+    .expect("writing prompts");
+    let prompts = prompts.to_str().expect("a UTF-8 path");
+    let out = dir.path().join("report.json");
+    let svg = dir.path().join("latency.svg");
+    let bench = run(&[
+        "bench",
+        "serve",
+        "--url",
+        &server.base,
+        "--dataset",
+        prompts,
+        "--num-prompts",
+        "4",
+        "--max-tokens",
+        "8",
+        "--request-rate",
+        "20",
+        "--goodput",
+        "ttft:600000,tpot:600000",
+        "--out",
+        out.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&bench.stdout);
+    assert!(text.contains("Serving Benchmark Result"), "{text}");
+    let report = read_json(&out);
+    assert_eq!(report["completed"], 4, "{report}");
+    assert_eq!(report["failed"], 0);
+    assert_eq!(
+        report["model"],
+        model.to_str().unwrap(),
+        "the model came from /v1/models"
+    );
+    let output_tokens = report["total_output_tokens"].as_u64().unwrap();
+    assert!((4..=32).contains(&output_tokens), "{output_tokens}");
+    assert!(report["total_input_tokens"].as_u64().unwrap() >= 4 * 3);
+    for key in [
+        "duration",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+    ] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+    assert!(
+        (report["request_goodput"].as_f64().unwrap()
+            - report["request_throughput"].as_f64().unwrap())
+        .abs()
+            < 1e-9,
+        "generous objectives: every request is good"
+    );
+    for name in ["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"] {
+        assert_latency(&report, name);
+    }
+    assert!(report["e2el_ms"]["median"].as_f64() >= report["ttft_ms"]["median"].as_f64());
+    let requests = report["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 4);
+    assert!(requests
+        .iter()
+        .all(|r| r["success"] == true && r["output_tokens"].as_u64() > Some(0)));
+    assert_svg(&svg);
+
+    let sweep_dir = dir.path().join("sweep");
+    run(&[
+        "bench",
+        "sweep",
+        "--url",
+        &server.base,
+        "--dataset",
+        prompts,
+        "--num-prompts",
+        "2",
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "1,2",
+        "--speculation",
+        "auto,none",
+        "--out-dir",
+        sweep_dir.to_str().unwrap(),
+    ]);
+    let points = read_json(&sweep_dir.join("sweep.json"));
+    let points = points.as_array().expect("a list of points");
+    assert_eq!(points.len(), 4);
+    for p in points {
+        assert_eq!(p["report"]["failed"], 0, "{p}");
+        assert!(p["report"]["output_throughput"].as_f64().unwrap() > 0.0);
+    }
+    let table = std::fs::read_to_string(sweep_dir.join("sweep.md")).expect("sweep.md");
+    assert_eq!(table.lines().count(), 2 + 4, "{table}");
+    for chart in ["throughput", "latency"] {
+        assert_svg(&sweep_dir.join(format!("{chart}.svg")));
+        assert_png(&sweep_dir.join(format!("{chart}.png")));
+    }
+
+    let tot = dir.path().join("tot.json");
+    let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/gsm8k_30.jsonl");
+    run(&[
+        "bench",
+        "tot",
+        "--url",
+        &server.base,
+        "--dataset",
+        gsm8k.to_str().unwrap(),
+        "--questions",
+        "1",
+        "--depth",
+        "2",
+        "--breadth",
+        "2",
+        "--thought-tokens",
+        "6",
+        "--out",
+        tot.to_str().unwrap(),
+    ]);
+    let tot = read_json(&tot);
+    let question = &tot["questions"][0];
+    for schedule in ["serial", "parallel"] {
+        let run = &question[schedule];
+        // Per step: one generator request (n = 2) and two evaluations.
+        assert_eq!(run["requests"], 2 * 3, "{run}");
+        assert_eq!(run["thoughts"].as_array().unwrap().len(), 2);
+        assert!(run["seconds"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(
+        question["identical"], true,
+        "same seeds, lossless speculation: {question}"
+    );
+    assert!(tot["speedup"].as_f64().unwrap() > 0.0);
+}
