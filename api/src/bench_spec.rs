@@ -4,7 +4,8 @@
 //! then MAT (tokens per verification step), decoding tokens/s (after the first token, as the
 //! papers time generation) and overall speedup. Each method
 //! runs on a fresh engine, so the Token Recycling matrix warms up over the questions as in
-//! the paper's hot start. `--out` writes every measurement as JSON.
+//! the paper's hot start. `--out` writes every measurement as JSON; `--plot-dir` draws
+//! acceptance by tree depth and MAT per method.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use engine::{
 };
 use serde::Serialize;
 
+use crate::bench_spec_charts as charts;
 use crate::chat::user_prompt;
 use crate::cli::ModelArgs;
 use crate::engine_args::EngineArgs;
@@ -54,6 +56,9 @@ pub struct SpecBenchArgs {
     /// Where to write the JSON results.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Folder for charts of acceptance by tree depth and MAT per method (SVG and PNG).
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -248,9 +253,16 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     }
     let questions = Arc::new(load_questions(args, loaded)?);
     let mut results: Vec<Measurement> = Vec::new();
+    let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
+    let mut depth = Vec::new();
     for &method in &methods {
         let started = Instant::now();
+        let before = counters.as_ref().map(charts::snapshot);
         let ms = run_method(loaded, args, method, &questions)?;
+        if let (Some(handle), Some(before)) = (&counters, before) {
+            let counts = charts::snapshot(handle).since(&before);
+            depth.push((method.as_str().to_string(), counts));
+        }
         eprintln!(
             "{}: {} questions in {:.1}s",
             method.as_str(),
@@ -299,12 +311,21 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             rate / base_all
         );
     }
+    if let Some(dir) = &args.plot_dir {
+        let mats: Vec<(String, f64)> = methods
+            .iter()
+            .map(|&m| (m.as_str().to_string(), mat(&select(m, None))))
+            .collect();
+        charts::draw(dir, &depth, &mats)?;
+        eprintln!("charts: {}", dir.display());
+    }
     if let Some(path) = &args.out {
         let json = serde_json::json!({
             "model": args.model.model,
             "max_tokens": args.max_tokens,
             "concurrency": args.concurrency,
             "measurements": results,
+            "acceptance_by_depth": depth,
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)
             .with_context(|| format!("writing {}", path.display()))?;

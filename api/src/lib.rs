@@ -8,6 +8,7 @@ pub mod batch;
 pub mod bench_cmd;
 pub mod bench_serve;
 pub mod bench_spec;
+pub mod bench_spec_charts;
 pub mod chat;
 pub mod cli;
 pub mod engine_args;

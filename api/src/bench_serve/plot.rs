@@ -58,6 +58,8 @@ pub struct LineChart {
     pub log2_x: bool,
     /// `(label, points)`.
     pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// Put the legend in the upper right corner (for falling lines) instead of the left.
+    pub legend_right: bool,
 }
 
 impl LineChart {
@@ -137,9 +139,83 @@ impl LineChart {
             .configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(if self.legend_right {
+                SeriesLabelPosition::UpperRight
+            } else {
+                SeriesLabelPosition::UpperLeft
+            })
             .draw()
             .map_err(fail)?;
+        root.present().map_err(fail)?;
+        Ok(())
+    }
+}
+
+/// A bar chart: one labelled value per bar, the value printed above it.
+#[derive(Debug, Clone)]
+pub struct BarChart {
+    /// Caption.
+    pub title: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// `(label, value)`.
+    pub bars: Vec<(String, f64)>,
+}
+
+impl BarChart {
+    /// Draws the chart to `path` (`.png` for a bitmap, anything else SVG).
+    pub fn draw(&self, path: &Path) -> anyhow::Result<()> {
+        register_font()?;
+        if self.bars.is_empty() {
+            bail!("nothing to plot in '{}'", self.title);
+        }
+        let is_png = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+        if is_png {
+            self.draw_on(BitMapBackend::new(path, SIZE).into_drawing_area())
+        } else {
+            self.draw_on(SVGBackend::new(path, SIZE).into_drawing_area())
+        }
+    }
+
+    fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> anyhow::Result<()> {
+        let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing a chart: {e:?}");
+        let top = self.bars.iter().map(|b| b.1).fold(0.0, f64::max);
+        let top = if top > 0.0 { top * 1.2 } else { 1.0 };
+        root.fill(&WHITE).map_err(fail)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(14)
+            .x_label_area_size(20)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..self.bars.len() as f64, 0.0..top)
+            .map_err(fail)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc(&self.y_label)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(fail)?;
+        for (i, (label, value)) in self.bars.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let x = i as f64;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x + 0.15, 0.0), (x + 0.85, *value)],
+                    color.filled(),
+                )))
+                .map_err(fail)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("{label}: {value:.2}"),
+                    (x + 0.15, value + top * 0.03),
+                    ("sans-serif", 13),
+                )))
+                .map_err(fail)?;
+        }
         root.present().map_err(fail)?;
         Ok(())
     }
@@ -167,6 +243,7 @@ pub fn latency_cdf(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
         x_label: "latency (ms)".into(),
         y_label: "requests done (%)".into(),
         log2_x: false,
+        legend_right: false,
         series: vec![
             (
                 "time to first token".into(),
@@ -193,6 +270,7 @@ mod tests {
             x_label: "concurrency".into(),
             y_label: "tok/s".into(),
             log2_x: true,
+            legend_right: false,
             series: vec![
                 ("on".into(), vec![(1.0, 10.0), (2.0, 18.0), (4.0, 30.0)]),
                 ("off".into(), vec![(1.0, 8.0), (2.0, 15.0), (4.0, 26.0)]),
@@ -208,6 +286,18 @@ mod tests {
         chart.draw(&png).unwrap();
         let bytes = std::fs::read(&png).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        let bars = BarChart {
+            title: "MAT".into(),
+            y_label: "tokens per step".into(),
+            bars: vec![("none".into(), 1.0), ("recycling".into(), 1.6)],
+        };
+        let bar_svg = dir.path().join("b.svg");
+        bars.draw(&bar_svg).unwrap();
+        let text = std::fs::read_to_string(&bar_svg).unwrap();
+        assert!(
+            text.contains("recycling: 1.60") && text.contains("<rect"),
+            "{text}"
+        );
         let empty = LineChart {
             series: vec![],
             ..chart

@@ -153,6 +153,7 @@ pub fn throughput_chart(points: &[SweepPoint], methods: &[String]) -> LineChart 
         x_label: "concurrent requests".into(),
         y_label: "output tokens/s".into(),
         log2_x: true,
+        legend_right: false,
         series: series(points, methods, |p| {
             (p.concurrency as f64, p.report.output_throughput)
         }),
@@ -166,6 +167,7 @@ pub fn latency_chart(points: &[SweepPoint], methods: &[String]) -> LineChart {
         x_label: "output tokens/s".into(),
         y_label: "median time per output token (ms)".into(),
         log2_x: false,
+        legend_right: false,
         series: series(points, methods, |p| {
             (p.report.output_throughput, p.report.tpot_ms.median)
         }),
