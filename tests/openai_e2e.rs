@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::smollm2_path;
-use crate::processes::ServerProcess;
+use crate::processes::{python_packages, ServerProcess};
 
 /// The `openai` client version the test runs with.
 const OPENAI_VERSION: &str = "3.54.0";
@@ -17,31 +17,14 @@ const OPENAI_VERSION: &str = "3.54.0";
 const HTTPX_VERSION: &str = "0.28.1";
 
 fn python_deps() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
-        "target/e2e-python/openai-{OPENAI_VERSION}-httpx-{HTTPX_VERSION}"
-    ));
-    if !dir.join("openai").is_dir() || !dir.join("httpx").is_dir() {
-        let status = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-warn-conflicts",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(format!("openai=={OPENAI_VERSION}"))
-            .arg(format!("httpx=={HTTPX_VERSION}"))
-            .status()
-            .expect("python3 must be installed for the end-to-end test");
-        assert!(
-            status.success(),
-            "pip could not install openai=={OPENAI_VERSION}"
-        );
-    }
-    dir
+    python_packages(
+        &format!("openai-{OPENAI_VERSION}-httpx-{HTTPX_VERSION}"),
+        &[
+            &format!("openai=={OPENAI_VERSION}"),
+            &format!("httpx=={HTTPX_VERSION}"),
+        ],
+        "openai",
+    )
 }
 
 #[test]

@@ -1,14 +1,43 @@
 //! Runs the real `thicket` binary from tests: a `thicket serve` child on a free port (its log
-//! forwarded, its address read from it, killed when dropped) and a minimal blocking HTTP/1.1
-//! client for talking to it without a client library.
+//! forwarded, its address read from it, killed when dropped), a minimal blocking HTTP/1.1
+//! client for talking to it without a client library, and pinned Python packages installed
+//! under `target/` for the tests that drive it from Python.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
+
+/// Python packages (pinned `name==version` specs) installed once under
+/// `target/e2e-python/<folder>` with pip; returns the folder for `PYTHONPATH`.
+/// `marker` is a directory the installation creates (to tell it is done).
+pub fn python_packages(folder: &str, specs: &[&str], marker: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/e2e-python")
+        .join(folder);
+    if !dir.join(marker).is_dir() {
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-warn-conflicts",
+                "--target",
+            ])
+            .arg(&dir)
+            .args(specs)
+            .status()
+            .expect("python3 must be installed for the end-to-end tests");
+        assert!(status.success(), "pip could not install {specs:?}");
+    }
+    dir
+}
 
 /// The `thicket` binary under test.
 pub fn thicket() -> Command {
@@ -64,30 +93,42 @@ impl ServerProcess {
 
     /// `POST path` with a JSON body: the status and the parsed JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, _, payload) = self.request("POST", path, body.to_string().as_bytes());
+        let json = serde_json::from_str(&payload)
+            .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {payload}"));
+        (status, json)
+    }
+
+    /// `GET path`: the status and the body text.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let (status, _, payload) = self.request("GET", path, b"");
+        (status, payload)
+    }
+
+    /// Any request with raw body bytes: the status, the head and the body text.
+    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
         let address = self.base.trim_start_matches("http://");
-        let body = body.to_string();
         let mut stream = TcpStream::connect(address).expect("connecting to the server");
-        write!(
-            stream,
-            "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
-        )
-        .expect("sending the request");
-        let mut answer = String::new();
-        stream
-            .read_to_string(&mut answer)
-            .expect("reading the answer");
+        );
+        // The server may answer (413) before reading a large body; a failed write is fine.
+        let _ = stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(body));
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer).to_string();
         let (head, payload) = answer
             .split_once("\r\n\r\n")
-            .expect("an HTTP answer with a body");
+            .unwrap_or_else(|| panic!("an HTTP answer with a body: {answer:?}"));
         let status = head
             .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse().ok())
             .expect("a status line");
-        let json = serde_json::from_str(payload)
-            .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {payload}"));
-        (status, json)
+        (status, head.to_string(), payload.to_string())
     }
 }
 

@@ -6,6 +6,7 @@
 mod batch;
 mod bench_serve;
 mod common;
+mod conformance;
 mod errors;
 mod forward;
 mod kv_cache;

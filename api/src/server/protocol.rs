@@ -261,6 +261,8 @@ pub struct ChatTokenLogprob {
 pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
+    /// Always null (required by the OpenAI schema).
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
 }
 
 /// A completion choice.
@@ -286,6 +288,8 @@ pub struct ChatMessageOut {
     pub role: &'static str,
     /// The generated text.
     pub content: String,
+    /// Always null: thicket never refuses (the field is required by the OpenAI schema).
+    pub refusal: Option<String>,
 }
 
 /// A chat choice.

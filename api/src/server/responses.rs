@@ -180,6 +180,7 @@ pub fn chat_logprobs(tokenizer: &ModelTokenizer, logprobs: &[TokenLogprob]) -> C
                 entry(lp.token_id, lp.logprob, Some(top))
             })
             .collect(),
+        refusal: None,
     }
 }
 
@@ -232,6 +233,7 @@ pub fn full_response(
                         message: ChatMessageOut {
                             role: "assistant",
                             content: c.text.clone(),
+                            refusal: None,
                         },
                         logprobs: want_logprobs.then(|| chat_logprobs(tokenizer, &c.logprobs)),
                         finish_reason,

@@ -1,0 +1,92 @@
+//! Conformance fuzzing with schemathesis (pinned, installed under `target/` on first use):
+//! the OpenAI OpenAPI specification's `/completions`, `/chat/completions` and `/models`
+//! (the subset in `tests/fuzz/openai-subset.yaml`) against the real `thicket serve` on
+//! SmolLM2, checking that no response is a server error and every response conforms to the
+//! schema. A fixed seed keeps CI reproducible; at least 2,000 requests are sent, and the
+//! server's own counters must show no 5xx and the server must still be healthy afterwards.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::smollm2_path;
+use crate::processes::{python_packages, ServerProcess};
+
+const SCHEMATHESIS_VERSION: &str = "4.32.5";
+
+/// Sum of `thicket_http_requests_total` samples whose labels satisfy `keep`.
+fn http_requests(metrics: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("thicket_http_requests_total{") && keep(l))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+#[test]
+fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
+    let deps = python_packages(
+        &format!("schemathesis-{SCHEMATHESIS_VERSION}"),
+        &[&format!("schemathesis=={SCHEMATHESIS_VERSION}")],
+        "schemathesis",
+    );
+    let model = smollm2_path();
+    // Small limits keep every valid generation short: n <= 4, prompt + output <= 96 tokens.
+    let server = ServerProcess::start(
+        &[
+            "--served-model-name",
+            "smollm2",
+            "--max-model-len",
+            "96",
+            "--max-num-seqs",
+            "4",
+            "--kv-cache-mib",
+            "64",
+            "--model",
+            model.to_str().expect("a UTF-8 path"),
+        ],
+        &[],
+    );
+    let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
+    let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
+    let output = Command::new("python3")
+        .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
+        .args(["--url", &format!("{}/v1", server.base)])
+        .args(["--checks", "not_a_server_error,response_schema_conformance"])
+        .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
+        .current_dir(&fuzz_dir)
+        .env("PYTHONPATH", python_path)
+        .env("SCHEMATHESIS_HOOKS", "hooks")
+        .env("THICKET_FUZZ_MODEL", "smollm2")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running schemathesis");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let tail: String = stdout
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("{tail}");
+    assert!(
+        output.status.success(),
+        "schemathesis found failures:\n{stdout}\n{stderr}"
+    );
+
+    let (status, metrics) = server.get("/metrics");
+    assert_eq!(status, 200);
+    let sent = http_requests(&metrics, |_| true);
+    let server_errors = http_requests(&metrics, |l| l.contains("status=\"5"));
+    let generated = http_requests(&metrics, |l| {
+        l.contains("status=\"200\"") && l.contains("completions")
+    });
+    eprintln!("{sent} requests, {generated} generations, {server_errors} server errors");
+    assert!(sent >= 2000.0, "only {sent} requests were sent");
+    assert_eq!(server_errors, 0.0, "5xx answers:\n{metrics}");
+    assert!(generated > 0.0, "no request reached generation");
+    assert_eq!(server.get("/health").0, 200, "the server is still healthy");
+}
