@@ -174,6 +174,12 @@ impl EngineHandle {
         answer.recv().ok()
     }
 
+    /// Whether the engine thread is still taking commands (false once it stopped, or
+    /// died from a panic).
+    pub fn is_running(&self) -> bool {
+        !self.commands.is_disconnected()
+    }
+
     /// Requests accepted and not yet finished.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)

@@ -176,7 +176,8 @@ impl Settings {
         }
         let max_tokens = match (self.max_tokens, default_max_tokens) {
             (Some(m), _) => {
-                if prompt.len() + m > limits.max_model_len {
+                // `m > room`, not `prompt + m > max`: a huge `m` must not overflow.
+                if m > room {
                     return Err(ApiError::invalid(
                         "max_tokens",
                         format!(
@@ -288,6 +289,10 @@ mod tests {
         let ok: CommonFields = serde_json::from_value(serde_json::json!({})).unwrap();
         let s = settings(&ok, Some(10), None, &limits()).unwrap();
         let e = s.request(vec![1; 30], None, &limits()).unwrap_err();
+        assert_eq!(param_of(e), "max_tokens");
+        // A max_tokens near usize::MAX must not wrap around past the length check.
+        let huge = settings(&ok, Some(usize::MAX), None, &limits()).unwrap();
+        let e = huge.request(vec![1; 3], None, &limits()).unwrap_err();
         assert_eq!(param_of(e), "max_tokens");
         let e = s.request(vec![1; 32], None, &limits()).unwrap_err();
         assert_eq!(param_of(e), "prompt");

@@ -120,10 +120,17 @@ impl AppState {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        self.inner
+        let engine = self
+            .inner
             .engine
             .get()
-            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))?;
+        if !engine.is_running() {
+            return Err(ApiError::unavailable(
+                "the engine has stopped (see the server log)",
+            ));
+        }
+        Ok(engine)
     }
 
     /// The engine if it was ever started (for shutting it down).

@@ -1,0 +1,188 @@
+//! Engine faults seen through the HTTP router: a forward that fails (injected by a test-only
+//! backend) fails the requests of that step with a 5xx and the engine keeps serving, with no
+//! KV block leaked; a panic in the engine thread turns `/health` to 503 and fails the
+//! requests in flight and every later one at once instead of hanging them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::server::{router, AppState, ServerConfig};
+use axum::body::Body;
+use axum::http::{header, Request as HttpRequest, StatusCode};
+use axum::Router;
+use engine::handle::EngineHandle;
+use engine::testing::write_tiny_tokenizer;
+use engine::tokenizer::ModelTokenizer;
+use engine::{
+    Backend, CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig,
+    SpeculationConfig, TreeBatch,
+};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const VOCAB: usize = 64;
+/// A prompt starting with this token makes the forward fail.
+const FAIL: u32 = 13;
+/// A prompt starting with this token makes the forward panic.
+const PANIC: u32 = 17;
+
+/// The mock model with faults keyed on the first prompt token, slowed a little per step.
+struct FaultyBackend {
+    inner: MockBackend,
+}
+
+impl Backend for FaultyBackend {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> engine::Result<Vec<Vec<f32>>> {
+        std::thread::sleep(Duration::from_millis(2));
+        let starts_with = |token: u32| {
+            batch
+                .token_ids
+                .iter()
+                .zip(&batch.positions)
+                .any(|(&t, &p)| t == token && p == 0)
+        };
+        if starts_with(PANIC) {
+            panic!("injected panic in the forward");
+        }
+        if starts_with(FAIL) {
+            return Err(engine::Error::InvalidBatch("injected fault".into()));
+        }
+        self.inner.forward(batch)
+    }
+
+    fn move_kv(&mut self, moves: &[kvcache::KvMove]) -> engine::Result<()> {
+        self.inner.move_kv(moves)
+    }
+}
+
+fn faulty_server() -> (Router, EngineHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_tokenizer(dir.path(), VOCAB).unwrap();
+    let tokenizer = Arc::new(ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap());
+    let kv = ManagerConfig {
+        num_blocks: 64,
+        block_size: 4,
+        prefix_caching: true,
+        watermark: 0.0,
+    };
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 8,
+            max_model_len: 96,
+            kv,
+        },
+        max_pending: 64,
+        speculation: SpeculationConfig {
+            cost: CostCurve::flat(),
+            ..SpeculationConfig::default()
+        },
+    };
+    let backend = Box::new(FaultyBackend {
+        inner: MockBackend::new(VOCAB, kv.num_blocks * kv.block_size),
+    });
+    let (engine, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();
+    let state = AppState::new(ServerConfig {
+        served_model_name: "mock".into(),
+        api_key: None,
+        max_body_bytes: 1 << 20,
+    });
+    state.set_engine(engine.clone());
+    (router(state), engine, dir)
+}
+
+async fn call(app: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let mut builder = HttpRequest::builder().method(method).uri(path);
+    if body.is_some() {
+        builder = builder.header(header::CONTENT_TYPE, "application/json");
+    }
+    let request = builder
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+fn completion(first: u32, max_tokens: usize) -> Value {
+    json!({"prompt": [first, 5, 6, 7, 8], "max_tokens": max_tokens, "temperature": 0})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_step_fails_its_requests_and_the_engine_keeps_serving() {
+    let (app, engine, _dir) = faulty_server();
+    let (status, body) = call(&app, "POST", "/v1/completions", Some(completion(FAIL, 8))).await;
+    assert!(status.is_server_error(), "{status}: {body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{body}");
+
+    // The engine goes on: requests after the fault, several at once, complete.
+    let mut answers = Vec::new();
+    for first in [20, 21, 22, 23] {
+        let app = app.clone();
+        answers.push(tokio::spawn(async move {
+            call(&app, "POST", "/v1/completions", Some(completion(first, 12))).await
+        }));
+    }
+    for answer in answers {
+        let (status, body) = answer.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 12);
+    }
+    // A streamed request that hits the fault gets an error event, not a hang.
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"prompt": [FAIL, 1, 2], "max_tokens": 4, "stream": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
+    let text = body.as_str().unwrap_or_default();
+    assert!(
+        text.contains("injected fault") && text.contains("\"error\""),
+        "{text}"
+    );
+    let stats = engine.stats().expect("the engine is running");
+    assert_eq!(
+        stats.cache.in_use, 0,
+        "no KV block leaked: {:?}",
+        stats.cache
+    );
+    assert_eq!(stats.requests, 0);
+    assert_eq!(call(&app, "GET", "/health", None).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_engine_fails_everything_at_once_and_health_turns_503() {
+    let (app, engine, _dir) = faulty_server();
+    assert_eq!(call(&app, "GET", "/health", None).await.0, StatusCode::OK);
+    // A long request in flight when the engine dies.
+    let victim = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            call(&app, "POST", "/v1/completions", Some(completion(30, 80))).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let (status, body) = call(&app, "POST", "/v1/completions", Some(completion(PANIC, 4))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = tokio::time::timeout(Duration::from_secs(30), victim)
+        .await
+        .expect("the request in flight was failed, not left hanging")
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(!engine.is_running());
+    let (status, body) = call(&app, "GET", "/health", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = call(&app, "POST", "/v1/completions", Some(completion(20, 4))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+}
