@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -50,6 +50,8 @@ pub struct ServerProcess {
     pub child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// Every line the server wrote to stderr so far.
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServerProcess {
@@ -66,15 +68,21 @@ impl ServerProcess {
         let stderr = child.stderr.take().expect("stderr is piped");
         // Forward the server's log and pick up the bound address and readiness from it.
         let (lines_tx, lines) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[server] {line}");
+                if let Ok(mut kept) = kept.lock() {
+                    kept.push(line.clone());
+                }
                 let _ = lines_tx.send(line);
             }
         });
         let mut server = ServerProcess {
             child,
             base: String::new(),
+            log,
         };
         loop {
             let line = lines
@@ -107,10 +115,21 @@ impl ServerProcess {
 
     /// Any request with raw body bytes: the status, the head and the body text.
     pub fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
+        self.request_with(method, path, body, "")
+    }
+
+    /// Like [`Self::request`], with extra header lines (each ending in `\r\n`).
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        headers: &str,
+    ) -> (u16, String, String) {
         let address = self.base.trim_start_matches("http://");
         let mut stream = TcpStream::connect(address).expect("connecting to the server");
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
             body.len()
         );
         // The server may answer (413) before reading a large body; a failed write is fine.

@@ -249,7 +249,9 @@ async fn health_models_tokenize_detokenize_and_metrics() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _, text) = call_raw(&s.app, request("GET", "/metrics", None, None)).await;
+    let (status, _, _) = call_raw(&s.app, request("GET", "/metrics", None, None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "/metrics needs the key");
+    let (status, _, text) = call_raw(&s.app, request("GET", "/metrics", None, Some(KEY))).await;
     assert_eq!(status, StatusCode::OK);
     let text = String::from_utf8(text).unwrap();
     for name in [

@@ -17,6 +17,7 @@ mod mock_backend;
 mod openai_e2e;
 mod oracle;
 mod processes;
+mod security;
 mod server;
 mod serving;
 mod speculation;

@@ -153,7 +153,7 @@ def invalid_requests():
 
 
 def blocks_in_use():
-    text = httpx.get(f"{BASE}/metrics", timeout=30).text
+    text = httpx.get(f"{BASE}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
     m = re.search(r"^thicket_kv_blocks_in_use (\S+)$", text, re.M)
     check(m is not None, "thicket_kv_blocks_in_use is exported")
     return float(m.group(1))

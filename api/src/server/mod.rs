@@ -180,13 +180,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/metrics", get(render_metrics))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ));
     Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(render_metrics))
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
