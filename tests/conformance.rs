@@ -30,13 +30,13 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
         "schemathesis",
     );
     let model = smollm2_path();
-    // Small limits keep every valid generation short: n <= 4, prompt + output <= 96 tokens.
+    // Small limits keep every valid generation short: n <= 4, prompt + output <= 64 tokens.
     let server = ServerProcess::start(
         &[
             "--served-model-name",
             "smollm2",
             "--max-model-len",
-            "96",
+            "64",
             "--max-num-seqs",
             "4",
             "--kv-cache-mib",
@@ -53,6 +53,8 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
         .args(["--url", &format!("{}/v1", server.base)])
         .args(["--checks", "not_a_server_error,response_schema_conformance"])
         .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
+        // Generations are short, but other tests may be sharing the two cores.
+        .args(["--request-timeout", "300"])
         .current_dir(&fuzz_dir)
         .env("PYTHONPATH", python_path)
         .env("SCHEMATHESIS_HOOKS", "hooks")
