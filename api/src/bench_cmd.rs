@@ -30,6 +30,18 @@ pub fn forward(
             p.seconds * 1e3 / p.new_tokens as f64
         );
     }
+    // The memory-bandwidth bound on one-row decoding, measured in the same run.
+    let bandwidth = engine::bench::read_bandwidth(1 << 30, 3);
+    let weight_bytes = loaded.model.weight_bytes() as f64;
+    let bound = bandwidth / weight_bytes;
+    let one_row = 1.0 / base;
+    println!();
+    println!(
+        "memory read bandwidth {:.1} GB/s over {:.1} MB of weights: at most {bound:.1} forwards/s; one row measured {one_row:.1}/s = {:.0}% of that bound",
+        bandwidth / 1e9,
+        weight_bytes / 1e6,
+        100.0 * one_row / bound
+    );
     Ok(())
 }
 

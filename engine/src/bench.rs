@@ -73,3 +73,42 @@ pub fn forward_cost(
     }
     Ok(points)
 }
+
+/// Memory read bandwidth in bytes per second: the best of `repeats` passes summing a
+/// `bytes`-sized buffer (much larger than the caches) on every core at once, as a decode
+/// step streams the weights. The bound on single-row decoding is this over the weight bytes.
+pub fn read_bandwidth(bytes: usize, repeats: usize) -> f64 {
+    let words = (bytes / 8).max(1);
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = words.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    let mut checksum = 0u64;
+    for _ in 0..repeats.max(1) {
+        let started = Instant::now();
+        let sums: Vec<u64> = std::thread::scope(|scope| {
+            let handles: Vec<_> = buffer
+                .chunks(chunk)
+                .map(|part| scope.spawn(move || part.iter().fold(0u64, |a, &w| a.wrapping_add(w))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+        });
+        best = best.min(started.elapsed().as_secs_f64());
+        checksum = sums.iter().fold(checksum, |a, &s| a.wrapping_add(s));
+    }
+    // The checksum keeps the reads from being optimized away.
+    std::hint::black_box(checksum);
+    (words * 8) as f64 / best.max(1e-12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_bandwidth_is_a_positive_rate() {
+        let rate = read_bandwidth(8 << 20, 2);
+        // Any machine reads 8 MiB at more than 10 MB/s and less than 10 TB/s.
+        assert!(rate > 1e7 && rate < 1e13, "{rate}");
+    }
+}
