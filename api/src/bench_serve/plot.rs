@@ -62,20 +62,32 @@ pub struct LineChart {
     pub legend_right: bool,
 }
 
+/// A chart that can be drawn on any plotters backend.
+trait Chart {
+    fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> anyhow::Result<()>;
+}
+
+/// Draws `chart` to `path`: PNG for a `.png` name, SVG otherwise.
+fn render(chart: &impl Chart, path: &Path) -> anyhow::Result<()> {
+    register_font()?;
+    let is_png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if is_png {
+        chart.draw_on(BitMapBackend::new(path, SIZE).into_drawing_area())
+    } else {
+        chart.draw_on(SVGBackend::new(path, SIZE).into_drawing_area())
+    }
+}
+
 impl LineChart {
     /// Draws the chart to `path` (`.png` for a bitmap, anything else SVG).
     pub fn draw(&self, path: &Path) -> anyhow::Result<()> {
-        register_font()?;
-        let is_png = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-        if is_png {
-            self.draw_on(BitMapBackend::new(path, SIZE).into_drawing_area())
-        } else {
-            self.draw_on(SVGBackend::new(path, SIZE).into_drawing_area())
-        }
+        render(self, path)
     }
+}
 
+impl Chart for LineChart {
     fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> anyhow::Result<()> {
         let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing a chart: {e:?}");
         let transform = |x: f64| if self.log2_x { x.max(1e-9).log2() } else { x };
@@ -165,20 +177,14 @@ pub struct BarChart {
 impl BarChart {
     /// Draws the chart to `path` (`.png` for a bitmap, anything else SVG).
     pub fn draw(&self, path: &Path) -> anyhow::Result<()> {
-        register_font()?;
         if self.bars.is_empty() {
             bail!("nothing to plot in '{}'", self.title);
         }
-        let is_png = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-        if is_png {
-            self.draw_on(BitMapBackend::new(path, SIZE).into_drawing_area())
-        } else {
-            self.draw_on(SVGBackend::new(path, SIZE).into_drawing_area())
-        }
+        render(self, path)
     }
+}
 
+impl Chart for BarChart {
     fn draw_on<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> anyhow::Result<()> {
         let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing a chart: {e:?}");
         let top = self.bars.iter().map(|b| b.1).fold(0.0, f64::max);
