@@ -11,6 +11,7 @@ use engine::attention::AttentionKernel;
 use engine::config::Architecture;
 use engine::generate::{argmax, generate_greedy, GreedyOptions};
 use engine::testing::TinyModelSpec;
+use engine::QuantKernel;
 use engine::{LogitRows, TokenTree, TreeBatch};
 
 use crate::common::{
@@ -66,11 +67,15 @@ fn smollm2_greedy_tokens_equal_candle_quantized_llama() {
     // The reference kernel reproduces candle's attention arithmetic, so everything else in our
     // forward (GGUF loading, RoPE at batch positions, norms, quantized matmuls over a
     // multi-sequence batch, paging) must give candle's tokens exactly, near-ties included.
+    // candle's QMatMul multiplies the weights here, for the same reason; thicket's own kernel
+    // is checked against it in `thicket_matmul_logits_track_candle_qmatmul`.
     let loaded = smollm2();
     let model = loaded
         .model
         .clone()
-        .with_attention(AttentionKernel::Reference);
+        .with_attention(AttentionKernel::Reference)
+        .with_quant_kernel(QuantKernel::Candle)
+        .unwrap();
     let prompts: Vec<Vec<u32>> = PROMPTS
         .iter()
         .map(|p| loaded.tokenizer.encode(p).unwrap())
@@ -132,6 +137,70 @@ fn smollm2_f32_logits_match_candle_dequantized_llama() {
         tokens.len()
     );
     assert!(worst < F32_LOGIT_TOLERANCE, "max |ours - candle| = {worst}");
+}
+
+#[test]
+fn thicket_matmul_logits_track_candle_qmatmul() {
+    // Both kernels quantize activations to 8 bits identically and differ only in float
+    // summation order; through 30 layers of 8-bit re-rounding that grows into logit
+    // differences of the size quantization itself causes. So the check is against exact
+    // arithmetic: thicket's logits must be as close to the f32 model's as candle's are, and
+    // the two kernels must pick the same greedy token almost everywhere.
+    let loaded = smollm2();
+    assert_eq!(loaded.model.quant_kernel(), Some(QuantKernel::Thicket));
+    let candle = loaded
+        .model
+        .clone()
+        .with_quant_kernel(QuantKernel::Candle)
+        .unwrap();
+    assert_eq!(candle.quant_kernel(), Some(QuantKernel::Candle));
+    let mut tokens = Vec::new();
+    for prompt in PROMPTS {
+        tokens.extend(loaded.tokenizer.encode(prompt).unwrap());
+    }
+    let bs = 16;
+    let logits = |model: &engine::Model| {
+        let (table, mut kv) = one_sequence(model, tokens.len(), bs);
+        let mut batch = TreeBatch::new(bs);
+        batch
+            .push(0, &table, &TokenTree::chain(&tokens), LogitRows::All)
+            .unwrap();
+        model.forward(&batch, &mut kv).unwrap()
+    };
+    let (ours, theirs) = (logits(&loaded.model), logits(&candle));
+    let exact = logits(&smollm2_f32().model);
+    let rms = |a: &Tensor, b: &Tensor| -> f32 {
+        let d = (a - b).unwrap();
+        (d.sqr()
+            .unwrap()
+            .mean_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap())
+        .sqrt()
+    };
+    let (ours_error, candle_error) = (rms(&ours, &exact), rms(&theirs, &exact));
+    let mut same_argmax = 0;
+    for pos in 0..tokens.len() {
+        let a: Vec<f32> = ours.i(pos).unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = theirs.i(pos).unwrap().to_vec1().unwrap();
+        same_argmax += usize::from(argmax(&a) == argmax(&b));
+    }
+    eprintln!(
+        "over {} positions: rms distance to the f32 model: thicket {ours_error}, candle \
+         {candle_error}; between them {}; argmax equal at {same_argmax}",
+        tokens.len(),
+        rms(&ours, &theirs)
+    );
+    // No systematic error: thicket's kernel is as close to exact arithmetic as candle's.
+    assert!(
+        ours_error <= 1.25 * candle_error,
+        "thicket {ours_error} vs candle {candle_error}"
+    );
+    assert!(
+        same_argmax * 20 >= tokens.len() * 19,
+        "argmax equal at {same_argmax}"
+    );
 }
 
 /// Logits are O(10) here; summation-order differences over 30 layers stay far below this.
@@ -217,6 +286,7 @@ fn qwen2_gguf_greedy_tokens_equal_candle_quantized_qwen2() {
     // head, Q5_0/Q8_0/Q4_K/Q6_K weights, the BPE tokenizer rebuilt from metadata.
     let options = engine::LoadOptions {
         attention: AttentionKernel::Reference,
+        matmul: QuantKernel::Candle,
         ..engine::LoadOptions::default()
     };
     let path = qwen_path();

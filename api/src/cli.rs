@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
+use engine::QuantKernel;
 use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
 use crate::batch::{self, BatchArgs};
@@ -57,6 +58,9 @@ pub struct ModelArgs {
     /// Attention kernel: fused (batch-invariant, tree-exact) | reference (candle's arithmetic).
     #[arg(long, default_value = "fused", value_parser = parse_attention)]
     pub attention: AttentionKernel,
+    /// CPU kernel for quantized weights: thicket (weights streamed once for all rows) | candle.
+    #[arg(long, default_value = "thicket", value_parser = parse_matmul)]
+    pub matmul: QuantKernel,
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,6 +105,10 @@ enum BenchCommand {
 fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
     AttentionKernel::parse(s)
         .ok_or_else(|| format!("unknown attention kernel '{s}' (fused, reference)"))
+}
+
+fn parse_matmul(s: &str) -> Result<QuantKernel, String> {
+    QuantKernel::parse(s).ok_or_else(|| format!("unknown matmul kernel '{s}' (thicket, candle)"))
 }
 
 fn parse_dtype(s: &str) -> Result<WeightDType, String> {
@@ -168,6 +176,7 @@ pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
         &LoadOptions {
             dtype: args.dtype,
             attention: args.attention,
+            matmul: args.matmul,
         },
     )
     .with_context(|| format!("loading model '{}'", args.model))?;

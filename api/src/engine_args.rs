@@ -195,12 +195,16 @@ impl EngineArgs {
 fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     let c = model.config();
     let name = format!(
-        "cost-{}-{}x{}-{}b-{:?}.json",
+        "cost-{}-{}x{}-{}b-{:?}-{}.json",
         c.architecture.as_str(),
         c.num_layers,
         c.hidden_size,
         model.weight_bytes(),
-        model.attention()
+        model.attention(),
+        match model.quant_kernel() {
+            Some(kernel) => format!("{kernel:?}"),
+            None => "dense".into(),
+        }
     );
     let path = engine::fetch::models_dir().join(name);
     if let Ok(text) = std::fs::read_to_string(&path) {

@@ -27,6 +27,7 @@ pub mod linear;
 pub mod load;
 pub mod metrics;
 pub mod model;
+pub mod qgemm;
 pub mod request;
 pub mod sampler;
 pub mod spec;
@@ -45,7 +46,7 @@ pub use handle::{
 pub use kv_cache::KvCache;
 pub use kv_store::PagedKvStore;
 pub use kvcache::ManagerConfig;
-pub use linear::WeightDType;
+pub use linear::{QuantKernel, WeightDType};
 pub use load::{load_model, LoadOptions, LoadedModel};
 pub use model::Model;
 pub use request::{Event, FinishReason, InvalidRequest, Request, StopConditions, Usage};

@@ -1,11 +1,37 @@
-//! `Linear`: one projection `y = x W^T (+ b)` whose weights either stay quantized (candle
-//! `QMatMul`, GGUF block formats) or are dense in a chosen dtype. Activations are always f32
-//! at the boundary; a dense f16/bf16 weight converts the input and output around its matmul.
+//! `Linear`: one projection `y = x W^T (+ b)` whose weights either stay quantized (GGUF block
+//! formats, multiplied on the CPU by thicket's `qgemm::QuantMatrix` or by candle's
+//! `QMatMul`) or are dense in a chosen dtype. Activations are always f32 at the boundary; a
+//! dense f16/bf16 weight converts the input and output around its matmul.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Module, Tensor};
+use std::borrow::Cow;
+use std::sync::Arc;
 
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::qgemm::QuantMatrix;
 use crate::Result;
+
+/// Which CPU kernel multiplies quantized weights, chosen with `--matmul`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantKernel {
+    /// `qgemm::QuantMatrix`: streams the weights once for all rows (formats it supports).
+    #[default]
+    Thicket,
+    /// candle's `QMatMul` (every format; the reference the other is tested against).
+    Candle,
+}
+
+impl QuantKernel {
+    /// Parses `--matmul`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "thicket" => Some(Self::Thicket),
+            "candle" => Some(Self::Candle),
+            _ => None,
+        }
+    }
+}
 
 /// How weights are held in memory, chosen with `--dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,6 +83,8 @@ pub struct Linear {
 #[derive(Debug, Clone)]
 enum Weight {
     Quantized(QMatMul),
+    /// thicket's kernel; shared so cloning a model does not copy its weights.
+    Packed(Arc<QuantMatrix>),
     /// `[out, in]`, in the dtype the matmul runs in.
     Dense(Tensor),
 }
@@ -69,7 +97,7 @@ impl Linear {
         dtype: Option<DType>,
     ) -> Result<Self> {
         let weight = match dtype {
-            None => Weight::Quantized(QMatMul::from_qtensor(weight)?),
+            None => Weight::quantized(weight, QuantKernel::default())?,
             Some(dtype) => {
                 let device = weight.device();
                 Weight::Dense(weight.dequantize(&device)?.to_dtype(dtype)?)
@@ -85,7 +113,7 @@ impl Linear {
             Some(dtype) => Weight::Dense(weight.to_dtype(dtype)?),
             None if weight.dim(1)? % GgmlDType::Q8_0.block_size() == 0 => {
                 let q = QTensor::quantize(&weight.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
-                Weight::Quantized(QMatMul::from_qtensor(q)?)
+                Weight::quantized(q, QuantKernel::default())?
             }
             None => Weight::Dense(weight.to_dtype(DType::F32)?),
         };
@@ -97,6 +125,11 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::Quantized(w) => w.forward(x)?,
+            Weight::Packed(w) => {
+                let rows = x.dim(0)?;
+                let input = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                Tensor::from_vec(w.matmul(&input)?, (rows, w.rows()), x.device())?
+            }
             Weight::Dense(w) if w.dtype() == DType::F32 => x.matmul(&w.t()?)?,
             Weight::Dense(w) => x
                 .to_dtype(w.dtype())?
@@ -113,9 +146,55 @@ impl Linear {
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {
             Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Weight::Packed(w) => w.bytes(),
             Weight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Weight::Dense(t) => {
                 t.elem_count() * t.dtype().size_in_bytes()
             }
         }
+    }
+
+    /// Multiplies the quantized weight with `kernel` from now on (dense weights, and formats
+    /// thicket's kernel does not support, are left as they are).
+    pub fn set_kernel(&mut self, kernel: QuantKernel) -> Result<()> {
+        let replacement = match (&self.weight, kernel) {
+            (Weight::Quantized(QMatMul::QTensor(q)), QuantKernel::Thicket)
+                if q.device().is_cpu() =>
+            {
+                QuantMatrix::from_qtensor(q)?.map(|packed| Weight::Packed(Arc::new(packed)))
+            }
+            (Weight::Packed(w), QuantKernel::Candle) => {
+                let storage =
+                    QStorage::from_data(Cow::Borrowed(w.data()), &Device::Cpu, w.format().ggml())?;
+                let tensor = QTensor::new(storage, (w.rows(), w.cols()))?;
+                Some(Weight::Quantized(QMatMul::from_qtensor(tensor)?))
+            }
+            _ => None,
+        };
+        if let Some(weight) = replacement {
+            self.weight = weight;
+        }
+        Ok(())
+    }
+
+    /// The kernel multiplying this projection, `None` when its weight is dense.
+    pub fn kernel(&self) -> Option<QuantKernel> {
+        match &self.weight {
+            Weight::Quantized(QMatMul::QTensor(_)) => Some(QuantKernel::Candle),
+            Weight::Packed(_) => Some(QuantKernel::Thicket),
+            _ => None,
+        }
+    }
+}
+
+impl Weight {
+    /// A quantized weight for `kernel`: thicket's where it is on the CPU in a supported
+    /// format, candle's otherwise.
+    fn quantized(q: QTensor, kernel: QuantKernel) -> Result<Self> {
+        if kernel == QuantKernel::Thicket && q.device().is_cpu() {
+            if let Some(packed) = QuantMatrix::from_qtensor(&q)? {
+                return Ok(Self::Packed(Arc::new(packed)));
+            }
+        }
+        Ok(Self::Quantized(QMatMul::from_qtensor(q)?))
     }
 }

@@ -7,7 +7,7 @@ use candle_core::{DType, Device};
 
 use crate::attention::AttentionKernel;
 use crate::fetch::{resolve_model, ModelSource};
-use crate::linear::WeightDType;
+use crate::linear::{QuantKernel, WeightDType};
 use crate::model::Model;
 use crate::tokenizer::ModelTokenizer;
 use crate::{gguf, hf, Result};
@@ -19,6 +19,8 @@ pub struct LoadOptions {
     pub dtype: WeightDType,
     /// Attention implementation.
     pub attention: AttentionKernel,
+    /// CPU kernel for quantized weights.
+    pub matmul: QuantKernel,
 }
 
 /// A model and everything needed to talk to it.
@@ -65,7 +67,9 @@ pub fn load_source(source: ModelSource, options: &LoadOptions) -> Result<LoadedM
         }
     };
     Ok(LoadedModel {
-        model: model.with_attention(options.attention),
+        model: model
+            .with_attention(options.attention)
+            .with_quant_kernel(options.matmul)?,
         tokenizer,
         source,
     })

@@ -14,7 +14,7 @@ use crate::attention::{gathered_tree_attention, paged_tree_attention, AttentionK
 use crate::batch::TreeBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::kv_store::PagedKvStore;
-use crate::linear::Linear;
+use crate::linear::{Linear, QuantKernel};
 use crate::{Error, Result};
 
 /// One decoder block's weights.
@@ -90,6 +90,30 @@ impl Model {
     pub fn with_attention(mut self, kernel: AttentionKernel) -> Self {
         self.attention = kernel;
         self
+    }
+
+    /// The same model multiplying its quantized weights with `kernel`.
+    pub fn with_quant_kernel(mut self, kernel: QuantKernel) -> Result<Self> {
+        for layer in &mut self.weights.layers {
+            for l in [
+                &mut layer.q,
+                &mut layer.k,
+                &mut layer.v,
+                &mut layer.o,
+                &mut layer.gate,
+                &mut layer.up,
+                &mut layer.down,
+            ] {
+                l.set_kernel(kernel)?;
+            }
+        }
+        self.weights.lm_head.set_kernel(kernel)?;
+        Ok(self)
+    }
+
+    /// The kernel multiplying the quantized weights, `None` when all weights are dense.
+    pub fn quant_kernel(&self) -> Option<QuantKernel> {
+        self.weights.layers.iter().find_map(|l| l.q.kernel())
     }
 
     /// The attention kernel in use.

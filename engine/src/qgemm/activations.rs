@@ -1,0 +1,117 @@
+//! Activation rows quantized to 8 bits once per matmul, the way ggml (and candle) quantize them
+//! for their integer dot products, so our products round exactly where candle's do: 32-value
+//! blocks with an f16-rounded scale (Q8_0, and Q8_1's f16 block sums for Q4_1), or 256-value
+//! blocks with an f32 scale and 16-value sums (Q8_K) for the K formats.
+
+use half::f16;
+
+use super::formats::{QuantFormat, Shape};
+
+/// `m` rows of `k` activations, quantized.
+#[derive(Debug, Default)]
+pub struct QuantizedRows {
+    /// Values per row.
+    pub k: usize,
+    /// `[m][k]` 8-bit values.
+    pub q: Vec<i8>,
+    /// Per block (`[m][k / 32]` or `[m][k / 256]`): the scale.
+    pub d: Vec<f32>,
+    /// `Block32`: per block, `d * sum(q)`. `Super256`: per 16 values, `d * sum(q)`.
+    pub sums: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `x` (`[m][k]`, row-major) for weights of `format`.
+    pub fn quantize(format: QuantFormat, x: &[f32], k: usize) -> Self {
+        let mut rows = Self::default();
+        rows.fill(format, x, k);
+        rows
+    }
+
+    /// Quantizes into the existing buffers.
+    pub fn fill(&mut self, format: QuantFormat, x: &[f32], k: usize) {
+        let m = x.len() / k;
+        self.k = k;
+        self.q.resize(m * k, 0);
+        let block = format.block_values();
+        self.d.resize(m * k / block, 0.0);
+        self.sums.resize(
+            match format.shape() {
+                Shape::Block32 => m * k / 32,
+                Shape::Super256 => m * k / 16,
+            },
+            0.0,
+        );
+        match format.shape() {
+            Shape::Block32 => {
+                for (b, (xs, qs)) in x
+                    .chunks_exact(32)
+                    .zip(self.q.chunks_exact_mut(32))
+                    .enumerate()
+                {
+                    let (d, sum) = quantize_q8_0(xs, qs);
+                    self.d[b] = d;
+                    self.sums[b] = if format.q8_1_sums() {
+                        (f16::from_f32(sum as f32) * f16::from_f32(d)).to_f32()
+                    } else {
+                        d * sum as f32
+                    };
+                }
+            }
+            Shape::Super256 => {
+                for (b, (xs, qs)) in x
+                    .chunks_exact(256)
+                    .zip(self.q.chunks_exact_mut(256))
+                    .enumerate()
+                {
+                    let d = quantize_q8_k(xs, qs);
+                    self.d[b] = d;
+                    for (g, group) in qs.chunks_exact(16).enumerate() {
+                        let sum: i32 = group.iter().map(|&v| v as i32).sum();
+                        self.sums[b * 16 + g] = d * sum as f32;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Row `r`'s values.
+    pub fn row_q(&self, r: usize) -> &[i8] {
+        &self.q[r * self.k..(r + 1) * self.k]
+    }
+}
+
+/// ggml's `quantize_row_q8_0` (and `_q8_1`): scale `amax / 127` rounded to f16, values
+/// `round(x / scale)` with the unrounded scale. Returns the f16-rounded scale and `sum(q)`.
+fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
+    let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &x) in qs.iter_mut().zip(xs) {
+        *q = (x * id).round() as i8;
+        sum += *q as i32;
+    }
+    (f16::from_f32(d).to_f32(), sum)
+}
+
+/// ggml's `quantize_row_q8_K`: the scale is set by the value of largest magnitude (sign
+/// included) so that it maps to -127. Returns the f32 scale.
+fn quantize_q8_k(xs: &[f32], qs: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &x in xs {
+        if amax < x.abs() {
+            amax = x.abs();
+            max = x;
+        }
+    }
+    if amax == 0.0 {
+        qs.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (q, &x) in qs.iter_mut().zip(xs) {
+        *q = (iscale * x).round().clamp(-128.0, 127.0) as i8;
+    }
+    1.0 / iscale
+}

@@ -1,0 +1,298 @@
+//! `QuantMatrix`: thicket's CPU matmul for GGUF-quantized weights, `y = x W^T` for 1 to a few
+//! hundred activation rows, built so that verifying many draft tokens costs little more than
+//! decoding one. The weights are streamed from memory once per product, whatever the row
+//! count: each task decodes a tile of four weight rows into L1-resident scratch once and then
+//! runs every activation row against it with integer SIMD dot products (AVX-512 VNNI, AVX2, or
+//! portable Rust), both cores splitting the tiles. Activations are quantized to 8 bits the way
+//! candle quantizes them, so results agree with candle's `QMatMul` to float rounding; a row's
+//! result never depends on the other rows (batch invariance, which lossless tree verification
+//! relies on).
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx512_block32;
+pub mod formats;
+pub mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use candle_core::quantized::QTensor;
+use rayon::prelude::*;
+
+use crate::{Error, Result};
+use activations::QuantizedRows;
+use formats::{QuantFormat, Shape};
+use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
+
+/// Weight rows (output columns) decoded together.
+const TILE: usize = 8;
+
+/// The instruction set every product in this process uses (detected once, so every row of
+/// every step takes the same arithmetic).
+pub fn process_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(Isa::detect)
+}
+
+/// A quantized `[n, k]` weight matrix (`n` outputs, `k` inputs), in GGUF block layout.
+#[derive(Debug, Clone)]
+pub struct QuantMatrix {
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+/// Per-thread decode buffers, reused across products.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<u8>,
+    scale: Vec<f32>,
+    offset: Vec<f32>,
+    sub_pairs: Vec<i16>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl QuantMatrix {
+    /// Takes a candle `[n, k]` quantized tensor's blocks; `None` when its format is not one the
+    /// kernels support.
+    pub fn from_qtensor(tensor: &QTensor) -> Result<Option<Self>> {
+        let Some(format) = QuantFormat::from_ggml(tensor.dtype()) else {
+            return Ok(None);
+        };
+        let (n, k) = tensor.shape().dims2()?;
+        let data = tensor.data()?.into_owned();
+        Self::new(format, n, k, data).map(Some)
+    }
+
+    /// From raw GGUF blocks, `n` rows of `k / block` blocks each.
+    pub fn new(format: QuantFormat, n: usize, k: usize, data: Vec<u8>) -> Result<Self> {
+        let block = format.block_values();
+        if k == 0 || !k.is_multiple_of(block) {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight with {k} inputs, not a multiple of {block}"
+            )));
+        }
+        if data.len() != n * k / block * format.block_bytes() {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight [{n}, {k}] with {} bytes",
+                data.len()
+            )));
+        }
+        Ok(Self { format, n, k, data })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Outputs.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// The GGUF blocks, row after row.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Bytes of weights.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// `x` is `[m][k]` row-major; returns `[m][n]`.
+    pub fn matmul(&self, x: &[f32]) -> Result<Vec<f32>> {
+        self.matmul_with(process_isa(), x)
+    }
+
+    /// `matmul` in a chosen instruction set (which the CPU must have: see `Isa::available`).
+    pub fn matmul_with(&self, isa: Isa, x: &[f32]) -> Result<Vec<f32>> {
+        if isa as u8 > Isa::detect() as u8 {
+            return Err(Error::Metadata(format!(
+                "this CPU cannot run the {} kernels",
+                isa.name()
+            )));
+        }
+        if !x.len().is_multiple_of(self.k) {
+            return Err(Error::InvalidBatch(format!(
+                "matmul input of {} values for {} inputs per row",
+                x.len(),
+                self.k
+            )));
+        }
+        let m = x.len() / self.k;
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = QuantizedRows::quantize(self.format, x, self.k);
+        let tiles = self.n.div_ceil(TILE);
+        // Column-major result, one contiguous `[TILE][m]` run per tile.
+        let mut out_t = vec![0f32; tiles * TILE * m];
+        let tasks = tiles.min(rayon::current_num_threads() * 8).max(1);
+        let tiles_per_task = tiles.div_ceil(tasks);
+        out_t
+            .par_chunks_mut(tiles_per_task * TILE * m)
+            .enumerate()
+            .for_each(|(task, chunk)| {
+                SCRATCH.with(|scratch| {
+                    let mut scratch = scratch.borrow_mut();
+                    let first = task * tiles_per_task;
+                    for (t, out) in chunk.chunks_mut(TILE * m).enumerate() {
+                        self.tile(isa, first + t, &rows, &mut scratch, out);
+                    }
+                })
+            });
+        if m == 1 {
+            out_t.truncate(self.n);
+            return Ok(out_t);
+        }
+        let mut out = vec![0f32; m * self.n];
+        for (col, src) in out_t.chunks_exact(m).take(self.n).enumerate() {
+            for (r, &v) in src.iter().enumerate() {
+                out[r * self.n + col] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes tile `t`'s weight rows (zeros past the last) and computes `out[c][r]` for every
+    /// activation row `r`.
+    fn tile(
+        &self,
+        isa: Isa,
+        t: usize,
+        rows: &QuantizedRows,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        let k = self.k;
+        let m = rows.q.len() / k;
+        let block = self.format.block_values();
+        let blocks = k / block;
+        let row_bytes = blocks * self.format.block_bytes();
+        let shape = self.format.shape();
+        let groups = match shape {
+            Shape::Block32 => k / 32,
+            Shape::Super256 => k / 16,
+        };
+        let columns = self.n.saturating_sub(t * TILE).min(TILE);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && shape == Shape::Block32 {
+            let tile = &self.data[t * TILE * row_bytes..(t * TILE + columns) * row_bytes];
+            // SAFETY: `Isa::Avx512` is only detected on CPUs with every feature it needs; the
+            // tile holds `columns` whole rows and `out` a whole tile of results.
+            unsafe { avx512_block32::tile(self.format, tile, row_bytes, columns, rows, out) };
+            return;
+        }
+        scratch.q.resize(TILE * k, 0);
+        scratch.offset.resize(TILE * groups, 0.0);
+        scratch.scale.resize(TILE * blocks, 0.0);
+        scratch.sub_pairs.resize(
+            match shape {
+                Shape::Block32 => 0,
+                Shape::Super256 => TILE * k / 2,
+            },
+            0,
+        );
+        let Scratch {
+            q,
+            scale,
+            offset,
+            sub_pairs,
+        } = scratch;
+        if columns < TILE {
+            q.fill(0);
+            scale.fill(0.0);
+            offset.fill(0.0);
+        }
+        for c in 0..columns {
+            let raw = &self.data[(t * TILE + c) * row_bytes..(t * TILE + c + 1) * row_bytes];
+            let offset = &mut offset[c * groups..(c + 1) * groups];
+            let q = &mut q[c * k..(c + 1) * k];
+            let scale = &mut scale[c * blocks..(c + 1) * blocks];
+            let row = match shape {
+                Shape::Block32 => DecodedRow::Block32(formats::Block32Row { q, scale, offset }),
+                Shape::Super256 => DecodedRow::Super256(formats::Super256Row {
+                    q,
+                    sub_pairs: &mut sub_pairs[c * k / 2..(c + 1) * k / 2],
+                    d: scale,
+                    offset,
+                }),
+            };
+            kernels::decode_row(isa, self.format, raw, row);
+        }
+        let half = TILE / 2;
+        for r in 0..m {
+            let xq = rows.row_q(r);
+            let xd = &rows.d[r * blocks..(r + 1) * blocks];
+            let mut dots = [0f32; TILE];
+            {
+                for (h, dots) in dots.chunks_exact_mut(half).enumerate() {
+                    let q = &q[h * half * k..(h + 1) * half * k];
+                    let scale = &scale[h * half * blocks..(h + 1) * half * blocks];
+                    let part = match shape {
+                        Shape::Block32 => kernels::block32_dot4(
+                            isa,
+                            Block32Tile {
+                                q,
+                                scale,
+                                signed: self.format.signed(),
+                            },
+                            xq,
+                            xd,
+                        ),
+                        Shape::Super256 => kernels::super256_dot4(
+                            isa,
+                            Super256Tile {
+                                q,
+                                sub_pairs: &sub_pairs[h * half * k / 2..(h + 1) * half * k / 2],
+                                d: scale,
+                            },
+                            xq,
+                            xd,
+                        ),
+                    };
+                    dots.copy_from_slice(&part);
+                }
+            }
+            let sums = &rows.sums[r * groups..(r + 1) * groups];
+            for (c, dot) in dots.iter().enumerate() {
+                out[c * m + r] = dot + dot_f32(&offset[c * groups..(c + 1) * groups], sums);
+            }
+        }
+    }
+}
+
+/// `sum a[i] * b[i]` with eight partial sums in a fixed order (vectorises; the order never
+/// depends on anything but the length).
+#[inline]
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let whole = a.len() - a.len() % 8;
+    for (x, y) in a[..whole].chunks_exact(8).zip(b[..whole].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
+        sum += x * y;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests;

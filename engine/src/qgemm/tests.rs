@@ -1,0 +1,186 @@
+//! `QuantMatrix` against candle's `QMatMul` (the reference), for every format, every
+//! instruction set this CPU has, every row count 1..=128 and ragged output counts.
+//!
+//! Stated tolerance: `|ours - candle| <= 2e-6 * sum_i |w_i x_i| + 1e-6` per output, where
+//! `sum_i |w_i x_i|` (dequantized weights, f32 inputs) is the natural scale of a dot product's
+//! rounding. Both sides quantize activations identically and sum integer block products
+//! exactly; they differ only in the order of the float accumulation across blocks. Where
+//! candle itself takes another activation quantization (its repacked AVX-512 paths use 256-
+//! value activation blocks for Q8_0 when n is a multiple of 16), the comparison would measure
+//! candle's choice, not ours, so the shapes here keep n ragged.
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use super::formats::QuantFormat;
+use super::kernels::Isa;
+use super::QuantMatrix;
+
+const REL_TOL: f32 = 2e-6;
+
+/// Deterministic pseudo-random values in about [-1, 1], with some larger outliers.
+fn values(count: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..count)
+        .map(|i| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            let v = (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+            if i % 97 == 0 {
+                v * 8.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+struct Case {
+    format: QuantFormat,
+    n: usize,
+    k: usize,
+    ours: QuantMatrix,
+    candle: QMatMul,
+    dense: Vec<f32>,
+}
+
+fn case(format: QuantFormat, n: usize, k: usize) -> Case {
+    let w = Tensor::from_vec(values(n * k, n as u32 ^ k as u32), (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, format.ggml()).unwrap();
+    let dense = q
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let ours = QuantMatrix::from_qtensor(&q).unwrap().unwrap();
+    Case {
+        format,
+        n,
+        k,
+        ours,
+        candle: QMatMul::from_qtensor(q).unwrap(),
+        dense,
+    }
+}
+
+impl Case {
+    fn candle(&self, x: &[f32]) -> Vec<f32> {
+        let m = x.len() / self.k;
+        let x = Tensor::from_slice(x, (m, self.k), &Device::Cpu).unwrap();
+        self.candle
+            .forward(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// Checks `ours` against candle for `x`, returning the largest error relative to the bound.
+    fn check(&self, isa: Isa, x: &[f32]) -> f32 {
+        let m = x.len() / self.k;
+        let got = self.ours.matmul_with(isa, x).unwrap();
+        let want = self.candle(x);
+        assert_eq!(got.len(), want.len());
+        let mut worst = 0f32;
+        for r in 0..m {
+            for c in 0..self.n {
+                let scale: f32 = (0..self.k)
+                    .map(|i| (self.dense[c * self.k + i] * x[r * self.k + i]).abs())
+                    .sum();
+                let bound = REL_TOL * scale + 1e-6;
+                let (a, b) = (got[r * self.n + c], want[r * self.n + c]);
+                assert!(
+                    (a - b).abs() <= bound,
+                    "{:?} {} m={m} row {r} col {c}: ours {a}, candle {b}, bound {bound}",
+                    self.format,
+                    isa.name()
+                );
+                worst = worst.max((a - b).abs() / bound);
+            }
+        }
+        worst
+    }
+}
+
+fn shapes(format: QuantFormat) -> Vec<(usize, usize)> {
+    match format.block_values() {
+        // An odd block count (96 = 3 blocks) exercises the 512-bit kernels' tail.
+        32 => vec![(37, 96), (6, 576)],
+        _ => vec![(37, 256), (6, 768)],
+    }
+}
+
+#[test]
+fn agrees_with_candle_for_every_format_isa_and_row_count() {
+    for format in QuantFormat::ALL {
+        for (n, k) in shapes(format) {
+            let case = case(format, n, k);
+            let x = values(128 * k, 7);
+            for isa in Isa::available() {
+                let mut worst = 0f32;
+                for m in 1..=128 {
+                    worst = worst.max(case.check(isa, &x[..m * k]));
+                }
+                eprintln!(
+                    "{format:?} [{n}, {k}] {}: worst error {worst:.3} of the bound",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_gives_the_same_bits_whatever_rows_share_the_product() {
+    for format in QuantFormat::ALL {
+        let (n, k) = shapes(format)[0];
+        let case = case(format, n, k);
+        let x = values(64 * k, 11);
+        for isa in Isa::available() {
+            let all = case.ours.matmul_with(isa, &x).unwrap();
+            for (r, m) in [(0, 1), (6, 7), (40, 9), (32, 33), (63, 64)] {
+                let some = case
+                    .ours
+                    .matmul_with(isa, &x[(r + 1 - m) * k..(r + 1) * k])
+                    .unwrap();
+                assert_eq!(
+                    &some[(m - 1) * n..m * n],
+                    &all[r * n..(r + 1) * n],
+                    "{format:?} {} row {r} alone among {m}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn instruction_sets_agree_within_the_tolerance() {
+    for format in QuantFormat::ALL {
+        let (n, k) = shapes(format)[1];
+        let case = case(format, n, k);
+        let x = values(9 * k, 3);
+        let portable = case.ours.matmul_with(Isa::Portable, &x).unwrap();
+        for isa in Isa::available() {
+            let got = case.ours.matmul_with(isa, &x).unwrap();
+            for (i, (a, b)) in got.iter().zip(&portable).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{format:?} {} output {i}: {a} vs portable {b}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rejects_malformed_shapes() {
+    assert!(QuantMatrix::new(QuantFormat::Q4_0, 2, 48, vec![0; 2 * 18]).is_err());
+    assert!(QuantMatrix::new(QuantFormat::Q4_0, 2, 64, vec![0; 3 * 18]).is_err());
+    let m = QuantMatrix::new(QuantFormat::Q4_0, 2, 64, vec![0; 4 * 18]).unwrap();
+    assert!(m.matmul(&[0.0; 65]).is_err());
+    assert!(m.matmul(&[]).unwrap().is_empty());
+}
