@@ -79,6 +79,15 @@ fn qgemm(c: &mut Criterion) {
                 }
             })
         });
+        group.bench_with_input(BenchmarkId::new("thicket_on_pool", m), &m, |b, _| {
+            b.iter(|| {
+                rayon::scope(|_| {
+                    for w in &ours {
+                        std::hint::black_box(w.matmul(input(w.cols())).expect("matmul"));
+                    }
+                })
+            })
+        });
         let tensors: Vec<Tensor> = xs
             .iter()
             .map(|x| Tensor::from_slice(x, (m, x.len() / m), &Device::Cpu).expect("x"))

@@ -8,6 +8,8 @@
 //! so a row's output never depends on which other rows or sequences share the batch, and a
 //! tree node computes bit-for-bit what its root path computes as a chain.
 
+use std::ops::Range;
+
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
@@ -64,22 +66,47 @@ pub fn paged_tree_attention(
     let rows = batch.num_rows();
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
-    let work: Vec<(usize, usize)> = (0..batch.seqs.len())
-        .flat_map(|s| (0..shape.num_kv_heads).map(move |kh| (s, kh)))
+    // Work items: (sequence, KV head, rows), with a sequence's rows split so that one long
+    // tree still keeps every core busy. A row's result never depends on how rows are split.
+    let split = rows.div_ceil(rayon::current_num_threads() * 2).max(1);
+    let work: Vec<(usize, usize, Range<usize>)> = batch
+        .seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, seq)| {
+            let n = seq.rows.len();
+            (0..shape.num_kv_heads).flat_map(move |kh| {
+                (0..n)
+                    .step_by(split)
+                    .map(move |start| (s, kh, start..(start + split).min(n)))
+            })
+        })
         .collect();
     let results: Vec<Vec<f32>> = work
         .par_iter()
-        .map(|&(s, kh)| attend_group(q, kv, batch, &batch.seqs[s], kh, group, shape))
+        .map(|(s, kh, part)| {
+            attend_group(
+                q,
+                kv,
+                batch,
+                &batch.seqs[*s],
+                *kh,
+                part.clone(),
+                group,
+                shape,
+            )
+        })
         .collect();
 
     let width = shape.num_heads * hd;
     let mut out = vec![0.0f32; rows * width];
-    for (&(s, kh), result) in work.iter().zip(&results) {
-        let seq = &batch.seqs[s];
-        let n = seq.rows.len();
+    for ((s, kh, part), result) in work.iter().zip(&results) {
+        let seq = &batch.seqs[*s];
+        let n = part.len();
         for g in 0..group {
             let head = kh * group + g;
-            for (i, row) in seq.rows.clone().enumerate() {
+            for (i, local) in part.clone().enumerate() {
+                let row = seq.rows.start + local;
                 let src = &result[(g * n + i) * hd..(g * n + i + 1) * hd];
                 out[row * width + head * hd..row * width + (head + 1) * hd].copy_from_slice(src);
             }
@@ -88,13 +115,18 @@ pub fn paged_tree_attention(
     out
 }
 
-/// Output `[group][seq rows][head_dim]` for the query heads sharing KV head `kh`.
+/// Output `[group][part rows][head_dim]` for the query heads sharing KV head `kh`, for the
+/// sequence's rows `part` (indices into its tree). Each key and value row is read once for all
+/// heads of the group; per head and row, the arithmetic is the fixed-order `dot`, softmax and
+/// accumulation over the row's visible keys.
+#[allow(clippy::too_many_arguments)]
 fn attend_group(
     q: &[f32],
     kv: &LayerKv,
     batch: &TreeBatch,
     seq: &SeqEntry,
     kh: usize,
+    part: Range<usize>,
     group: usize,
     shape: HeadShape,
 ) -> Vec<f32> {
@@ -117,31 +149,94 @@ fn attend_group(
         .map(|r| batch.slots[r].index() * row_width + kh * hd)
         .collect();
 
-    let n = seq.rows.len();
+    let n = part.len();
     let mut out = vec![0.0f32; group * n * hd];
-    let mut scores: Vec<f32> = Vec::with_capacity(context.len() + n);
-    let mut keys: Vec<usize> = Vec::with_capacity(context.len() + n);
-    for i in 0..n {
+    let mut scores: Vec<f32> = Vec::with_capacity(context.len() + seq.rows.len());
+    let mut keys: Vec<usize> = Vec::with_capacity(context.len() + seq.rows.len());
+    for (i, local) in part.enumerate() {
         keys.clear();
         keys.extend_from_slice(&context);
-        keys.extend(seq.mask.visible(i).map(|j| tree[j]));
-        for g in 0..group {
+        keys.extend(seq.mask.visible(local).map(|j| tree[j]));
+        let len = keys.len();
+        let row = seq.rows.start + local;
+        let query = |g: usize| {
             let head = kh * group + g;
-            let row = seq.rows.start + i;
-            let q_row = &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd];
-            scores.clear();
-            scores.extend(
-                keys.iter()
-                    .map(|&at| dot(q_row, &kv.k[at..at + hd]) * scale),
-            );
-            softmax_in_place(&mut scores);
-            let dst = &mut out[(g * n + i) * hd..(g * n + i + 1) * hd];
-            for (&p, &at) in scores.iter().zip(&keys) {
-                axpy(p, &kv.v[at..at + hd], dst);
+            &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd]
+        };
+        scores.resize(len, 0.0);
+        for g in 0..group {
+            let scores = &mut scores[..len];
+            match hd {
+                64 => key_scores::<64>(query(g), &kv.k, &keys, scale, scores),
+                128 => key_scores::<128>(query(g), &kv.k, &keys, scale, scores),
+                _ => {
+                    for (s, &at) in scores.iter_mut().zip(&keys) {
+                        *s = dot(query(g), &kv.k[at..at + hd]) * scale;
+                    }
+                }
+            }
+            softmax_in_place(scores);
+            let o = (g * n + i) * hd;
+            let dst = &mut out[o..o + hd];
+            match hd {
+                64 => weighted_values::<64>(scores, &kv.v, &keys, dst),
+                128 => weighted_values::<128>(scores, &kv.v, &keys, dst),
+                _ => {
+                    for (&p, &at) in scores.iter().zip(&keys) {
+                        axpy(p, &kv.v[at..at + hd], dst);
+                    }
+                }
             }
         }
     }
     out
+}
+
+/// `scale * dot(query, key)` for every key, with the query held in registers: the same
+/// arithmetic as `dot`, specialised to a head width known at compile time.
+#[inline]
+fn key_scores<const HD: usize>(
+    query: &[f32],
+    k: &[f32],
+    keys: &[usize],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let query: &[f32; HD] = query.try_into().expect("invariant: query row of HD values");
+    for (s, &at) in scores.iter_mut().zip(keys) {
+        let key: &[f32; HD] = k[at..at + HD]
+            .try_into()
+            .expect("invariant: key row of HD values");
+        *s = dot_fixed(query, key) * scale;
+    }
+}
+
+/// `dot` for a compile-time width that is a multiple of 8 (bit-identical to it).
+#[inline(always)]
+fn dot_fixed<const HD: usize>(a: &[f32; HD], b: &[f32; HD]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for c in 0..HD / 8 {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// `dst += sum_j p[j] * v[keys[j]]`, accumulated in registers over the keys in order (the same
+/// arithmetic as one `axpy` per key into `dst`).
+#[inline]
+fn weighted_values<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f32]) {
+    let mut acc: [f32; HD] = dst.try_into().expect("invariant: output row of HD values");
+    for (&p, &at) in p.iter().zip(keys) {
+        let value: &[f32; HD] = v[at..at + HD]
+            .try_into()
+            .expect("invariant: value row of HD values");
+        for d in 0..HD {
+            acc[d] += p * value[d];
+        }
+    }
+    dst.copy_from_slice(&acc);
 }
 
 /// Attention with candle ops, one sequence at a time. `q` is `[1, heads, rows, dim]`
@@ -287,12 +382,20 @@ mod tests {
 
     #[test]
     fn matches_naive_attention_over_context_and_ancestors() {
+        // 8: the generic path; 64 and 128: the widths with kernels specialised at compile time.
+        for head_dim in [8, 64, 128] {
+            check_against_naive(head_dim);
+        }
+    }
+
+    fn check_against_naive(head_dim: usize) {
         let shape = HeadShape {
             num_heads: 4,
             num_kv_heads: 2,
-            head_dim: 8,
+            head_dim,
         };
-        let row_width = 16;
+        let hd = head_dim;
+        let row_width = 2 * hd;
         let mut store = PagedKvStore::new(1, 32, row_width);
         let mut seed = 1u32;
         let mut rnd = move || {
@@ -310,7 +413,7 @@ mod tests {
         let tree = TokenTree::new(vec![1, 2, 3, 4], vec![None, Some(0), Some(0), Some(2)]).unwrap();
         let mut batch = TreeBatch::new(4);
         batch.push(6, &table, &tree, LogitRows::All).unwrap();
-        let q: Vec<f32> = (0..4 * 4 * 8).map(|_| rnd()).collect();
+        let q: Vec<f32> = (0..4 * 4 * hd).map(|_| rnd()).collect();
         let out = paged_tree_attention(&q, store.layer(0), &batch, shape);
 
         let ctx_slots: Vec<usize> = (0..6).map(|p| table.slot(p, 4).unwrap().index()).collect();
@@ -319,15 +422,18 @@ mod tests {
             visible.extend(tree.path_to(node).iter().map(|&j| batch.slots[j].index()));
             for head in 0..4 {
                 let kh = head / 2;
-                let key = |s: usize| &k[s * row_width + kh * 8..s * row_width + kh * 8 + 8];
-                let val = |s: usize| &v[s * row_width + kh * 8..s * row_width + kh * 8 + 8];
+                let key = |s: usize| &k[s * row_width + kh * hd..s * row_width + kh * hd + hd];
+                let val = |s: usize| &v[s * row_width + kh * hd..s * row_width + kh * hd + hd];
                 let keys: Vec<&[f32]> = visible.iter().map(|&s| key(s)).collect();
                 let vals: Vec<&[f32]> = visible.iter().map(|&s| val(s)).collect();
-                let qrow = &q[(head * 4 + node) * 8..(head * 4 + node + 1) * 8];
+                let qrow = &q[(head * 4 + node) * hd..(head * 4 + node + 1) * hd];
                 let want = naive(qrow, &keys, &vals);
-                let got = &out[node * 32 + head * 8..node * 32 + head * 8 + 8];
+                let got = &out[node * 4 * hd + head * hd..node * 4 * hd + (head + 1) * hd];
                 for (a, b) in want.iter().zip(got) {
-                    assert!((a - b).abs() < 1e-5, "node {node} head {head}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "head dim {hd} node {node} head {head}: {a} vs {b}"
+                    );
                 }
             }
         }

@@ -159,6 +159,13 @@ impl Model {
     /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
     /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
     pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        // The whole forward runs on a worker of the CPU thread pool, so the parallel matmuls
+        // and attention inside it hand work to the other workers directly instead of each
+        // waking the pool from outside (hundreds of times per forward).
+        rayon::scope(|_| self.forward_on_pool(batch, kv))
+    }
+
+    fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
         self.validate(batch, kv)?;
         let cfg = &self.config;
         let rows = batch.num_rows();

@@ -89,7 +89,7 @@ fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        *q = (x * id).round() as i8;
+        *q = round_half_away(x * id) as i8;
         sum += *q as i32;
     }
     (f16::from_f32(d).to_f32(), sum)
@@ -111,7 +111,46 @@ fn quantize_q8_k(xs: &[f32], qs: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        *q = (iscale * x).round().clamp(-128.0, 127.0) as i8;
+        *q = round_half_away(iscale * x).clamp(-128.0, 127.0) as i8;
     }
     1.0 / iscale
+}
+
+/// `f32::round` (halves away from zero), exactly, in operations that vectorise (`round` itself
+/// becomes a library call per value): `v - trunc(v)` is exact, so comparing it with one half
+/// decides the rounding as `round` does.
+#[inline(always)]
+fn round_half_away(v: f32) -> f32 {
+    let t = v.trunc();
+    if (v - t).abs() >= 0.5 {
+        t + 1f32.copysign(v)
+    } else {
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    #[test]
+    fn rounding_matches_std_round() {
+        let special = [
+            0.5f32,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            0.49999997,
+            -0.49999997,
+            126.5,
+            -127.5,
+            0.0,
+            -0.0,
+        ];
+        let sweep = (-300_000..300_000).map(|i| i as f32 * 0.000_431);
+        for v in special.into_iter().chain(sweep) {
+            assert_eq!(round_half_away(v).to_bits(), v.round().to_bits(), "{v}");
+        }
+    }
 }

@@ -159,10 +159,16 @@ impl QuantMatrix {
             out_t.truncate(self.n);
             return Ok(out_t);
         }
+        // Transposed in blocks of 64 columns, so each block's reads stay in L1 while its rows
+        // are written out contiguously.
         let mut out = vec![0f32; m * self.n];
-        for (col, src) in out_t.chunks_exact(m).take(self.n).enumerate() {
-            for (r, &v) in src.iter().enumerate() {
-                out[r * self.n + col] = v;
+        for start in (0..self.n).step_by(64) {
+            let end = (start + 64).min(self.n);
+            for r in 0..m {
+                let dst = &mut out[r * self.n + start..r * self.n + end];
+                for (c, v) in dst.iter_mut().enumerate() {
+                    *v = out_t[(start + c) * m + r];
+                }
             }
         }
         Ok(out)
