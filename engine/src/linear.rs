@@ -9,6 +9,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
+use crate::qgemm::formats::{QuantFormat, Shape};
 use crate::qgemm::QuantMatrix;
 use crate::Result;
 
@@ -158,7 +159,7 @@ impl Linear {
     pub fn set_kernel(&mut self, kernel: QuantKernel) -> Result<()> {
         let replacement = match (&self.weight, kernel) {
             (Weight::Quantized(QMatMul::QTensor(q)), QuantKernel::Thicket)
-                if q.device().is_cpu() =>
+                if prefer_thicket(q) =>
             {
                 QuantMatrix::from_qtensor(q)?.map(|packed| Weight::Packed(Arc::new(packed)))
             }
@@ -190,11 +191,19 @@ impl Weight {
     /// A quantized weight for `kernel`: thicket's where it is on the CPU in a supported
     /// format, candle's otherwise.
     fn quantized(q: QTensor, kernel: QuantKernel) -> Result<Self> {
-        if kernel == QuantKernel::Thicket && q.device().is_cpu() {
+        if kernel == QuantKernel::Thicket && prefer_thicket(&q) {
             if let Some(packed) = QuantMatrix::from_qtensor(&q)? {
                 return Ok(Self::Packed(Arc::new(packed)));
             }
         }
         Ok(Self::Quantized(QMatMul::from_qtensor(q)?))
     }
+}
+
+/// Whether thicket's kernel multiplies `q` faster than candle's: on the CPU, for the 32-value
+/// formats. For Q4_K and Q6_K, candle's repacked VNNI kernels are faster than ours today
+/// (`benches/README.md`), so those tensors stay with candle.
+fn prefer_thicket(q: &QTensor) -> bool {
+    q.device().is_cpu()
+        && QuantFormat::from_ggml(q.dtype()).is_some_and(|f| f.shape() == Shape::Block32)
 }
