@@ -158,9 +158,7 @@ impl Linear {
     /// thicket's kernel does not support, are left as they are).
     pub fn set_kernel(&mut self, kernel: QuantKernel) -> Result<()> {
         let replacement = match (&self.weight, kernel) {
-            (Weight::Quantized(QMatMul::QTensor(q)), QuantKernel::Thicket)
-                if prefer_thicket(q) =>
-            {
+            (Weight::Quantized(QMatMul::QTensor(q)), QuantKernel::Thicket) if prefer_thicket(q) => {
                 QuantMatrix::from_qtensor(q)?.map(|packed| Weight::Packed(Arc::new(packed)))
             }
             (Weight::Packed(w), QuantKernel::Candle) => {

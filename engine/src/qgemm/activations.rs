@@ -3,8 +3,6 @@
 //! blocks with an f16-rounded scale (Q8_0, and Q8_1's f16 block sums for Q4_1), or 256-value
 //! blocks with an f32 scale and 16-value sums (Q8_K) for the K formats.
 
-use half::f16;
-
 use super::formats::{QuantFormat, Shape};
 
 /// `m` rows of `k` activations, quantized.
@@ -52,7 +50,7 @@ impl QuantizedRows {
                     let (d, sum) = quantize_q8_0(xs, qs);
                     self.d[b] = d;
                     self.sums[b] = if format.q8_1_sums() {
-                        (f16::from_f32(sum as f32) * f16::from_f32(d)).to_f32()
+                        round_to_f16(round_to_f16(sum as f32) * d)
                     } else {
                         d * sum as f32
                     };
@@ -92,7 +90,7 @@ fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
         *q = round_half_away(x * id) as i8;
         sum += *q as i32;
     }
-    (f16::from_f32(d).to_f32(), sum)
+    (round_to_f16(d), sum)
 }
 
 /// ggml's `quantize_row_q8_K`: the scale is set by the value of largest magnitude (sign
@@ -116,6 +114,28 @@ fn quantize_q8_k(xs: &[f32], qs: &mut [i8]) -> f32 {
     1.0 / iscale
 }
 
+/// `v` rounded to the nearest f16 value (ties to even), returned as f32: what
+/// `half::f16::from_f32(v).to_f32()` gives, inlined (that conversion is a runtime-dispatched
+/// call per value). Finite inputs only; magnitudes from 65520 up become infinity.
+#[inline(always)]
+fn round_to_f16(v: f32) -> f32 {
+    let bits = v.to_bits();
+    let sign = bits & 0x8000_0000;
+    let magnitude = bits & 0x7fff_ffff;
+    let abs = f32::from_bits(magnitude);
+    let rounded = if abs >= 65520.0 {
+        f32::INFINITY
+    } else if abs < 6.103_515_6e-5 {
+        // f16 subnormals are multiples of 2^-24; scaling by 2^24 is exact.
+        (abs * 16_777_216.0).round_ties_even() / 16_777_216.0
+    } else {
+        // Keep 10 of the 23 mantissa bits, rounding the other 13 to nearest, ties to even.
+        let lsb = (magnitude >> 13) & 1;
+        f32::from_bits((magnitude + 0x0fff + lsb) & !0x1fff)
+    };
+    f32::from_bits(sign | rounded.to_bits())
+}
+
 /// `f32::round` (halves away from zero), exactly, in operations that vectorise (`round` itself
 /// becomes a library call per value): `v - trunc(v)` is exact, so comparing it with one half
 /// decides the rounding as `round` does.
@@ -131,7 +151,39 @@ fn round_half_away(v: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::round_half_away;
+    use super::{round_half_away, round_to_f16};
+    use half::f16;
+
+    #[test]
+    fn f16_rounding_matches_half() {
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0,
+            65504.0,
+            65519.99,
+            65520.0,
+            6.1035156e-5,
+            6.1035e-5,
+            5.96e-8,
+            2.98e-8,
+            2.99e-8,
+            1.0009766,
+            1.0004883,
+            1.0014648,
+            -3.14159,
+        ];
+        let sweep = (0..2_000_000u32).map(|i| f32::from_bits(0x3000_0000 + i * 997));
+        for v in special.into_iter().chain(sweep).filter(|v| v.is_finite()) {
+            for v in [v, -v] {
+                assert_eq!(
+                    round_to_f16(v).to_bits(),
+                    f16::from_f32(v).to_f32().to_bits(),
+                    "{v:e}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn rounding_matches_std_round() {

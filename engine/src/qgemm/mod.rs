@@ -28,7 +28,7 @@ use formats::{QuantFormat, Shape};
 use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
 
 /// Weight rows (output columns) decoded together.
-const TILE: usize = 8;
+const TILE: usize = 16;
 
 /// The instruction set every product in this process uses (detected once, so every row of
 /// every step takes the same arithmetic).
@@ -240,7 +240,7 @@ impl QuantMatrix {
             };
             kernels::decode_row(isa, self.format, raw, row);
         }
-        let half = TILE / 2;
+        let half = kernels::TILE;
         for r in 0..m {
             let xq = rows.row_q(r);
             let xd = &rows.d[r * blocks..(r + 1) * blocks];
