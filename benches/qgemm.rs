@@ -72,14 +72,8 @@ fn qgemm(c: &mut Criterion) {
             })
             .collect();
         let input = |k: usize| if k == hidden { &xs[0] } else { &xs[1] };
+        // On a pool worker, as `Model::forward` runs them.
         group.bench_with_input(BenchmarkId::new("thicket", m), &m, |b, _| {
-            b.iter(|| {
-                for w in &ours {
-                    std::hint::black_box(w.matmul(input(w.cols())).expect("matmul"));
-                }
-            })
-        });
-        group.bench_with_input(BenchmarkId::new("thicket_on_pool", m), &m, |b, _| {
             b.iter(|| {
                 rayon::scope(|_| {
                     for w in &ours {

@@ -1,7 +1,9 @@
 //! `load_model`: from a `--model` argument (alias, GGUF file, HF directory) and a
 //! `--dtype` to a ready `Model` plus its `ModelTokenizer`. `auto` picks what runs fastest on
-//! the device: on CPU, GGUF weights stay quantized (a decode step streams 4-8x fewer bytes)
-//! and HF weights run in f32 (candle's f16/bf16 CPU matmuls convert on every call).
+//! the device, from the measured forward-cost curves (`benches/README.md`): on CPU, GGUF
+//! weights stay quantized (4-8x fewer bytes per step, and with thicket's matmul cheaper than
+//! f32 at every verify size from 1 to 128 rows) and HF weights run in f32 (candle's f16/bf16
+//! CPU matmuls convert on every call).
 
 use candle_core::{DType, Device};
 

@@ -1,9 +1,9 @@
 //! The AVX-512 kernel for the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0), straight from the GGUF
-//! blocks with no decode pass: for a tile of 8 weight rows, each block of all 8 rows is
-//! gathered into registers as four 512-bit chunks of "8 values of each row" (nibbles split,
-//! fifth bits merged, Q8_0 moved to unsigned by +128), then shared by up to four activation
-//! rows, each meeting it with four VNNI `dpbusd` against broadcast activations. Lane pair
-//! `2c, 2c + 1` holds row `c`'s partial sums; the per-block offset (`w = d * q + offset`) is
+//! blocks with no decode pass: for a tile of 16 weight rows, each block of all 16 rows is
+//! loaded into registers as eight 512-bit chunks of "4 values of each row" (one row per 32-bit
+//! lane: nibbles split, fifth bits merged, Q8_0 moved to unsigned by +128), then shared by up
+//! to four activation rows, each meeting it with eight VNNI `dpbusd` against broadcast
+//! activations. Lane `c` holds row `c`'s sum; the per-block offset (`w = d * q + offset`) is
 //! accumulated on the side against the activations' block sums. A row's arithmetic is the
 //! same whichever rows share its group, so results are batch invariant.
 

@@ -1,12 +1,14 @@
 //! `QuantMatrix`: thicket's CPU matmul for GGUF-quantized weights, `y = x W^T` for 1 to a few
 //! hundred activation rows, built so that verifying many draft tokens costs little more than
 //! decoding one. The weights are streamed from memory once per product, whatever the row
-//! count: each task decodes a tile of four weight rows into L1-resident scratch once and then
-//! runs every activation row against it with integer SIMD dot products (AVX-512 VNNI, AVX2, or
-//! portable Rust), both cores splitting the tiles. Activations are quantized to 8 bits the way
-//! candle quantizes them, so results agree with candle's `QMatMul` to float rounding; a row's
-//! result never depends on the other rows (batch invariance, which lossless tree verification
-//! relies on).
+//! count: the output columns are split into tiles of 16 weight rows across the thread pool,
+//! and each tile's blocks are unpacked once and applied to every activation row with integer
+//! SIMD dot products. On AVX-512 VNNI the 32-value formats unpack in registers
+//! (`avx512_block32`); elsewhere, and for Q4_K/Q6_K, a tile is decoded into L1-resident scratch
+//! first (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
+//! quantized to 8 bits the way candle quantizes them (`activations`), so results agree with
+//! candle's `QMatMul` to float rounding; a row's result never depends on the other rows (batch
+//! invariance, which lossless tree verification relies on).
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
