@@ -1,6 +1,17 @@
 //! The `thicket` binary: a thin entry point over `api::cli`.
 
+/// How long candle's matmul workers spin after each job before sleeping, unless the user
+/// says otherwise. candle's default (25,000 pauses, a few hundred microseconds) keeps them busy
+/// between matmuls on cores that thicket's own pool (its matmul, attention) needs; with the
+/// short spin, forwards of quantized Qwen models run 5-30% faster on 2 cores
+/// (`benches/README.md`).
+const CANDLE_SPIN_LIMIT: &str = "200";
+
 fn main() {
+    // Set before any thread exists (candle reads it when its pool starts).
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", CANDLE_SPIN_LIMIT);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("THICKET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
