@@ -3,7 +3,6 @@
 //! `QMatMul`) or are dense in a chosen dtype. Activations are always f32 at the boundary; a
 //! dense f16/bf16 weight converts the input and output around its matmul.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
@@ -162,8 +161,7 @@ impl Linear {
                 QuantMatrix::from_qtensor(q)?.map(|packed| Weight::Packed(Arc::new(packed)))
             }
             (Weight::Packed(w), QuantKernel::Candle) => {
-                let storage =
-                    QStorage::from_data(Cow::Borrowed(w.data()), &Device::Cpu, w.format().ggml())?;
+                let storage = QStorage::from_data(w.gguf(), &Device::Cpu, w.format().ggml())?;
                 let tensor = QTensor::new(storage, (w.rows(), w.cols()))?;
                 Some(Weight::Quantized(QMatMul::from_qtensor(tensor)?))
             }

@@ -3,8 +3,9 @@
 //! decoding one. The weights are streamed from memory once per product, whatever the row
 //! count: the output columns are split into tiles of 16 weight rows across the thread pool,
 //! and each tile's blocks are unpacked once and applied to every activation row with integer
-//! SIMD dot products. On AVX-512 VNNI the 32-value formats unpack in registers
-//! (`avx512_block32`); elsewhere, and for Q4_K/Q6_K, a tile is decoded into L1-resident scratch
+//! SIMD dot products. On AVX-512 VNNI the 32-value formats are rearranged at load into the
+//! kernel's order (`tiles16`, same bytes) and unpacked in registers (`avx512_block32`);
+//! elsewhere, and for Q4_K/Q6_K, a tile is decoded from GGUF blocks into L1-resident scratch
 //! first (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
 //! quantized to 8 bits the way candle quantizes them (`activations`), so results agree with
 //! candle's `QMatMul` to float rounding; a row's result never depends on the other rows (batch
@@ -15,9 +16,11 @@ mod activations;
 mod avx512_block32;
 pub mod formats;
 pub mod kernels;
+mod tiles16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
@@ -30,7 +33,7 @@ use formats::{QuantFormat, Shape};
 use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
 
 /// Weight rows (output columns) decoded together.
-const TILE: usize = 16;
+const TILE: usize = tiles16::ROWS;
 
 /// The instruction set every product in this process uses (detected once, so every row of
 /// every step takes the same arithmetic).
@@ -39,13 +42,23 @@ pub fn process_isa() -> Isa {
     *ISA.get_or_init(Isa::detect)
 }
 
-/// A quantized `[n, k]` weight matrix (`n` outputs, `k` inputs), in GGUF block layout.
+/// A quantized `[n, k]` weight matrix (`n` outputs, `k` inputs).
 #[derive(Debug, Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
     n: usize,
     k: usize,
+    layout: Layout,
     data: Vec<u8>,
+}
+
+/// How a matrix's blocks are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's: row after row of blocks. Every instruction set reads it.
+    Gguf,
+    /// `tiles16`: rearranged for the AVX-512 kernel (32-value formats only).
+    Tiles16,
 }
 
 /// Per-thread decode buffers, reused across products.
@@ -70,7 +83,35 @@ impl QuantMatrix {
         };
         let (n, k) = tensor.shape().dims2()?;
         let data = tensor.data()?.into_owned();
-        Self::new(format, n, k, data).map(Some)
+        Ok(Some(Self::new(format, n, k, data)?.for_isa(process_isa())))
+    }
+
+    /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` for the 32-value
+    /// formats on AVX-512, GGUF otherwise).
+    pub fn for_isa(self, isa: Isa) -> Self {
+        let layout = if isa == Isa::Avx512 && self.format.shape() == Shape::Block32 {
+            Layout::Tiles16
+        } else {
+            Layout::Gguf
+        };
+        if layout == self.layout {
+            return self;
+        }
+        let gguf = self.gguf().into_owned();
+        let data = match layout {
+            Layout::Tiles16 => tiles16::repack(self.format, self.n, self.k, &gguf),
+            Layout::Gguf => gguf,
+        };
+        Self {
+            layout,
+            data,
+            ..self
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// From raw GGUF blocks, `n` rows of `k / block` blocks each.
@@ -87,7 +128,13 @@ impl QuantMatrix {
                 data.len()
             )));
         }
-        Ok(Self { format, n, k, data })
+        Ok(Self {
+            format,
+            n,
+            k,
+            layout: Layout::Gguf,
+            data,
+        })
     }
 
     /// The block format.
@@ -106,13 +153,16 @@ impl QuantMatrix {
     }
 
     /// The GGUF blocks, row after row.
-    pub fn data(&self) -> &[u8] {
-        &self.data
+    pub fn gguf(&self) -> Cow<'_, [u8]> {
+        match self.layout {
+            Layout::Gguf => Cow::Borrowed(&self.data),
+            Layout::Tiles16 => Cow::Owned(tiles16::unpack(self.format, self.n, self.k, &self.data)),
+        }
     }
 
-    /// Bytes of weights.
+    /// Bytes of weights (as GGUF stores them).
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.n * self.k / self.format.block_values() * self.format.block_bytes()
     }
 
     /// `x` is `[m][k]` row-major; returns `[m][n]`.
@@ -125,6 +175,12 @@ impl QuantMatrix {
         if isa as u8 > Isa::detect() as u8 {
             return Err(Error::Metadata(format!(
                 "this CPU cannot run the {} kernels",
+                isa.name()
+            )));
+        }
+        if self.layout == Layout::Tiles16 && isa != Isa::Avx512 {
+            return Err(Error::Metadata(format!(
+                "a matrix laid out for AVX-512 cannot run the {} kernels",
                 isa.name()
             )));
         }
@@ -198,11 +254,13 @@ impl QuantMatrix {
         };
         let columns = self.n.saturating_sub(t * TILE).min(TILE);
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && shape == Shape::Block32 {
-            let tile = &self.data[t * TILE * row_bytes..(t * TILE + columns) * row_bytes];
-            // SAFETY: `Isa::Avx512` is only detected on CPUs with every feature it needs; the
-            // tile holds `columns` whole rows and `out` a whole tile of results.
-            unsafe { avx512_block32::tile(self.format, tile, row_bytes, columns, rows, out) };
+        if self.layout == Layout::Tiles16 {
+            let size = blocks * tiles16::tile_block(self.format).bytes;
+            let tile = &self.data[t * size..(t + 1) * size];
+            // SAFETY: `Tiles16` matrices only run with `Isa::Avx512` (checked in
+            // `matmul_with`), which is only detected on CPUs with every feature the kernel
+            // needs; the tile holds all its blocks and `out` a whole tile of results.
+            unsafe { avx512_block32::tile(self.format, tile, rows, out) };
             return;
         }
         scratch.q.resize(TILE * k, 0);

@@ -14,7 +14,7 @@ use candle_core::{Device, Module, Tensor};
 
 use super::formats::QuantFormat;
 use super::kernels::Isa;
-use super::QuantMatrix;
+use super::{Layout, QuantMatrix};
 
 const REL_TOL: f32 = 2e-6;
 
@@ -78,9 +78,14 @@ impl Case {
     }
 
     /// Checks `ours` against candle for `x`, returning the largest error relative to the bound.
-    fn check(&self, isa: Isa, x: &[f32]) -> f32 {
+    /// Ours, laid out for `isa`.
+    fn ours(&self, isa: Isa) -> QuantMatrix {
+        self.ours.clone().for_isa(isa)
+    }
+
+    fn check(&self, ours: &QuantMatrix, isa: Isa, x: &[f32]) -> f32 {
         let m = x.len() / self.k;
-        let got = self.ours.matmul_with(isa, x).unwrap();
+        let got = ours.matmul_with(isa, x).unwrap();
         let want = self.candle(x);
         assert_eq!(got.len(), want.len());
         let mut worst = 0f32;
@@ -119,9 +124,10 @@ fn agrees_with_candle_for_every_format_isa_and_row_count() {
             let case = case(format, n, k);
             let x = values(128 * k, 7);
             for isa in Isa::available() {
+                let ours = case.ours(isa);
                 let mut worst = 0f32;
                 for m in 1..=128 {
-                    worst = worst.max(case.check(isa, &x[..m * k]));
+                    worst = worst.max(case.check(&ours, isa, &x[..m * k]));
                 }
                 eprintln!(
                     "{format:?} [{n}, {k}] {}: worst error {worst:.3} of the bound",
@@ -139,10 +145,10 @@ fn a_row_gives_the_same_bits_whatever_rows_share_the_product() {
         let case = case(format, n, k);
         let x = values(64 * k, 11);
         for isa in Isa::available() {
-            let all = case.ours.matmul_with(isa, &x).unwrap();
+            let ours = case.ours(isa);
+            let all = ours.matmul_with(isa, &x).unwrap();
             for (r, m) in [(0, 1), (6, 7), (40, 9), (32, 33), (63, 64)] {
-                let some = case
-                    .ours
+                let some = ours
                     .matmul_with(isa, &x[(r + 1 - m) * k..(r + 1) * k])
                     .unwrap();
                 assert_eq!(
@@ -162,9 +168,12 @@ fn instruction_sets_agree_within_the_tolerance() {
         let (n, k) = shapes(format)[1];
         let case = case(format, n, k);
         let x = values(9 * k, 3);
-        let portable = case.ours.matmul_with(Isa::Portable, &x).unwrap();
+        let portable = case
+            .ours(Isa::Portable)
+            .matmul_with(Isa::Portable, &x)
+            .unwrap();
         for isa in Isa::available() {
-            let got = case.ours.matmul_with(isa, &x).unwrap();
+            let got = case.ours(isa).matmul_with(isa, &x).unwrap();
             for (i, (a, b)) in got.iter().zip(&portable).enumerate() {
                 assert!(
                     (a - b).abs() <= 1e-4 * b.abs().max(1.0),
@@ -172,6 +181,28 @@ fn instruction_sets_agree_within_the_tolerance() {
                     isa.name()
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn layouts_convert_both_ways_and_guard_their_kernels() {
+    for format in QuantFormat::ALL {
+        let (n, k) = shapes(format)[0];
+        let case = case(format, n, k);
+        let gguf = case.ours.clone().for_isa(Isa::Portable);
+        assert_eq!(gguf.layout(), Layout::Gguf);
+        let avx512 = gguf.clone().for_isa(Isa::Avx512);
+        let expect = if format.block_values() == 32 {
+            Layout::Tiles16
+        } else {
+            Layout::Gguf
+        };
+        assert_eq!(avx512.layout(), expect, "{format:?}");
+        assert_eq!(avx512.gguf(), gguf.gguf(), "{format:?}");
+        assert_eq!(avx512.bytes(), gguf.bytes());
+        if avx512.layout() == Layout::Tiles16 {
+            assert!(avx512.matmul_with(Isa::Portable, &vec![0.0; k]).is_err());
         }
     }
 }
