@@ -16,7 +16,7 @@ pub enum Isa {
     Portable,
     /// AVX2, FMA and F16C.
     Avx2,
-    /// AVX-512 F/BW/VL/DQ/VBMI with VNNI.
+    /// AVX-512 F/BW/VL/DQ with VNNI.
     Avx512,
 }
 
@@ -30,7 +30,6 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512dq")
                 && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("avx512vbmi")
                 && is_x86_feature_detected!("f16c")
             {
                 return Self::Avx512;
