@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::batch::{SeqEntry, TreeBatch};
 use crate::kv_store::LayerKv;
+use crate::reduce::dot;
 use crate::Result;
 
 /// Which implementation computes attention. The two differ only in float summation order,
@@ -211,7 +212,7 @@ fn key_scores<const HD: usize>(
     }
 }
 
-/// `dot` for a compile-time width that is a multiple of 8 (bit-identical to it).
+/// `reduce::dot` for a compile-time width that is a multiple of 8 (bit-identical to it).
 #[inline(always)]
 fn dot_fixed<const HD: usize>(a: &[f32; HD], b: &[f32; HD]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -314,24 +315,6 @@ fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
     }
     let (b, kv_heads, len, d) = xs.dims4()?;
     Ok(Tensor::cat(&vec![&xs; n_rep], 2)?.reshape((b, kv_heads * n_rep, len, d))?)
-}
-
-/// Dot product with eight independent partial sums (vectorises; fixed order).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (a8, a_rest) = a.split_at(a.len() - a.len() % 8);
-    let (b8, b_rest) = b.split_at(a8.len());
-    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in a_rest.iter().zip(b_rest) {
-        sum += x * y;
-    }
-    sum
 }
 
 #[inline]

@@ -28,6 +28,7 @@ pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod qgemm;
+mod reduce;
 pub mod request;
 pub mod sampler;
 pub mod spec;

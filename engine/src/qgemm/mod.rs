@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use candle_core::quantized::QTensor;
 use rayon::prelude::*;
 
-use crate::{Error, Result};
+use crate::{reduce, Error, Result};
 use activations::QuantizedRows;
 use formats::{QuantFormat, Shape};
 use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
@@ -97,10 +97,9 @@ impl QuantMatrix {
         if layout == self.layout {
             return self;
         }
-        let gguf = self.gguf().into_owned();
         let data = match layout {
-            Layout::Tiles16 => tiles16::repack(self.format, self.n, self.k, &gguf),
-            Layout::Gguf => gguf,
+            Layout::Tiles16 => tiles16::repack(self.format, self.n, self.k, &self.data),
+            Layout::Gguf => tiles16::unpack(self.format, self.n, self.k, &self.data),
         };
         Self {
             layout,
@@ -172,7 +171,7 @@ impl QuantMatrix {
 
     /// `matmul` in a chosen instruction set (which the CPU must have: see `Isa::available`).
     pub fn matmul_with(&self, isa: Isa, x: &[f32]) -> Result<Vec<f32>> {
-        if isa as u8 > Isa::detect() as u8 {
+        if isa as u8 > process_isa() as u8 {
             return Err(Error::Metadata(format!(
                 "this CPU cannot run the {} kernels",
                 isa.name()
@@ -300,64 +299,44 @@ impl QuantMatrix {
             };
             kernels::decode_row(isa, self.format, raw, row);
         }
-        let half = kernels::TILE;
+        let quarter = kernels::TILE;
         for r in 0..m {
             let xq = rows.row_q(r);
             let xd = &rows.d[r * blocks..(r + 1) * blocks];
             let mut dots = [0f32; TILE];
-            {
-                for (h, dots) in dots.chunks_exact_mut(half).enumerate() {
-                    let q = &q[h * half * k..(h + 1) * half * k];
-                    let scale = &scale[h * half * blocks..(h + 1) * half * blocks];
-                    let part = match shape {
-                        Shape::Block32 => kernels::block32_dot4(
-                            isa,
-                            Block32Tile {
-                                q,
-                                scale,
-                                signed: self.format.signed(),
-                            },
-                            xq,
-                            xd,
-                        ),
-                        Shape::Super256 => kernels::super256_dot4(
-                            isa,
-                            Super256Tile {
-                                q,
-                                sub_pairs: &sub_pairs[h * half * k / 2..(h + 1) * half * k / 2],
-                                d: scale,
-                            },
-                            xq,
-                            xd,
-                        ),
-                    };
-                    dots.copy_from_slice(&part);
-                }
+            for (h, dots) in dots.chunks_exact_mut(quarter).enumerate() {
+                let q = &q[h * quarter * k..(h + 1) * quarter * k];
+                let scale = &scale[h * quarter * blocks..(h + 1) * quarter * blocks];
+                let part = match shape {
+                    Shape::Block32 => kernels::block32_dot4(
+                        isa,
+                        Block32Tile {
+                            q,
+                            scale,
+                            signed: self.format.signed(),
+                        },
+                        xq,
+                        xd,
+                    ),
+                    Shape::Super256 => kernels::super256_dot4(
+                        isa,
+                        Super256Tile {
+                            q,
+                            sub_pairs: &sub_pairs[h * quarter * k / 2..(h + 1) * quarter * k / 2],
+                            d: scale,
+                        },
+                        xq,
+                        xd,
+                    ),
+                };
+                dots.copy_from_slice(&part);
             }
             let sums = &rows.sums[r * groups..(r + 1) * groups];
             for (c, dot) in dots.iter().enumerate() {
-                out[c * m + r] = dot + dot_f32(&offset[c * groups..(c + 1) * groups], sums);
+                out[c * m + r] = dot + reduce::dot(&offset[c * groups..(c + 1) * groups], sums);
             }
         }
     }
-}
-
-/// `sum a[i] * b[i]` with eight partial sums in a fixed order (vectorises; the order never
-/// depends on anything but the length).
-#[inline]
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let whole = a.len() - a.len() % 8;
-    for (x, y) in a[..whole].chunks_exact(8).zip(b[..whole].chunks_exact(8)) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
-        sum += x * y;
-    }
-    sum
 }
 
 #[cfg(test)]
