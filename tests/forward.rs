@@ -262,3 +262,88 @@ fn sequences_in_one_batch_do_not_see_each_other() {
         "different contexts gave the same logits"
     );
 }
+
+/// Logits of a prompt chain and then of a tree over it (two sequences in each batch, so rows
+/// of different sequences and positions share every product), as bit patterns.
+fn prompt_then_tree_bits(model: &Model) -> Vec<u32> {
+    let bs = 8;
+    let vocab = model.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(5);
+    let prompts: Vec<Vec<u32>> = [13, 21]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let trees: Vec<TokenTree> = [9, 17]
+        .iter()
+        .map(|&n| random_tree(&mut rng, n, vocab))
+        .collect();
+    let mut pool = BlockPool::new(16, bs);
+    let tables: Vec<BlockTable> = (0..2)
+        .map(|_| {
+            let mut t = BlockTable::new();
+            assert!(t.ensure_capacity(40, &mut pool));
+            t
+        })
+        .collect();
+    let mut kv = model.new_kv_store(pool.num_slots());
+    let mut bits = Vec::new();
+    for step in 0..2 {
+        let mut batch = TreeBatch::new(bs);
+        for s in 0..2 {
+            let (context, tree) = match step {
+                0 => (0, TokenTree::chain(&prompts[s])),
+                _ => (prompts[s].len(), trees[s].clone()),
+            };
+            batch
+                .push(context, &tables[s], &tree, LogitRows::All)
+                .unwrap();
+        }
+        let logits = model.forward(&batch, &mut kv).unwrap();
+        bits.extend(
+            logits
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits()),
+        );
+    }
+    bits
+}
+
+#[test]
+fn fused_cpu_pass_gives_the_candle_ops_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let qwen = TinyModelSpec {
+        architecture: engine::Architecture::Qwen2,
+        ..TinyModelSpec::default()
+    };
+    engine::testing::write_tiny_hf_model(dir.path(), &qwen).unwrap();
+    let (tiny_qwen, _) = engine::load::load_hf_model(
+        dir.path(),
+        engine::WeightDType::Quantized,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for (name, model) in [
+        ("smollm2 Q4_1", &smollm2().model),
+        ("tiny qwen2 Q8_0", &tiny_qwen),
+    ] {
+        assert!(model.is_fused(), "{name}: the fused pass does not apply");
+        let reference = model.clone().without_fused_pass();
+        assert!(!reference.is_fused());
+        let (fused, candle) = (
+            prompt_then_tree_bits(model),
+            prompt_then_tree_bits(&reference),
+        );
+        assert_eq!(fused.len(), candle.len());
+        let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} logits differ",
+            fused.len()
+        );
+    }
+}

@@ -17,18 +17,65 @@ pub fn forward(
     sizes: &[usize],
     repeats: usize,
 ) -> anyhow::Result<()> {
-    let points = engine::bench::forward_cost(&loaded.model, context, sizes, repeats)?;
+    println!(
+        "CPU: {}; quantized matmul: {} kernel, {} path; layers: {}",
+        engine::bench::cpu_name(),
+        match loaded.model.quant_kernel() {
+            Some(engine::QuantKernel::Candle) => "candle",
+            Some(engine::QuantKernel::Thicket) => "thicket",
+            None => "none (dense weights)",
+        },
+        engine::qgemm::process_isa().name(),
+        if loaded.model.is_fused() {
+            "fused CPU pass"
+        } else {
+            "candle ops"
+        }
+    );
+    println!();
+    // Where the fused CPU pass runs, the same weights through candle's ops are measured in
+    // the same run, interleaved, as the reference it replaces.
+    let unfused = loaded
+        .model
+        .is_fused()
+        .then(|| loaded.model.clone().without_fused_pass());
+    let mut models = vec![&loaded.model];
+    models.extend(unfused.as_ref());
+    let curves = engine::bench::forward_costs(&models, context, sizes, repeats)?;
+    let points = &curves[0].points;
     let base = points.first().map(|p| p.seconds).unwrap_or(1.0);
-    println!("| new tokens | ms / forward | x cost(1) | ms / token |");
-    println!("|---:|---:|---:|---:|");
-    for p in &points {
-        println!(
-            "| {} | {:.2} | {:.2} | {:.2} |",
-            p.new_tokens,
-            p.seconds * 1e3,
-            p.seconds / base,
-            p.seconds * 1e3 / p.new_tokens as f64
-        );
+    if let Some(candle) = curves.get(1) {
+        let candle_base = candle.points.first().map(|p| p.seconds).unwrap_or(1.0);
+        println!("| new tokens | ms / forward | x cost(1) | ms / token | matmul ms | attention ms | other ms | head ms | candle ops: ms | x cost(1) |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for ((p, parts), c) in points.iter().zip(&curves[0].parts).zip(&candle.points) {
+            let parts = parts.unwrap_or_default();
+            println!(
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                p.new_tokens,
+                p.seconds * 1e3,
+                p.seconds / base,
+                p.seconds * 1e3 / p.new_tokens as f64,
+                parts.matmul * 1e3,
+                parts.attention * 1e3,
+                parts.other * 1e3,
+                parts.head * 1e3,
+                c.seconds * 1e3,
+                c.seconds / candle_base
+            );
+        }
+    } else {
+        println!("| new tokens | ms / forward | x cost(1) | ms / token |");
+        println!("|---:|---:|---:|---:|");
+        for p in points {
+            println!(
+                "| {} | {:.2} | {:.2} | {:.2} |",
+                p.new_tokens,
+                p.seconds * 1e3,
+                p.seconds / base,
+                p.seconds * 1e3 / p.new_tokens as f64
+            );
+        }
     }
     // The memory-bandwidth bound on one-row decoding, measured in the same run.
     let bandwidth = engine::bench::read_bandwidth(1 << 30, 3);

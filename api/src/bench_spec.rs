@@ -3,13 +3,15 @@
 //! and the Token Recycling paper's Table 1 layout: per category the speedup over `none`,
 //! then MAT (tokens per verification step), decoding tokens/s (after the first token, as the
 //! papers time generation) and overall speedup. Each method
-//! runs on a fresh engine, so the Token Recycling matrix warms up over the questions as in
-//! the paper's hot start. `--out` writes every measurement as JSON; `--plot-dir` draws
+//! runs on its own fresh engine (warmed up on one prompt outside the set), so no method reads
+//! another's prefixes from the prefix cache or its continuations from the recycling matrix,
+//! while the Token Recycling matrix still warms up over the questions as in the paper's hot
+//! start. The methods are interleaved question by question (rounds of `--concurrency`
+//! questions, the methods' order rotating), so the host's noise falls on all of them alike. `--out` writes every measurement as JSON; `--plot-dir` draws
 //! acceptance by tree depth and MAT per method.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -123,102 +125,122 @@ fn load_questions(args: &SpecBenchArgs, loaded: &LoadedModel) -> anyhow::Result<
     Ok(questions)
 }
 
-fn run_method(
-    loaded: &LoadedModel,
-    args: &SpecBenchArgs,
+/// A prompt outside every Spec-Bench file, for each engine's untimed warm-up: it pages the
+/// weights in and settles the allocator without putting any question's prefix in the cache
+/// or its continuation in the recycling matrix.
+const WARM_UP: &str = "List the days of the week.";
+
+/// One method's own engine, alive for the whole bench so that questions can be interleaved
+/// across methods while each method still sees only its own traffic.
+struct MethodEngine {
     method: SpecMethod,
-    questions: &Arc<Vec<Question>>,
-) -> anyhow::Result<Vec<Measurement>> {
-    let mut engine_args = args.engine.clone();
-    engine_args.spec.speculation = method;
-    let config = engine_args.config(&loaded.model)?;
-    let (handle, thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(loaded.tokenizer.clone()),
-        loaded.tokenizer.eos_ids().to_vec(),
-        config,
-    )?;
-    // Warm-up (weights paged in, allocator settled): the first question, untimed.
-    if let Some(q) = questions.first() {
+    handle: engine::EngineHandle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl MethodEngine {
+    fn start(
+        loaded: &LoadedModel,
+        args: &SpecBenchArgs,
+        method: SpecMethod,
+    ) -> anyhow::Result<Self> {
+        let mut engine_args = args.engine.clone();
+        engine_args.spec.speculation = method;
+        let config = engine_args.config(&loaded.model)?;
+        let (handle, thread) = engine::spawn(
+            loaded.model.clone(),
+            Arc::new(loaded.tokenizer.clone()),
+            loaded.tokenizer.eos_ids().to_vec(),
+            config,
+        )?;
         let warm = Request {
-            prompt: q.prompt.clone(),
+            prompt: loaded
+                .tokenizer
+                .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?,
             sampling: SamplingParams::greedy(),
             stop: StopConditions {
-                max_tokens: 4,
+                max_tokens: 8,
                 ..StopConditions::default()
             },
             n: 1,
-            speculation: None,
+            speculation: Some(SpecRequest {
+                method,
+                max_draft_tokens: None,
+            }),
         };
         handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
-    }
-    let next = Arc::new(AtomicUsize::new(0));
-    let workers: Vec<_> = (0..args.concurrency.max(1))
-        .map(|_| {
-            let (handle, next, questions) = (handle.clone(), next.clone(), questions.clone());
-            let max_tokens = args.max_tokens;
-            std::thread::spawn(move || -> anyhow::Result<Vec<Measurement>> {
-                let mut done = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(q) = questions.get(i) else {
-                        return Ok(done);
-                    };
-                    let request = Request {
-                        prompt: q.prompt.clone(),
-                        sampling: SamplingParams::greedy(),
-                        stop: StopConditions {
-                            max_tokens,
-                            ..StopConditions::default()
-                        },
-                        n: 1,
-                        speculation: Some(SpecRequest {
-                            method,
-                            max_draft_tokens: None,
-                        }),
-                    };
-                    let started = Instant::now();
-                    let stream = handle.submit(request)?;
-                    let (mut first, mut tokens, mut usage) = (None, 0, None);
-                    while let Some(event) = stream.recv() {
-                        match event {
-                            Event::Output { token_ids, .. } => {
-                                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                                tokens += token_ids.len();
-                            }
-                            Event::Finished { usage: u, .. } => usage = Some(u),
-                            Event::Error(e) => bail!("question {}: {e}", q.id),
-                        }
-                    }
-                    let usage = usage.context("the engine stopped early")?;
-                    let seconds = started.elapsed().as_secs_f64();
-                    let first = first.unwrap_or(seconds);
-                    done.push(Measurement {
-                        question_id: q.id.clone(),
-                        category: q.category.clone(),
-                        method: method.as_str().to_string(),
-                        output_tokens: tokens,
-                        seconds,
-                        decode_seconds: seconds - first,
-                        verify_steps: usage.spec_steps,
-                        draft_tokens: usage.draft_tokens,
-                        accepted_tokens: usage.accepted_tokens,
-                    });
-                }
-            })
+        Ok(Self {
+            method,
+            handle,
+            thread,
         })
-        .collect();
-    let mut all = Vec::new();
-    for worker in workers {
-        all.extend(
-            worker
-                .join()
-                .map_err(|_| anyhow::anyhow!("a bench worker panicked"))??,
-        );
     }
-    handle.shutdown();
-    let _ = thread.join();
-    Ok(all)
+
+    /// Runs `questions` all at once (one client each) and measures each.
+    fn run(&self, questions: &[Question], max_tokens: usize) -> anyhow::Result<Vec<Measurement>> {
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = questions
+                .iter()
+                .map(|q| scope.spawn(move || self.one(q, max_tokens)))
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .map_err(|_| anyhow::anyhow!("a bench worker panicked"))?
+                })
+                .collect()
+        })
+    }
+
+    fn one(&self, q: &Question, max_tokens: usize) -> anyhow::Result<Measurement> {
+        let method = self.method;
+        let request = Request {
+            prompt: q.prompt.clone(),
+            sampling: SamplingParams::greedy(),
+            stop: StopConditions {
+                max_tokens,
+                ..StopConditions::default()
+            },
+            n: 1,
+            speculation: Some(SpecRequest {
+                method,
+                max_draft_tokens: None,
+            }),
+        };
+        let started = Instant::now();
+        let stream = self.handle.submit(request)?;
+        let (mut first, mut tokens, mut usage) = (None, 0, None);
+        while let Some(event) = stream.recv() {
+            match event {
+                Event::Output { token_ids, .. } => {
+                    first.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                    tokens += token_ids.len();
+                }
+                Event::Finished { usage: u, .. } => usage = Some(u),
+                Event::Error(e) => bail!("question {}: {e}", q.id),
+            }
+        }
+        let usage = usage.context("the engine stopped early")?;
+        let seconds = started.elapsed().as_secs_f64();
+        let first = first.unwrap_or(seconds);
+        Ok(Measurement {
+            question_id: q.id.clone(),
+            category: q.category.clone(),
+            method: method.as_str().to_string(),
+            output_tokens: tokens,
+            seconds,
+            decode_seconds: seconds - first,
+            verify_steps: usage.spec_steps,
+            draft_tokens: usage.draft_tokens,
+            accepted_tokens: usage.accepted_tokens,
+        })
+    }
+
+    fn stop(self) {
+        self.handle.shutdown();
+        let _ = self.thread.join();
+    }
 }
 
 /// Decoding speed: tokens after the first over the time after the first token.
@@ -251,25 +273,40 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             Some(m) => methods.push(m),
         }
     }
-    let questions = Arc::new(load_questions(args, loaded)?);
-    let mut results: Vec<Measurement> = Vec::new();
+    let questions = load_questions(args, loaded)?;
     let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
-    let mut depth = Vec::new();
-    for &method in &methods {
-        let started = Instant::now();
-        let before = counters.as_ref().map(charts::snapshot);
-        let ms = run_method(loaded, args, method, &questions)?;
-        if let (Some(handle), Some(before)) = (&counters, before) {
-            let counts = charts::snapshot(handle).since(&before);
-            depth.push((method.as_str().to_string(), counts));
+    let engines = methods
+        .iter()
+        .map(|&m| MethodEngine::start(loaded, args, m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut results: Vec<Measurement> = Vec::new();
+    let mut depth: Vec<(String, charts::DepthCounts)> = methods
+        .iter()
+        .map(|m| (m.as_str().to_string(), charts::DepthCounts::default()))
+        .collect();
+    let mut busy = vec![0f64; methods.len()];
+    // Rounds of `concurrency` questions; every method runs a round on its own engine before
+    // the next round starts, and the order of the methods rotates from round to round, so
+    // the host's noise falls on every method alike.
+    for (round, batch) in questions.chunks(args.concurrency.max(1)).enumerate() {
+        for turn in 0..engines.len() {
+            let i = (round + turn) % engines.len();
+            let before = counters.as_ref().map(charts::snapshot);
+            let started = Instant::now();
+            results.extend(engines[i].run(batch, args.max_tokens)?);
+            busy[i] += started.elapsed().as_secs_f64();
+            if let (Some(handle), Some(before)) = (&counters, before) {
+                depth[i].1.add(&charts::snapshot(handle).since(&before));
+            }
         }
+    }
+    for (engine, seconds) in engines.into_iter().zip(&busy) {
         eprintln!(
-            "{}: {} questions in {:.1}s",
-            method.as_str(),
-            ms.len(),
-            started.elapsed().as_secs_f64()
+            "{}: {} questions in {seconds:.1}s",
+            engine.method.as_str(),
+            questions.len()
         );
-        results.extend(ms);
+        engine.stop();
     }
     let categories: Vec<String> = {
         let mut c: Vec<String> = questions.iter().map(|q| q.category.clone()).collect();

@@ -48,6 +48,14 @@ impl DepthCounts {
         counts
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &DepthCounts) {
+        self.verify_steps += other.verify_steps;
+        for (&d, &v) in &other.accepted_at {
+            *self.accepted_at.entry(d).or_default() += v;
+        }
+    }
+
     /// What was counted since `before`.
     pub fn since(&self, before: &DepthCounts) -> DepthCounts {
         DepthCounts {

@@ -13,6 +13,8 @@ use std::ops::Range;
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use crate::attention_simd as simd;
 use crate::batch::{SeqEntry, TreeBatch};
 use crate::kv_store::LayerKv;
 use crate::reduce::dot;
@@ -151,6 +153,10 @@ fn attend_group(
         .collect();
 
     let n = part.len();
+    #[cfg(target_arch = "x86_64")]
+    let simd = simd::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
     let mut out = vec![0.0f32; group * n * hd];
     let mut scores: Vec<f32> = Vec::with_capacity(context.len() + seq.rows.len());
     let mut keys: Vec<usize> = Vec::with_capacity(context.len() + seq.rows.len());
@@ -167,34 +173,95 @@ fn attend_group(
         scores.resize(len, 0.0);
         for g in 0..group {
             let scores = &mut scores[..len];
-            match hd {
-                64 => key_scores::<64>(query(g), &kv.k, &keys, scale, scores),
-                128 => key_scores::<128>(query(g), &kv.k, &keys, scale, scores),
-                _ => {
-                    for (s, &at) in scores.iter_mut().zip(&keys) {
-                        *s = dot(query(g), &kv.k[at..at + hd]) * scale;
-                    }
-                }
-            }
+            key_scores_any(simd, hd, query(g), &kv.k, &keys, scale, scores);
             softmax_in_place(scores);
             let o = (g * n + i) * hd;
-            let dst = &mut out[o..o + hd];
-            match hd {
-                64 => weighted_values::<64>(scores, &kv.v, &keys, dst),
-                128 => weighted_values::<128>(scores, &kv.v, &keys, dst),
-                _ => {
-                    for (&p, &at) in scores.iter().zip(&keys) {
-                        axpy(p, &kv.v[at..at + hd], dst);
-                    }
-                }
-            }
+            weighted_values_any(simd, hd, scores, &kv.v, &keys, &mut out[o..o + hd]);
         }
     }
     out
 }
 
+/// `scores[j] = dot(query, k[keys[j]..]) * scale` in the fastest form this CPU and head width
+/// have (all give the same bits).
+fn key_scores_any(
+    simd: bool,
+    hd: usize,
+    query: &[f32],
+    k: &[f32],
+    keys: &[usize],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd && matches!(hd, 64 | 128) {
+        assert!(query.len() == hd && scores.len() == keys.len());
+        assert!(
+            keys.iter().all(|&at| at + hd <= k.len()),
+            "key row outside the store"
+        );
+        // SAFETY: AVX2 was detected (`simd`); the lengths and every key row were checked.
+        unsafe {
+            match hd {
+                64 => simd::key_scores::<8>(query, k, keys, scale, scores),
+                _ => simd::key_scores::<16>(query, k, keys, scale, scores),
+            }
+        }
+        return;
+    }
+    let _ = simd;
+    match hd {
+        64 => key_scores::<64>(query, k, keys, scale, scores),
+        128 => key_scores::<128>(query, k, keys, scale, scores),
+        _ => {
+            for (s, &at) in scores.iter_mut().zip(keys) {
+                *s = dot(query, &k[at..at + hd]) * scale;
+            }
+        }
+    }
+}
+
+/// `dst += sum_j p[j] * v[keys[j]..]` in the fastest form available (the same bits).
+fn weighted_values_any(
+    simd: bool,
+    hd: usize,
+    p: &[f32],
+    v: &[f32],
+    keys: &[usize],
+    dst: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd && matches!(hd, 64 | 128) {
+        assert!(dst.len() == hd && p.len() == keys.len());
+        assert!(
+            keys.iter().all(|&at| at + hd <= v.len()),
+            "value row outside the store"
+        );
+        // SAFETY: AVX2 was detected (`simd`); the lengths and every value row were checked.
+        unsafe {
+            match hd {
+                64 => simd::weighted_values::<8>(p, v, keys, dst),
+                _ => simd::weighted_values::<16>(p, v, keys, dst),
+            }
+        }
+        return;
+    }
+    let _ = simd;
+    match hd {
+        64 => weighted_values::<64>(p, v, keys, dst),
+        128 => weighted_values::<128>(p, v, keys, dst),
+        _ => {
+            for (&p, &at) in p.iter().zip(keys) {
+                axpy(p, &v[at..at + hd], dst);
+            }
+        }
+    }
+}
+
 /// `scale * dot(query, key)` for every key, with the query held in registers: the same
-/// arithmetic as `dot`, specialised to a head width known at compile time.
+/// arithmetic as `dot`, specialised to a head width known at compile time. Four keys are
+/// taken at once, so their four independent chains of adds overlap in the pipeline instead of
+/// each waiting on its own (each key's sum is still computed exactly as `dot_fixed` does).
 #[inline]
 fn key_scores<const HD: usize>(
     query: &[f32],
@@ -204,12 +271,36 @@ fn key_scores<const HD: usize>(
     scores: &mut [f32],
 ) {
     let query: &[f32; HD] = query.try_into().expect("invariant: query row of HD values");
-    for (s, &at) in scores.iter_mut().zip(keys) {
-        let key: &[f32; HD] = k[at..at + HD]
+    let key = |at: usize| -> &[f32; HD] {
+        k[at..at + HD]
             .try_into()
-            .expect("invariant: key row of HD values");
-        *s = dot_fixed(query, key) * scale;
+            .expect("invariant: key row of HD values")
+    };
+    let mut quads = keys.chunks_exact(4);
+    let mut out = scores.chunks_exact_mut(4);
+    for (ats, s) in (&mut quads).zip(&mut out) {
+        let rows = [key(ats[0]), key(ats[1]), key(ats[2]), key(ats[3])];
+        let mut acc = [[0.0f32; 8]; 4];
+        for c in 0..HD / 8 {
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                for l in 0..8 {
+                    acc[l] += query[c * 8 + l] * row[c * 8 + l];
+                }
+            }
+        }
+        for (s, acc) in s.iter_mut().zip(&acc) {
+            *s = combine8(acc) * scale;
+        }
     }
+    for (s, &at) in out.into_remainder().iter_mut().zip(quads.remainder()) {
+        *s = dot_fixed(query, key(at)) * scale;
+    }
+}
+
+/// The fixed combination of eight partial sums that `dot` uses.
+#[inline(always)]
+fn combine8(acc: &[f32; 8]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
 /// `reduce::dot` for a compile-time width that is a multiple of 8 (bit-identical to it).
@@ -221,7 +312,7 @@ fn dot_fixed<const HD: usize>(a: &[f32; HD], b: &[f32; HD]) -> f32 {
             acc[l] += a[c * 8 + l] * b[c * 8 + l];
         }
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+    combine8(&acc)
 }
 
 /// `dst += sum_j p[j] * v[keys[j]]`, accumulated in registers over the keys in order (the same

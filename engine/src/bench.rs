@@ -8,6 +8,7 @@ use std::time::Instant;
 use kvcache::{BlockPool, BlockTable};
 
 use crate::batch::{LogitRows, TreeBatch};
+use crate::fused::{self, ForwardProfile};
 use crate::model::Model;
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -29,6 +30,28 @@ pub fn forward_cost(
     sizes: &[usize],
     repeats: usize,
 ) -> Result<Vec<CostPoint>> {
+    let mut curves = forward_costs(&[model], context_len, sizes, repeats)?;
+    Ok(curves.pop().map(|c| c.points).unwrap_or_default())
+}
+
+/// One model's measured curve, with the fused pass's breakdown where it ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostCurve {
+    /// Median seconds per size.
+    pub points: Vec<CostPoint>,
+    /// Mean seconds per forward in each part, per size (fused pass only).
+    pub parts: Vec<Option<ForwardProfile>>,
+}
+
+/// `forward_cost` for several models (the same weights run different ways) at once: every
+/// timed forward of one model is followed by one of each other model, so the host's noise
+/// falls on all of them alike.
+pub fn forward_costs(
+    models: &[&Model],
+    context_len: usize,
+    sizes: &[usize],
+    repeats: usize,
+) -> Result<Vec<CostCurve>> {
     let block_size = 16;
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let mut pool = BlockPool::new((context_len + largest).div_ceil(block_size), block_size);
@@ -36,17 +59,31 @@ pub fn forward_cost(
     if !table.ensure_capacity(context_len + largest, &mut pool) {
         return Err(Error::OutOfBlocks("bench pool".into()));
     }
-    let mut kv = model.new_kv_store(pool.num_slots());
-    let vocab = model.config().vocab_size as u32;
+    let Some(first) = models.first() else {
+        return Ok(Vec::new());
+    };
+    let vocab = first.config().vocab_size as u32;
     // A deterministic, non-repeating token pattern; content does not change the cost.
     let token = |i: usize| ((i as u32).wrapping_mul(7919) + 13) % vocab;
-    if context_len > 0 {
-        let context: Vec<u32> = (0..context_len).map(token).collect();
-        let mut batch = TreeBatch::new(block_size);
-        batch.push(0, &table, &TokenTree::chain(&context), LogitRows::None)?;
-        model.forward(&batch, &mut kv)?;
+    let mut stores = Vec::with_capacity(models.len());
+    for model in models {
+        let mut kv = model.new_kv_store(pool.num_slots());
+        if context_len > 0 {
+            let context: Vec<u32> = (0..context_len).map(token).collect();
+            let mut batch = TreeBatch::new(block_size);
+            batch.push(0, &table, &TokenTree::chain(&context), LogitRows::None)?;
+            model.forward(&batch, &mut kv)?;
+        }
+        stores.push(kv);
     }
-    let mut points = Vec::with_capacity(sizes.len());
+    let mut curves: Vec<CostCurve> = models
+        .iter()
+        .map(|_| CostCurve {
+            points: Vec::new(),
+            parts: Vec::new(),
+        })
+        .collect();
+    let repeats = repeats.max(1);
     for &n in sizes {
         let tokens: Vec<u32> = (context_len..context_len + n).map(token).collect();
         let mut batch = TreeBatch::new(block_size);
@@ -56,22 +93,50 @@ pub fn forward_cost(
             &TokenTree::chain(&tokens),
             LogitRows::All,
         )?;
-        model.forward(&batch, &mut kv)?;
-        let mut times: Vec<f64> = (0..repeats.max(1))
-            .map(|_| {
+        let mut times = vec![Vec::with_capacity(repeats); models.len()];
+        let mut parts = vec![ForwardProfile::default(); models.len()];
+        for repeat in 0..=repeats {
+            for (i, (model, kv)) in models.iter().zip(&mut stores).enumerate() {
+                // The first round warms up, untimed.
+                let timed = repeat > 0;
+                fused::profile(timed && model.is_fused());
                 let t = Instant::now();
-                model
-                    .forward(&batch, &mut kv)
-                    .map(|_| t.elapsed().as_secs_f64())
-            })
-            .collect::<Result<_>>()?;
-        times.sort_by(f64::total_cmp);
-        points.push(CostPoint {
-            new_tokens: n,
-            seconds: times[times.len() / 2],
-        });
+                model.forward(&batch, kv)?;
+                let elapsed = t.elapsed().as_secs_f64();
+                let part = fused::profile(false);
+                if timed {
+                    times[i].push(elapsed);
+                    parts[i].add(&part);
+                }
+            }
+        }
+        for (i, (curve, mut times)) in curves.iter_mut().zip(times).enumerate() {
+            times.sort_by(f64::total_cmp);
+            curve.points.push(CostPoint {
+                new_tokens: n,
+                seconds: times[times.len() / 2],
+            });
+            curve.parts.push(
+                models[i]
+                    .is_fused()
+                    .then(|| parts[i].scaled(1.0 / repeats as f64)),
+            );
+        }
     }
-    Ok(points)
+    Ok(curves)
+}
+
+/// The CPU's model name as the OS reports it (`/proc/cpuinfo`), or the architecture.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 /// Memory read bandwidth in bytes per second: the best of `repeats` passes summing a

@@ -9,6 +9,8 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_simd;
 pub mod backend;
 pub mod batch;
 pub mod bench;
@@ -17,6 +19,7 @@ pub mod detokenizer;
 mod engine_loop;
 mod error;
 pub mod fetch;
+pub mod fused;
 pub mod generate;
 pub mod gguf;
 pub mod handle;

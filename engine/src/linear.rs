@@ -173,6 +173,22 @@ impl Linear {
         Ok(())
     }
 
+    /// thicket's quantized matrix, when this projection is multiplied by it.
+    pub fn packed(&self) -> Option<&Arc<QuantMatrix>> {
+        match &self.weight {
+            Weight::Packed(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The bias as f32 values.
+    pub fn bias_values(&self) -> Result<Option<Vec<f32>>> {
+        Ok(match &self.bias {
+            Some(b) => Some(b.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+            None => None,
+        })
+    }
+
     /// The kernel multiplying this projection, `None` when its weight is dense.
     pub fn kernel(&self) -> Option<QuantKernel> {
         match &self.weight {

@@ -6,13 +6,18 @@
 //! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
 //! per-row arithmetic does not depend on the row count for the quantized formats we load);
 //! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
-//! `attention::paged_tree_attention`, which reads K/V in place from the blocks.
+//! `attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU,
+//! when every projection runs on thicket's quantized kernel, the same forward runs as the
+//! fused pass of `fused` instead (bit-identical, no candle op per layer).
 
 use candle_core::{DType, Device, Tensor};
 
 use crate::attention::{gathered_tree_attention, paged_tree_attention, AttentionKernel, HeadShape};
+use std::sync::Arc;
+
 use crate::batch::TreeBatch;
 use crate::config::{ModelConfig, RopeStyle};
+use crate::fused::FusedWeights;
 use crate::kv_store::PagedKvStore;
 use crate::linear::{Linear, QuantKernel};
 use crate::{Error, Result};
@@ -62,6 +67,8 @@ pub struct Model {
     rope_sin: Tensor,
     device: Device,
     attention: AttentionKernel,
+    /// The fused CPU pass's view of the weights, where it applies.
+    fused: Option<Arc<FusedWeights>>,
 }
 
 impl Model {
@@ -76,14 +83,28 @@ impl Model {
             )));
         }
         let (rope_cos, rope_sin) = rope_table(&config, &device)?;
-        Ok(Self {
+        let mut model = Self {
             config,
             weights,
             rope_cos,
             rope_sin,
             device,
             attention: AttentionKernel::default(),
-        })
+            fused: None,
+        };
+        model.rebuild_fused()?;
+        Ok(model)
+    }
+
+    /// Rebuilds the fused pass's view after the weights changed.
+    fn rebuild_fused(&mut self) -> Result<()> {
+        self.fused = FusedWeights::build(
+            &self.weights,
+            (&self.rope_cos, &self.rope_sin),
+            &self.device,
+        )?
+        .map(Arc::new);
+        Ok(())
     }
 
     /// The same model computing attention with `kernel`.
@@ -108,6 +129,7 @@ impl Model {
             }
         }
         self.weights.lm_head.set_kernel(kernel)?;
+        self.rebuild_fused()?;
         Ok(self)
     }
 
@@ -167,6 +189,26 @@ impl Model {
 
     fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
         self.validate(batch, kv)?;
+        if let (Some(fused), AttentionKernel::Fused) = (&self.fused, self.attention) {
+            return fused.forward(&self.config, &self.weights, batch, kv);
+        }
+        self.forward_candle(batch, kv)
+    }
+
+    /// Whether forwards take the fused CPU pass (`fused`) rather than candle's ops.
+    pub fn is_fused(&self) -> bool {
+        self.fused.is_some() && self.attention == AttentionKernel::Fused
+    }
+
+    /// The same model running its forward with candle's ops even where the fused CPU pass
+    /// applies (the reference the fused pass is tested against).
+    pub fn without_fused_pass(mut self) -> Self {
+        self.fused = None;
+        self
+    }
+
+    /// The forward as candle ops (any device, any weights).
+    fn forward_candle(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
         let cfg = &self.config;
         let rows = batch.num_rows();
         let ids = Tensor::new(batch.token_ids.as_slice(), &self.device)?;

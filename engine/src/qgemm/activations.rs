@@ -3,6 +3,8 @@
 //! blocks with an f16-rounded scale (Q8_0, and Q8_1's f16 block sums for Q4_1), or 256-value
 //! blocks with an f32 scale and 16-value sums (Q8_K) for the K formats.
 
+use rayon::prelude::*;
+
 use super::formats::{QuantFormat, Shape};
 
 /// `m` rows of `k` activations, quantized.
@@ -40,36 +42,21 @@ impl QuantizedRows {
             },
             0.0,
         );
-        match format.shape() {
-            Shape::Block32 => {
-                for (b, (xs, qs)) in x
-                    .chunks_exact(32)
-                    .zip(self.q.chunks_exact_mut(32))
-                    .enumerate()
-                {
-                    let (d, sum) = quantize_q8_0(xs, qs);
-                    self.d[b] = d;
-                    self.sums[b] = if format.q8_1_sums() {
-                        round_to_f16(round_to_f16(sum as f32) * d)
-                    } else {
-                        d * sum as f32
-                    };
-                }
-            }
-            Shape::Super256 => {
-                for (b, (xs, qs)) in x
-                    .chunks_exact(256)
-                    .zip(self.q.chunks_exact_mut(256))
-                    .enumerate()
-                {
-                    let d = quantize_q8_k(xs, qs);
-                    self.d[b] = d;
-                    for (g, group) in qs.chunks_exact(16).enumerate() {
-                        let sum: i32 = group.iter().map(|&v| v as i32).sum();
-                        self.sums[b * 16 + g] = d * sum as f32;
-                    }
-                }
-            }
+        let per_row = (k / block, self.sums.len() / m.max(1));
+        let row = |(((x, q), d), sums): RowParts<'_>| quantize_row(format, x, q, d, sums);
+        // Rows are quantized independently (the same bits whichever thread takes them).
+        if m >= PARALLEL_ROWS {
+            x.par_chunks_exact(k)
+                .zip(self.q.par_chunks_exact_mut(k))
+                .zip(self.d.par_chunks_exact_mut(per_row.0))
+                .zip(self.sums.par_chunks_exact_mut(per_row.1))
+                .for_each(row);
+        } else {
+            x.chunks_exact(k)
+                .zip(self.q.chunks_exact_mut(k))
+                .zip(self.d.chunks_exact_mut(per_row.0))
+                .zip(self.sums.chunks_exact_mut(per_row.1))
+                .for_each(row);
         }
     }
 
@@ -79,10 +66,59 @@ impl QuantizedRows {
     }
 }
 
+/// One row's input and the buffers it is quantized into.
+type RowParts<'a> = (((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [f32]);
+
+/// Rows from which quantizing spreads over the thread pool.
+const PARALLEL_ROWS: usize = 4;
+
+/// One row of `k` activations into its values, block scales and sums.
+fn quantize_row(format: QuantFormat, x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [f32]) {
+    match format.shape() {
+        Shape::Block32 => {
+            for (b, (xs, qs)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
+                let (scale, sum) = quantize_q8_0(xs, qs);
+                d[b] = scale;
+                sums[b] = if format.q8_1_sums() {
+                    round_to_f16(round_to_f16(sum as f32) * scale)
+                } else {
+                    scale * sum as f32
+                };
+            }
+        }
+        Shape::Super256 => {
+            for (b, (xs, qs)) in x.chunks_exact(256).zip(q.chunks_exact_mut(256)).enumerate() {
+                let scale = quantize_q8_k(xs, qs);
+                d[b] = scale;
+                for (g, group) in qs.chunks_exact(16).enumerate() {
+                    let sum: i32 = group.iter().map(|&v| v as i32).sum();
+                    sums[b * 16 + g] = scale * sum as f32;
+                }
+            }
+        }
+    }
+}
+
+/// The largest magnitude among `xs`: eight running maxima combined at the end (maximum is
+/// exact and order-free, so this is the sequential fold's value, in vector instructions).
+#[inline(always)]
+fn amax(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] = lanes[l].max(c[l].abs());
+        }
+    }
+    let lanes = lanes.iter().fold(0f32, |a, &x| a.max(x));
+    rest.iter().fold(lanes, |a, x| a.max(x.abs()))
+}
+
 /// ggml's `quantize_row_q8_0` (and `_q8_1`): scale `amax / 127` rounded to f16, values
 /// `round(x / scale)` with the unrounded scale. Returns the f16-rounded scale and `sum(q)`.
 fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
-    let amax = xs.iter().fold(0f32, |a, x| a.max(x.abs()));
+    let amax = amax(xs);
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;

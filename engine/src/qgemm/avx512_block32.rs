@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::activations::QuantizedRows;
 use super::formats::QuantFormat;
-use super::tiles16;
+use super::tiles16::{self, TileBlock};
 
 /// Weight rows per tile.
 pub const COLUMNS: usize = tiles16::ROWS;
@@ -65,46 +65,13 @@ unsafe fn group_of<const R: usize>(
     let k = rows.k;
     let blocks = k / 32;
     let layout = tiles16::tile_block(format);
-    let nibble = _mm512_set1_epi8(0x0f);
-    let load = |at: *const u8| _mm512_loadu_si512(at as *const __m512i);
     let mut acc = [_mm512_setzero_ps(); R];
     let mut off = [_mm512_setzero_ps(); R];
     for b in 0..blocks {
         let base = tile.add(b * layout.bytes);
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.scales) as *const __m256i));
-        // Chunk i holds values 4i..4i + 4 of every row (one row per lane).
-        let mut chunks = [_mm512_setzero_si512(); 8];
-        if format == QuantFormat::Q8_0 {
-            for (j, chunk) in chunks.iter_mut().enumerate() {
-                *chunk = load(base.add(64 * j));
-            }
-        } else {
-            for j in 0..4 {
-                let packed = load(base.add(64 * j));
-                chunks[j] = _mm512_and_si512(packed, nibble);
-                chunks[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), nibble);
-            }
-            if format == QuantFormat::Q5_0 {
-                // Bit v of a row's word becomes bit 4 of the byte holding value v: four bits
-                // at a time, spread to four bytes by one multiply.
-                let high = load(base.add(layout.extra));
-                for (i, chunk) in chunks.iter_mut().enumerate() {
-                    let bits = _mm512_srlv_epi32(high, _mm512_set1_epi32(4 * i as i32));
-                    let bits = _mm512_and_si512(bits, _mm512_set1_epi32(0x0f));
-                    let spread = _mm512_mullo_epi32(bits, _mm512_set1_epi32(0x0204_0810));
-                    let fifth = _mm512_and_si512(spread, _mm512_set1_epi32(0x1010_1010));
-                    *chunk = _mm512_or_si512(*chunk, fifth);
-                }
-            }
-        }
-        let offset = match format {
-            QuantFormat::Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-            QuantFormat::Q4_1 => {
-                _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.extra) as *const __m256i))
-            }
-            QuantFormat::Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
-            _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
-        };
+        let d = scales(base, layout);
+        let chunks = unpack(format, base, layout);
+        let offset = offsets(format, base, layout, d);
         for r in 0..R {
             let row = first + r;
             let x = rows.q.as_ptr().add(row * k + b * 32) as *const i32;
@@ -127,4 +94,77 @@ unsafe fn group_of<const R: usize>(
         _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[r], off[r]));
         lanes
     })
+}
+
+/// The 16 rows' f16 scales of the tile block at `base`.
+///
+/// # Safety
+/// As `tile`; `base` must point at a whole tile block of `layout`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn scales(base: *const u8, layout: TileBlock) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.scales) as *const __m256i))
+}
+
+/// The tile block's values as eight chunks: chunk `i` holds values `4i..4i + 4` of every row
+/// (one row per 32-bit lane), as unsigned bytes (nibbles split, fifth bits merged).
+///
+/// # Safety
+/// As `scales`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn unpack(
+    format: QuantFormat,
+    base: *const u8,
+    layout: TileBlock,
+) -> [__m512i; 8] {
+    let nibble = _mm512_set1_epi8(0x0f);
+    let load = |at: *const u8| _mm512_loadu_si512(at as *const __m512i);
+    let mut chunks = [_mm512_setzero_si512(); 8];
+    if format == QuantFormat::Q8_0 {
+        for (j, chunk) in chunks.iter_mut().enumerate() {
+            *chunk = load(base.add(64 * j));
+        }
+        return chunks;
+    }
+    for j in 0..4 {
+        let packed = load(base.add(64 * j));
+        chunks[j] = _mm512_and_si512(packed, nibble);
+        chunks[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), nibble);
+    }
+    if format == QuantFormat::Q5_0 {
+        // Bit v of a row's word becomes bit 4 of the byte holding value v: four bits at a
+        // time, spread to four bytes by one multiply.
+        let high = load(base.add(layout.extra));
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            let bits = _mm512_srlv_epi32(high, _mm512_set1_epi32(4 * i as i32));
+            let bits = _mm512_and_si512(bits, _mm512_set1_epi32(0x0f));
+            let spread = _mm512_mullo_epi32(bits, _mm512_set1_epi32(0x0204_0810));
+            let fifth = _mm512_and_si512(spread, _mm512_set1_epi32(0x1010_1010));
+            *chunk = _mm512_or_si512(*chunk, fifth);
+        }
+    }
+    chunks
+}
+
+/// The 16 rows' block offsets (`w = d * q + offset`), given their scales `d`.
+///
+/// # Safety
+/// As `scales`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn offsets(
+    format: QuantFormat,
+    base: *const u8,
+    layout: TileBlock,
+    d: __m512,
+) -> __m512 {
+    match format {
+        QuantFormat::Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+        QuantFormat::Q4_1 => {
+            _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.extra) as *const __m256i))
+        }
+        QuantFormat::Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+        _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+    }
 }

@@ -18,6 +18,9 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL/DQ with VNNI.
     Avx512,
+    /// AVX-512 VNNI plus AMX int8 tiles (granted by the OS) for products of two or more rows
+    /// in the 32-value formats; everything else as `Avx512`.
+    Amx,
 }
 
 impl Isa {
@@ -32,7 +35,11 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("f16c")
             {
-                return Self::Avx512;
+                return if super::amx::available() {
+                    Self::Amx
+                } else {
+                    Self::Avx512
+                };
             }
             if is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
@@ -47,10 +54,15 @@ impl Isa {
     /// Every set this CPU can run, best last.
     pub fn available() -> Vec<Self> {
         let best = Self::detect();
-        [Self::Portable, Self::Avx2, Self::Avx512]
+        [Self::Portable, Self::Avx2, Self::Avx512, Self::Amx]
             .into_iter()
             .filter(|isa| *isa as u8 <= best as u8)
             .collect()
+    }
+
+    /// Whether the AVX-512 kernels (and the `Tiles16` layout) run in this set.
+    pub fn has_avx512(self) -> bool {
+        matches!(self, Self::Avx512 | Self::Amx)
     }
 
     /// Lower-case name.
@@ -59,6 +71,7 @@ impl Isa {
             Self::Portable => "portable",
             Self::Avx2 => "avx2",
             Self::Avx512 => "avx512",
+            Self::Amx => "amx",
         }
     }
 }
@@ -79,7 +92,7 @@ pub fn decode_row(isa: Isa, format: QuantFormat, raw: &[u8], row: DecodedRow<'_>
         Isa::Avx2 => unsafe { super::x86::decode_avx2(format, raw, row) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512 => unsafe { super::x86::decode_avx512(format, raw, row) },
+        Isa::Avx512 | Isa::Amx => unsafe { super::x86::decode_avx512(format, raw, row) },
         _ => decode(format, raw, row),
     }
 }
@@ -125,7 +138,7 @@ pub fn block32_dot4(isa: Isa, tile: Block32Tile<'_>, xq: &[i8], xd: &[f32]) -> [
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` only returns a set the CPU has (AVX-512 implies AVX2); lengths
         // checked above.
-        Isa::Avx2 | Isa::Avx512 => unsafe {
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe {
             if tile.signed {
                 super::x86::block32_dot4_avx2::<true>(tile, xq, xd)
             } else {
@@ -148,7 +161,7 @@ pub fn super256_dot4(isa: Isa, tile: Super256Tile<'_>, xq: &[i8], xd: &[f32]) ->
         Isa::Avx2 => unsafe { super::x86::super256_dot4_avx2(tile, xq, xd) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512 => unsafe { super::x86::super256_dot4_avx512(tile, xq, xd) },
+        Isa::Avx512 | Isa::Amx => unsafe { super::x86::super256_dot4_avx512(tile, xq, xd) },
         _ => super256_dot4_portable(tile, xq, xd),
     }
 }

@@ -4,7 +4,9 @@
 //! count: the output columns are split into tiles of 16 weight rows across the thread pool,
 //! and each tile's blocks are unpacked once and applied to every activation row with integer
 //! SIMD dot products. On AVX-512 VNNI the 32-value formats are rearranged at load into the
-//! kernel's order (`tiles16`, same bytes) and unpacked in registers (`avx512_block32`);
+//! kernel's order (`tiles16`, same bytes) and unpacked in registers (`avx512_block32`); where
+//! the CPU and OS allow AMX, products of two or more rows take int8 tiles instead (`amx`,
+//! bit-identical to the VNNI kernel);
 //! elsewhere, and for Q4_K/Q6_K, a tile is decoded from GGUF blocks into L1-resident scratch
 //! first (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
 //! quantized to 8 bits the way candle quantizes them (`activations`), so results agree with
@@ -12,6 +14,8 @@
 //! invariance, which lossless tree verification relies on).
 
 mod activations;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512_block32;
 pub mod formats;
@@ -36,11 +40,26 @@ use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
 const TILE: usize = tiles16::ROWS;
 
 /// The instruction set every product in this process uses (detected once, so every row of
-/// every step takes the same arithmetic).
+/// every step takes the same arithmetic). `THICKET_ISA` (`portable`, `avx2`, `avx512`, `amx`)
+/// caps it, to compare kernels on one machine; a set the CPU lacks is ignored.
 pub fn process_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(Isa::detect)
+    *ISA.get_or_init(|| {
+        let best = Isa::detect();
+        let cap = std::env::var("THICKET_ISA")
+            .ok()
+            .and_then(|name| Isa::available().into_iter().find(|i| i.name() == name));
+        match cap {
+            Some(cap) if (cap as u8) < best as u8 => cap,
+            _ => best,
+        }
+    })
 }
+
+/// Activation rows quantized for one kind of matrix (see `QuantMatrix::quantize`), kept to
+/// be reused across the matrices that read the same activations and across forwards.
+#[derive(Debug, Default)]
+pub struct Activations(QuantizedRows, Option<QuantFormat>);
 
 /// A quantized `[n, k]` weight matrix (`n` outputs, `k` inputs).
 #[derive(Debug, Clone)]
@@ -89,7 +108,7 @@ impl QuantMatrix {
     /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` for the 32-value
     /// formats on AVX-512, GGUF otherwise).
     pub fn for_isa(self, isa: Isa) -> Self {
-        let layout = if isa == Isa::Avx512 && self.format.shape() == Shape::Block32 {
+        let layout = if isa.has_avx512() && self.format.shape() == Shape::Block32 {
             Layout::Tiles16
         } else {
             Layout::Gguf
@@ -177,7 +196,7 @@ impl QuantMatrix {
                 isa.name()
             )));
         }
-        if self.layout == Layout::Tiles16 && isa != Isa::Avx512 {
+        if self.layout == Layout::Tiles16 && !isa.has_avx512() {
             return Err(Error::Metadata(format!(
                 "a matrix laid out for AVX-512 cannot run the {} kernels",
                 isa.name()
@@ -195,9 +214,59 @@ impl QuantMatrix {
             return Ok(Vec::new());
         }
         let rows = QuantizedRows::quantize(self.format, x, self.k);
+        let mut out = vec![0f32; m * self.n];
+        self.product(isa, &rows, &mut out, &mut Vec::new());
+        Ok(out)
+    }
+
+    /// Quantizes `x` (`[m][k]`) into `rows` the way this matrix's kernels read activations;
+    /// `rows` then serves every matrix whose `same_activations` says so.
+    pub(crate) fn quantize(&self, x: &[f32], rows: &mut Activations) {
+        rows.0.fill(self.format, x, self.k);
+        rows.1 = Some(self.format);
+    }
+
+    /// Whether activations quantized for `other` serve this matrix as they are.
+    pub(crate) fn same_activations(&self, other: &QuantMatrix) -> bool {
+        self.k == other.k
+            && self.format.shape() == other.format.shape()
+            && self.format.q8_1_sums() == other.format.q8_1_sums()
+    }
+
+    /// `out = x W^T` (`[m][n]`) for activations quantized by `quantize` of a matrix with the
+    /// same activations; `scratch` holds the column-major result between the tiles and the
+    /// transpose. Allocates nothing once the buffers have grown.
+    pub(crate) fn matmul_quantized(
+        &self,
+        rows: &Activations,
+        out: &mut Vec<f32>,
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
+        let fits = rows.1.is_some_and(|f| {
+            f.shape() == self.format.shape() && f.q8_1_sums() == self.format.q8_1_sums()
+        });
+        if !fits || rows.0.k != self.k {
+            return Err(Error::InvalidBatch(format!(
+                "activations quantized for another matrix than {:?} [{}, {}]",
+                self.format, self.n, self.k
+            )));
+        }
+        let m = rows.0.q.len() / self.k;
+        out.clear();
+        out.resize(m * self.n, 0.0);
+        if m > 0 {
+            self.product(process_isa(), &rows.0, out, scratch);
+        }
+        Ok(())
+    }
+
+    /// The product of quantized rows into `out` (`[m][n]`), `out_t` a reusable buffer.
+    fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32], out_t: &mut Vec<f32>) {
+        let m = rows.q.len() / self.k;
         let tiles = self.n.div_ceil(TILE);
         // Column-major result, one contiguous `[TILE][m]` run per tile.
-        let mut out_t = vec![0f32; tiles * TILE * m];
+        out_t.clear();
+        out_t.resize(tiles * TILE * m, 0.0);
         let tasks = tiles.min(rayon::current_num_threads() * 8).max(1);
         let tiles_per_task = tiles.div_ceil(tasks);
         out_t
@@ -208,17 +277,16 @@ impl QuantMatrix {
                     let mut scratch = scratch.borrow_mut();
                     let first = task * tiles_per_task;
                     for (t, out) in chunk.chunks_mut(TILE * m).enumerate() {
-                        self.tile(isa, first + t, &rows, &mut scratch, out);
+                        self.tile(isa, first + t, rows, &mut scratch, out);
                     }
                 })
             });
         if m == 1 {
-            out_t.truncate(self.n);
-            return Ok(out_t);
+            out.copy_from_slice(&out_t[..self.n]);
+            return;
         }
         // Transposed in blocks of 64 columns, so each block's reads stay in L1 while its rows
         // are written out contiguously.
-        let mut out = vec![0f32; m * self.n];
         for start in (0..self.n).step_by(64) {
             let end = (start + 64).min(self.n);
             for r in 0..m {
@@ -228,7 +296,6 @@ impl QuantMatrix {
                 }
             }
         }
-        Ok(out)
     }
 
     /// Decodes tile `t`'s weight rows (zeros past the last) and computes `out[c][r]` for every
@@ -256,10 +323,17 @@ impl QuantMatrix {
         if self.layout == Layout::Tiles16 {
             let size = blocks * tiles16::tile_block(self.format).bytes;
             let tile = &self.data[t * size..(t + 1) * size];
-            // SAFETY: `Tiles16` matrices only run with `Isa::Avx512` (checked in
-            // `matmul_with`), which is only detected on CPUs with every feature the kernel
-            // needs; the tile holds all its blocks and `out` a whole tile of results.
-            unsafe { avx512_block32::tile(self.format, tile, rows, out) };
+            // SAFETY: `Tiles16` matrices only run with `Isa::Avx512` or `Isa::Amx` (checked in
+            // `matmul_with`), which are only detected on CPUs with every feature the kernels
+            // need (and, for AMX, the OS's permission); the tile holds all its blocks and
+            // `out` a whole tile of results.
+            unsafe {
+                if isa == Isa::Amx && m >= 2 {
+                    amx::tile(self.format, tile, rows, out)
+                } else {
+                    avx512_block32::tile(self.format, tile, rows, out)
+                }
+            };
             return;
         }
         scratch.q.resize(TILE * k, 0);

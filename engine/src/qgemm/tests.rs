@@ -215,3 +215,31 @@ fn rejects_malformed_shapes() {
     assert!(m.matmul(&[0.0; 65]).is_err());
     assert!(m.matmul(&[]).unwrap().is_empty());
 }
+
+#[test]
+fn amx_tiles_give_the_vnni_kernels_bits_for_every_row_count() {
+    if !Isa::available().contains(&Isa::Amx) {
+        eprintln!("skipped: this CPU or its OS offers no AMX int8 tiles (VNNI runs instead)");
+        return;
+    }
+    for format in QuantFormat::ALL {
+        if format.block_values() != 32 {
+            continue;
+        }
+        for (n, k) in shapes(format).into_iter().chain([(49, 576)]) {
+            let case = case(format, n, k);
+            let ours = case.ours(Isa::Amx);
+            assert_eq!(ours.layout(), Layout::Tiles16);
+            let x = values(128 * k, 5);
+            for m in 1..=128 {
+                let amx = ours.matmul_with(Isa::Amx, &x[..m * k]).unwrap();
+                let vnni = ours.matmul_with(Isa::Avx512, &x[..m * k]).unwrap();
+                let same = amx
+                    .iter()
+                    .zip(&vnni)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format:?} [{n}, {k}] m={m}: AMX differs from VNNI");
+            }
+        }
+    }
+}

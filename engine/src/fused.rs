@@ -1,0 +1,453 @@
+//! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer
+//! over preallocated buffers, when every projection is multiplied by thicket's quantized
+//! kernel. RMSNorm writes rows that are quantized once for the q/k/v products (and once for
+//! gate/up), RoPE rotates Q straight into the head-major layout the attention kernel reads and
+//! K in place, and SwiGLU and the residual adds run over the rows in place: no candle op
+//! dispatch, no tensor allocation per layer, and the matmuls and attention still spread over
+//! the thread pool the forward runs on. Every operation repeats candle's arithmetic for the
+//! same op (same expressions, same order), so the logits are bit-identical to the candle path
+//! in `Model::forward` (tested), and a row's result still never depends on the other rows.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use candle_core::{Device, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::attention::{paged_tree_attention, HeadShape};
+use crate::batch::TreeBatch;
+use crate::config::{ModelConfig, RopeStyle};
+use crate::kv_store::PagedKvStore;
+use crate::linear::Linear;
+use crate::model::ModelWeights;
+use crate::qgemm::{Activations, QuantMatrix};
+use crate::{Error, Result};
+
+/// One projection: thicket's quantized matrix and its bias.
+#[derive(Debug, Clone)]
+struct Projection {
+    weight: Arc<QuantMatrix>,
+    bias: Option<Vec<f32>>,
+}
+
+impl Projection {
+    fn from_linear(linear: &Linear) -> Result<Option<Self>> {
+        let Some(weight) = linear.packed() else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            weight: weight.clone(),
+            bias: linear.bias_values()?,
+        }))
+    }
+
+    /// `out = rows W^T + b`.
+    fn apply(&self, rows: &Activations, out: &mut Vec<f32>, scratch: &mut Vec<f32>) -> Result<()> {
+        self.weight.matmul_quantized(rows, out, scratch)?;
+        if let Some(bias) = &self.bias {
+            for row in out.chunks_exact_mut(bias.len()) {
+                for (y, b) in row.iter_mut().zip(bias) {
+                    *y += *b;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FusedLayer {
+    attn_norm: Vec<f32>,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    mlp_norm: Vec<f32>,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
+}
+
+/// The weights in the form the fused pass reads (projections shared with the model's).
+#[derive(Debug, Clone)]
+pub struct FusedWeights {
+    layers: Vec<FusedLayer>,
+    final_norm: Vec<f32>,
+    lm_head: Option<Projection>,
+    /// `[max_positions][head_dim / 2]`, the model's RoPE table.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+/// Seconds spent in each part of fused forwards on this thread, when `profile` is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForwardProfile {
+    /// Quantized matrix products of the layers (activation quantization included).
+    pub matmul: f64,
+    /// Attention, K/V writes included.
+    pub attention: f64,
+    /// Norms, RoPE, SwiGLU, residual adds, embedding lookup.
+    pub other: f64,
+    /// The final norm and the vocabulary projection.
+    pub head: f64,
+}
+
+impl ForwardProfile {
+    /// Adds `other`'s times.
+    pub fn add(&mut self, other: &ForwardProfile) {
+        self.matmul += other.matmul;
+        self.attention += other.attention;
+        self.other += other.other;
+        self.head += other.head;
+    }
+
+    /// Every time times `factor`.
+    pub fn scaled(&self, factor: f64) -> ForwardProfile {
+        ForwardProfile {
+            matmul: self.matmul * factor,
+            attention: self.attention * factor,
+            other: self.other * factor,
+            head: self.head * factor,
+        }
+    }
+
+    /// The sum of the parts.
+    pub fn total(&self) -> f64 {
+        self.matmul + self.attention + self.other + self.head
+    }
+}
+
+/// Reusable buffers of one thread's forwards.
+#[derive(Default)]
+struct Workspace {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q_heads: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    out: Vec<f32>,
+    rows: Activations,
+    scratch: Vec<f32>,
+}
+
+thread_local! {
+    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
+}
+
+/// What fused forwards measured while `profile` was on (`None` while off).
+static PROFILE: Mutex<Option<ForwardProfile>> = Mutex::new(None);
+
+/// Starts (or stops) timing the parts of every fused forward in this process, returning what
+/// was measured since the last call. Timing costs a clock read per stage.
+pub fn profile(on: bool) -> ForwardProfile {
+    let mut profile = PROFILE.lock().unwrap_or_else(|e| e.into_inner());
+    let taken = profile.take().unwrap_or_default();
+    *profile = on.then(ForwardProfile::default);
+    taken
+}
+
+fn profiling() -> bool {
+    PROFILE.lock().map(|p| p.is_some()).unwrap_or(false)
+}
+
+/// A float tensor's values on the CPU.
+fn host_values(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
+impl FusedWeights {
+    /// The fused form of `weights`, or `None` where the fused pass does not apply (a
+    /// projection not on thicket's kernel, weights off the CPU).
+    pub fn build(
+        weights: &ModelWeights,
+        rope: (&Tensor, &Tensor),
+        device: &Device,
+    ) -> Result<Option<Self>> {
+        if !device.is_cpu() {
+            return Ok(None);
+        }
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for l in &weights.layers {
+            let p = |linear: &Linear| Projection::from_linear(linear);
+            let (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) = (
+                p(&l.q)?,
+                p(&l.k)?,
+                p(&l.v)?,
+                p(&l.o)?,
+                p(&l.gate)?,
+                p(&l.up)?,
+                p(&l.down)?,
+            ) else {
+                return Ok(None);
+            };
+            layers.push(FusedLayer {
+                attn_norm: host_values(&l.attn_norm)?,
+                q,
+                k,
+                v,
+                o,
+                mlp_norm: host_values(&l.mlp_norm)?,
+                gate,
+                up,
+                down,
+            });
+        }
+        Ok(Some(Self {
+            layers,
+            final_norm: host_values(&weights.final_norm)?,
+            lm_head: Projection::from_linear(&weights.lm_head)?,
+            rope_cos: host_values(rope.0)?,
+            rope_sin: host_values(rope.1)?,
+        }))
+    }
+
+    /// The forward of `Model::forward` (already validated), on the calling pool worker.
+    pub fn forward(
+        &self,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        batch: &TreeBatch,
+        kv: &mut PagedKvStore,
+    ) -> Result<Tensor> {
+        WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut w) => self.forward_in(cfg, weights, batch, kv, &mut w),
+            // A forward of another engine stolen by this worker while it waits inside its own:
+            // it gets buffers of its own.
+            Err(_) => self.forward_in(cfg, weights, batch, kv, &mut Workspace::default()),
+        })
+    }
+
+    fn forward_in(
+        &self,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        batch: &TreeBatch,
+        kv: &mut PagedKvStore,
+        w: &mut Workspace,
+    ) -> Result<Tensor> {
+        let rows = batch.num_rows();
+        let hidden = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps as f32;
+        let shape = HeadShape {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        };
+        let mut clock = Clock::new(profiling());
+        embed(&weights.embedding, &batch.token_ids, hidden, &mut w.x)?;
+        w.h.resize(rows * hidden, 0.0);
+        for (index, layer) in self.layers.iter().enumerate() {
+            rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
+            clock.lap(|p| &mut p.other);
+            layer.q.weight.quantize(&w.h, &mut w.rows);
+            layer.q.apply(&w.rows, &mut w.q, &mut w.scratch)?;
+            for (proj, out) in [(&layer.k, &mut w.k), (&layer.v, &mut w.v)] {
+                if !proj.weight.same_activations(&layer.q.weight) {
+                    proj.weight.quantize(&w.h, &mut w.rows);
+                }
+                proj.apply(&w.rows, out, &mut w.scratch)?;
+            }
+            clock.lap(|p| &mut p.matmul);
+            self.rotate(
+                cfg,
+                &batch.positions,
+                &w.q,
+                cfg.num_heads,
+                &mut w.q_heads,
+                true,
+            );
+            let mut k = std::mem::take(&mut w.k);
+            self.rotate(cfg, &batch.positions, &[], cfg.num_kv_heads, &mut k, false);
+            w.k = k;
+            clock.lap(|p| &mut p.other);
+            kv.write(index, &batch.slots, &w.k, &w.v)?;
+            let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
+            clock.lap(|p| &mut p.attention);
+            layer.o.weight.quantize(&attn, &mut w.rows);
+            layer.o.apply(&w.rows, &mut w.out, &mut w.scratch)?;
+            clock.lap(|p| &mut p.matmul);
+            add_into(&w.out, &mut w.x);
+            rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
+            clock.lap(|p| &mut p.other);
+            layer.gate.weight.quantize(&w.h, &mut w.rows);
+            layer.gate.apply(&w.rows, &mut w.gate, &mut w.scratch)?;
+            if !layer.up.weight.same_activations(&layer.gate.weight) {
+                layer.up.weight.quantize(&w.h, &mut w.rows);
+            }
+            layer.up.apply(&w.rows, &mut w.up, &mut w.scratch)?;
+            clock.lap(|p| &mut p.matmul);
+            swiglu(&mut w.gate, &w.up);
+            clock.lap(|p| &mut p.other);
+            layer.down.weight.quantize(&w.gate, &mut w.rows);
+            layer.down.apply(&w.rows, &mut w.out, &mut w.scratch)?;
+            clock.lap(|p| &mut p.matmul);
+            add_into(&w.out, &mut w.x);
+            clock.lap(|p| &mut p.other);
+        }
+        let wanted = &batch.logit_rows;
+        let vocab = cfg.vocab_size;
+        if wanted.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, vocab),
+                candle_core::DType::F32,
+                &Device::Cpu,
+            )?);
+        }
+        w.h.clear();
+        for &r in wanted {
+            w.h.extend_from_slice(&w.x[r * hidden..(r + 1) * hidden]);
+        }
+        let mut last = vec![0f32; w.h.len()];
+        rms_norm(&w.h, &self.final_norm, eps, &mut last);
+        let logits = match &self.lm_head {
+            Some(head) => {
+                head.weight.quantize(&last, &mut w.rows);
+                let mut logits = Vec::new();
+                head.apply(&w.rows, &mut logits, &mut w.scratch)?;
+                Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?
+            }
+            None => weights.lm_head.forward(&Tensor::from_vec(
+                last,
+                (wanted.len(), hidden),
+                &Device::Cpu,
+            )?)?,
+        };
+        clock.lap(|p| &mut p.head);
+        Ok(logits)
+    }
+
+    /// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
+    /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
+    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
+    fn rotate(
+        &self,
+        cfg: &ModelConfig,
+        positions: &[u32],
+        src: &[f32],
+        heads: usize,
+        dst: &mut Vec<f32>,
+        head_major: bool,
+    ) {
+        let d = cfg.head_dim;
+        let half = d / 2;
+        let rows = positions.len();
+        if head_major {
+            dst.resize(rows * heads * d, 0.0);
+        }
+        for (r, &pos) in positions.iter().enumerate() {
+            let cos = &self.rope_cos[pos as usize * half..][..half];
+            let sin = &self.rope_sin[pos as usize * half..][..half];
+            for h in 0..heads {
+                let from = (r * heads + h) * d;
+                let to = if head_major { (h * rows + r) * d } else { from };
+                for i in 0..half {
+                    let (ia, ib) = match cfg.rope_style {
+                        RopeStyle::Halves => (i, i + half),
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let (a, b) = if src.is_empty() {
+                        (dst[from + ia], dst[from + ib])
+                    } else {
+                        (src[from + ia], src[from + ib])
+                    };
+                    dst[to + ia] = a * cos[i] - b * sin[i];
+                    dst[to + ib] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
+    }
+}
+
+/// Times consecutive stages when profiling.
+struct Clock(Option<(Instant, ForwardProfile)>);
+
+impl Clock {
+    fn new(on: bool) -> Self {
+        Self(on.then(|| (Instant::now(), ForwardProfile::default())))
+    }
+
+    /// Charges the time since the last lap to `part`.
+    fn lap(&mut self, part: fn(&mut ForwardProfile) -> &mut f64) {
+        if let Some((started, profile)) = self.0.as_mut() {
+            let now = Instant::now();
+            *part(profile) += (now - *started).as_secs_f64();
+            *started = now;
+        }
+    }
+}
+
+impl Drop for Clock {
+    /// Adds this forward's times to the process's profile.
+    fn drop(&mut self) {
+        if let (Some((_, mine)), Ok(mut total)) = (self.0.take(), PROFILE.lock()) {
+            if let Some(total) = total.as_mut() {
+                total.add(&mine);
+            }
+        }
+    }
+}
+
+/// The embedding rows of `ids` into `x`.
+fn embed(embedding: &Tensor, ids: &[u32], hidden: usize, x: &mut Vec<f32>) -> Result<()> {
+    let (storage, layout) = embedding.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(Error::InvalidBatch("embedding off the CPU".into()));
+    };
+    let all = cpu.as_slice::<f32>()?;
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::InvalidBatch("embedding not contiguous".into()))?;
+    let all = &all[start..end];
+    x.clear();
+    for &id in ids {
+        let row = all
+            .get(id as usize * hidden..(id as usize + 1) * hidden)
+            .ok_or_else(|| Error::InvalidBatch(format!("token id {id} outside the embedding")))?;
+        x.extend_from_slice(row);
+    }
+    Ok(())
+}
+
+/// Rows of `x` past which the row-wise ops split over the pool.
+const PARALLEL_ROWS: usize = 8;
+
+/// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`.
+fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
+    let n = alpha.len();
+    let row = |(src, dst): (&[f32], &mut [f32])| {
+        let sum2 = src.iter().map(|&v| v * v).sum::<f32>();
+        let m = (sum2 / n as f32 + eps).sqrt();
+        for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
+            *d = *s / m * *a;
+        }
+    };
+    if x.len() / n > PARALLEL_ROWS {
+        x.par_chunks(n).zip(out.par_chunks_mut(n)).for_each(row);
+    } else {
+        x.chunks(n).zip(out.chunks_mut(n)).for_each(row);
+    }
+}
+
+/// `x = y + x`, the residual add (float addition commutes, so this is candle's `y + x`).
+fn add_into(y: &[f32], x: &mut [f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += *y;
+    }
+}
+
+/// `gate = silu(gate) * up`, candle's `silu` (`v / (1 + exp(-v))`).
+fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let op = |(g, u): (&mut f32, &f32)| {
+        let v = *g;
+        *g = v / (1.0 + (-v).exp()) * *u;
+    };
+    if gate.len() > 4096 {
+        gate.par_iter_mut().zip(up).for_each(op);
+    } else {
+        gate.iter_mut().zip(up).for_each(op);
+    }
+}
