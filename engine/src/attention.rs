@@ -18,6 +18,7 @@ use crate::attention_simd as simd;
 use crate::batch::{SeqEntry, TreeBatch};
 use crate::kv_store::LayerKv;
 use crate::reduce::dot;
+use crate::softmax::softmax_in_place;
 use crate::Result;
 
 /// Which implementation computes attention. The two differ only in float summation order,
@@ -165,6 +166,8 @@ fn attend_group(
         keys.extend_from_slice(&context);
         keys.extend(seq.mask.visible(local).map(|j| tree[j]));
         let len = keys.len();
+        let checked = Rows::new(&keys, hd, kv.k.len().min(kv.v.len()))
+            .expect("invariant: batch validated every slot inside the store");
         let row = seq.rows.start + local;
         let query = |g: usize| {
             let head = kh * group + g;
@@ -173,34 +176,49 @@ fn attend_group(
         scores.resize(len, 0.0);
         for g in 0..group {
             let scores = &mut scores[..len];
-            key_scores_any(simd, hd, query(g), &kv.k, &keys, scale, scores);
+            key_scores_any(simd, query(g), &kv.k, checked, scale, scores);
             softmax_in_place(scores);
             let o = (g * n + i) * hd;
-            weighted_values_any(simd, hd, scores, &kv.v, &keys, &mut out[o..o + hd]);
+            weighted_values_any(simd, scores, &kv.v, checked, &mut out[o..o + hd]);
         }
     }
     out
+}
+
+/// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
+/// unchecked loops may read them).
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    at: &'a [usize],
+    width: usize,
+    len: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn new(at: &'a [usize], width: usize, len: usize) -> Option<Self> {
+        at.iter()
+            .all(|&a| a + width <= len)
+            .then_some(Self { at, width, len })
+    }
 }
 
 /// `scores[j] = dot(query, k[keys[j]..]) * scale` in the fastest form this CPU and head width
 /// have (all give the same bits).
 fn key_scores_any(
     simd: bool,
-    hd: usize,
     query: &[f32],
     k: &[f32],
-    keys: &[usize],
+    keys: Rows<'_>,
     scale: f32,
     scores: &mut [f32],
 ) {
+    let (hd, keys_at) = (keys.width, keys.at);
     #[cfg(target_arch = "x86_64")]
-    if simd && matches!(hd, 64 | 128) {
-        assert!(query.len() == hd && scores.len() == keys.len());
-        assert!(
-            keys.iter().all(|&at| at + hd <= k.len()),
-            "key row outside the store"
-        );
-        // SAFETY: AVX2 was detected (`simd`); the lengths and every key row were checked.
+    if simd && matches!(hd, 64 | 128) && keys.len <= k.len() {
+        assert!(query.len() == hd && scores.len() == keys_at.len());
+        let keys = keys_at;
+        // SAFETY: AVX2 was detected (`simd`); the lengths are checked above, and every key
+        // row lies inside `k` (`Rows` checked them against a length `k` covers).
         unsafe {
             match hd {
                 64 => simd::key_scores::<8>(query, k, keys, scale, scores),
@@ -210,6 +228,7 @@ fn key_scores_any(
         return;
     }
     let _ = simd;
+    let keys = keys_at;
     match hd {
         64 => key_scores::<64>(query, k, keys, scale, scores),
         128 => key_scores::<128>(query, k, keys, scale, scores),
@@ -222,22 +241,14 @@ fn key_scores_any(
 }
 
 /// `dst += sum_j p[j] * v[keys[j]..]` in the fastest form available (the same bits).
-fn weighted_values_any(
-    simd: bool,
-    hd: usize,
-    p: &[f32],
-    v: &[f32],
-    keys: &[usize],
-    dst: &mut [f32],
-) {
+fn weighted_values_any(simd: bool, p: &[f32], v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
+    let (hd, keys_at) = (keys.width, keys.at);
     #[cfg(target_arch = "x86_64")]
-    if simd && matches!(hd, 64 | 128) {
-        assert!(dst.len() == hd && p.len() == keys.len());
-        assert!(
-            keys.iter().all(|&at| at + hd <= v.len()),
-            "value row outside the store"
-        );
-        // SAFETY: AVX2 was detected (`simd`); the lengths and every value row were checked.
+    if simd && matches!(hd, 64 | 128) && keys.len <= v.len() {
+        assert!(dst.len() == hd && p.len() == keys_at.len());
+        let keys = keys_at;
+        // SAFETY: AVX2 was detected (`simd`); the lengths are checked above, and every value
+        // row lies inside `v` (`Rows` checked them against a length `v` covers).
         unsafe {
             match hd {
                 64 => simd::weighted_values::<8>(p, v, keys, dst),
@@ -247,6 +258,7 @@ fn weighted_values_any(
         return;
     }
     let _ = simd;
+    let keys = keys_at;
     match hd {
         64 => weighted_values::<64>(p, v, keys, dst),
         128 => weighted_values::<128>(p, v, keys, dst),
@@ -412,18 +424,6 @@ fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
 fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += alpha * x;
-    }
-}
-
-fn softmax_in_place(xs: &mut [f32]) {
-    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for x in xs.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    for x in xs.iter_mut() {
-        *x /= sum;
     }
 }
 

@@ -34,6 +34,7 @@ pub mod qgemm;
 mod reduce;
 pub mod request;
 pub mod sampler;
+pub mod softmax;
 pub mod spec;
 pub mod speculation;
 pub mod testing;

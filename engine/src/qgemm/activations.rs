@@ -123,7 +123,8 @@ fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        *q = round_half_away(x * id) as i8;
+        // |x * id| <= 127, so the value fits; through i32 the conversion vectorises.
+        *q = round_half_away(x * id) as i32 as i8;
         sum += *q as i32;
     }
     (round_to_f16(d), sum)
@@ -145,7 +146,7 @@ fn quantize_q8_k(xs: &[f32], qs: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        *q = round_half_away(iscale * x).clamp(-128.0, 127.0) as i8;
+        *q = round_half_away(iscale * x).clamp(-128.0, 127.0) as i32 as i8;
     }
     1.0 / iscale
 }
