@@ -190,12 +190,18 @@ impl EngineArgs {
     }
 }
 
+/// Bumped whenever the forward's code changes its cost, so curves cached by an older build are
+/// measured anew.
+const COST_CURVE_VERSION: u32 = 2;
+
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
 fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     let c = model.config();
+    // Everything that changes the cost is in the name: the model's shape and weights, the
+    // kernels and the instruction set they run in, and the version of the forward's code.
     let name = format!(
-        "cost-{}-{}x{}-{}b-{:?}-{}.json",
+        "cost-v{COST_CURVE_VERSION}-{}-{}x{}-{}b-{:?}-{}-{}-{}.json",
         c.architecture.as_str(),
         c.num_layers,
         c.hidden_size,
@@ -204,7 +210,9 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
         match model.quant_kernel() {
             Some(kernel) => format!("{kernel:?}"),
             None => "dense".into(),
-        }
+        },
+        engine::qgemm::process_isa().name(),
+        if model.is_fused() { "fused" } else { "ops" }
     );
     let path = engine::fetch::models_dir().join(name);
     if let Ok(text) = std::fs::read_to_string(&path) {

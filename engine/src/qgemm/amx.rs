@@ -74,7 +74,8 @@ fn permission_granted() -> bool {
 }
 
 /// The 64-byte tile configuration (palette 1): tile 0 the `[rows x 16]` int32 result, tile 1
-/// the `[rows x 32]` activation bytes, tile 2 the `[8 x 64]` weight bytes.
+/// the `[rows x 32]` activation bytes, tile 2 the `[8 x 64]` weight bytes; tiles 3-5 the same
+/// again.
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,
@@ -93,8 +94,10 @@ impl TileConfig {
             column_bytes: [0; 16],
             rows: [0; 16],
         };
-        config.column_bytes[..3].copy_from_slice(&[64, 32, 64]);
-        config.rows[..3].copy_from_slice(&[rows as u8, rows as u8, 8]);
+        // Two sets (tiles 0-2 and 3-5), so consecutive blocks overlap.
+        config.column_bytes[..6].copy_from_slice(&[64, 32, 64, 64, 32, 64]);
+        let r = rows as u8;
+        config.rows[..6].copy_from_slice(&[r, r, 8, r, r, 8]);
         config
     }
 }
@@ -142,6 +145,63 @@ pub unsafe fn tile(format: QuantFormat, tile: &[u8], rows: &QuantizedRows, out: 
     }
 }
 
+/// Block `b`'s integer products of rows `first..` against the tile into `dots`, in tile set
+/// `b % 2` (tiles 0-2 or 3-5), unpacking the weights through `weights` where needed.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn issue(
+    format: QuantFormat,
+    tile: *const u8,
+    rows: &QuantizedRows,
+    first: usize,
+    b: usize,
+    weights: &mut Aligned<[u8; 8 * 64]>,
+    dots: &mut Aligned<[i32; ROWS * COLUMNS]>,
+) {
+    let k = rows.k;
+    let layout = tiles16::tile_block(format);
+    let base = tile.add(b * layout.bytes);
+    // Q8_0's tile block already holds its eight chunks as unsigned bytes, 64 apart.
+    let chunks = if format == QuantFormat::Q8_0 {
+        base
+    } else {
+        for (j, chunk) in unpack(format, base, layout).iter().enumerate() {
+            _mm512_store_si512(weights.0.as_mut_ptr().add(64 * j) as *mut __m512i, *chunk);
+        }
+        weights.0.as_ptr()
+    };
+    let x = rows.q.as_ptr().add(first * k + b * 32);
+    if b % 2 == 0 {
+        asm!(
+            "tilezero tmm0",
+            "tileloadd tmm1, [{x} + {stride}*1]",
+            "tileloadd tmm2, [{w} + {sixty_four}*1]",
+            "tdpbsud tmm0, tmm1, tmm2",
+            "tilestored [{dots} + {sixty_four}*1], tmm0",
+            x = in(reg) x,
+            stride = in(reg) k,
+            w = in(reg) chunks,
+            sixty_four = in(reg) 64usize,
+            dots = in(reg) dots.0.as_mut_ptr(),
+            options(nostack),
+        );
+    } else {
+        asm!(
+            "tilezero tmm3",
+            "tileloadd tmm4, [{x} + {stride}*1]",
+            "tileloadd tmm5, [{w} + {sixty_four}*1]",
+            "tdpbsud tmm3, tmm4, tmm5",
+            "tilestored [{dots} + {sixty_four}*1], tmm3",
+            x = in(reg) x,
+            stride = in(reg) k,
+            w = in(reg) chunks,
+            sixty_four = in(reg) 64usize,
+            dots = in(reg) dots.0.as_mut_ptr(),
+            options(nostack),
+        );
+    }
+}
+
 /// Rows `first..first + n` (tiles configured for `n`) against the tile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -159,35 +219,34 @@ unsafe fn group(
     let layout = tiles16::tile_block(format);
     let mut acc = [_mm512_setzero_ps(); ROWS];
     let mut off = [_mm512_setzero_ps(); ROWS];
-    let mut weights = Aligned([0u8; 8 * 64]);
-    let mut dots = Aligned([0i32; ROWS * COLUMNS]);
+    let mut weights = [Aligned([0u8; 8 * 64]), Aligned([0u8; 8 * 64])];
+    let mut dots = [
+        Aligned([0i32; ROWS * COLUMNS]),
+        Aligned([0i32; ROWS * COLUMNS]),
+    ];
+    // Software-pipelined: block b + 1's tile product is issued before block b's epilogue
+    // (each in its own tiles and buffers), so the tile unit works while the vector units
+    // finish the previous block.
+    if blocks > 0 {
+        issue(format, tile, rows, first, 0, &mut weights[0], &mut dots[0]);
+    }
     for b in 0..blocks {
+        if b + 1 < blocks {
+            let s = (b + 1) % 2;
+            issue(
+                format,
+                tile,
+                rows,
+                first,
+                b + 1,
+                &mut weights[s],
+                &mut dots[s],
+            );
+        }
         let base = tile.add(b * layout.bytes);
         let d = scales(base, layout);
         let offset = offsets(format, base, layout, d);
-        // Q8_0's tile block already holds its eight chunks as unsigned bytes, 64 apart.
-        let chunks = if format == QuantFormat::Q8_0 {
-            base
-        } else {
-            for (j, chunk) in unpack(format, base, layout).iter().enumerate() {
-                _mm512_store_si512(weights.0.as_mut_ptr().add(64 * j) as *mut __m512i, *chunk);
-            }
-            weights.0.as_ptr()
-        };
-        let x = rows.q.as_ptr().add(first * k + b * 32);
-        asm!(
-            "tilezero tmm0",
-            "tileloadd tmm1, [{x} + {stride}*1]",
-            "tileloadd tmm2, [{w} + {sixty_four}*1]",
-            "tdpbsud tmm0, tmm1, tmm2",
-            "tilestored [{dots} + {sixty_four}*1], tmm0",
-            x = in(reg) x,
-            stride = in(reg) k,
-            w = in(reg) chunks,
-            sixty_four = in(reg) 64usize,
-            dots = in(reg) dots.0.as_mut_ptr(),
-            options(nostack),
-        );
+        let dots = &dots[b % 2];
         for r in 0..n {
             let row = first + r;
             let p = _mm512_load_si512(dots.0.as_ptr().add(r * COLUMNS) as *const __m512i);

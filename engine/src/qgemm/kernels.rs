@@ -4,6 +4,8 @@
 //! sets, and within one set a row's arithmetic never depends on the other rows or columns of
 //! the product, so results are batch invariant.
 
+use std::sync::OnceLock;
+
 use super::formats::{decode_block32, decode_super256, Block32Row, QuantFormat, Super256Row};
 
 /// Weight rows per kernel call.
@@ -19,12 +21,14 @@ pub enum Isa {
     /// AVX-512 F/BW/VL/DQ with VNNI.
     Avx512,
     /// AVX-512 VNNI plus AMX int8 tiles (granted by the OS) for products of two or more rows
-    /// in the 32-value formats; everything else as `Avx512`.
+    /// in the 32-value formats; everything else as `Avx512`. Opt-in (`THICKET_ISA=amx`): it
+    /// measured no faster than `Avx512` (`benches/README.md`).
     Amx,
 }
 
 impl Isa {
     /// The best set this CPU supports.
+    /// (AMX is never chosen by itself: see `Isa::Amx`.)
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
@@ -35,11 +39,7 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("f16c")
             {
-                return if super::amx::available() {
-                    Self::Amx
-                } else {
-                    Self::Avx512
-                };
+                return Self::Avx512;
             }
             if is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
@@ -53,11 +53,24 @@ impl Isa {
 
     /// Every set this CPU can run, best last.
     pub fn available() -> Vec<Self> {
-        let best = Self::detect();
         [Self::Portable, Self::Avx2, Self::Avx512, Self::Amx]
             .into_iter()
-            .filter(|isa| *isa as u8 <= best as u8)
+            .filter(|isa| isa.runs_here())
             .collect()
+    }
+
+    /// Whether this CPU (and OS, for AMX) can run this set.
+    pub fn runs_here(self) -> bool {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        let best = *BEST.get_or_init(|| {
+            let best = Self::detect();
+            #[cfg(target_arch = "x86_64")]
+            if best == Self::Avx512 && super::amx::available() {
+                return Self::Amx;
+            }
+            best
+        });
+        self as u8 <= best as u8
     }
 
     /// Whether the AVX-512 kernels (and the `Tiles16` layout) run in this set.

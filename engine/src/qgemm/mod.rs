@@ -40,19 +40,16 @@ use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
 const TILE: usize = tiles16::ROWS;
 
 /// The instruction set every product in this process uses (detected once, so every row of
-/// every step takes the same arithmetic). `THICKET_ISA` (`portable`, `avx2`, `avx512`, `amx`)
-/// caps it, to compare kernels on one machine; a set the CPU lacks is ignored.
+/// every step takes the same arithmetic): `Isa::detect`'s, or the set `THICKET_ISA` names
+/// (`portable`, `avx2`, `avx512`, `amx`) when this CPU can run it, to compare kernels on one
+/// machine or to opt in to AMX.
 pub fn process_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let best = Isa::detect();
-        let cap = std::env::var("THICKET_ISA")
+        std::env::var("THICKET_ISA")
             .ok()
-            .and_then(|name| Isa::available().into_iter().find(|i| i.name() == name));
-        match cap {
-            Some(cap) if (cap as u8) < best as u8 => cap,
-            _ => best,
-        }
+            .and_then(|name| Isa::available().into_iter().find(|i| i.name() == name))
+            .unwrap_or_else(Isa::detect)
     })
 }
 
@@ -190,7 +187,7 @@ impl QuantMatrix {
 
     /// `matmul` in a chosen instruction set (which the CPU must have: see `Isa::available`).
     pub fn matmul_with(&self, isa: Isa, x: &[f32]) -> Result<Vec<f32>> {
-        if isa as u8 > process_isa() as u8 {
+        if !isa.runs_here() {
             return Err(Error::Metadata(format!(
                 "this CPU cannot run the {} kernels",
                 isa.name()
