@@ -171,7 +171,7 @@ unsafe fn issue(
         weights.0.as_ptr()
     };
     let x = rows.q.as_ptr().add(first * k + b * 32);
-    if b % 2 == 0 {
+    if b.is_multiple_of(2) {
         asm!(
             "tilezero tmm0",
             "tileloadd tmm1, [{x} + {stride}*1]",
