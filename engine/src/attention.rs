@@ -13,11 +13,9 @@ use std::ops::Range;
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
-#[cfg(target_arch = "x86_64")]
-use crate::attention_simd as simd;
+use crate::attention_kernels as kernels;
 use crate::batch::{SeqEntry, TreeBatch};
 use crate::kv_store::LayerKv;
-use crate::reduce::dot;
 use crate::softmax::softmax_in_place;
 use crate::Result;
 
@@ -154,193 +152,38 @@ fn attend_group(
         .collect();
 
     let n = part.len();
-    #[cfg(target_arch = "x86_64")]
-    let simd = simd::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
     let mut out = vec![0.0f32; group * n * hd];
-    let mut scores: Vec<f32> = Vec::with_capacity(context.len() + seq.rows.len());
+    let mut scores: Vec<f32> = Vec::with_capacity(group * (context.len() + seq.rows.len()));
+    let mut values: Vec<f32> = Vec::with_capacity(group * hd);
     let mut keys: Vec<usize> = Vec::with_capacity(context.len() + seq.rows.len());
     for (i, local) in part.enumerate() {
         keys.clear();
         keys.extend_from_slice(&context);
         keys.extend(seq.mask.visible(local).map(|j| tree[j]));
         let len = keys.len();
-        let checked = Rows::new(&keys, hd, kv.k.len().min(kv.v.len()))
+        let checked = kernels::Rows::new(&keys, hd, kv.k.len().min(kv.v.len()))
             .expect("invariant: batch validated every slot inside the store");
         let row = seq.rows.start + local;
-        let query = |g: usize| {
-            let head = kh * group + g;
-            &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd]
-        };
-        scores.resize(len, 0.0);
-        for g in 0..group {
-            let scores = &mut scores[..len];
-            key_scores_any(simd, query(g), &kv.k, checked, scale, scores);
-            softmax_in_place(scores);
+        let queries: Vec<&[f32]> = (0..group)
+            .map(|g| {
+                let head = kh * group + g;
+                &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd]
+            })
+            .collect();
+        scores.resize(group * len, 0.0);
+        kernels::key_scores(&queries, &kv.k, checked, scale, &mut scores);
+        for head_scores in scores.chunks_mut(len.max(1)) {
+            softmax_in_place(head_scores);
+        }
+        values.clear();
+        values.resize(group * hd, 0.0);
+        kernels::weighted_values(&scores, &kv.v, checked, &mut values);
+        for (g, value) in values.chunks(hd).enumerate() {
             let o = (g * n + i) * hd;
-            weighted_values_any(simd, scores, &kv.v, checked, &mut out[o..o + hd]);
+            out[o..o + hd].copy_from_slice(value);
         }
     }
     out
-}
-
-/// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
-/// unchecked loops may read them).
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    at: &'a [usize],
-    width: usize,
-    len: usize,
-}
-
-impl<'a> Rows<'a> {
-    fn new(at: &'a [usize], width: usize, len: usize) -> Option<Self> {
-        at.iter()
-            .all(|&a| a + width <= len)
-            .then_some(Self { at, width, len })
-    }
-}
-
-/// `scores[j] = dot(query, k[keys[j]..]) * scale` in the fastest form this CPU and head width
-/// have (all give the same bits).
-fn key_scores_any(
-    simd: bool,
-    query: &[f32],
-    k: &[f32],
-    keys: Rows<'_>,
-    scale: f32,
-    scores: &mut [f32],
-) {
-    let (hd, keys_at) = (keys.width, keys.at);
-    #[cfg(target_arch = "x86_64")]
-    if simd && matches!(hd, 64 | 128) && keys.len <= k.len() {
-        assert!(query.len() == hd && scores.len() == keys_at.len());
-        let keys = keys_at;
-        // SAFETY: AVX2 was detected (`simd`); the lengths are checked above, and every key
-        // row lies inside `k` (`Rows` checked them against a length `k` covers).
-        unsafe {
-            match hd {
-                64 => simd::key_scores::<8>(query, k, keys, scale, scores),
-                _ => simd::key_scores::<16>(query, k, keys, scale, scores),
-            }
-        }
-        return;
-    }
-    let _ = simd;
-    let keys = keys_at;
-    match hd {
-        64 => key_scores::<64>(query, k, keys, scale, scores),
-        128 => key_scores::<128>(query, k, keys, scale, scores),
-        _ => {
-            for (s, &at) in scores.iter_mut().zip(keys) {
-                *s = dot(query, &k[at..at + hd]) * scale;
-            }
-        }
-    }
-}
-
-/// `dst += sum_j p[j] * v[keys[j]..]` in the fastest form available (the same bits).
-fn weighted_values_any(simd: bool, p: &[f32], v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
-    let (hd, keys_at) = (keys.width, keys.at);
-    #[cfg(target_arch = "x86_64")]
-    if simd && matches!(hd, 64 | 128) && keys.len <= v.len() {
-        assert!(dst.len() == hd && p.len() == keys_at.len());
-        let keys = keys_at;
-        // SAFETY: AVX2 was detected (`simd`); the lengths are checked above, and every value
-        // row lies inside `v` (`Rows` checked them against a length `v` covers).
-        unsafe {
-            match hd {
-                64 => simd::weighted_values::<8>(p, v, keys, dst),
-                _ => simd::weighted_values::<16>(p, v, keys, dst),
-            }
-        }
-        return;
-    }
-    let _ = simd;
-    let keys = keys_at;
-    match hd {
-        64 => weighted_values::<64>(p, v, keys, dst),
-        128 => weighted_values::<128>(p, v, keys, dst),
-        _ => {
-            for (&p, &at) in p.iter().zip(keys) {
-                axpy(p, &v[at..at + hd], dst);
-            }
-        }
-    }
-}
-
-/// `scale * dot(query, key)` for every key, with the query held in registers: the same
-/// arithmetic as `dot`, specialised to a head width known at compile time. Four keys are
-/// taken at once, so their four independent chains of adds overlap in the pipeline instead of
-/// each waiting on its own (each key's sum is still computed exactly as `dot_fixed` does).
-#[inline]
-fn key_scores<const HD: usize>(
-    query: &[f32],
-    k: &[f32],
-    keys: &[usize],
-    scale: f32,
-    scores: &mut [f32],
-) {
-    let query: &[f32; HD] = query.try_into().expect("invariant: query row of HD values");
-    let key = |at: usize| -> &[f32; HD] {
-        k[at..at + HD]
-            .try_into()
-            .expect("invariant: key row of HD values")
-    };
-    let mut quads = keys.chunks_exact(4);
-    let mut out = scores.chunks_exact_mut(4);
-    for (ats, s) in (&mut quads).zip(&mut out) {
-        let rows = [key(ats[0]), key(ats[1]), key(ats[2]), key(ats[3])];
-        let mut acc = [[0.0f32; 8]; 4];
-        for c in 0..HD / 8 {
-            for (acc, row) in acc.iter_mut().zip(&rows) {
-                for l in 0..8 {
-                    acc[l] += query[c * 8 + l] * row[c * 8 + l];
-                }
-            }
-        }
-        for (s, acc) in s.iter_mut().zip(&acc) {
-            *s = combine8(acc) * scale;
-        }
-    }
-    for (s, &at) in out.into_remainder().iter_mut().zip(quads.remainder()) {
-        *s = dot_fixed(query, key(at)) * scale;
-    }
-}
-
-/// The fixed combination of eight partial sums that `dot` uses.
-#[inline(always)]
-fn combine8(acc: &[f32; 8]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
-/// `reduce::dot` for a compile-time width that is a multiple of 8 (bit-identical to it).
-#[inline(always)]
-fn dot_fixed<const HD: usize>(a: &[f32; HD], b: &[f32; HD]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for c in 0..HD / 8 {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    combine8(&acc)
-}
-
-/// `dst += sum_j p[j] * v[keys[j]]`, accumulated in registers over the keys in order (the same
-/// arithmetic as one `axpy` per key into `dst`).
-#[inline]
-fn weighted_values<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f32]) {
-    let mut acc: [f32; HD] = dst.try_into().expect("invariant: output row of HD values");
-    for (&p, &at) in p.iter().zip(keys) {
-        let value: &[f32; HD] = v[at..at + HD]
-            .try_into()
-            .expect("invariant: value row of HD values");
-        for d in 0..HD {
-            acc[d] += p * value[d];
-        }
-    }
-    dst.copy_from_slice(&acc);
 }
 
 /// Attention with candle ops, one sequence at a time. `q` is `[1, heads, rows, dim]`
@@ -418,13 +261,6 @@ fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
     }
     let (b, kv_heads, len, d) = xs.dims4()?;
     Ok(Tensor::cat(&vec![&xs; n_rep], 2)?.reshape((b, kv_heads * n_rep, len, d))?)
-}
-
-#[inline]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
-    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_simd;
+mod attention_kernels;
 pub mod backend;
 pub mod batch;
 pub mod bench;

@@ -1,0 +1,360 @@
+//! Paged attention's two inner loops: the scores of one query against a row's keys, and the
+//! probability-weighted sum of its values. For head widths that are multiples of 16 (64, 128)
+//! both use fused multiply-adds in sixteen lanes: a score sums `q[i] * k[i]` into lane `i % 16`,
+//! adds lanes `l` and `l + 8`, then combines the eight in `reduce::dot`'s fixed order; the value
+//! sum adds `p * v` per key, in key order, with one rounding each. The AVX-512 versions and the
+//! portable ones give the same bits (an FMA rounds once whoever computes it); the AVX-512 ones
+//! take four keys at a time so their chains of dependent adds overlap. Other widths use
+//! `reduce::dot` and separate multiplies and adds. Every sum runs over one row's keys in one
+//! order, so a row's result never depends on the other rows of the batch.
+
+use crate::reduce::dot;
+
+/// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
+/// unchecked loops may read them).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    at: &'a [usize],
+    width: usize,
+    len: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// `None` unless every row lies inside `len` values.
+    pub fn new(at: &'a [usize], width: usize, len: usize) -> Option<Self> {
+        at.iter()
+            .all(|&a| a + width <= len)
+            .then_some(Self { at, width, len })
+    }
+}
+
+/// Whether this CPU runs the AVX-512 loops (checked once).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX512
+            .get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Queries handled together by the AVX-512 loops for a head width of `16 * ch` values.
+#[cfg(target_arch = "x86_64")]
+fn queries_at_once(ch: usize) -> usize {
+    if ch <= 4 {
+        4
+    } else {
+        2
+    }
+}
+
+/// `scores[g * len + j] = score(queries[g], k[keys[j]..]) * scale` for every query `g` (the
+/// query heads that share one KV head): each key is read once for all of them.
+pub fn key_scores(queries: &[&[f32]], k: &[f32], keys: Rows<'_>, scale: f32, scores: &mut [f32]) {
+    let (hd, len) = (keys.width, keys.at.len());
+    assert!(queries.iter().all(|q| q.len() == hd));
+    assert!(scores.len() == queries.len() * len && keys.len <= k.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx512() && matches!(hd, 64 | 128) {
+        let ch = hd / 16;
+        for (qs, scores) in queries
+            .chunks(queries_at_once(ch))
+            .zip(scores.chunks_mut(queries_at_once(ch) * len))
+        {
+            // SAFETY: AVX-512F and FMA were detected; the lengths are checked above, and every
+            // key row lies inside `k` (`Rows` checked them against a length `k` covers).
+            unsafe {
+                match (ch, qs.len()) {
+                    (4, 1) => x86::key_scores::<4, 1>(qs, k, keys.at, scale, scores),
+                    (4, 2) => x86::key_scores::<4, 2>(qs, k, keys.at, scale, scores),
+                    (4, 3) => x86::key_scores::<4, 3>(qs, k, keys.at, scale, scores),
+                    (4, _) => x86::key_scores::<4, 4>(qs, k, keys.at, scale, scores),
+                    (_, 1) => x86::key_scores::<8, 1>(qs, k, keys.at, scale, scores),
+                    (_, _) => x86::key_scores::<8, 2>(qs, k, keys.at, scale, scores),
+                }
+            }
+        }
+        return;
+    }
+    let _ = avx512;
+    for (query, scores) in queries.iter().zip(scores.chunks_mut(len.max(1))) {
+        let key = |at: usize| &k[at..at + hd];
+        for (s, &at) in scores.iter_mut().zip(keys.at) {
+            *s = match hd {
+                64 => score::<64>(query, key(at)),
+                128 => score::<128>(query, key(at)),
+                _ => dot(query, key(at)),
+            } * scale;
+        }
+    }
+}
+
+/// `dst[g * hd..][..hd] += sum_j p[g * len + j] * v[keys[j]..]` for every query `g`, in key
+/// order; each value row is read once for all of them.
+pub fn weighted_values(p: &[f32], v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
+    let (hd, len) = (keys.width, keys.at.len());
+    let nq = dst.len() / hd;
+    assert!(dst.len() == nq * hd && p.len() == nq * len && keys.len <= v.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx512() && matches!(hd, 64 | 128) {
+        let ch = hd / 16;
+        let at_once = queries_at_once(ch);
+        for (p, dst) in p.chunks(at_once * len).zip(dst.chunks_mut(at_once * hd)) {
+            // SAFETY: as in `key_scores`, for the value rows.
+            unsafe {
+                match (ch, dst.len() / hd) {
+                    (4, 1) => x86::weighted_values::<4, 1>(p, v, keys.at, dst),
+                    (4, 2) => x86::weighted_values::<4, 2>(p, v, keys.at, dst),
+                    (4, 3) => x86::weighted_values::<4, 3>(p, v, keys.at, dst),
+                    (4, _) => x86::weighted_values::<4, 4>(p, v, keys.at, dst),
+                    (_, 1) => x86::weighted_values::<8, 1>(p, v, keys.at, dst),
+                    (_, _) => x86::weighted_values::<8, 2>(p, v, keys.at, dst),
+                }
+            }
+        }
+        return;
+    }
+    for (p, dst) in p.chunks(len.max(1)).zip(dst.chunks_mut(hd)) {
+        match hd {
+            64 => fused_sum::<64>(p, v, keys.at, dst),
+            128 => fused_sum::<128>(p, v, keys.at, dst),
+            _ => {
+                for (&p, &at) in p.iter().zip(keys.at) {
+                    for (y, x) in dst.iter_mut().zip(&v[at..at + hd]) {
+                        *y += p * x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fixed combination of eight partial sums that `dot` uses.
+#[inline(always)]
+fn combine8(acc: &[f32; 8]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// A score in sixteen fused lanes (see the module doc), `HD` a multiple of 16.
+#[inline(always)]
+fn score<const HD: usize>(q: &[f32], k: &[f32]) -> f32 {
+    let (q, k): (&[f32; HD], &[f32; HD]) = (
+        q.try_into().expect("invariant: query row of HD values"),
+        k.try_into().expect("invariant: key row of HD values"),
+    );
+    let mut acc = [0.0f32; 16];
+    for c in 0..HD / 16 {
+        for l in 0..16 {
+            acc[l] = q[c * 16 + l].mul_add(k[c * 16 + l], acc[l]);
+        }
+    }
+    combine8(&std::array::from_fn(|l| acc[l] + acc[l + 8]))
+}
+
+/// The value sum in fused multiply-adds, the row held in registers across the keys.
+#[inline(always)]
+fn fused_sum<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f32]) {
+    let mut acc: [f32; HD] = dst.try_into().expect("invariant: output row of HD values");
+    for (&p, &at) in p.iter().zip(keys) {
+        let value: &[f32; HD] = v[at..at + HD]
+            .try_into()
+            .expect("invariant: value row of HD values");
+        for d in 0..HD {
+            acc[d] = p.mul_add(value[d], acc[d]);
+        }
+    }
+    dst.copy_from_slice(&acc);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// `combine8` of lanes `l + l + 8` of a sixteen-lane sum.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn combine16(acc: __m512) -> f32 {
+        let half = _mm256_add_ps(
+            _mm512_castps512_ps256(acc),
+            _mm512_extractf32x8_ps::<1>(acc),
+        );
+        let t = _mm_add_ps(
+            _mm256_castps256_ps128(half),
+            _mm256_extractf128_ps::<1>(half),
+        );
+        let u = _mm_hadd_ps(t, t);
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }
+
+    /// `super::key_scores` for `NQ` queries of `16 * CH` values: two keys at a time, each
+    /// key's chunks loaded once for every query.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and FMA; every query holds `16 * CH` values, every
+    /// `keys[j] + 16 * CH <= k.len()` and `scores.len() >= NQ * keys.len()`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn key_scores<const CH: usize, const NQ: usize>(
+        queries: &[&[f32]],
+        k: &[f32],
+        keys: &[usize],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let len = keys.len();
+        let q: [*const f32; NQ] = std::array::from_fn(|g| queries[g].as_ptr());
+        let base = k.as_ptr();
+        let mut j = 0;
+        while j + 2 <= len {
+            let rows = [base.add(keys[j]), base.add(keys[j + 1])];
+            let mut acc = [[_mm512_setzero_ps(); NQ]; 2];
+            for c in 0..CH {
+                let key = [
+                    _mm512_loadu_ps(rows[0].add(16 * c)),
+                    _mm512_loadu_ps(rows[1].add(16 * c)),
+                ];
+                for g in 0..NQ {
+                    let q = _mm512_loadu_ps(q[g].add(16 * c));
+                    acc[0][g] = _mm512_fmadd_ps(q, key[0], acc[0][g]);
+                    acc[1][g] = _mm512_fmadd_ps(q, key[1], acc[1][g]);
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (g, acc) in acc.iter().enumerate() {
+                    *scores.get_unchecked_mut(g * len + j + i) = combine16(*acc) * scale;
+                }
+            }
+            j += 2;
+        }
+        if j < len {
+            let row = base.add(keys[j]);
+            let mut acc = [_mm512_setzero_ps(); NQ];
+            for c in 0..CH {
+                let key = _mm512_loadu_ps(row.add(16 * c));
+                for g in 0..NQ {
+                    acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g].add(16 * c)), key, acc[g]);
+                }
+            }
+            for (g, acc) in acc.iter().enumerate() {
+                *scores.get_unchecked_mut(g * len + j) = combine16(*acc) * scale;
+            }
+        }
+    }
+
+    /// `super::weighted_values` for `NQ` queries of `16 * CH` values.
+    ///
+    /// # Safety
+    /// As `key_scores`, with `dst` of `NQ * 16 * CH` values and `p` of `NQ * keys.len()`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn weighted_values<const CH: usize, const NQ: usize>(
+        p: &[f32],
+        v: &[f32],
+        keys: &[usize],
+        dst: &mut [f32],
+    ) {
+        let len = keys.len();
+        let mut acc: [[__m512; CH]; NQ] = std::array::from_fn(|g| {
+            std::array::from_fn(|c| _mm512_loadu_ps(dst.as_ptr().add((g * CH + c) * 16)))
+        });
+        let base = v.as_ptr();
+        for (j, &at) in keys.iter().enumerate() {
+            let row = base.add(at);
+            let value: [__m512; CH] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+            for (g, acc) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(*p.get_unchecked(g * len + j));
+                for (acc, value) in acc.iter_mut().zip(&value) {
+                    *acc = _mm512_fmadd_ps(p, *value, *acc);
+                }
+            }
+        }
+        for (g, acc) in acc.iter().enumerate() {
+            for (c, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add((g * CH + c) * 16), *acc);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// The portable loops, whatever this CPU has.
+    fn portable(
+        hd: usize,
+        q: &[f32],
+        k: &[f32],
+        keys: &[usize],
+        p: &[f32],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let scores = keys
+            .iter()
+            .map(|&at| {
+                let s = match hd {
+                    64 => score::<64>(q, &k[at..at + hd]),
+                    _ => score::<128>(q, &k[at..at + hd]),
+                };
+                s * 0.125
+            })
+            .collect();
+        let mut out = vec![0.0; hd];
+        match hd {
+            64 => fused_sum::<64>(p, k, keys, &mut out),
+            _ => fused_sum::<128>(p, k, keys, &mut out),
+        }
+        (scores, out)
+    }
+
+    #[test]
+    fn the_fast_loops_give_the_portable_bits_and_track_f64() {
+        for hd in [64, 128] {
+            let store = values(40 * hd, hd as u32);
+            let keys: Vec<usize> = (0..37).map(|i| (i * 13 % 40) * hd).collect();
+            let q = values(hd, 3);
+            let rows = Rows::new(&keys, hd, store.len()).unwrap();
+            for nq in 1..=5 {
+                let qs: Vec<Vec<f32>> = (0..nq).map(|g| values(hd, 3 + g as u32)).collect();
+                let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                let ps: Vec<f32> = (0..nq)
+                    .flat_map(|g| values(keys.len(), 9 + g as u32))
+                    .collect();
+                let mut scores = vec![0.0; nq * keys.len()];
+                key_scores(&q_refs, &store, rows, 0.125, &mut scores);
+                let mut out = vec![0.0; nq * hd];
+                weighted_values(&ps, &store, rows, &mut out);
+                for g in 0..nq {
+                    let p_g = &ps[g * keys.len()..(g + 1) * keys.len()];
+                    let (want_scores, want_out) = portable(hd, &qs[g], &store, &keys, p_g);
+                    assert_eq!(
+                        &scores[g * keys.len()..][..keys.len()],
+                        &want_scores[..],
+                        "hd {hd}, {nq} queries, query {g}: scores"
+                    );
+                    assert_eq!(
+                        &out[g * hd..][..hd],
+                        &want_out[..],
+                        "hd {hd}, {nq} queries, query {g}: values"
+                    );
+                }
+            }
+            let mut scores = vec![0.0; keys.len()];
+            key_scores(&[&q], &store, rows, 0.125, &mut scores);
+            for (j, &at) in keys.iter().enumerate() {
+                let exact: f64 = (0..hd).map(|i| q[i] as f64 * store[at + i] as f64).sum();
+                assert!((scores[j] as f64 - exact * 0.125).abs() < 1e-5);
+            }
+        }
+        assert!(Rows::new(&[10], 64, 73).is_none());
+    }
+}
