@@ -68,9 +68,14 @@ pub fn paged_tree_attention(
     let rows = batch.num_rows();
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
-    // Work items: (sequence, KV head, rows), with a sequence's rows split so that one long
-    // tree still keeps every core busy. A row's result never depends on how rows are split.
-    let split = rows.div_ceil(rayon::current_num_threads() * 2).max(1);
+    // Work items: (sequence, KV head, rows). A sequence's rows are split only as far as it
+    // takes to give every core two items, since rows in one item share each read of the
+    // context. A row's result never depends on how rows are split.
+    let items = batch.seqs.len() * shape.num_kv_heads;
+    let parts = (rayon::current_num_threads() * 2)
+        .div_ceil(items.max(1))
+        .max(1);
+    let split = rows.div_ceil(parts).max(1);
     let work: Vec<(usize, usize, Range<usize>)> = batch
         .seqs
         .iter()
@@ -153,34 +158,64 @@ fn attend_group(
 
     let n = part.len();
     let mut out = vec![0.0f32; group * n * hd];
-    let mut scores: Vec<f32> = Vec::with_capacity(group * (context.len() + seq.rows.len()));
-    let mut values: Vec<f32> = Vec::with_capacity(group * hd);
-    let mut keys: Vec<usize> = Vec::with_capacity(context.len() + seq.rows.len());
-    for (i, local) in part.enumerate() {
-        keys.clear();
-        keys.extend_from_slice(&context);
-        keys.extend(seq.mask.visible(local).map(|j| tree[j]));
-        let len = keys.len();
-        let checked = kernels::Rows::new(&keys, hd, kv.k.len().min(kv.v.len()))
-            .expect("invariant: batch validated every slot inside the store");
-        let row = seq.rows.start + local;
-        let queries: Vec<&[f32]> = (0..group)
-            .map(|g| {
+    let store = kv.k.len().min(kv.v.len());
+    let context = kernels::Rows::new(&context, hd, store)
+        .expect("invariant: batch validated every slot inside the store");
+    // Rows taken together: their query heads share each read of the context's keys and
+    // values (up to eight queries at once).
+    let together = (8 / group).max(1);
+    let rows: Vec<usize> = part.collect();
+    let mut scores: Vec<f32> = Vec::new();
+    let mut values: Vec<f32> = Vec::new();
+    let mut visible: Vec<Vec<usize>> = vec![Vec::new(); together];
+    let mut queries: Vec<&[f32]> = Vec::with_capacity(together * group);
+    for (c, chunk) in rows.chunks(together).enumerate() {
+        queries.clear();
+        for (r, &local) in chunk.iter().enumerate() {
+            visible[r].clear();
+            visible[r].extend(seq.mask.visible(local).map(|j| tree[j]));
+            let row = seq.rows.start + local;
+            queries.extend((0..group).map(|g| {
                 let head = kh * group + g;
                 &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd]
-            })
-            .collect();
-        scores.resize(group * len, 0.0);
-        kernels::key_scores(&queries, &kv.k, checked, scale, &mut scores);
-        for head_scores in scores.chunks_mut(len.max(1)) {
-            softmax_in_place(head_scores);
+            }));
         }
+        let c_len = context.len();
+        let longest = visible[..chunk.len()]
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0);
+        // Each query's scores are one contiguous run: context, then its row's tree keys.
+        let stride = c_len + longest;
+        scores.clear();
+        scores.resize(queries.len() * stride, 0.0);
         values.clear();
-        values.resize(group * hd, 0.0);
-        kernels::weighted_values(&scores, &kv.v, checked, &mut values);
-        for (g, value) in values.chunks(hd).enumerate() {
-            let o = (g * n + i) * hd;
-            out[o..o + hd].copy_from_slice(value);
+        values.resize(queries.len() * hd, 0.0);
+        kernels::key_scores(&queries, &kv.k, context, scale, &mut scores, stride);
+        for (r, own) in visible[..chunk.len()].iter().enumerate() {
+            let own = kernels::Rows::new(own, hd, store)
+                .expect("invariant: batch validated every slot inside the store");
+            let heads = &queries[r * group..(r + 1) * group];
+            let at = r * group * stride + c_len;
+            kernels::key_scores(heads, &kv.k, own, scale, &mut scores[at..], stride);
+            for g in 0..group {
+                let start = (r * group + g) * stride;
+                softmax_in_place(&mut scores[start..start + c_len + own.len()]);
+            }
+        }
+        kernels::weighted_values(&scores, stride, &kv.v, context, &mut values);
+        for (r, own) in visible[..chunk.len()].iter().enumerate() {
+            let own = kernels::Rows::new(own, hd, store)
+                .expect("invariant: batch validated every slot inside the store");
+            let at = r * group * stride + c_len;
+            let dst = &mut values[r * group * hd..(r + 1) * group * hd];
+            kernels::weighted_values(&scores[at..], stride, &kv.v, own, dst);
+            let i = c * together + r;
+            for (g, value) in dst.chunks(hd).enumerate() {
+                let o = (g * n + i) * hd;
+                out[o..o + hd].copy_from_slice(value);
+            }
         }
     }
     out

@@ -16,15 +16,24 @@ use crate::reduce::dot;
 pub struct Rows<'a> {
     at: &'a [usize],
     width: usize,
-    len: usize,
+    /// The store length the rows were checked against.
+    store: usize,
 }
 
+#[allow(clippy::len_without_is_empty)]
 impl<'a> Rows<'a> {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.at.len()
+    }
+
     /// `None` unless every row lies inside `len` values.
     pub fn new(at: &'a [usize], width: usize, len: usize) -> Option<Self> {
-        at.iter()
-            .all(|&a| a + width <= len)
-            .then_some(Self { at, width, len })
+        at.iter().all(|&a| a + width <= len).then_some(Self {
+            at,
+            width,
+            store: len,
+        })
     }
 }
 
@@ -40,48 +49,75 @@ fn avx512() -> bool {
     false
 }
 
-/// Queries handled together by the AVX-512 loops for a head width of `16 * ch` values.
+/// Queries scored together by the AVX-512 loop for heads of `16 * ch` values (two keys' chunks
+/// and two accumulators per query stay in registers).
 #[cfg(target_arch = "x86_64")]
 fn queries_at_once(ch: usize) -> usize {
     if ch <= 4 {
-        4
+        8
     } else {
-        2
+        4
     }
 }
 
-/// `scores[g * len + j] = score(queries[g], k[keys[j]..]) * scale` for every query `g` (the
-/// query heads that share one KV head): each key is read once for all of them.
-pub fn key_scores(queries: &[&[f32]], k: &[f32], keys: Rows<'_>, scale: f32, scores: &mut [f32]) {
+/// Queries whose value sums stay in registers together (`ch` accumulators each).
+#[cfg(target_arch = "x86_64")]
+fn values_at_once(ch: usize) -> usize {
+    if ch <= 4 {
+        6
+    } else {
+        3
+    }
+}
+
+/// `scores[g * stride + j] = score(queries[g], k[keys[j]..]) * scale` for every query `g`
+/// (the query heads of the rows that share one KV head and these keys): each key is read once
+/// for all of them.
+pub fn key_scores(
+    queries: &[&[f32]],
+    k: &[f32],
+    keys: Rows<'_>,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+) {
     let (hd, len) = (keys.width, keys.at.len());
     assert!(queries.iter().all(|q| q.len() == hd));
-    assert!(scores.len() == queries.len() * len && keys.len <= k.len());
+    assert!(len <= stride);
+    assert!(queries.is_empty() || (queries.len() - 1) * stride + len <= scores.len());
+    assert!(keys.store <= k.len());
     #[cfg(target_arch = "x86_64")]
     if avx512() && matches!(hd, 64 | 128) {
         let ch = hd / 16;
-        for (qs, scores) in queries
-            .chunks(queries_at_once(ch))
-            .zip(scores.chunks_mut(queries_at_once(ch) * len))
-        {
+        let at_once = queries_at_once(ch);
+        for (c, qs) in queries.chunks(at_once).enumerate() {
+            let scores = &mut scores[c * at_once * stride..];
             // SAFETY: AVX-512F and FMA were detected; the lengths are checked above, and every
             // key row lies inside `k` (`Rows` checked them against a length `k` covers).
             unsafe {
+                let (at, out) = (keys.at, scores);
                 match (ch, qs.len()) {
-                    (4, 1) => x86::key_scores::<4, 1>(qs, k, keys.at, scale, scores),
-                    (4, 2) => x86::key_scores::<4, 2>(qs, k, keys.at, scale, scores),
-                    (4, 3) => x86::key_scores::<4, 3>(qs, k, keys.at, scale, scores),
-                    (4, _) => x86::key_scores::<4, 4>(qs, k, keys.at, scale, scores),
-                    (_, 1) => x86::key_scores::<8, 1>(qs, k, keys.at, scale, scores),
-                    (_, _) => x86::key_scores::<8, 2>(qs, k, keys.at, scale, scores),
+                    (4, 1) => x86::key_scores::<4, 1>(qs, k, at, scale, out, stride),
+                    (4, 2) => x86::key_scores::<4, 2>(qs, k, at, scale, out, stride),
+                    (4, 3) => x86::key_scores::<4, 3>(qs, k, at, scale, out, stride),
+                    (4, 4) => x86::key_scores::<4, 4>(qs, k, at, scale, out, stride),
+                    (4, 5) => x86::key_scores::<4, 5>(qs, k, at, scale, out, stride),
+                    (4, 6) => x86::key_scores::<4, 6>(qs, k, at, scale, out, stride),
+                    (4, 7) => x86::key_scores::<4, 7>(qs, k, at, scale, out, stride),
+                    (4, _) => x86::key_scores::<4, 8>(qs, k, at, scale, out, stride),
+                    (_, 1) => x86::key_scores::<8, 1>(qs, k, at, scale, out, stride),
+                    (_, 2) => x86::key_scores::<8, 2>(qs, k, at, scale, out, stride),
+                    (_, 3) => x86::key_scores::<8, 3>(qs, k, at, scale, out, stride),
+                    (_, _) => x86::key_scores::<8, 4>(qs, k, at, scale, out, stride),
                 }
             }
         }
         return;
     }
     let _ = avx512;
-    for (query, scores) in queries.iter().zip(scores.chunks_mut(len.max(1))) {
+    for (g, query) in queries.iter().enumerate() {
         let key = |at: usize| &k[at..at + hd];
-        for (s, &at) in scores.iter_mut().zip(keys.at) {
+        for (s, &at) in scores[g * stride..][..len].iter_mut().zip(keys.at) {
             *s = match hd {
                 64 => score::<64>(query, key(at)),
                 128 => score::<128>(query, key(at)),
@@ -91,32 +127,39 @@ pub fn key_scores(queries: &[&[f32]], k: &[f32], keys: Rows<'_>, scale: f32, sco
     }
 }
 
-/// `dst[g * hd..][..hd] += sum_j p[g * len + j] * v[keys[j]..]` for every query `g`, in key
-/// order; each value row is read once for all of them.
-pub fn weighted_values(p: &[f32], v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
+/// `dst[g * hd..][..hd] += sum_j p[g * stride + j] * v[keys[j]..]` for every query `g`, in
+/// key order; each value row is read once for all of them.
+pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
     let (hd, len) = (keys.width, keys.at.len());
     let nq = dst.len() / hd;
-    assert!(dst.len() == nq * hd && p.len() == nq * len && keys.len <= v.len());
+    assert!(dst.len() == nq * hd && len <= stride && keys.store <= v.len());
+    assert!(nq == 0 || (nq - 1) * stride + len <= p.len());
     #[cfg(target_arch = "x86_64")]
     if avx512() && matches!(hd, 64 | 128) {
         let ch = hd / 16;
-        let at_once = queries_at_once(ch);
-        for (p, dst) in p.chunks(at_once * len).zip(dst.chunks_mut(at_once * hd)) {
+        let at_once = values_at_once(ch);
+        for (c, dst) in dst.chunks_mut(at_once * hd).enumerate() {
+            let p = &p[c * at_once * stride..];
+            let at = keys.at;
             // SAFETY: as in `key_scores`, for the value rows.
             unsafe {
                 match (ch, dst.len() / hd) {
-                    (4, 1) => x86::weighted_values::<4, 1>(p, v, keys.at, dst),
-                    (4, 2) => x86::weighted_values::<4, 2>(p, v, keys.at, dst),
-                    (4, 3) => x86::weighted_values::<4, 3>(p, v, keys.at, dst),
-                    (4, _) => x86::weighted_values::<4, 4>(p, v, keys.at, dst),
-                    (_, 1) => x86::weighted_values::<8, 1>(p, v, keys.at, dst),
-                    (_, _) => x86::weighted_values::<8, 2>(p, v, keys.at, dst),
+                    (4, 1) => x86::weighted_values::<4, 1>(p, stride, v, at, dst),
+                    (4, 2) => x86::weighted_values::<4, 2>(p, stride, v, at, dst),
+                    (4, 3) => x86::weighted_values::<4, 3>(p, stride, v, at, dst),
+                    (4, 4) => x86::weighted_values::<4, 4>(p, stride, v, at, dst),
+                    (4, 5) => x86::weighted_values::<4, 5>(p, stride, v, at, dst),
+                    (4, _) => x86::weighted_values::<4, 6>(p, stride, v, at, dst),
+                    (_, 1) => x86::weighted_values::<8, 1>(p, stride, v, at, dst),
+                    (_, 2) => x86::weighted_values::<8, 2>(p, stride, v, at, dst),
+                    (_, _) => x86::weighted_values::<8, 3>(p, stride, v, at, dst),
                 }
             }
         }
         return;
     }
-    for (p, dst) in p.chunks(len.max(1)).zip(dst.chunks_mut(hd)) {
+    for (g, dst) in dst.chunks_mut(hd).enumerate() {
+        let p = &p[g * stride..][..len];
         match hd {
             64 => fused_sum::<64>(p, v, keys.at, dst),
             128 => fused_sum::<128>(p, v, keys.at, dst),
@@ -193,7 +236,7 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU must have AVX-512F and FMA; every query holds `16 * CH` values, every
-    /// `keys[j] + 16 * CH <= k.len()` and `scores.len() >= NQ * keys.len()`.
+    /// `keys[j] + 16 * CH <= k.len()` and `scores` holds `(NQ - 1) * stride + keys.len()`.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub unsafe fn key_scores<const CH: usize, const NQ: usize>(
         queries: &[&[f32]],
@@ -201,6 +244,7 @@ mod x86 {
         keys: &[usize],
         scale: f32,
         scores: &mut [f32],
+        stride: usize,
     ) {
         let len = keys.len();
         let q: [*const f32; NQ] = std::array::from_fn(|g| queries[g].as_ptr());
@@ -222,7 +266,7 @@ mod x86 {
             }
             for (i, acc) in acc.iter().enumerate() {
                 for (g, acc) in acc.iter().enumerate() {
-                    *scores.get_unchecked_mut(g * len + j + i) = combine16(*acc) * scale;
+                    *scores.get_unchecked_mut(g * stride + j + i) = combine16(*acc) * scale;
                 }
             }
             j += 2;
@@ -237,7 +281,7 @@ mod x86 {
                 }
             }
             for (g, acc) in acc.iter().enumerate() {
-                *scores.get_unchecked_mut(g * len + j) = combine16(*acc) * scale;
+                *scores.get_unchecked_mut(g * stride + j) = combine16(*acc) * scale;
             }
         }
     }
@@ -245,15 +289,16 @@ mod x86 {
     /// `super::weighted_values` for `NQ` queries of `16 * CH` values.
     ///
     /// # Safety
-    /// As `key_scores`, with `dst` of `NQ * 16 * CH` values and `p` of `NQ * keys.len()`.
+    /// As `key_scores`, with `dst` of `NQ * 16 * CH` values and `p` of
+    /// `(NQ - 1) * stride + keys.len()`.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub unsafe fn weighted_values<const CH: usize, const NQ: usize>(
         p: &[f32],
+        stride: usize,
         v: &[f32],
         keys: &[usize],
         dst: &mut [f32],
     ) {
-        let len = keys.len();
         let mut acc: [[__m512; CH]; NQ] = std::array::from_fn(|g| {
             std::array::from_fn(|c| _mm512_loadu_ps(dst.as_ptr().add((g * CH + c) * 16)))
         });
@@ -262,7 +307,7 @@ mod x86 {
             let row = base.add(at);
             let value: [__m512; CH] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
             for (g, acc) in acc.iter_mut().enumerate() {
-                let p = _mm512_set1_ps(*p.get_unchecked(g * len + j));
+                let p = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
                 for (acc, value) in acc.iter_mut().zip(&value) {
                     *acc = _mm512_fmadd_ps(p, *value, *acc);
                 }
@@ -323,16 +368,16 @@ mod tests {
             let keys: Vec<usize> = (0..37).map(|i| (i * 13 % 40) * hd).collect();
             let q = values(hd, 3);
             let rows = Rows::new(&keys, hd, store.len()).unwrap();
-            for nq in 1..=5 {
+            for nq in 1..=9 {
                 let qs: Vec<Vec<f32>> = (0..nq).map(|g| values(hd, 3 + g as u32)).collect();
                 let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
                 let ps: Vec<f32> = (0..nq)
                     .flat_map(|g| values(keys.len(), 9 + g as u32))
                     .collect();
                 let mut scores = vec![0.0; nq * keys.len()];
-                key_scores(&q_refs, &store, rows, 0.125, &mut scores);
+                key_scores(&q_refs, &store, rows, 0.125, &mut scores, keys.len());
                 let mut out = vec![0.0; nq * hd];
-                weighted_values(&ps, &store, rows, &mut out);
+                weighted_values(&ps, keys.len(), &store, rows, &mut out);
                 for g in 0..nq {
                     let p_g = &ps[g * keys.len()..(g + 1) * keys.len()];
                     let (want_scores, want_out) = portable(hd, &qs[g], &store, &keys, p_g);
@@ -349,7 +394,7 @@ mod tests {
                 }
             }
             let mut scores = vec![0.0; keys.len()];
-            key_scores(&[&q], &store, rows, 0.125, &mut scores);
+            key_scores(&[&q], &store, rows, 0.125, &mut scores, keys.len());
             for (j, &at) in keys.iter().enumerate() {
                 let exact: f64 = (0..hd).map(|i| q[i] as f64 * store[at + i] as f64).sum();
                 assert!((scores[j] as f64 - exact * 0.125).abs() < 1e-5);
