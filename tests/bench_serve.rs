@@ -1,6 +1,7 @@
 //! `thicket bench serve`, `bench sweep` and `bench tot` end to end against a real
 //! `thicket serve` on SmolLM2, with a handful of short requests: the JSON reports hold every
-//! metric with sane values, and the charts are valid SVG and PNG files.
+//! metric with sane values, and the charts are valid SVG and PNG files. `bench spec` runs its
+//! methods on engines of their own, interleaved question by question.
 
 use std::path::Path;
 use std::process::Output;
@@ -213,4 +214,43 @@ fn load_benchmarks_report_every_metric_against_thicket_serve() {
         "same seeds, lossless speculation: {question}"
     );
     assert!(tot["speedup"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spec.json");
+    let model = smollm2_path();
+    let output = run(&[
+        "bench",
+        "spec",
+        "--model",
+        model.to_str().unwrap(),
+        "--per-category",
+        "1",
+        "--max-tokens",
+        "6",
+        "--methods",
+        "prompt_lookup",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("| prompt_lookup |"), "{table}");
+    let report = read_json(&out);
+    let ms = report["measurements"].as_array().expect("measurements");
+    assert_eq!(ms.len(), 2 * 13, "13 questions, two methods");
+    for (round, pair) in ms.chunks(2).enumerate() {
+        // One question per round, on both engines, the first method alternating.
+        assert_eq!(pair[0]["question_id"], pair[1]["question_id"], "{pair:?}");
+        let first = if round % 2 == 0 {
+            "none"
+        } else {
+            "prompt_lookup"
+        };
+        assert_eq!(pair[0]["method"], first, "round {round}: {pair:?}");
+        assert_ne!(pair[0]["method"], pair[1]["method"]);
+        // Greedy and lossless: the same tokens either way.
+        assert_eq!(pair[0]["output_tokens"], pair[1]["output_tokens"]);
+    }
 }

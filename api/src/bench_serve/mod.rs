@@ -223,12 +223,24 @@ impl Target {
 
     /// The prompts of the dataset, sampled with the seed.
     pub fn prompts(&self) -> anyhow::Result<Vec<Prompt>> {
+        Ok(dataset::sample(
+            &self.dataset()?,
+            self.args.num_prompts,
+            self.args.seed,
+        ))
+    }
+
+    /// How many prompts the dataset holds.
+    pub fn distinct_prompts(&self) -> anyhow::Result<usize> {
+        Ok(self.dataset()?.len())
+    }
+
+    fn dataset(&self) -> anyhow::Result<Vec<Prompt>> {
         let format = self
             .args
             .dataset_format
             .unwrap_or_else(|| DatasetFormat::guess(&self.args.dataset));
-        let all = dataset::load(&self.args.dataset, format)?;
-        Ok(dataset::sample(&all, self.args.num_prompts, self.args.seed))
+        dataset::load(&self.args.dataset, format)
     }
 }
 

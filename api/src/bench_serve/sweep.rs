@@ -1,5 +1,7 @@
 //! `thicket bench sweep`: the load benchmark at each concurrency (1, 2, 4, ... 64) with each
-//! speculation setting, interleaved so drift hits every setting alike. Writes the reports
+//! speculation setting, interleaved so drift hits every setting alike, each point on prompts
+//! of its own (fresh traffic: no setting reads another's prompts from the server's prefix
+//! cache or their continuations from its recycling matrix). Writes the reports
 //! as JSON, a markdown table, and two charts (SVG and PNG): output throughput against
 //! concurrency, and time per output token against throughput.
 
@@ -52,24 +54,46 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let points = runtime()?.block_on(async {
         let target = Target::resolve(&args.load).await?;
         let mut points = Vec::new();
-        let warm_up = target.prompts()?;
+        // Fresh traffic at every point: each (concurrency, method) gets its own prompts, so no
+        // method finds another's prompts in the server's prefix cache or their continuations in
+        // its recycling matrix; the warm-up prompt is used by no point.
+        let per_level: Vec<usize> = args
+            .concurrency
+            .iter()
+            .map(|&c| target.args.num_prompts.max(c))
+            .collect();
+        let needed = 1 + per_level.iter().sum::<usize>() * args.speculation.len();
+        let mut all = target.clone();
+        all.args.num_prompts = needed;
+        let pool = all.prompts()?;
+        let distinct = all.distinct_prompts()?;
+        if distinct < needed {
+            eprintln!(
+                "note: the sweep needs {needed} prompts and the dataset has {distinct}: prompts repeat across points, and a repeated prompt may hit the server's prefix cache"
+            );
+        }
         let plan = LoadPlan {
             max_concurrency: Some(1),
             ..LoadPlan::default()
         };
-        let _ = run_load(&target, &warm_up[..1], &plan, false).await;
-        for &concurrency in &args.concurrency {
-            for method in &args.speculation {
-                let mut target = target.clone();
-                target.args.num_prompts = target.args.num_prompts.max(concurrency);
-                let prompts = target.prompts()?;
+        let _ = run_load(&target, &pool[..1], &plan, false).await;
+        let mut next = 1;
+        for (level, &concurrency) in args.concurrency.iter().enumerate() {
+            // The methods' order alternates from level to level.
+            let mut methods: Vec<&String> = args.speculation.iter().collect();
+            if level % 2 == 1 {
+                methods.reverse();
+            }
+            for method in methods {
+                let prompts = &pool[next..next + per_level[level]];
+                next += per_level[level];
                 let plan = LoadPlan {
                     request_rate: None,
                     burstiness: 1.0,
                     max_concurrency: Some(concurrency),
                     speculation: Some(method.clone()),
                 };
-                let mut report = run_load(&target, &prompts, &plan, true).await;
+                let mut report = run_load(&target, prompts, &plan, true).await;
                 report.requests.clear();
                 eprintln!(
                     "concurrency {concurrency:>3}, speculation {method:<14}: {:8.1} output tok/s, median TPOT {:7.1} ms, {} failed",
