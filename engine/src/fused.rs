@@ -1,10 +1,12 @@
 //! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer
-//! over preallocated buffers, when every projection is multiplied by thicket's quantized
-//! kernel. RMSNorm writes rows that are quantized once for the q/k/v products (and once for
-//! gate/up), RoPE rotates Q straight into the head-major layout the attention kernel reads and
-//! K in place, and SwiGLU and the residual adds run over the rows in place: no candle op
-//! dispatch, no tensor allocation per layer, and the matmuls and attention still spread over
-//! the thread pool the forward runs on. Every operation repeats candle's arithmetic for the
+//! over preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v
+//! products (and once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into
+//! the head-major layout the attention kernel reads and K in place, and SwiGLU and the
+//! residual adds run over the rows in place: where every projection is on thicket's kernel
+//! (the default for GGUF's 32-value formats) there is no candle op dispatch and no tensor
+//! allocation per layer, and the matmuls and attention still spread over the thread pool the
+//! forward runs on. Projections thicket's kernel does not take (Q4_K/Q6_K, dense weights) run
+//! through their candle `Linear` inside the same pass. Every operation repeats candle's arithmetic for the
 //! same op (same expressions, same order), so the logits are bit-identical to the candle path
 //! in `Model::forward` (tested), and a row's result still never depends on the other rows.
 
@@ -24,36 +26,74 @@ use crate::model::ModelWeights;
 use crate::qgemm::{Activations, QuantMatrix};
 use crate::{Error, Result};
 
-/// One projection: thicket's quantized matrix and its bias.
+/// One projection: thicket's quantized matrix and its bias, or (weights in a format or dtype
+/// thicket's kernel does not take) the model's own `Linear`, run through candle.
 #[derive(Debug, Clone)]
-struct Projection {
-    weight: Arc<QuantMatrix>,
-    bias: Option<Vec<f32>>,
+enum Projection {
+    Packed {
+        weight: Arc<QuantMatrix>,
+        bias: Option<Vec<f32>>,
+    },
+    Candle(Linear),
 }
 
 impl Projection {
-    fn from_linear(linear: &Linear) -> Result<Option<Self>> {
-        let Some(weight) = linear.packed() else {
-            return Ok(None);
-        };
-        Ok(Some(Self {
-            weight: weight.clone(),
-            bias: linear.bias_values()?,
-        }))
+    fn from_linear(linear: &Linear) -> Result<Self> {
+        Ok(match linear.packed() {
+            Some(weight) => Self::Packed {
+                weight: weight.clone(),
+                bias: linear.bias_values()?,
+            },
+            None => Self::Candle(linear.clone()),
+        })
     }
 
-    /// `out = rows W^T + b`.
-    fn apply(&self, rows: &Activations, out: &mut Vec<f32>, scratch: &mut Vec<f32>) -> Result<()> {
-        self.weight.matmul_quantized(rows, out, scratch)?;
-        if let Some(bias) = &self.bias {
-            for row in out.chunks_exact_mut(bias.len()) {
-                for (y, b) in row.iter_mut().zip(bias) {
-                    *y += *b;
+    /// Whether activations quantized for `other` serve this projection as they are.
+    fn shares_activations(&self, other: &Projection) -> bool {
+        match (self, other) {
+            (Self::Packed { weight: a, .. }, Self::Packed { weight: b, .. }) => {
+                a.same_activations(b)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Projects the `rows` rows of `x` through each projection into its buffer. `x` is quantized
+/// once for each kind of activations the packed projections read, in `acts`.
+fn project(
+    x: &[f32],
+    rows: usize,
+    outputs: &mut [(&Projection, &mut Vec<f32>)],
+    acts: &mut Activations,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    let mut held: Option<&Projection> = None;
+    for (projection, out) in outputs.iter_mut() {
+        match projection {
+            Projection::Packed { weight, bias } => {
+                if !held.is_some_and(|h| projection.shares_activations(h)) {
+                    weight.quantize(x, acts);
+                    held = Some(projection);
+                }
+                weight.matmul_quantized(acts, out, scratch)?;
+                if let Some(bias) = bias {
+                    for row in out.chunks_exact_mut(bias.len()) {
+                        for (y, b) in row.iter_mut().zip(bias) {
+                            *y += *b;
+                        }
+                    }
                 }
             }
+            Projection::Candle(linear) => {
+                let input = Tensor::from_slice(x, (rows, x.len() / rows.max(1)), &Device::Cpu)?;
+                let y = linear.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
+                out.clear();
+                out.extend_from_slice(&y);
+            }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -74,7 +114,7 @@ struct FusedLayer {
 pub struct FusedWeights {
     layers: Vec<FusedLayer>,
     final_norm: Vec<f32>,
-    lm_head: Option<Projection>,
+    lm_head: Projection,
     /// `[max_positions][head_dim / 2]`, the model's RoPE table.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
@@ -156,12 +196,13 @@ fn profiling() -> bool {
 
 /// A float tensor's values on the CPU.
 fn host_values(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+    Ok(t.flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
 }
 
 impl FusedWeights {
-    /// The fused form of `weights`, or `None` where the fused pass does not apply (a
-    /// projection not on thicket's kernel, weights off the CPU).
+    /// The fused form of `weights`, or `None` off the CPU.
     pub fn build(
         weights: &ModelWeights,
         rope: (&Tensor, &Tensor),
@@ -172,28 +213,17 @@ impl FusedWeights {
         }
         let mut layers = Vec::with_capacity(weights.layers.len());
         for l in &weights.layers {
-            let p = |linear: &Linear| Projection::from_linear(linear);
-            let (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) = (
-                p(&l.q)?,
-                p(&l.k)?,
-                p(&l.v)?,
-                p(&l.o)?,
-                p(&l.gate)?,
-                p(&l.up)?,
-                p(&l.down)?,
-            ) else {
-                return Ok(None);
-            };
+            let p = Projection::from_linear;
             layers.push(FusedLayer {
                 attn_norm: host_values(&l.attn_norm)?,
-                q,
-                k,
-                v,
-                o,
+                q: p(&l.q)?,
+                k: p(&l.k)?,
+                v: p(&l.v)?,
+                o: p(&l.o)?,
                 mlp_norm: host_values(&l.mlp_norm)?,
-                gate,
-                up,
-                down,
+                gate: p(&l.gate)?,
+                up: p(&l.up)?,
+                down: p(&l.down)?,
             });
         }
         Ok(Some(Self {
@@ -243,14 +273,17 @@ impl FusedWeights {
         for (index, layer) in self.layers.iter().enumerate() {
             rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
-            layer.q.weight.quantize(&w.h, &mut w.rows);
-            layer.q.apply(&w.rows, &mut w.q, &mut w.scratch)?;
-            for (proj, out) in [(&layer.k, &mut w.k), (&layer.v, &mut w.v)] {
-                if !proj.weight.same_activations(&layer.q.weight) {
-                    proj.weight.quantize(&w.h, &mut w.rows);
-                }
-                proj.apply(&w.rows, out, &mut w.scratch)?;
-            }
+            project(
+                &w.h,
+                rows,
+                &mut [
+                    (&layer.q, &mut w.q),
+                    (&layer.k, &mut w.k),
+                    (&layer.v, &mut w.v),
+                ],
+                &mut w.rows,
+                &mut w.scratch,
+            )?;
             clock.lap(|p| &mut p.matmul);
             self.rotate(
                 cfg,
@@ -267,23 +300,34 @@ impl FusedWeights {
             kv.write(index, &batch.slots, &w.k, &w.v)?;
             let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
             clock.lap(|p| &mut p.attention);
-            layer.o.weight.quantize(&attn, &mut w.rows);
-            layer.o.apply(&w.rows, &mut w.out, &mut w.scratch)?;
+            project(
+                &attn,
+                rows,
+                &mut [(&layer.o, &mut w.out)],
+                &mut w.rows,
+                &mut w.scratch,
+            )?;
             clock.lap(|p| &mut p.matmul);
             add_into(&w.out, &mut w.x);
             rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
-            layer.gate.weight.quantize(&w.h, &mut w.rows);
-            layer.gate.apply(&w.rows, &mut w.gate, &mut w.scratch)?;
-            if !layer.up.weight.same_activations(&layer.gate.weight) {
-                layer.up.weight.quantize(&w.h, &mut w.rows);
-            }
-            layer.up.apply(&w.rows, &mut w.up, &mut w.scratch)?;
+            project(
+                &w.h,
+                rows,
+                &mut [(&layer.gate, &mut w.gate), (&layer.up, &mut w.up)],
+                &mut w.rows,
+                &mut w.scratch,
+            )?;
             clock.lap(|p| &mut p.matmul);
             swiglu(&mut w.gate, &w.up);
             clock.lap(|p| &mut p.other);
-            layer.down.weight.quantize(&w.gate, &mut w.rows);
-            layer.down.apply(&w.rows, &mut w.out, &mut w.scratch)?;
+            project(
+                &w.gate,
+                rows,
+                &mut [(&layer.down, &mut w.out)],
+                &mut w.rows,
+                &mut w.scratch,
+            )?;
             clock.lap(|p| &mut p.matmul);
             add_into(&w.out, &mut w.x);
             clock.lap(|p| &mut p.other);
@@ -303,19 +347,15 @@ impl FusedWeights {
         }
         let mut last = vec![0f32; w.h.len()];
         rms_norm(&w.h, &self.final_norm, eps, &mut last);
-        let logits = match &self.lm_head {
-            Some(head) => {
-                head.weight.quantize(&last, &mut w.rows);
-                let mut logits = Vec::new();
-                head.apply(&w.rows, &mut logits, &mut w.scratch)?;
-                Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?
-            }
-            None => weights.lm_head.forward(&Tensor::from_vec(
-                last,
-                (wanted.len(), hidden),
-                &Device::Cpu,
-            )?)?,
-        };
+        let mut logits = Vec::new();
+        project(
+            &last,
+            wanted.len(),
+            &mut [(&self.lm_head, &mut logits)],
+            &mut w.rows,
+            &mut w.scratch,
+        )?;
+        let logits = Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?;
         clock.lap(|p| &mut p.head);
         Ok(logits)
     }

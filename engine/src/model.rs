@@ -6,9 +6,9 @@
 //! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
 //! per-row arithmetic does not depend on the row count for the quantized formats we load);
 //! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
-//! `attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU,
-//! when every projection runs on thicket's quantized kernel, the same forward runs as the
-//! fused pass of `fused` instead (bit-identical, no candle op per layer).
+//! `attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU the
+//! same forward runs as the fused pass of `fused` instead (bit-identical; no candle op per
+//! layer where every projection runs on thicket's quantized kernel).
 
 use candle_core::{DType, Device, Tensor};
 
