@@ -48,20 +48,31 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     );
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
-    let output = Command::new("python3")
-        .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
-        .args(["--url", &format!("{}/v1", server.base)])
-        .args(["--checks", "not_a_server_error,response_schema_conformance"])
-        .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
-        // Generations are short, but other tests may be sharing the two cores.
-        .args(["--request-timeout", "300"])
-        .current_dir(&fuzz_dir)
-        .env("PYTHONPATH", python_path)
-        .env("SCHEMATHESIS_HOOKS", "hooks")
-        .env("THICKET_FUZZ_MODEL", "smollm2")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("running schemathesis");
+    let run = || {
+        Command::new("python3")
+            .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
+            .args(["--url", &format!("{}/v1", server.base)])
+            .args(["--checks", "not_a_server_error,response_schema_conformance"])
+            .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
+            // Generations are short, but other tests may be sharing the two cores.
+            .args(["--request-timeout", "300"])
+            .current_dir(&fuzz_dir)
+            .env("PYTHONPATH", &python_path)
+            .env("SCHEMATHESIS_HOOKS", "hooks")
+            .env("THICKET_FUZZ_MODEL", "smollm2")
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("running schemathesis")
+    };
+    let mut output = run();
+    // CPython 3.11 occasionally aborts schemathesis's own example generation with a
+    // `SystemError` ("AST constructor recursion depth mismatch"): an interpreter fault in the
+    // fuzzer, not a finding about the server. Such a run is repeated once; any other failure
+    // (a check that failed) stands.
+    if !output.status.success() && String::from_utf8_lossy(&output.stdout).contains("SystemError") {
+        eprintln!("schemathesis hit an interpreter SystemError while generating; running it again");
+        output = run();
+    }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let tail: String = stdout
