@@ -48,9 +48,10 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     );
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
-    let run = || {
+    let run = |phases: &str| {
         Command::new("python3")
             .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
+            .args(["--phases", phases])
             .args(["--url", &format!("{}/v1", server.base)])
             .args(["--checks", "not_a_server_error,response_schema_conformance"])
             .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
@@ -64,14 +65,16 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .output()
             .expect("running schemathesis")
     };
-    let mut output = run();
-    // CPython 3.11 occasionally aborts schemathesis's own example generation with a
+    let mut output = run("examples,coverage,fuzzing");
+    // CPython 3.11 sometimes aborts schemathesis's own generation in its examples phase with a
     // `SystemError` ("AST constructor recursion depth mismatch"): an interpreter fault in the
-    // fuzzer, not a finding about the server. Such a run is repeated once; any other failure
-    // (a check that failed) stands.
+    // fuzzer, not a finding about the server. Such a run is repeated without that phase (the
+    // coverage and fuzzing phases still send every request kind); any other failure stands.
     if !output.status.success() && String::from_utf8_lossy(&output.stdout).contains("SystemError") {
-        eprintln!("schemathesis hit an interpreter SystemError while generating; running it again");
-        output = run();
+        eprintln!(
+            "schemathesis hit an interpreter SystemError; running coverage and fuzzing again"
+        );
+        output = run("coverage,fuzzing");
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
