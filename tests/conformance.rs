@@ -48,10 +48,9 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     );
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
-    let run = |phases: &str| {
+    let run = || {
         Command::new("python3")
             .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
-            .args(["--phases", phases])
             .args(["--url", &format!("{}/v1", server.base)])
             .args(["--checks", "not_a_server_error,response_schema_conformance"])
             .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
@@ -65,16 +64,19 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .output()
             .expect("running schemathesis")
     };
-    let mut output = run("examples,coverage,fuzzing");
-    // CPython 3.11 sometimes aborts schemathesis's own generation in its examples phase with a
-    // `SystemError` ("AST constructor recursion depth mismatch"): an interpreter fault in the
-    // fuzzer, not a finding about the server. Such a run is repeated without that phase (the
-    // coverage and fuzzing phases still send every request kind); any other failure stands.
-    if !output.status.success() && String::from_utf8_lossy(&output.stdout).contains("SystemError") {
-        eprintln!(
-            "schemathesis hit an interpreter SystemError; running coverage and fuzzing again"
-        );
-        output = run("coverage,fuzzing");
+    let mut output = run();
+    // With two workers, Hypothesis in one thread raises the interpreter-wide recursion limit
+    // while the other parses a lambda's source, and CPython 3.11 can abort the run with
+    // `SystemError: AST constructor recursion depth mismatch` (seen under load): a fault in the
+    // fuzzer's process, not a finding about the server. Such a run is repeated, twice at most;
+    // any other failure stands.
+    for _ in 0..2 {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if output.status.success() || !stdout.contains("SystemError") {
+            break;
+        }
+        eprintln!("schemathesis aborted on an interpreter SystemError; running it again");
+        output = run();
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
