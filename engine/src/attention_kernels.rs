@@ -8,7 +8,7 @@
 //! `reduce::dot` and separate multiplies and adds. Every sum runs over one row's keys in one
 //! order, so a row's result never depends on the other rows of the batch.
 
-use crate::reduce::dot;
+use crate::reduce::{combine8, dot};
 
 /// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
 /// unchecked loops may read them).
@@ -174,12 +174,6 @@ pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst:
     }
 }
 
-/// The fixed combination of eight partial sums that `dot` uses.
-#[inline(always)]
-fn combine8(acc: &[f32; 8]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
 /// A score in sixteen fused lanes (see the module doc), `HD` a multiple of 16.
 #[inline(always)]
 fn score<const HD: usize>(q: &[f32], k: &[f32]) -> f32 {
@@ -215,7 +209,7 @@ fn fused_sum<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `combine8` of lanes `l + l + 8` of a sixteen-lane sum.
+    /// `combine8` of lanes `l` plus `l + 8` of a sixteen-lane sum.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn combine16(acc: __m512) -> f32 {

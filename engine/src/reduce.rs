@@ -2,6 +2,12 @@
 //! offset terms). Their summation order depends only on the length, never on the batch, so
 //! every row computes the same bits whatever else shares its step.
 
+/// Eight partial sums combined in `dot`'s fixed order.
+#[inline(always)]
+pub fn combine8(acc: &[f32; 8]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
 /// `sum a[i] * b[i]` with eight independent partial sums combined in a fixed order
 /// (vectorises), then the tail past the last multiple of eight.
 #[inline]
@@ -14,7 +20,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut sum = combine8(&acc);
     for (x, y) in a_rest.iter().zip(b_rest) {
         sum += x * y;
     }

@@ -58,8 +58,7 @@ pub fn softmax_in_place(xs: &mut [f32]) {
             sums[l] += c[l];
         }
     }
-    let mut sum =
-        ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
+    let mut sum = crate::reduce::combine8(&sums);
     for x in chunks.remainder() {
         sum += x;
     }
