@@ -192,7 +192,7 @@ impl EngineArgs {
 
 /// Bumped whenever the forward's code changes its cost, so curves cached by an older build are
 /// measured anew.
-const COST_CURVE_VERSION: u32 = 2;
+const COST_CURVE_VERSION: u32 = 3;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
@@ -223,7 +223,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     }
     let started = std::time::Instant::now();
     let sizes = [1, 2, 4, 8, 16, 32, 64];
-    let points = engine::bench::forward_cost(model, 64, &sizes, 1)?;
+    let points = engine::bench::forward_cost(model, 64, &sizes, 3)?;
     let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
         .context("the measured forward cost is not usable")?;
     tracing::info!(

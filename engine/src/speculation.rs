@@ -106,6 +106,9 @@ pub(crate) struct Speculation {
     draft_model_seconds: Option<f64>,
 }
 
+/// How far a sequence's acceptance ratio drifts back towards 1 per step it could draft.
+const RATIO_RECOVERY: f32 = 0.02;
+
 /// Weight of a new measurement in the moving averages above.
 const COST_SMOOTHING: f64 = 0.2;
 
@@ -215,6 +218,10 @@ impl Speculation {
             if state.available == 0 {
                 continue;
             }
+            // Without drafts there is no evidence, so a ratio that failures pushed below
+            // what drafting needs would never rise again: it drifts back towards the
+            // method's average, and the sequence tries a small tree now and then.
+            state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
             let method = state.drafter.method();
             let stats = self.stats.entry(method).or_default();
             let expected_accepted = stats

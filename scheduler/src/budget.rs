@@ -61,9 +61,14 @@ impl CostCurve {
         &self.points
     }
 
-    /// Refines the curve with a measured forward: the knot nearest `rows` (in ratio) moves
-    /// a little towards the measurement (by 5%, so one noisy step changes little). Curves with one
-    /// knot (flat) stay as they are.
+    /// Refines the curve with a measured forward of `rows` rows, by 5% of the error each
+    /// time so one noisy step changes little. The error moves the whole curve (its level:
+    /// longer contexts and a busier host make every size slower), and the knot nearest
+    /// `rows` moves once more (its shape), except the one-row knot: most steps run at one
+    /// size, and if that knot alone followed its measurements, what a few more rows seem to
+    /// cost against it would drift with them (a one-row knot that fell would stop every
+    /// draft, and no draft would ever correct it). Curves with one knot (flat) stay as they
+    /// are.
     pub fn observe(&mut self, rows: usize, seconds: f64) {
         let predicted = self.cost(rows);
         if self.points.len() < 2 || rows == 0 || !seconds.is_finite() || predicted <= 0.0 {
@@ -71,12 +76,15 @@ impl CostCurve {
         }
         let factor = 1.0 + 0.05 * (seconds / predicted - 1.0).clamp(-0.5, 1.0);
         let distance = |r: usize| ((r as f64).ln() - (rows as f64).ln()).abs();
-        if let Some(nearest) = self
-            .points
-            .iter_mut()
-            .min_by(|a, b| distance(a.0).total_cmp(&distance(b.0)))
-        {
-            nearest.1 *= factor;
+        let nearest = (0..self.points.len())
+            .min_by(|&a, &b| distance(self.points[a].0).total_cmp(&distance(self.points[b].0)))
+            .unwrap_or(0);
+        for (i, point) in self.points.iter_mut().enumerate() {
+            point.1 *= if i == nearest && i > 0 {
+                factor * factor
+            } else {
+                factor
+            };
         }
     }
 
@@ -281,12 +289,28 @@ mod tests {
     }
 
     #[test]
-    fn observations_pull_the_curve_towards_measurements() {
+    fn observations_move_the_level_and_the_shape_but_not_against_one_row() {
+        let mut c = CostCurve::new(vec![(1, 1.0), (8, 2.0), (64, 10.0)]).unwrap();
+        // Only one-row forwards run, each at half the predicted cost: the level follows,
+        // and what eight rows cost against one stays as measured.
+        for _ in 0..300 {
+            c.observe(1, c.cost(1) * 0.5);
+        }
+        assert!(c.cost(1) < 0.01, "{:?}", c.points());
+        assert!(
+            (c.cost(8) / c.cost(1) - 2.0).abs() < 1e-9,
+            "{:?}",
+            c.points()
+        );
+        // Eight-row forwards at 4.0: the curve reaches them there, and eight rows now cost
+        // more against one and against 64 than first measured.
         let mut c = CostCurve::new(vec![(1, 1.0), (8, 2.0), (64, 10.0)]).unwrap();
         for _ in 0..200 {
             c.observe(8, 4.0);
         }
         assert!((c.cost(8) - 4.0).abs() < 0.2, "{:?}", c.points());
+        assert!(c.cost(8) / c.cost(1) > 2.5, "{:?}", c.points());
+        assert!(c.cost(64) / c.cost(8) < 4.0, "{:?}", c.points());
         let mut flat = CostCurve::flat();
         flat.observe(10, 5.0);
         assert_eq!(flat, CostCurve::flat());

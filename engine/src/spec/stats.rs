@@ -13,11 +13,18 @@ const BUCKET_UPPER: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, usize::MAX];
 const PRIOR: [f32; 8] = [0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
 /// Weight of a new observation.
 const ALPHA: f32 = 0.05;
+/// Exploration bonus of a size bucket without observations, shrinking as one over the
+/// square root of its observations (an upper confidence bound). With a pessimistic prior
+/// alone a method whose small trees would pay never drafts, and so never shows that they
+/// do; the bonus buys a few small trees early, which the evidence then keeps or stops.
+const EXPLORATION: f32 = 0.15;
 
 /// Expected accepted tokens by tree size for one method.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AcceptanceStats {
     expected: [f32; 8],
+    /// Observations that reached each bucket.
+    seen: [u32; 8],
     observations: u64,
 }
 
@@ -25,6 +32,7 @@ impl Default for AcceptanceStats {
     fn default() -> Self {
         Self {
             expected: PRIOR,
+            seen: [0; 8],
             observations: 0,
         }
     }
@@ -46,9 +54,16 @@ impl AcceptanceStats {
         // A smaller tree is a prefix of this one's candidates: it would have accepted at
         // most as many (and at most its own size), so smaller buckets learn too.
         let last = bucket(nodes);
-        for (expected, &upper) in self.expected.iter_mut().zip(&BUCKET_UPPER).take(last + 1) {
-            let seen = accepted.min(upper) as f32;
-            *expected += ALPHA * (seen - *expected);
+        for ((expected, seen), &upper) in self
+            .expected
+            .iter_mut()
+            .zip(&mut self.seen)
+            .zip(&BUCKET_UPPER)
+            .take(last + 1)
+        {
+            let got = accepted.min(upper) as f32;
+            *expected += ALPHA * (got - *expected);
+            *seen = seen.saturating_add(1);
         }
         self.observations += 1;
     }
@@ -58,8 +73,9 @@ impl AcceptanceStats {
         self.observations
     }
 
-    /// Expected accepted tokens for 1..=`max_nodes` nodes: linear between the buckets'
-    /// upper sizes, non-decreasing, never above the number of nodes.
+    /// Expected accepted tokens for 1..=`max_nodes` nodes, with each bucket's exploration
+    /// bonus: linear between the buckets' upper sizes, non-decreasing, never above the
+    /// number of nodes.
     pub fn curve(&self, max_nodes: usize) -> Vec<f32> {
         let mut knots: Vec<(f32, f32)> = vec![(0.0, 0.0)];
         for (b, &upper) in BUCKET_UPPER.iter().enumerate() {
@@ -68,7 +84,8 @@ impl AcceptanceStats {
             } else {
                 upper as f32
             };
-            knots.push((x, self.expected[b]));
+            let bonus = EXPLORATION / (1.0 + self.seen[b] as f32).sqrt();
+            knots.push((x, self.expected[b] + bonus));
         }
         let mut best = 0.0f32;
         (1..=max_nodes)
@@ -107,5 +124,17 @@ mod tests {
             s.record(4, 0);
         }
         assert!(s.curve(4)[3] < 0.1);
+    }
+
+    #[test]
+    fn sizes_without_evidence_get_a_bonus_that_evidence_removes() {
+        let mut s = AcceptanceStats::default();
+        let explored = s.curve(1)[0];
+        assert!(explored > PRIOR[0] + 0.1, "{explored}");
+        for _ in 0..100 {
+            s.record(1, 0);
+        }
+        // After a hundred failures one node is expected to accept almost nothing.
+        assert!(s.curve(1)[0] < 0.05, "{:?}", s.curve(1));
     }
 }
