@@ -1,10 +1,10 @@
 //! Bad input gives clear errors, never a panic: a missing file, a corrupt GGUF header, a GGUF
 //! of an unsupported architecture, an HF directory without weights, and an empty prompt.
 
+use crate::greedy::{generate_greedy, GreedyOptions};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use engine::generate::{generate_greedy, GreedyOptions};
 use engine::testing::TinyModelSpec;
 use engine::{load_model, Error, LoadOptions};
 

@@ -2,11 +2,13 @@
 //! computes as a chain; a sequence's greedy output does not depend on its batch mates; a
 //! scrambled, non-contiguous block table gives what a contiguous one gives.
 
+use crate::greedy::{
+    cache_config_for, generate_greedy, generate_greedy_with, GreedyOptions, KvCache,
+};
 use candle_core::{IndexOp, Tensor};
 use engine::attention::AttentionKernel;
-use engine::generate::{cache_config_for, generate_greedy, generate_greedy_with, GreedyOptions};
 use engine::testing::TinyModelSpec;
-use engine::{KvCache, LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
+use engine::{LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
 use kvcache::{BlockId, BlockPool, BlockTable, ManagerConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -2,8 +2,8 @@
 //! cache with the same greedy output, `n` samples of one prompt share its full blocks and
 //! copy the partial one on first write, and nothing stays in use afterwards.
 
-use engine::generate::{generate_greedy, generate_greedy_with, GreedyOptions};
-use engine::{KvCache, LogitRows, TokenTree, TreeBatch};
+use crate::greedy::{generate_greedy, generate_greedy_with, GreedyOptions, KvCache};
+use engine::{LogitRows, TokenTree, TreeBatch};
 use kvcache::ManagerConfig;
 
 use crate::common::{smollm2, PROMPTS};

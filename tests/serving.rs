@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use engine::generate::{generate_greedy, GreedyOptions};
+use crate::greedy::{generate_greedy, GreedyOptions};
 use engine::handle::EngineHandle;
 use engine::{
     EngineConfig, FinishReason, Request, SamplingParams, SpeculationConfig, StopConditions,

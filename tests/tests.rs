@@ -10,6 +10,7 @@ mod conformance;
 mod errors;
 mod faults;
 mod forward;
+mod greedy;
 mod hostile;
 mod kv_cache;
 mod load;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
-use engine::speculation::metric_names::{ACCEPTED_PER_POSITION, VERIFY_STEPS};
+use engine::metrics::spec::{ACCEPTED_PER_POSITION, VERIFY_STEPS};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 

@@ -13,7 +13,7 @@ use scheduler::{Scheduler, SchedulerConfig};
 
 use crate::backend::{Backend, CandleBackend};
 pub use crate::engine_loop::EngineStats;
-use crate::engine_loop::{Command, Engine, Submission};
+use crate::engine_loop::{Command, Engine, EngineParts, Submission};
 use crate::model::Model;
 use crate::request::Usage;
 use crate::request::{Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob};
@@ -104,15 +104,15 @@ pub fn spawn_with_backend(
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
     let spec = Speculation::new(config.speculation.clone(), vocab_size);
-    let engine = Engine::new(
+    let engine = Engine::new(EngineParts {
         backend,
-        Arc::clone(&tokenizer),
+        tokenizer: Arc::clone(&tokenizer),
         eos_ids,
         scheduler,
         spec,
         inbox,
-        Arc::clone(&pending),
-    );
+        pending: Arc::clone(&pending),
+    });
     let thread = std::thread::Builder::new()
         .name("thicket-engine".into())
         .spawn(move || engine.run())

@@ -19,11 +19,9 @@ mod engine_loop;
 mod error;
 pub mod fetch;
 pub mod fused;
-pub mod generate;
 pub mod gguf;
 pub mod handle;
 pub mod hf;
-pub mod kv_cache;
 pub mod kv_store;
 pub mod linear;
 pub mod load;
@@ -47,7 +45,6 @@ pub use error::{Error, Result};
 pub use handle::{
     spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError,
 };
-pub use kv_cache::KvCache;
 pub use kv_store::PagedKvStore;
 pub use kvcache::ManagerConfig;
 pub use linear::{QuantKernel, WeightDType};

@@ -1,7 +1,9 @@
-//! Names and descriptions of the engine's metrics (published through the `metrics` facade;
-//! the server installs the Prometheus exporter). Units are part of every name.
+//! Names and descriptions of every metric thicket publishes (through the `metrics` facade;
+//! the server installs the Prometheus exporter): the engine's step and request metrics here,
+//! then the KV cache's ([`kv`]), speculation's ([`spec`]) and the HTTP server's ([`http`]).
+//! Units are part of every name.
 
-pub use crate::kv_cache::metric_names as kv;
+use kvcache::CacheStats;
 
 /// Counter: engine steps run.
 pub const STEPS: &str = "thicket_engine_steps_total";
@@ -28,7 +30,51 @@ pub const GENERATED_TOKENS: &str = "thicket_generation_tokens_total";
 /// Counter: prompt tokens admitted.
 pub const PROMPT_TOKENS: &str = "thicket_prompt_tokens_total";
 
-/// Registers descriptions of every engine metric with the installed recorder.
+/// Speculation metrics.
+pub mod spec {
+    /// Counter `{method}`: draft tokens proposed and verified.
+    pub const DRAFT_TOKENS: &str = "thicket_spec_draft_tokens_total";
+    /// Counter `{method}`: draft tokens accepted.
+    pub const ACCEPTED_TOKENS: &str = "thicket_spec_accepted_tokens_total";
+    /// Counter `{method}`: verification steps (trees with at least one draft node).
+    pub const VERIFY_STEPS: &str = "thicket_spec_verify_steps_total";
+    /// Counter `{method, position}`: accepted tokens at each depth of the tree.
+    pub const ACCEPTED_PER_POSITION: &str = "thicket_spec_accepted_per_position_total";
+}
+
+/// KV cache metrics.
+pub mod kv {
+    /// Gauge: blocks in the pool.
+    pub const BLOCKS_TOTAL: &str = "thicket_kv_blocks_total";
+    /// Gauge: blocks referenced by live sequences.
+    pub const BLOCKS_IN_USE: &str = "thicket_kv_blocks_in_use";
+    /// Gauge: unreferenced blocks kept for the prefix cache.
+    pub const BLOCKS_CACHED: &str = "thicket_kv_blocks_cached";
+    /// Counter: prompt tokens looked up in the prefix cache (as vLLM counts queries).
+    pub const PREFIX_QUERIES: &str = "thicket_prefix_cache_queries_total";
+    /// Counter: prompt tokens whose KV was reused from the prefix cache.
+    pub const PREFIX_HIT_TOKENS: &str = "thicket_prefix_cache_hit_tokens_total";
+}
+
+/// HTTP server metrics.
+pub mod http {
+    /// Counter `{method, path, status}`: requests answered.
+    pub const HTTP_REQUESTS: &str = "thicket_http_requests_total";
+    /// Histogram `{method, path}`: seconds from request to response headers.
+    pub const HTTP_LATENCY: &str = "thicket_http_request_duration_seconds";
+}
+
+/// Publishes KV block counts to the installed `metrics` recorder.
+pub fn publish_kv(stats: &CacheStats) {
+    use kv::*;
+    metrics::gauge!(BLOCKS_TOTAL).set(stats.total as f64);
+    metrics::gauge!(BLOCKS_IN_USE).set(stats.in_use as f64);
+    metrics::gauge!(BLOCKS_CACHED).set(stats.cached as f64);
+    metrics::counter!(PREFIX_QUERIES).absolute(stats.prefix_query_tokens);
+    metrics::counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens);
+}
+
+/// Registers descriptions of every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(STEPS, "Engine steps run");
@@ -51,6 +97,37 @@ pub fn describe() {
     describe_histogram!(QUEUE_TIME, Unit::Seconds, "Submission to first scheduling");
     describe_counter!(GENERATED_TOKENS, "Output tokens generated");
     describe_counter!(PROMPT_TOKENS, "Prompt tokens admitted");
-    crate::kv_cache::describe_metrics();
-    crate::speculation::describe_metrics();
+    use kv::*;
+    describe_gauge!(BLOCKS_TOTAL, "KV cache blocks in the pool");
+    describe_gauge!(
+        BLOCKS_IN_USE,
+        "KV cache blocks referenced by live sequences"
+    );
+    describe_gauge!(
+        BLOCKS_CACHED,
+        "Unreferenced KV blocks kept for prefix reuse"
+    );
+    describe_counter!(
+        PREFIX_QUERIES,
+        "Prompt tokens looked up in the prefix cache"
+    );
+    describe_counter!(
+        PREFIX_HIT_TOKENS,
+        "Prompt tokens served from the prefix cache"
+    );
+    use spec::*;
+    describe_counter!(DRAFT_TOKENS, "Draft tokens verified, by method");
+    describe_counter!(ACCEPTED_TOKENS, "Draft tokens accepted, by method");
+    describe_counter!(VERIFY_STEPS, "Verification steps with a draft, by method");
+    describe_counter!(
+        ACCEPTED_PER_POSITION,
+        "Accepted draft tokens by tree depth, by method"
+    );
+    use http::*;
+    describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by route and status");
+    describe_histogram!(
+        HTTP_LATENCY,
+        Unit::Seconds,
+        "Seconds from an HTTP request to its response headers, by route"
+    );
 }

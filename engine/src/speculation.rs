@@ -1,8 +1,9 @@
 //! The engine thread's speculation state: the shared Token Recycling matrix, one drafter per
 //! speculating sequence, per-method acceptance statistics and the forward-cost curve. The
 //! engine loop asks it for the scheduler's draft offers, for each granted tree, and tells it
-//! what every forward computed and what every verification accepted. Metrics per method:
-//! drafted and accepted tokens, verify steps, acceptances per tree depth.
+//! what every forward computed and what every verification accepted. Metrics per method
+//! (`crate::metrics::spec`): drafted and accepted tokens, verify steps, acceptances per tree
+//! depth.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,18 +17,6 @@ use crate::spec::recycling::{RecyclingMatrix, StaticTree, TOP_K};
 use crate::spec::stats::AcceptanceStats;
 use crate::spec::{new_drafter, DraftContext, Drafter, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
-
-/// Metric names.
-pub mod metric_names {
-    /// Counter `{method}`: draft tokens proposed and verified.
-    pub const DRAFT_TOKENS: &str = "thicket_spec_draft_tokens_total";
-    /// Counter `{method}`: draft tokens accepted.
-    pub const ACCEPTED_TOKENS: &str = "thicket_spec_accepted_tokens_total";
-    /// Counter `{method}`: verification steps (trees with at least one draft node).
-    pub const VERIFY_STEPS: &str = "thicket_spec_verify_steps_total";
-    /// Counter `{method, position}`: accepted tokens at each depth of the tree.
-    pub const ACCEPTED_PER_POSITION: &str = "thicket_spec_accepted_per_position_total";
-}
 
 /// How the engine speculates.
 #[derive(Debug, Clone)]
@@ -348,7 +337,7 @@ impl Speculation {
         totals.drafted += drafted;
         totals.accepted += accepted_drafts;
         let name = method.as_str();
-        use metric_names::*;
+        use crate::metrics::spec::*;
         metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
         metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
         metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
@@ -373,16 +362,4 @@ impl Speculation {
             }
         }
     }
-}
-
-/// Registers descriptions of the speculation metrics.
-pub fn describe_metrics() {
-    use metric_names::*;
-    metrics::describe_counter!(DRAFT_TOKENS, "Draft tokens verified, by method");
-    metrics::describe_counter!(ACCEPTED_TOKENS, "Draft tokens accepted, by method");
-    metrics::describe_counter!(VERIFY_STEPS, "Verification steps with a draft, by method");
-    metrics::describe_counter!(
-        ACCEPTED_PER_POSITION,
-        "Accepted draft tokens by tree depth, by method"
-    );
 }

@@ -34,14 +34,6 @@ use protocol::{DetokenizeRequest, ModelCard, TokenizeRequest};
 /// Largest request body accepted, in bytes.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// HTTP metric names.
-pub mod metric_names {
-    /// Counter `{method, path, status}`: requests answered.
-    pub const HTTP_REQUESTS: &str = "thicket_http_requests_total";
-    /// Histogram `{method, path}`: seconds from request to response headers.
-    pub const HTTP_LATENCY: &str = "thicket_http_request_duration_seconds";
-}
-
 /// How the server presents itself.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -196,15 +188,6 @@ pub fn router(state: AppState) -> Router {
 }
 
 fn describe_metrics() {
-    use metric_names::*;
-    metrics::describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by route and status");
-    metrics::describe_histogram!(
-        HTTP_LATENCY,
-        metrics::Unit::Seconds,
-        "Seconds from an HTTP request to its response headers, by route"
-    );
-    engine::kv_cache::describe_metrics();
-    engine::speculation::describe_metrics();
     engine::metrics::describe();
 }
 
@@ -232,9 +215,9 @@ async fn record_http_metrics(request: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".to_string());
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::counter!(metric_names::HTTP_REQUESTS, "method" => method.clone(), "path" => path.clone(), "status" => status)
+    metrics::counter!(engine::metrics::http::HTTP_REQUESTS, "method" => method.clone(), "path" => path.clone(), "status" => status)
         .increment(1);
-    metrics::histogram!(metric_names::HTTP_LATENCY, "method" => method, "path" => path)
+    metrics::histogram!(engine::metrics::http::HTTP_LATENCY, "method" => method, "path" => path)
         .record(started.elapsed().as_secs_f64());
     response
 }

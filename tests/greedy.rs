@@ -1,21 +1,109 @@
-//! Plain greedy autoregressive generation through the batched forward and the KV cache, for
-//! `thicket generate`, the forward-cost bench and the correctness tests. Every prompt is
-//! admitted (reusing cached prefix blocks) and prefilled in one batch, forked `n` ways if
-//! asked, then every unfinished sequence decodes one token per step in one shared forward. (The serving engine's scheduler, with chunking and preemption, builds on the same
-//! forward; this is its simplest client.)
+//! A second, minimal way to generate, kept as the tests' oracle: plain greedy decoding
+//! straight over `Model::forward`, a `BlockManager` and a `PagedKvStore`, with none of the
+//! serving engine's scheduling, chunking, preemption or speculation. Every prompt is admitted
+//! (reusing cached prefix blocks) and prefilled in one batch, forked `n` ways if asked, then
+//! every unfinished sequence decodes one token per step in one shared forward. The engine's
+//! outputs are checked against it.
 
 use std::time::Instant;
 
 use candle_core::Tensor;
-use kvcache::{ManagerConfig, SeqId};
+use engine::sampler::argmax;
+use engine::{Error, FinishReason, LogitRows, Model, PagedKvStore, Result, TokenTree, TreeBatch};
+use kvcache::{BlockManager, BlockTable, ManagerConfig, SeqId};
 
-use crate::batch::{LogitRows, TreeBatch};
-use crate::kv_cache::KvCache;
-use crate::model::Model;
-pub use crate::request::FinishReason;
-pub use crate::sampler::argmax;
-use crate::tree::TokenTree;
-use crate::{Error, Result};
+/// Block manager plus KV rows, kept together so that every plan the manager returns
+/// (copy-on-write row copies) is executed on the store before anyone reads the rows.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    blocks: BlockManager,
+    store: PagedKvStore,
+    next_seq_id: u64,
+}
+
+impl KvCache {
+    /// A cache for `model` with the pool described by `config`.
+    pub fn new(model: &Model, config: ManagerConfig) -> Self {
+        let blocks = BlockManager::new(config);
+        let store = model.new_kv_store(blocks.num_slots());
+        Self {
+            blocks,
+            store,
+            next_seq_id: 0,
+        }
+    }
+
+    /// An id no live sequence of this cache uses, for callers without their own ids.
+    pub fn new_seq_id(&mut self) -> SeqId {
+        loop {
+            let seq = SeqId(self.next_seq_id);
+            self.next_seq_id = self.next_seq_id.wrapping_add(1);
+            if !self.blocks.contains(seq) {
+                return seq;
+            }
+        }
+    }
+
+    /// The block manager (read-only; changes go through this type).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// The KV rows, for the forward.
+    pub fn store_mut(&mut self) -> &mut PagedKvStore {
+        &mut self.store
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.blocks.block_size()
+    }
+
+    /// The block table of a live sequence.
+    pub fn table(&self, seq: SeqId) -> Result<&BlockTable> {
+        self.blocks
+            .block_table(seq)
+            .ok_or(Error::KvCache(kvcache::KvError::UnknownSeq(seq)))
+    }
+
+    /// Admits `seq` with prompt `tokens`, reserving `reserve` positions. Returns the number
+    /// of prompt tokens already cached, or `None` when the pool has no room.
+    pub fn admit(&mut self, seq: SeqId, tokens: &[u32], reserve: usize) -> Result<Option<usize>> {
+        Ok(self.blocks.admit(seq, tokens, reserve)?)
+    }
+
+    /// Makes room for `seq` to write up to position `len` (copying shared blocks first).
+    /// Returns false, with nothing changed, when the pool has no room.
+    pub fn ensure_capacity(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        match self.blocks.ensure_capacity(seq, len)? {
+            Some(copies) => {
+                self.store.apply_moves(&copies)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Declares `tokens` the final content of `seq`'s first `tokens.len()` positions.
+    pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        Ok(self.blocks.commit(seq, tokens)?)
+    }
+
+    /// Makes `child` share `parent`'s committed KV (copy-on-write).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        Ok(self.blocks.fork(parent, child)?)
+    }
+
+    /// Block counts and prefix-cache counters.
+    pub fn stats(&self) -> kvcache::CacheStats {
+        self.blocks.stats()
+    }
+
+    /// Frees `seq`'s blocks (hashed ones stay cached).
+    pub fn release(&mut self, seq: SeqId) -> Result<()> {
+        Ok(self.blocks.release(seq)?)
+    }
+}
 
 /// Options shared by every prompt of a call.
 #[derive(Debug, Clone)]
@@ -54,7 +142,7 @@ pub struct Generation {
 }
 
 /// Greedy next token of every logits row.
-pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     Ok(logits.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect())
 }
 
@@ -209,7 +297,6 @@ fn run_greedy(
             s.tokens.push(token);
         }
     }
-    cache.publish_metrics();
     let decode_seconds = started.elapsed().as_secs_f64();
     Ok(seqs
         .into_iter()

@@ -23,11 +23,13 @@ use std::time::Instant;
 use kvcache::SeqId;
 use scheduler::{Progress, ScheduledSeq, Scheduler};
 
+mod emit;
+
 use crate::backend::Backend;
 use crate::batch::{LogitRows, TreeBatch};
 use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
 use crate::metrics as names;
-use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
+use crate::request::{Event, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::verify::verify;
 use crate::speculation::Speculation;
@@ -104,16 +106,35 @@ pub(crate) struct Engine {
     next_seq: u64,
 }
 
+/// What the engine thread is built from.
+pub(crate) struct EngineParts {
+    /// The model and its KV rows.
+    pub(crate) backend: Box<dyn Backend>,
+    /// Detokenizes the output.
+    pub(crate) tokenizer: Arc<ModelTokenizer>,
+    /// Tokens that end a sample.
+    pub(crate) eos_ids: Vec<u32>,
+    /// Queues and KV blocks.
+    pub(crate) scheduler: Scheduler,
+    /// Drafters, acceptance statistics and the cost curve.
+    pub(crate) spec: Speculation,
+    /// Commands from handles.
+    pub(crate) inbox: flume::Receiver<Command>,
+    /// Requests submitted and not yet finished (shared with the handles).
+    pub(crate) pending: Arc<AtomicUsize>,
+}
+
 impl Engine {
-    pub(crate) fn new(
-        backend: Box<dyn Backend>,
-        tokenizer: Arc<ModelTokenizer>,
-        eos_ids: Vec<u32>,
-        scheduler: Scheduler,
-        spec: Speculation,
-        inbox: flume::Receiver<Command>,
-        pending: Arc<AtomicUsize>,
-    ) -> Self {
+    pub(crate) fn new(parts: EngineParts) -> Self {
+        let EngineParts {
+            backend,
+            tokenizer,
+            eos_ids,
+            scheduler,
+            spec,
+            inbox,
+            pending,
+        } = parts;
         Self {
             backend,
             tokenizer,
@@ -221,7 +242,7 @@ impl Engine {
             self.remove_request(id);
         }
         // With nothing left to run no step follows: publish the freed blocks now.
-        crate::kv_cache::publish_metrics(&self.scheduler.cache_stats());
+        names::publish_kv(&self.scheduler.cache_stats());
     }
 
     fn remove_request(&mut self, id: u64) {
@@ -283,7 +304,7 @@ impl Engine {
         metrics::histogram!(names::BATCH_TOKENS).record(plan.num_batched_tokens as f64);
         metrics::gauge!(names::SEQS_RUNNING).set(stats.running as f64);
         metrics::gauge!(names::SEQS_WAITING).set(stats.waiting as f64);
-        crate::kv_cache::publish_metrics(&self.scheduler.cache_stats());
+        names::publish_kv(&self.scheduler.cache_stats());
     }
 
     /// Offers of every running sequence that has caught up with its tokens and speculates.
@@ -540,99 +561,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Records `token` as the newest output of `seq_id`, checks stop conditions and sends
-    /// the events. Returns true when the sample finished (it is then gone).
-    fn emit(&mut self, seq_id: SeqId, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
-        let now = Instant::now();
-        let max_model_len = self.scheduler.config().max_model_len;
-        let Some(state) = self.samples.get_mut(&seq_id) else {
-            return Ok(true);
-        };
-        let Some(request) = self.requests.get_mut(&state.request) else {
-            return Ok(true);
-        };
-        state.num_output += 1;
-        match state.last_token_at {
-            Some(at) => {
-                metrics::histogram!(names::INTER_TOKEN_LATENCY).record((now - at).as_secs_f64())
-            }
-            None if request.first_token_at.is_none() => {
-                request.first_token_at = Some(now);
-                metrics::histogram!(names::TIME_TO_FIRST_TOKEN)
-                    .record((now - request.submitted).as_secs_f64());
-            }
-            None => {}
-        }
-        state.last_token_at = Some(now);
-        metrics::counter!(names::GENERATED_TOKENS).increment(1);
-
-        let stop = &request.request.stop;
-        let past_min = state.num_output >= stop.min_tokens;
-        let mut finish = None;
-        if past_min && !stop.ignore_eos && self.eos_ids.contains(&token) {
-            finish = Some(FinishReason::Eos);
-        } else if past_min && stop.stop_token_ids.contains(&token) {
-            finish = Some(FinishReason::StopToken(token));
-        }
-        let mut text = String::new();
-        if finish.is_none() {
-            let piece = state.detokenizer.push(&self.tokenizer, token)?;
-            let (shown, stopped) = state.filter.push(&piece);
-            text = shown;
-            finish = stopped.map(FinishReason::StopString);
-        }
-        if finish.is_none()
-            && (state.num_output >= stop.max_tokens
-                || request.request.prompt.len() + state.num_output >= max_model_len)
-        {
-            finish = Some(FinishReason::Length);
-        }
-        if matches!(
-            finish,
-            Some(FinishReason::Eos | FinishReason::StopToken(_) | FinishReason::Length)
-        ) {
-            let rest = state.detokenizer.flush(&self.tokenizer)?;
-            let (shown, stopped) = state.filter.push(&rest);
-            text.push_str(&shown);
-            match stopped {
-                Some(s) => finish = Some(FinishReason::StopString(s)),
-                None => text.push_str(&state.filter.flush()),
-            }
-        }
-        let _ = request.events.send(Event::Output {
-            index: state.index,
-            token_ids: vec![token],
-            text,
-            logprobs: logprob.into_iter().collect(),
-        });
-        let Some(reason) = finish else {
-            return Ok(false);
-        };
-        let spec = self.spec.remove(seq_id);
-        let usage = Usage {
-            prompt_tokens: request.request.prompt.len(),
-            completion_tokens: state.num_output,
-            cached_tokens: request.cached_tokens,
-            spec_steps: spec.steps,
-            draft_tokens: spec.drafted,
-            accepted_tokens: spec.accepted,
-        };
-        let _ = request.events.send(Event::Finished {
-            index: state.index,
-            reason,
-            usage,
-        });
-        request.unfinished -= 1;
-        let request_id = state.request;
-        let done = request.unfinished == 0;
-        self.samples.remove(&seq_id);
-        self.scheduler.finish(seq_id);
-        if done {
-            self.remove_request(request_id);
-        }
-        Ok(true)
-    }
-
     fn seq(&self, seq: SeqId) -> Result<&scheduler::Sequence> {
         self.scheduler.seq(seq).ok_or_else(|| missing(seq))
     }
@@ -647,19 +575,6 @@ impl Engine {
     }
 }
 
-impl SampleState {
-    fn new(request: u64, index: usize, r: &Request) -> Self {
-        Self {
-            request,
-            index,
-            detokenizer: IncrementalDetokenizer::new(),
-            filter: StopStringFilter::new(&r.stop.stop),
-            num_output: 0,
-            last_token_at: None,
-        }
-    }
-}
-
-fn missing(seq: SeqId) -> crate::Error {
+pub(crate) fn missing(seq: SeqId) -> crate::Error {
     crate::Error::InvalidBatch(format!("engine state lost sequence {seq:?}"))
 }

@@ -1,0 +1,127 @@
+//! The last stage of a step: one new token of a sample becomes output. Its stop conditions
+//! are checked (end of sequence, stop tokens, stop strings, length), its text is
+//! detokenized and filtered, latency metrics are recorded, and the events go out; a finished
+//! sample leaves the engine (its sequence, its drafter) and reports its usage.
+
+use std::time::Instant;
+
+use kvcache::SeqId;
+
+use super::{Engine, SampleState};
+use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
+use crate::metrics as names;
+use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
+use crate::Result;
+
+impl Engine {
+    /// Records `token` as the newest output of `seq_id`, checks stop conditions and sends
+    /// the events. Returns true when the sample finished (it is then gone).
+    pub(super) fn emit(
+        &mut self,
+        seq_id: SeqId,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<bool> {
+        let now = Instant::now();
+        let max_model_len = self.scheduler.config().max_model_len;
+        let Some(state) = self.samples.get_mut(&seq_id) else {
+            return Ok(true);
+        };
+        let Some(request) = self.requests.get_mut(&state.request) else {
+            return Ok(true);
+        };
+        state.num_output += 1;
+        match state.last_token_at {
+            Some(at) => {
+                metrics::histogram!(names::INTER_TOKEN_LATENCY).record((now - at).as_secs_f64())
+            }
+            None if request.first_token_at.is_none() => {
+                request.first_token_at = Some(now);
+                metrics::histogram!(names::TIME_TO_FIRST_TOKEN)
+                    .record((now - request.submitted).as_secs_f64());
+            }
+            None => {}
+        }
+        state.last_token_at = Some(now);
+        metrics::counter!(names::GENERATED_TOKENS).increment(1);
+
+        let stop = &request.request.stop;
+        let past_min = state.num_output >= stop.min_tokens;
+        let mut finish = None;
+        if past_min && !stop.ignore_eos && self.eos_ids.contains(&token) {
+            finish = Some(FinishReason::Eos);
+        } else if past_min && stop.stop_token_ids.contains(&token) {
+            finish = Some(FinishReason::StopToken(token));
+        }
+        let mut text = String::new();
+        if finish.is_none() {
+            let piece = state.detokenizer.push(&self.tokenizer, token)?;
+            let (shown, stopped) = state.filter.push(&piece);
+            text = shown;
+            finish = stopped.map(FinishReason::StopString);
+        }
+        if finish.is_none()
+            && (state.num_output >= stop.max_tokens
+                || request.request.prompt.len() + state.num_output >= max_model_len)
+        {
+            finish = Some(FinishReason::Length);
+        }
+        if matches!(
+            finish,
+            Some(FinishReason::Eos | FinishReason::StopToken(_) | FinishReason::Length)
+        ) {
+            let rest = state.detokenizer.flush(&self.tokenizer)?;
+            let (shown, stopped) = state.filter.push(&rest);
+            text.push_str(&shown);
+            match stopped {
+                Some(s) => finish = Some(FinishReason::StopString(s)),
+                None => text.push_str(&state.filter.flush()),
+            }
+        }
+        let _ = request.events.send(Event::Output {
+            index: state.index,
+            token_ids: vec![token],
+            text,
+            logprobs: logprob.into_iter().collect(),
+        });
+        let Some(reason) = finish else {
+            return Ok(false);
+        };
+        let spec = self.spec.remove(seq_id);
+        let usage = Usage {
+            prompt_tokens: request.request.prompt.len(),
+            completion_tokens: state.num_output,
+            cached_tokens: request.cached_tokens,
+            spec_steps: spec.steps,
+            draft_tokens: spec.drafted,
+            accepted_tokens: spec.accepted,
+        };
+        let _ = request.events.send(Event::Finished {
+            index: state.index,
+            reason,
+            usage,
+        });
+        request.unfinished -= 1;
+        let request_id = state.request;
+        let done = request.unfinished == 0;
+        self.samples.remove(&seq_id);
+        self.scheduler.finish(seq_id);
+        if done {
+            self.remove_request(request_id);
+        }
+        Ok(true)
+    }
+}
+
+impl SampleState {
+    pub(super) fn new(request: u64, index: usize, r: &Request) -> Self {
+        Self {
+            request,
+            index,
+            detokenizer: IncrementalDetokenizer::new(),
+            filter: StopStringFilter::new(&r.stop.stop),
+            num_output: 0,
+            last_token_at: None,
+        }
+    }
+}
