@@ -59,8 +59,9 @@ impl Default for SpeculationConfig {
     }
 }
 
-/// One speculating sequence.
-struct SeqDrafter {
+/// One speculating sequence's drafting state; it lives in the engine's record of the
+/// sequence and goes with it.
+pub(crate) struct SeqDrafter {
     drafter: Box<dyn Drafter>,
     request: SpecRequest,
     max_draft: usize,
@@ -68,6 +69,34 @@ struct SeqDrafter {
     ratio: f32,
     /// Nodes the drafter prepared this step.
     available: usize,
+    /// What it drafted and had accepted so far.
+    totals: SpecTotals,
+}
+
+impl SeqDrafter {
+    /// Its totals so far.
+    pub(crate) fn totals(&self) -> SpecTotals {
+        self.totals
+    }
+
+    /// Whether Token Recycling should learn from this sequence's prompt rows: it drafts
+    /// with the shared matrix (directly or through `auto`).
+    pub(crate) fn learns_from_prompt(&self) -> bool {
+        matches!(
+            self.request.method,
+            SpecMethod::Recycling | SpecMethod::Auto
+        )
+    }
+
+    /// Whether it drafts with the draft model.
+    fn uses_draft_model(&self) -> bool {
+        self.drafter.method() == SpecMethod::DraftModel
+    }
+
+    /// The sequence's known tokens grew by their last `appended`.
+    pub(crate) fn observe(&mut self, tokens: &[u32], appended: usize) {
+        self.drafter.observe(tokens, appended);
+    }
 }
 
 /// Per-sequence totals of speculation, reported with the finished sample.
@@ -87,8 +116,6 @@ pub(crate) struct Speculation {
     recycling: RecyclingMatrix,
     tree: StaticTree,
     stats: HashMap<SpecMethod, AcceptanceStats>,
-    seqs: HashMap<SeqId, SeqDrafter>,
-    totals: HashMap<SeqId, SpecTotals>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
     /// Measured seconds the draft model spends per sequence it drafts for (moving average).
@@ -132,72 +159,61 @@ impl Speculation {
             recycling,
             tree: StaticTree::paper(),
             stats: HashMap::new(),
-            seqs: HashMap::new(),
-            totals: HashMap::new(),
             seconds_per_unit: None,
             draft_model_seconds: None,
         }
     }
 
-    /// Starts speculating for `seq` (nothing for method `none`).
-    pub(crate) fn register(&mut self, seq: SeqId, request: Option<SpecRequest>, tokens: &[u32]) {
+    /// A drafter for a sequence that asked for `request` (the default when `None`) with
+    /// known tokens `tokens`; `None` for method `none`.
+    pub(crate) fn drafter_for(
+        &self,
+        request: Option<SpecRequest>,
+        tokens: &[u32],
+    ) -> Option<SeqDrafter> {
         let request = request.unwrap_or(self.config.default);
         let max_draft = request
             .max_draft_tokens
             .unwrap_or(self.config.max_draft_tokens)
             .min(self.config.max_draft_tokens);
         if max_draft == 0 {
-            return;
+            return None;
         }
-        let drafter: Option<Box<dyn Drafter>> = match (&self.runner, request.method) {
+        let drafter: Box<dyn Drafter> = match (&self.runner, request.method) {
             (Some(runner), SpecMethod::DraftModel) => {
-                Some(Box::new(DraftModelDrafter::new(runner.max_nodes())))
+                Box::new(DraftModelDrafter::new(runner.max_nodes()))
             }
-            _ => new_drafter(request.method, tokens, &self.tree),
+            _ => new_drafter(request.method, tokens, &self.tree)?,
         };
-        if let Some(drafter) = drafter {
-            let state = SeqDrafter {
-                drafter,
-                request,
-                max_draft,
-                ratio: 1.0,
-                available: 0,
-            };
-            self.seqs.insert(seq, state);
-        }
+        Some(SeqDrafter {
+            drafter,
+            request,
+            max_draft,
+            ratio: 1.0,
+            available: 0,
+            totals: SpecTotals::default(),
+        })
     }
 
-    /// Gives `child` (forked from `parent`, known tokens `tokens`) a drafter of its own.
-    pub(crate) fn fork(&mut self, parent: SeqId, child: SeqId, tokens: &[u32]) {
-        if let Some(request) = self.seqs.get(&parent).map(|s| s.request) {
-            self.register(child, Some(request), tokens);
-        }
+    /// A drafter for a sequence forked from one drafting with `parent`.
+    pub(crate) fn fork(&self, parent: &SeqDrafter, tokens: &[u32]) -> Option<SeqDrafter> {
+        self.drafter_for(Some(parent.request), tokens)
     }
 
-    /// Forgets `seq`; returns its totals.
-    pub(crate) fn remove(&mut self, seq: SeqId) -> SpecTotals {
-        self.seqs.remove(&seq);
+    /// Forgets what is held for `seq` beyond its record (the draft model's KV).
+    pub(crate) fn release(&mut self, seq: SeqId) {
         if let Some(runner) = &mut self.runner {
             runner.release(seq);
         }
-        self.totals.remove(&seq).unwrap_or_default()
-    }
-
-    /// Whether `seq` speculates.
-    pub(crate) fn is_speculating(&self, seq: SeqId) -> bool {
-        self.seqs.contains_key(&seq)
     }
 
     /// Prepares every candidate's drafter and returns the scheduler's draft inputs.
     pub(crate) fn offers<'a>(
         &mut self,
-        candidates: impl Iterator<Item = (SeqId, &'a [u32])>,
+        candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter)>,
     ) -> Option<DraftInputs> {
         let mut offers = HashMap::new();
-        for (seq, tokens) in candidates {
-            let Some(state) = self.seqs.get_mut(&seq) else {
-                continue;
-            };
+        for (seq, tokens, state) in candidates {
             let ctx = DraftContext {
                 tokens,
                 recycling: &self.recycling,
@@ -239,47 +255,43 @@ impl Speculation {
         })
     }
 
-    /// The draft trees of every `(seq, known tokens, budget)` granted this step (root = the
-    /// pending token), in order. Drafters that run a model do so here, batched.
-    pub(crate) fn draft_all(&mut self, granted: &[(SeqId, &[u32], usize)]) -> Vec<TokenTree> {
-        if let Some(runner) = &mut self.runner {
-            let uses_model: Vec<(SeqId, &[u32], usize)> = granted
-                .iter()
-                .copied()
-                .filter(|(seq, _, _)| {
-                    self.seqs
-                        .get(seq)
-                        .is_some_and(|s| s.drafter.method() == SpecMethod::DraftModel)
-                })
-                .collect();
-            let drafting: usize = uses_model.iter().filter(|g| g.2 > 0).count();
-            let started = std::time::Instant::now();
-            if let Err(e) = runner.prepare(&uses_model) {
-                tracing::warn!("draft model failed, decoding without its drafts: {e}");
-            }
-            if drafting > 0 {
-                let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
-                smooth(&mut self.draft_model_seconds, per_seq);
-            }
-        }
-        granted
+    /// Runs the batched drafters (a draft model's forwards) for every `(seq, known tokens,
+    /// budget, drafter)` granted this step, before any of them drafts.
+    pub(crate) fn prepare_batched(&mut self, granted: &[(SeqId, &[u32], usize, &SeqDrafter)]) {
+        let Some(runner) = &mut self.runner else {
+            return;
+        };
+        let uses_model: Vec<(SeqId, &[u32], usize)> = granted
             .iter()
-            .map(|&(seq, tokens, budget)| {
-                let pending = tokens.last().copied().unwrap_or(0);
-                let prepared = self.runner.as_ref().and_then(|r| r.prepared(seq));
-                match self.seqs.get_mut(&seq) {
-                    Some(state) => {
-                        let ctx = DraftContext {
-                            tokens,
-                            recycling: &self.recycling,
-                            prepared,
-                        };
-                        state.drafter.draft(&ctx, budget.min(state.available))
-                    }
-                    None => TokenTree::chain(&[pending]),
-                }
-            })
-            .collect()
+            .filter(|g| g.3.uses_draft_model())
+            .map(|g| (g.0, g.1, g.2))
+            .collect();
+        let drafting: usize = uses_model.iter().filter(|g| g.2 > 0).count();
+        let started = std::time::Instant::now();
+        if let Err(e) = runner.prepare(&uses_model) {
+            tracing::warn!("draft model failed, decoding without its drafts: {e}");
+        }
+        if drafting > 0 {
+            let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
+            smooth(&mut self.draft_model_seconds, per_seq);
+        }
+    }
+
+    /// `seq`'s draft tree for `budget` nodes (root = the pending token, the last of
+    /// `tokens`), after [`Speculation::prepare_batched`].
+    pub(crate) fn draft(
+        &self,
+        seq: SeqId,
+        tokens: &[u32],
+        budget: usize,
+        state: &mut SeqDrafter,
+    ) -> TokenTree {
+        let ctx = DraftContext {
+            tokens,
+            recycling: &self.recycling,
+            prepared: self.runner.as_ref().and_then(|r| r.prepared(seq)),
+        };
+        state.drafter.draft(&ctx, budget.min(state.available))
     }
 
     /// Refines the cost curve with one measured forward of `rows` rows.
@@ -289,14 +301,6 @@ impl Speculation {
             smooth(&mut self.seconds_per_unit, seconds / units);
         }
         self.config.cost.observe(rows, seconds);
-    }
-
-    /// Whether Token Recycling should learn from `seq`'s prompt rows: it drafts with the
-    /// shared matrix (directly or through `auto`).
-    pub(crate) fn learns_from_prompt(&self, seq: SeqId) -> bool {
-        self.seqs
-            .get(&seq)
-            .is_some_and(|s| matches!(s.request.method, SpecMethod::Recycling | SpecMethod::Auto))
     }
 
     /// Whether the recycling matrix has never seen `token` fed to the model.
@@ -309,13 +313,15 @@ impl Speculation {
         self.recycling.update(token, logits);
     }
 
-    /// Records a verification of `seq`: a tree with `depths` per node, and the accepted
-    /// nodes (root first).
-    pub(crate) fn verified(&mut self, seq: SeqId, tree: &TokenTree, accepted: &[usize]) {
+    /// Records a verification by `state`'s sequence: its tree and the accepted nodes
+    /// (root first).
+    pub(crate) fn verified(
+        &mut self,
+        state: &mut SeqDrafter,
+        tree: &TokenTree,
+        accepted: &[usize],
+    ) {
         let drafted = tree.len().saturating_sub(1);
-        let Some(state) = self.seqs.get_mut(&seq) else {
-            return;
-        };
         if drafted == 0 {
             return;
         }
@@ -332,7 +338,7 @@ impl Speculation {
         state.ratio += 0.2 * (ratio - state.ratio);
         stats.record(drafted, accepted_drafts);
         state.drafter.record(drafted, accepted_drafts);
-        let totals = self.totals.entry(seq).or_default();
+        let totals = &mut state.totals;
         totals.steps += 1;
         totals.drafted += drafted;
         totals.accepted += accepted_drafts;
@@ -344,13 +350,6 @@ impl Speculation {
         for depth in 1..accepted.len() {
             metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
                 .increment(1);
-        }
-    }
-
-    /// `seq`'s known tokens grew by their last `appended`.
-    pub(crate) fn observe(&mut self, seq: SeqId, tokens: &[u32], appended: usize) {
-        if let Some(state) = self.seqs.get_mut(&seq) {
-            state.drafter.observe(tokens, appended);
         }
     }
 

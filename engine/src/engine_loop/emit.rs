@@ -7,10 +7,9 @@ use std::time::Instant;
 
 use kvcache::SeqId;
 
-use super::{Engine, SampleState};
-use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
+use super::Engine;
 use crate::metrics as names;
-use crate::request::{Event, FinishReason, Request, TokenLogprob, Usage};
+use crate::request::{Event, FinishReason, TokenLogprob, Usage};
 use crate::Result;
 
 impl Engine {
@@ -24,7 +23,7 @@ impl Engine {
     ) -> Result<bool> {
         let now = Instant::now();
         let max_model_len = self.scheduler.config().max_model_len;
-        let Some(state) = self.samples.get_mut(&seq_id) else {
+        let Some(state) = self.records.get_mut(&seq_id) else {
             return Ok(true);
         };
         let Some(request) = self.requests.get_mut(&state.request) else {
@@ -87,7 +86,11 @@ impl Engine {
         let Some(reason) = finish else {
             return Ok(false);
         };
-        let spec = self.spec.remove(seq_id);
+        let spec = state
+            .drafter
+            .as_ref()
+            .map(|d| d.totals())
+            .unwrap_or_default();
         let usage = Usage {
             prompt_tokens: request.request.prompt.len(),
             completion_tokens: state.num_output,
@@ -104,24 +107,10 @@ impl Engine {
         request.unfinished -= 1;
         let request_id = state.request;
         let done = request.unfinished == 0;
-        self.samples.remove(&seq_id);
-        self.scheduler.finish(seq_id);
+        self.remove_seq(seq_id);
         if done {
             self.remove_request(request_id);
         }
         Ok(true)
-    }
-}
-
-impl SampleState {
-    pub(super) fn new(request: u64, index: usize, r: &Request) -> Self {
-        Self {
-            request,
-            index,
-            detokenizer: IncrementalDetokenizer::new(),
-            filter: StopStringFilter::new(&r.stop.stop),
-            num_output: 0,
-            last_token_at: None,
-        }
     }
 }

@@ -1,5 +1,6 @@
 //! `Engine`: the one thread that owns the backend (model and KV rows), the scheduler (and
-//! through it the KV blocks), the speculation state and every request's state. Each step:
+//! through it the KV blocks), the shared speculation state, every request's state and one
+//! record per live sequence (`record::SeqRecord`, holding its drafter). Each step:
 //!
 //! ```text
 //!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
@@ -24,10 +25,12 @@ use kvcache::SeqId;
 use scheduler::{Progress, ScheduledSeq, Scheduler};
 
 mod emit;
+mod record;
+
+use record::SeqRecord;
 
 use crate::backend::Backend;
 use crate::batch::{LogitRows, TreeBatch};
-use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
 use crate::metrics as names;
 use crate::request::{Event, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
@@ -82,16 +85,6 @@ struct ActiveRequest {
     cached_tokens: usize,
 }
 
-/// Per-sample output state.
-struct SampleState {
-    request: u64,
-    index: usize,
-    detokenizer: IncrementalDetokenizer,
-    filter: StopStringFilter,
-    num_output: usize,
-    last_token_at: Option<Instant>,
-}
-
 /// The engine thread's state.
 pub(crate) struct Engine {
     backend: Box<dyn Backend>,
@@ -101,7 +94,8 @@ pub(crate) struct Engine {
     inbox: flume::Receiver<Command>,
     pending: Arc<AtomicUsize>,
     requests: HashMap<u64, ActiveRequest>,
-    samples: HashMap<SeqId, SampleState>,
+    /// One record per live sequence: everything the engine keeps about it.
+    records: HashMap<SeqId, SeqRecord>,
     spec: Speculation,
     next_seq: u64,
 }
@@ -143,7 +137,7 @@ impl Engine {
             inbox,
             pending,
             requests: HashMap::new(),
-            samples: HashMap::new(),
+            records: HashMap::new(),
             spec,
             next_seq: 0,
         }
@@ -209,9 +203,9 @@ impl Engine {
             return;
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
-        self.samples.insert(seq, SampleState::new(id, 0, &request));
-        self.spec
-            .register(seq, request.speculation, &request.prompt);
+        let drafter = self.spec.drafter_for(request.speculation, &request.prompt);
+        self.records
+            .insert(seq, SeqRecord::new(id, 0, &request, drafter));
         self.requests.insert(
             id,
             ActiveRequest {
@@ -248,14 +242,20 @@ impl Engine {
     fn remove_request(&mut self, id: u64) {
         if let Some(request) = self.requests.remove(&id) {
             for seq in request.seqs {
-                self.scheduler.abort(seq);
-                self.samples.remove(&seq);
-                self.spec.remove(seq);
+                self.remove_seq(seq);
             }
             self.pending.fetch_sub(1, Ordering::SeqCst);
             metrics::histogram!(names::E2E_LATENCY)
                 .record(request.submitted.elapsed().as_secs_f64());
         }
+    }
+
+    /// The one way a sequence leaves the engine (finished, aborted or failed): its record,
+    /// its place in the scheduler with its KV blocks, and what speculation holds for it.
+    fn remove_seq(&mut self, seq: SeqId) -> Option<SeqRecord> {
+        self.scheduler.abort(seq);
+        self.spec.release(seq);
+        self.records.remove(&seq)
     }
 
     fn fail_request(&mut self, id: u64, message: &str) {
@@ -292,7 +292,7 @@ impl Engine {
             let failed: Vec<u64> = plan
                 .scheduled
                 .iter()
-                .filter_map(|s| self.samples.get(&s.seq).map(|st| st.request))
+                .filter_map(|s| self.records.get(&s.seq).map(|r| r.request))
                 .collect();
             for id in failed {
                 self.fail_request(id, &format!("internal error: {e}"));
@@ -310,20 +310,15 @@ impl Engine {
     /// Offers of every running sequence that has caught up with its tokens and speculates.
     fn draft_offers(&mut self) -> Option<scheduler::DraftInputs> {
         let scheduler = &self.scheduler;
-        let candidates = self.samples.keys().filter_map(|&id| {
+        let candidates = self.records.iter_mut().filter_map(|(&id, record)| {
+            let drafter = record.drafter.as_mut()?;
             let seq = scheduler.seq(id)?;
             let ready = seq.status() == scheduler::SeqStatus::Running
                 && seq.num_computed() + 1 == seq.tokens().len()
                 && seq.pending_forks() == 0;
-            ready.then_some((id, seq.tokens()))
+            ready.then_some((id, seq.tokens(), drafter))
         });
-        let candidates: Vec<(SeqId, &[u32])> = candidates
-            .filter(|(id, _)| self.spec.is_speculating(*id))
-            .collect();
-        if candidates.is_empty() {
-            return None;
-        }
-        self.spec.offers(candidates.into_iter())
+        self.spec.offers(candidates)
     }
 
     /// Nothing could be scheduled although work is queued: with nothing running, the head
@@ -333,7 +328,7 @@ impl Engine {
             return;
         }
         if let Some(seq) = self.scheduler.waiting_front() {
-            if let Some(id) = self.samples.get(&seq).map(|s| s.request) {
+            if let Some(id) = self.records.get(&seq).map(|r| r.request) {
                 self.fail_request(id, "the request does not fit in the KV cache");
             }
         }
@@ -347,10 +342,15 @@ impl Engine {
             .filter(|s| s.draft_budget > 0)
             .map(|s| {
                 let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
-                Ok((s.seq, seq.tokens(), s.draft_budget))
+                let drafter = self
+                    .records
+                    .get(&s.seq)
+                    .and_then(|r| r.drafter.as_ref())
+                    .ok_or_else(|| missing(s.seq))?;
+                Ok((s.seq, seq.tokens(), s.draft_budget, drafter))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut drafted = self.spec.draft_all(&granted).into_iter();
+        self.spec.prepare_batched(&granted);
         let mut trees: Vec<Option<TokenTree>> = Vec::with_capacity(scheduled.len());
         let mut learning_rows = Vec::new();
         for s in scheduled {
@@ -360,7 +360,14 @@ impl Engine {
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
             if s.draft_budget > 0 {
-                let tree = drafted.next().ok_or_else(|| missing(s.seq))?;
+                let drafter = self
+                    .records
+                    .get_mut(&s.seq)
+                    .and_then(|r| r.drafter.as_mut())
+                    .ok_or_else(|| missing(s.seq))?;
+                let tree = self
+                    .spec
+                    .draft(s.seq, seq.tokens(), s.draft_budget, drafter);
                 batch.push(s.num_computed, table, &tree, LogitRows::All)?;
                 trees.push(Some(tree));
             } else {
@@ -371,7 +378,12 @@ impl Engine {
                     LogitRows::None
                 };
                 let pushed = batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
-                if self.spec.learns_from_prompt(s.seq) {
+                let learns = self
+                    .records
+                    .get(&s.seq)
+                    .and_then(|r| r.drafter.as_ref())
+                    .is_some_and(|d| d.learns_from_prompt());
+                if learns {
                     // A sampled row's logits are computed (and learned from) anyway.
                     let unsampled = fed.len() - usize::from(s.samples);
                     learning_rows.extend(pushed.take(unsampled));
@@ -449,7 +461,7 @@ impl Engine {
         row: &[f32],
         output: &[u32],
     ) -> Option<Sampled> {
-        let state = self.samples.get(&seq_id)?;
+        let state = self.records.get(&seq_id)?;
         let request = self.requests.get(&state.request)?;
         let seq = self.scheduler.seq(seq_id)?;
         let stop = &request.request.stop;
@@ -501,13 +513,19 @@ impl Engine {
         };
         let moves = self.scheduler.commit(seq_id, progress, &new)?;
         self.backend.move_kv(&moves)?;
-        self.spec.verified(seq_id, tree, &verified.accepted);
         let tokens = self
             .scheduler
             .seq(seq_id)
             .ok_or_else(|| missing(seq_id))?
             .tokens();
-        self.spec.observe(seq_id, tokens, new.len());
+        if let Some(drafter) = self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.drafter.as_mut())
+        {
+            self.spec.verified(drafter, tree, &verified.accepted);
+            drafter.observe(tokens, new.len());
+        }
         for sampled in verified.tokens {
             if self.emit(seq_id, sampled.token_id, sampled.logprob)? {
                 break;
@@ -517,7 +535,7 @@ impl Engine {
     }
 
     fn sample_and_emit(&mut self, seq_id: SeqId, row: &[f32]) -> Result<()> {
-        let Some(request_id) = self.samples.get(&seq_id).map(|s| s.request) else {
+        let Some(request_id) = self.records.get(&seq_id).map(|r| r.request) else {
             return Ok(());
         };
         let seq = self.seq(seq_id)?;
@@ -534,7 +552,13 @@ impl Engine {
             .seq(seq_id)
             .ok_or_else(|| missing(seq_id))?
             .tokens();
-        self.spec.observe(seq_id, tokens, 1);
+        if let Some(drafter) = self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.drafter.as_mut())
+        {
+            drafter.observe(tokens, 1);
+        }
         let mut emitted = vec![(seq_id, drawn[0].clone())];
         for (i, sampled) in drawn.into_iter().enumerate().skip(1) {
             let child = SeqId(self.next_seq);
@@ -545,14 +569,18 @@ impl Engine {
                 .get_mut(&request_id)
                 .ok_or_else(|| missing(seq_id))?;
             request.seqs.push(child);
-            let state = SampleState::new(request_id, i, &request.request);
-            self.samples.insert(child, state);
             let child_tokens = self
                 .scheduler
                 .seq(child)
                 .ok_or_else(|| missing(child))?
                 .tokens();
-            self.spec.fork(seq_id, child, child_tokens);
+            let drafter = self
+                .records
+                .get(&seq_id)
+                .and_then(|r| r.drafter.as_ref())
+                .and_then(|parent| self.spec.fork(parent, child_tokens));
+            let record = SeqRecord::new(request_id, i, &request.request, drafter);
+            self.records.insert(child, record);
             emitted.push((child, sampled));
         }
         for (seq, sampled) in emitted {
@@ -566,15 +594,15 @@ impl Engine {
     }
 
     fn request_of(&self, seq: SeqId) -> Option<&ActiveRequest> {
-        self.requests.get(&self.samples.get(&seq)?.request)
+        self.requests.get(&self.records.get(&seq)?.request)
     }
 
     fn request_of_mut(&mut self, seq: SeqId) -> Option<&mut ActiveRequest> {
-        let id = self.samples.get(&seq)?.request;
+        let id = self.records.get(&seq)?.request;
         self.requests.get_mut(&id)
     }
 }
 
-pub(crate) fn missing(seq: SeqId) -> crate::Error {
+fn missing(seq: SeqId) -> crate::Error {
     crate::Error::InvalidBatch(format!("engine state lost sequence {seq:?}"))
 }
