@@ -6,12 +6,14 @@
 //!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
 //!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
 //!             draft budget for each decoding sequence that offered one
-//!  draft      granted sequences' drafters grow their trees (a draft model runs batched)
-//!  forward    ONE TreeBatch for every scheduled sequence: prefill chunks, plain decodes
-//!             and draft trees mixed
-//!  verify     the model's own choices decide how much of each tree is kept; forks for n > 1
-//!  commit     scheduler.commit, KV compaction; stop conditions; detokenize; events out
-//!  learn      recycling matrix from every computed row; drafters see the new tokens
+//!  batch      granted sequences' drafters grow their trees (a draft model runs batched
+//!             first); ONE TreeBatch for every scheduled sequence: prefill chunks, plain
+//!             decodes and draft trees mixed
+//!  forward    the backend runs it; Token Recycling learns from every computed row
+//!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
+//!             or the accepted path of its tree; no state changes (step_output.rs)
+//!  update     scheduler commits, KV compaction, forks for n > 1, drafters observe
+//!  emit       stop conditions, detokenize, events out; finished sequences leave (emit.rs)
 //!  metrics    step time, batch tokens, queue lengths, preemptions, KV use, latencies
 //! ```
 //! No lock guards any of this: callers talk to the thread only through channels.
@@ -22,10 +24,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvcache::SeqId;
-use scheduler::{Progress, ScheduledSeq, Scheduler};
+use scheduler::{ScheduledSeq, Scheduler};
 
 mod emit;
 mod record;
+mod step_output;
 
 use record::SeqRecord;
 
@@ -34,7 +37,6 @@ use crate::batch::{LogitRows, TreeBatch};
 use crate::metrics as names;
 use crate::request::{Event, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
-use crate::spec::verify::verify;
 use crate::speculation::Speculation;
 use crate::tokenizer::ModelTokenizer;
 use crate::tree::TokenTree;
@@ -406,29 +408,12 @@ impl Engine {
         for (row, &at) in logits.iter().zip(&batch.logit_rows) {
             self.spec.learn(batch.token_ids[at], row);
         }
-        let mut rows = logits.into_iter();
-        for (s, tree) in scheduled.iter().zip(trees) {
-            if s.first_since_admission {
-                let cached = s.num_computed;
-                if let Some(request) = self.request_of_mut(s.seq) {
-                    request.cached_tokens = request.cached_tokens.max(cached);
-                }
-            }
-            if !s.samples {
-                self.scheduler.commit(s.seq, Progress::Chain, &[])?;
-                continue;
-            }
-            match tree {
-                Some(tree) => {
-                    let tree_rows: Vec<Vec<f32>> = rows.by_ref().take(tree.len()).collect();
-                    if tree_rows.len() != tree.len() {
-                        return Err(missing(s.seq));
-                    }
-                    self.verify_and_emit(s.seq, &tree, &tree_rows)?;
-                }
-                None => {
-                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    self.sample_and_emit(s.seq, &row)?;
+        let output = self.decide(scheduled, trees, logits)?;
+        let emissions = self.update(scheduled, output)?;
+        for (seq, tokens) in emissions {
+            for sampled in tokens {
+                if self.emit(seq, sampled.token_id, sampled.logprob)? {
+                    break;
                 }
             }
         }
@@ -480,113 +465,6 @@ impl Engine {
             index: state.index + index_offset,
         };
         Some(sample(row, &request.request.sampling, &ctx))
-    }
-
-    /// Verifies `seq_id`'s draft tree against its rows of logits, commits the accepted path
-    /// (moving its KV into place) and emits the new tokens until a stop condition.
-    fn verify_and_emit(
-        &mut self,
-        seq_id: SeqId,
-        tree: &TokenTree,
-        rows: &[Vec<f32>],
-    ) -> Result<()> {
-        let output = self.seq(seq_id)?.output().to_vec();
-        let mut failed = false;
-        let verified = verify(tree, |node, produced| {
-            let mut so_far = output.clone();
-            so_far.extend_from_slice(produced);
-            self.choose(seq_id, 0, &rows[node], &so_far)
-                .unwrap_or_else(|| {
-                    failed = true;
-                    Sampled {
-                        token_id: 0,
-                        logprob: None,
-                    }
-                })
-        });
-        if failed {
-            return Err(missing(seq_id));
-        }
-        let new: Vec<u32> = verified.tokens.iter().map(|s| s.token_id).collect();
-        let progress = Progress::Tree {
-            accepted: &verified.accepted,
-        };
-        let moves = self.scheduler.commit(seq_id, progress, &new)?;
-        self.backend.move_kv(&moves)?;
-        let tokens = self
-            .scheduler
-            .seq(seq_id)
-            .ok_or_else(|| missing(seq_id))?
-            .tokens();
-        if let Some(drafter) = self
-            .records
-            .get_mut(&seq_id)
-            .and_then(|r| r.drafter.as_mut())
-        {
-            self.spec.verified(drafter, tree, &verified.accepted);
-            drafter.observe(tokens, new.len());
-        }
-        for sampled in verified.tokens {
-            if self.emit(seq_id, sampled.token_id, sampled.logprob)? {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    fn sample_and_emit(&mut self, seq_id: SeqId, row: &[f32]) -> Result<()> {
-        let Some(request_id) = self.records.get(&seq_id).map(|r| r.request) else {
-            return Ok(());
-        };
-        let seq = self.seq(seq_id)?;
-        let output = seq.output().to_vec();
-        let samples = 1 + seq.pending_forks();
-        let drawn = (0..samples)
-            .map(|i| self.choose(seq_id, i, row, &output))
-            .collect::<Option<Vec<Sampled>>>()
-            .ok_or_else(|| missing(seq_id))?;
-        self.scheduler
-            .commit(seq_id, Progress::Chain, &[drawn[0].token_id])?;
-        let tokens = self
-            .scheduler
-            .seq(seq_id)
-            .ok_or_else(|| missing(seq_id))?
-            .tokens();
-        if let Some(drafter) = self
-            .records
-            .get_mut(&seq_id)
-            .and_then(|r| r.drafter.as_mut())
-        {
-            drafter.observe(tokens, 1);
-        }
-        let mut emitted = vec![(seq_id, drawn[0].clone())];
-        for (i, sampled) in drawn.into_iter().enumerate().skip(1) {
-            let child = SeqId(self.next_seq);
-            self.next_seq += 1;
-            self.scheduler.fork(seq_id, child, sampled.token_id)?;
-            let request = self
-                .requests
-                .get_mut(&request_id)
-                .ok_or_else(|| missing(seq_id))?;
-            request.seqs.push(child);
-            let child_tokens = self
-                .scheduler
-                .seq(child)
-                .ok_or_else(|| missing(child))?
-                .tokens();
-            let drafter = self
-                .records
-                .get(&seq_id)
-                .and_then(|r| r.drafter.as_ref())
-                .and_then(|parent| self.spec.fork(parent, child_tokens));
-            let record = SeqRecord::new(request_id, i, &request.request, drafter);
-            self.records.insert(child, record);
-            emitted.push((child, sampled));
-        }
-        for (seq, sampled) in emitted {
-            self.emit(seq, sampled.token_id, sampled.logprob)?;
-        }
-        Ok(())
     }
 
     fn seq(&self, seq: SeqId) -> Result<&scheduler::Sequence> {

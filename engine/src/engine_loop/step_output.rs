@@ -1,0 +1,225 @@
+//! The step after the forward, as data. `decide` reads the logits and writes a
+//! [`StepOutput`]: for every scheduled sequence what its rows decided (nothing for prompt
+//! rows, the sampled tokens for a plain row and its owed forks, the accepted path of a
+//! verified draft tree), changing no state. `update` then applies it: scheduler commits and
+//! the KV moves of accepted paths, forks for `n > 1`, what the drafters learn. What comes
+//! out is the tokens each sequence emits, in order, for the emit stage.
+
+use kvcache::SeqId;
+use scheduler::{Progress, ScheduledSeq};
+
+use super::record::SeqRecord;
+use super::{missing, Engine};
+use crate::sampler::Sampled;
+use crate::spec::verify::{verify, Verified};
+use crate::tree::TokenTree;
+use crate::Result;
+
+/// What one scheduled sequence's rows decided.
+pub(super) enum SeqOutcome {
+    /// Prompt rows only: nothing sampled.
+    Prefilled,
+    /// One row sampled: the sequence's token, then one for each fork it is owed.
+    Sampled(Vec<Sampled>),
+    /// A draft tree verified against its rows.
+    Verified {
+        /// The tree fed.
+        tree: TokenTree,
+        /// Its accepted path and the tokens it gives.
+        verified: Verified,
+    },
+    /// The sequence left the engine before its rows came back.
+    Gone,
+}
+
+/// One step's outcomes, in the order the sequences were scheduled.
+pub(super) struct StepOutput {
+    pub(super) outcomes: Vec<SeqOutcome>,
+}
+
+/// Tokens each sequence emits, in order.
+pub(super) type Emissions = Vec<(SeqId, Vec<Sampled>)>;
+
+impl Engine {
+    /// Reads every scheduled sequence's logits (`trees[i]` is sequence i's draft tree,
+    /// `None` for a chain); changes no state.
+    pub(super) fn decide(
+        &self,
+        scheduled: &[ScheduledSeq],
+        trees: Vec<Option<TokenTree>>,
+        logits: Vec<Vec<f32>>,
+    ) -> Result<StepOutput> {
+        let mut rows = logits.into_iter();
+        let mut outcomes = Vec::with_capacity(scheduled.len());
+        for (s, tree) in scheduled.iter().zip(trees) {
+            if !s.samples {
+                outcomes.push(SeqOutcome::Prefilled);
+                continue;
+            }
+            let outcome = match tree {
+                Some(tree) => {
+                    let tree_rows: Vec<Vec<f32>> = rows.by_ref().take(tree.len()).collect();
+                    if tree_rows.len() != tree.len() {
+                        return Err(missing(s.seq));
+                    }
+                    let verified = self.verify_tree(s.seq, &tree, &tree_rows)?;
+                    SeqOutcome::Verified { tree, verified }
+                }
+                None => {
+                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
+                    match self.sample_row(s.seq, &row)? {
+                        Some(drawn) => SeqOutcome::Sampled(drawn),
+                        None => SeqOutcome::Gone,
+                    }
+                }
+            };
+            outcomes.push(outcome);
+        }
+        Ok(StepOutput { outcomes })
+    }
+
+    /// The model's own choices along `seq_id`'s draft tree.
+    fn verify_tree(&self, seq_id: SeqId, tree: &TokenTree, rows: &[Vec<f32>]) -> Result<Verified> {
+        let output = self.seq(seq_id)?.output().to_vec();
+        let mut failed = false;
+        let verified = verify(tree, |node, produced| {
+            let mut so_far = output.clone();
+            so_far.extend_from_slice(produced);
+            self.choose(seq_id, 0, &rows[node], &so_far)
+                .unwrap_or_else(|| {
+                    failed = true;
+                    Sampled {
+                        token_id: 0,
+                        logprob: None,
+                    }
+                })
+        });
+        if failed {
+            return Err(missing(seq_id));
+        }
+        Ok(verified)
+    }
+
+    /// The sequence's token from `row`, then one for each fork it is owed; `None` when the
+    /// sequence has no record any more.
+    fn sample_row(&self, seq_id: SeqId, row: &[f32]) -> Result<Option<Vec<Sampled>>> {
+        if !self.records.contains_key(&seq_id) {
+            return Ok(None);
+        }
+        let seq = self.seq(seq_id)?;
+        let output = seq.output().to_vec();
+        let samples = 1 + seq.pending_forks();
+        (0..samples)
+            .map(|i| self.choose(seq_id, i, row, &output))
+            .collect::<Option<Vec<Sampled>>>()
+            .map(Some)
+            .ok_or_else(|| missing(seq_id))
+    }
+
+    /// Applies `output`: commits, KV moves, forks, drafters; returns what to emit.
+    pub(super) fn update(
+        &mut self,
+        scheduled: &[ScheduledSeq],
+        output: StepOutput,
+    ) -> Result<Emissions> {
+        let mut emissions = Vec::new();
+        for (s, outcome) in scheduled.iter().zip(output.outcomes) {
+            if s.first_since_admission {
+                let cached = s.num_computed;
+                if let Some(request) = self.request_of_mut(s.seq) {
+                    request.cached_tokens = request.cached_tokens.max(cached);
+                }
+            }
+            match outcome {
+                SeqOutcome::Prefilled => {
+                    self.scheduler.commit(s.seq, Progress::Chain, &[])?;
+                }
+                SeqOutcome::Gone => {}
+                SeqOutcome::Verified { tree, verified } => {
+                    self.commit_verified(s.seq, &tree, &verified)?;
+                    emissions.push((s.seq, verified.tokens));
+                }
+                SeqOutcome::Sampled(drawn) => {
+                    self.commit_sampled(s.seq, drawn, &mut emissions)?;
+                }
+            }
+        }
+        Ok(emissions)
+    }
+
+    /// Commits the accepted path of `seq_id`'s tree (moving its KV into place) and tells its
+    /// drafter.
+    fn commit_verified(&mut self, seq_id: SeqId, tree: &TokenTree, v: &Verified) -> Result<()> {
+        let new: Vec<u32> = v.tokens.iter().map(|s| s.token_id).collect();
+        let progress = Progress::Tree {
+            accepted: &v.accepted,
+        };
+        let moves = self.scheduler.commit(seq_id, progress, &new)?;
+        self.backend.move_kv(&moves)?;
+        let tokens = self
+            .scheduler
+            .seq(seq_id)
+            .ok_or_else(|| missing(seq_id))?
+            .tokens();
+        if let Some(drafter) = self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.drafter.as_mut())
+        {
+            self.spec.verified(drafter, tree, &v.accepted);
+            drafter.observe(tokens, new.len());
+        }
+        Ok(())
+    }
+
+    /// Commits `seq_id`'s sampled token and forks the siblings it is owed, each with its
+    /// own first token; all of them go to `emissions`.
+    fn commit_sampled(
+        &mut self,
+        seq_id: SeqId,
+        drawn: Vec<Sampled>,
+        emissions: &mut Emissions,
+    ) -> Result<()> {
+        let Some(request_id) = self.records.get(&seq_id).map(|r| r.request) else {
+            return Ok(());
+        };
+        let first = drawn.first().ok_or_else(|| missing(seq_id))?.token_id;
+        self.scheduler.commit(seq_id, Progress::Chain, &[first])?;
+        let tokens = self
+            .scheduler
+            .seq(seq_id)
+            .ok_or_else(|| missing(seq_id))?
+            .tokens();
+        if let Some(drafter) = self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.drafter.as_mut())
+        {
+            drafter.observe(tokens, 1);
+        }
+        let mut drawn = drawn.into_iter().enumerate();
+        if let Some((_, sampled)) = drawn.next() {
+            emissions.push((seq_id, vec![sampled]));
+        }
+        for (i, sampled) in drawn {
+            let child = SeqId(self.next_seq);
+            self.next_seq += 1;
+            self.scheduler.fork(seq_id, child, sampled.token_id)?;
+            let child_tokens = self.seq(child)?.tokens();
+            let drafter = self
+                .records
+                .get(&seq_id)
+                .and_then(|r| r.drafter.as_ref())
+                .and_then(|parent| self.spec.fork(parent, child_tokens));
+            let request = self
+                .requests
+                .get_mut(&request_id)
+                .ok_or_else(|| missing(seq_id))?;
+            request.seqs.push(child);
+            let record = SeqRecord::new(request_id, i, &request.request, drafter);
+            self.records.insert(child, record);
+            emissions.push((child, vec![sampled]));
+        }
+        Ok(())
+    }
+}
