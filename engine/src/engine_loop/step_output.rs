@@ -156,6 +156,17 @@ impl Engine {
         };
         let moves = self.scheduler.commit(seq_id, progress, &new)?;
         self.backend.move_kv(&moves)?;
+        self.tell_drafter(seq_id, new.len(), Some((tree, &v.accepted)))
+    }
+
+    /// `seq_id`'s drafter (if it has one) learns that its tokens grew by `appended`, after
+    /// the verification of `verified` (its tree and accepted nodes) when there was one.
+    fn tell_drafter(
+        &mut self,
+        seq_id: SeqId,
+        appended: usize,
+        verified: Option<(&TokenTree, &[usize])>,
+    ) -> Result<()> {
         let tokens = self
             .scheduler
             .seq(seq_id)
@@ -166,8 +177,10 @@ impl Engine {
             .get_mut(&seq_id)
             .and_then(|r| r.drafter.as_mut())
         {
-            self.spec.verified(drafter, tree, &v.accepted);
-            drafter.observe(tokens, new.len());
+            if let Some((tree, accepted)) = verified {
+                self.spec.verified(drafter, tree, accepted);
+            }
+            drafter.observe(tokens, appended);
         }
         Ok(())
     }
@@ -185,18 +198,7 @@ impl Engine {
         };
         let first = drawn.first().ok_or_else(|| missing(seq_id))?.token_id;
         self.scheduler.commit(seq_id, Progress::Chain, &[first])?;
-        let tokens = self
-            .scheduler
-            .seq(seq_id)
-            .ok_or_else(|| missing(seq_id))?
-            .tokens();
-        if let Some(drafter) = self
-            .records
-            .get_mut(&seq_id)
-            .and_then(|r| r.drafter.as_mut())
-        {
-            drafter.observe(tokens, 1);
-        }
+        self.tell_drafter(seq_id, 1, None)?;
         let mut drawn = drawn.into_iter().enumerate();
         if let Some((_, sampled)) = drawn.next() {
             emissions.push((seq_id, vec![sampled]));

@@ -23,7 +23,7 @@ const UNSET: u32 = u32::MAX;
 
 /// Writes into `out` the indices of the `out.len()` largest `logits`, largest first, ties
 /// to the lower index (the order of `f32::total_cmp`). One pass with a small sorted list:
-/// most logits fail the first comparison, and nothing is allocated.
+/// most logits fail the first comparison, and the row is never copied.
 fn top_k_into(logits: &[f32], out: &mut [u32]) {
     let k = out.len();
     if k == 0 {
