@@ -22,4 +22,5 @@ mod security;
 mod server;
 mod serving;
 mod speculation;
+mod speculator_seam;
 mod tokenizer;

@@ -139,6 +139,7 @@ impl SpecArgs {
             cost,
             recycling_state: self.recycling_state.clone(),
             draft_model,
+            speculators: Vec::new(),
         })
     }
 }

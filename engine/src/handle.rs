@@ -87,12 +87,6 @@ pub fn spawn_with_backend(
     let scheduler = Scheduler::new(config.scheduler)
         .map_err(|e| Error::InvalidBatch(format!("engine configuration: {e}")))?;
     let vocab_size = backend.vocab_size();
-    let limits = RequestLimits {
-        vocab_size,
-        max_model_len: config.scheduler.max_model_len,
-        max_n: config.scheduler.max_num_seqs,
-        draft_model: config.speculation.draft_model.is_some(),
-    };
     if let Some(draft) = &config.speculation.draft_model {
         if draft.model.config().vocab_size != vocab_size {
             return Err(Error::Metadata(format!(
@@ -103,7 +97,13 @@ pub fn spawn_with_backend(
     }
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
-    let spec = Speculation::new(config.speculation.clone(), vocab_size);
+    let spec = Speculation::new(config.speculation.clone(), vocab_size)?;
+    let limits = RequestLimits {
+        vocab_size,
+        max_model_len: config.scheduler.max_model_len,
+        max_n: config.scheduler.max_num_seqs,
+        methods: spec.methods(),
+    };
     let engine = Engine::new(EngineParts {
         backend,
         tokenizer: Arc::clone(&tokenizer),
@@ -186,8 +186,8 @@ impl EngineHandle {
     }
 
     /// The limits requests are validated against.
-    pub fn limits(&self) -> RequestLimits {
-        self.limits
+    pub fn limits(&self) -> &RequestLimits {
+        &self.limits
     }
 
     /// The model's tokenizer.

@@ -146,7 +146,7 @@ pub struct InvalidRequest {
 }
 
 /// Limits a request is validated against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestLimits {
     /// Logits per row.
     pub vocab_size: usize,
@@ -154,8 +154,8 @@ pub struct RequestLimits {
     pub max_model_len: usize,
     /// Largest `n`.
     pub max_n: usize,
-    /// Whether a draft model is loaded.
-    pub draft_model: bool,
+    /// The speculation methods the engine can draft with (besides `none`).
+    pub methods: Vec<SpecMethod>,
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
@@ -233,10 +233,17 @@ impl Request {
             ));
         }
         if let Some(spec) = &self.speculation {
-            if spec.method == SpecMethod::DraftModel && !limits.draft_model {
+            let known = spec.method == SpecMethod::None || limits.methods.contains(&spec.method);
+            if !known && spec.method == SpecMethod::DraftModel {
                 return Err(invalid(
                     "speculation.method",
                     "draft_model needs an engine started with a draft model (--draft-model)",
+                ));
+            }
+            if !known {
+                return Err(invalid(
+                    "speculation.method",
+                    format!("this engine has no method '{}'", spec.method.as_str()),
                 ));
             }
             if spec.max_draft_tokens.is_some_and(|n| n > MAX_DRAFT_TOKENS) {
@@ -264,7 +271,7 @@ mod tests {
             vocab_size: 100,
             max_model_len: 10,
             max_n: 4,
-            draft_model: false,
+            methods: vec![SpecMethod::Recycling, SpecMethod::Auto],
         }
     }
 
@@ -360,6 +367,26 @@ mod tests {
                         temperature: f32::NAN,
                         ..SamplingParams::default()
                     },
+                    ..request()
+                },
+            ),
+            (
+                "speculation.method",
+                Request {
+                    speculation: Some(SpecRequest {
+                        method: SpecMethod::DraftModel,
+                        max_draft_tokens: None,
+                    }),
+                    ..request()
+                },
+            ),
+            (
+                "speculation.method",
+                Request {
+                    speculation: Some(SpecRequest {
+                        method: SpecMethod::Named("medusa"),
+                        max_draft_tokens: None,
+                    }),
                     ..request()
                 },
             ),

@@ -1,22 +1,30 @@
-//! The engine thread's speculation state: the shared Token Recycling matrix, one drafter per
-//! speculating sequence, per-method acceptance statistics and the forward-cost curve. The
-//! engine loop asks it for the scheduler's draft offers, for each granted tree, and tells it
-//! what every forward computed and what every verification accepted. Metrics per method
+//! The engine thread's speculation state: one [`Speculator`] per method (built in, or
+//! registered through [`SpeculationConfig::speculators`]), per-method acceptance statistics
+//! and the forward-cost curve. A speculating sequence's drafter ([`SeqDrafter`]) lives in
+//! the engine's record of it. The engine loop asks this for the scheduler's draft offers,
+//! once before the forward for every granted tree (and the prompt rows worth learning from),
+//! and once after it with every computed row; it never names a method. Metrics per method
 //! (`crate::metrics::spec`): drafted and accepted tokens, verify steps, acceptances per tree
 //! depth.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::time::Instant;
 
 use kvcache::{ManagerConfig, SeqId};
 use scheduler::{CostCurve, DraftInputs, DraftOffer};
 
 use crate::model::Model;
-use crate::spec::draft_model::{DraftModelDrafter, DraftModelRunner};
-use crate::spec::recycling::{RecyclingMatrix, StaticTree, TOP_K};
+use crate::spec::auto::AutoSpeculator;
+use crate::spec::draft_model::{DraftModelRunner, DraftModelSpeculator};
+use crate::spec::ngram_trie::NgramTrie;
+use crate::spec::prompt_lookup::PromptLookup;
+use crate::spec::recycling::RecyclingSpeculator;
+use crate::spec::speculator::{ContextSpeculator, Granted, Speculator, SpeculatorFactory};
 use crate::spec::stats::AcceptanceStats;
-use crate::spec::{new_drafter, DraftContext, Drafter, SpecMethod, SpecRequest};
+use crate::spec::{DraftContext, Drafter, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
+use crate::{Error, Result};
 
 /// How the engine speculates.
 #[derive(Debug, Clone)]
@@ -31,6 +39,9 @@ pub struct SpeculationConfig {
     pub recycling_state: Option<PathBuf>,
     /// A draft model for `draft_model` requests.
     pub draft_model: Option<DraftModelSetup>,
+    /// Methods beyond the built-in ones, each named by its speculator
+    /// ([`SpecMethod::Named`]).
+    pub speculators: Vec<SpeculatorFactory>,
 }
 
 /// A draft model and how it drafts.
@@ -55,6 +66,7 @@ impl Default for SpeculationConfig {
             cost: CostCurve::linear(),
             recycling_state: None,
             draft_model: None,
+            speculators: Vec::new(),
         }
     }
 }
@@ -63,6 +75,8 @@ impl Default for SpeculationConfig {
 /// sequence and goes with it.
 pub(crate) struct SeqDrafter {
     drafter: Box<dyn Drafter>,
+    /// Index of its method's speculator.
+    speculator: usize,
     request: SpecRequest,
     max_draft: usize,
     /// How this sequence accepts relative to its method's statistics.
@@ -77,20 +91,6 @@ impl SeqDrafter {
     /// Its totals so far.
     pub(crate) fn totals(&self) -> SpecTotals {
         self.totals
-    }
-
-    /// Whether Token Recycling should learn from this sequence's prompt rows: it drafts
-    /// with the shared matrix (directly or through `auto`).
-    pub(crate) fn learns_from_prompt(&self) -> bool {
-        matches!(
-            self.request.method,
-            SpecMethod::Recycling | SpecMethod::Auto
-        )
-    }
-
-    /// Whether it drafts with the draft model.
-    fn uses_draft_model(&self) -> bool {
-        self.drafter.method() == SpecMethod::DraftModel
     }
 
     /// The sequence's known tokens grew by their last `appended`.
@@ -112,15 +112,17 @@ pub struct SpecTotals {
 
 pub(crate) struct Speculation {
     config: SpeculationConfig,
-    runner: Option<DraftModelRunner>,
-    recycling: RecyclingMatrix,
-    tree: StaticTree,
+    speculators: Vec<Box<dyn Speculator>>,
     stats: HashMap<SpecMethod, AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
-    /// Measured seconds the draft model spends per sequence it drafts for (moving average).
-    draft_model_seconds: Option<f64>,
+    /// Per speculator: measured seconds its batched prepare takes per sequence it drafts
+    /// for (moving average); charged to its offers as a fixed cost.
+    prepare_seconds: Vec<Option<f64>>,
 }
+
+/// Most prompt rows computed per step only for speculators that learn from them.
+const PROMPT_LEARNING_ROWS: usize = 32;
 
 /// How far a sequence's acceptance ratio drifts back towards 1 per step it could draft.
 const RATIO_RECOVERY: f32 = 0.02;
@@ -139,33 +141,56 @@ fn smooth(average: &mut Option<f64>, sample: f64) {
 }
 
 impl Speculation {
-    /// State for a model with `vocab` logits per row; loads the recycling state if present.
-    pub(crate) fn new(config: SpeculationConfig, vocab: usize) -> Self {
-        let recycling = match &config.recycling_state {
-            Some(path) if path.exists() => RecyclingMatrix::load(path, vocab, TOP_K)
-                .unwrap_or_else(|e| {
-                    tracing::warn!("starting with a cold recycling matrix: {e}");
-                    RecyclingMatrix::new(vocab, TOP_K)
-                }),
-            _ => RecyclingMatrix::new(vocab, TOP_K),
-        };
-        let runner = config
-            .draft_model
-            .as_ref()
-            .map(|d| DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone()));
-        Self {
+    /// State for a model with `vocab` logits per row: the built-in speculators (Token
+    /// Recycling's matrix loaded if saved; the draft model's when one is set up) and the
+    /// registered ones. Errors on a registered method that is not a new name.
+    pub(crate) fn new(mut config: SpeculationConfig, vocab: usize) -> Result<Self> {
+        let recycling = RecyclingSpeculator::new(vocab, config.recycling_state.clone());
+        let (matrix, tree) = recycling.shared();
+        let mut speculators: Vec<Box<dyn Speculator>> = vec![
+            Box::new(recycling),
+            Box::new(AutoSpeculator::new(matrix, tree)),
+            Box::new(ContextSpeculator::new(SpecMethod::NgramTrie, |tokens| {
+                Box::new(NgramTrie::from_tokens(tokens))
+            })),
+            Box::new(ContextSpeculator::new(SpecMethod::PromptLookup, |_| {
+                Box::new(PromptLookup::new())
+            })),
+        ];
+        if let Some(d) = &config.draft_model {
+            let runner = DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone());
+            speculators.push(Box::new(DraftModelSpeculator::new(runner)));
+        }
+        for factory in std::mem::take(&mut config.speculators) {
+            let speculator = factory.build(vocab);
+            let method = speculator.method();
+            if !matches!(method, SpecMethod::Named(_))
+                || speculators.iter().any(|s| s.method() == method)
+            {
+                return Err(Error::Metadata(format!(
+                    "speculator {factory:?} serves method '{}', which is taken: a registered \
+                     method needs a new name",
+                    method.as_str()
+                )));
+            }
+            speculators.push(speculator);
+        }
+        Ok(Self {
+            prepare_seconds: vec![None; speculators.len()],
             config,
-            runner,
-            recycling,
-            tree: StaticTree::paper(),
+            speculators,
             stats: HashMap::new(),
             seconds_per_unit: None,
-            draft_model_seconds: None,
-        }
+        })
+    }
+
+    /// Every method this engine can draft with.
+    pub(crate) fn methods(&self) -> Vec<SpecMethod> {
+        self.speculators.iter().map(|s| s.method()).collect()
     }
 
     /// A drafter for a sequence that asked for `request` (the default when `None`) with
-    /// known tokens `tokens`; `None` for method `none`.
+    /// known tokens `tokens`; `None` for method `none` and methods no speculator serves.
     pub(crate) fn drafter_for(
         &self,
         request: Option<SpecRequest>,
@@ -179,14 +204,14 @@ impl Speculation {
         if max_draft == 0 {
             return None;
         }
-        let drafter: Box<dyn Drafter> = match (&self.runner, request.method) {
-            (Some(runner), SpecMethod::DraftModel) => {
-                Box::new(DraftModelDrafter::new(runner.max_nodes()))
-            }
-            _ => new_drafter(request.method, tokens, &self.tree)?,
-        };
+        let speculator = self
+            .speculators
+            .iter()
+            .position(|s| s.method() == request.method)?;
+        let drafter = self.speculators[speculator].drafter(tokens)?;
         Some(SeqDrafter {
             drafter,
+            speculator,
             request,
             max_draft,
             ratio: 1.0,
@@ -200,10 +225,11 @@ impl Speculation {
         self.drafter_for(Some(parent.request), tokens)
     }
 
-    /// Forgets what is held for `seq` beyond its record (the draft model's KV).
-    pub(crate) fn release(&mut self, seq: SeqId) {
-        if let Some(runner) = &mut self.runner {
-            runner.release(seq);
+    /// `seq` (which drafted with `state`) left: its speculator forgets what it kept for it
+    /// (the draft model's KV).
+    pub(crate) fn release(&mut self, seq: SeqId, state: &SeqDrafter) {
+        if let Some(speculator) = self.speculators.get_mut(state.speculator) {
+            speculator.release(seq);
         }
     }
 
@@ -214,11 +240,7 @@ impl Speculation {
     ) -> Option<DraftInputs> {
         let mut offers = HashMap::new();
         for (seq, tokens, state) in candidates {
-            let ctx = DraftContext {
-                tokens,
-                recycling: &self.recycling,
-                prepared: None,
-            };
+            let ctx = DraftContext { tokens };
             state.available = state.drafter.prepare(&ctx).min(state.max_draft);
             if state.available == 0 {
                 continue;
@@ -235,10 +257,9 @@ impl Speculation {
                 .enumerate()
                 .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
                 .collect();
-            let fixed_cost = match (method, self.draft_model_seconds, self.seconds_per_unit) {
-                (SpecMethod::DraftModel, Some(seconds), Some(per_unit)) if per_unit > 0.0 => {
-                    seconds / per_unit
-                }
+            let prepare = self.prepare_seconds[state.speculator];
+            let fixed_cost = match (prepare, self.seconds_per_unit) {
+                (Some(seconds), Some(per_unit)) if per_unit > 0.0 => seconds / per_unit,
                 _ => 0.0,
             };
             offers.insert(
@@ -255,62 +276,95 @@ impl Speculation {
         })
     }
 
-    /// Runs the batched drafters (a draft model's forwards) for every `(seq, known tokens,
-    /// budget, drafter)` granted this step, before any of them drafts.
-    pub(crate) fn prepare_batched(&mut self, granted: &[(SeqId, &[u32], usize, &SeqDrafter)]) {
-        let Some(runner) = &mut self.runner else {
-            return;
-        };
-        let uses_model: Vec<(SeqId, &[u32], usize)> = granted
-            .iter()
-            .filter(|g| g.3.uses_draft_model())
-            .map(|g| (g.0, g.1, g.2))
-            .collect();
-        let drafting: usize = uses_model.iter().filter(|g| g.2 > 0).count();
-        let started = std::time::Instant::now();
-        if let Err(e) = runner.prepare(&uses_model) {
-            tracing::warn!("draft model failed, decoding without its drafts: {e}");
-        }
-        if drafting > 0 {
+    /// Every granted sequence's draft tree, in the order given: `(seq, known tokens,
+    /// budget, drafter)`. Each method's speculator first does its batched work for all of
+    /// its granted sequences (a draft model's forwards), then each one's tree is cut to its
+    /// budget.
+    pub(crate) fn draft_all(
+        &mut self,
+        granted: &mut [(SeqId, &[u32], usize, &mut SeqDrafter)],
+    ) -> Vec<TokenTree> {
+        for (index, speculator) in self.speculators.iter_mut().enumerate() {
+            let mine: Vec<Granted<'_>> = granted
+                .iter()
+                .filter(|g| g.3.speculator == index)
+                .map(|g| Granted {
+                    seq: g.0,
+                    tokens: g.1,
+                    budget: g.2.min(g.3.available),
+                })
+                .collect();
+            let drafting = mine.iter().filter(|g| g.budget > 0).count();
+            if drafting == 0 {
+                continue;
+            }
+            let started = Instant::now();
+            if let Err(e) = speculator.prepare(&mine) {
+                tracing::warn!(
+                    "{} failed to prepare drafts, decoding without them: {e}",
+                    speculator.method().as_str()
+                );
+            }
             let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
-            smooth(&mut self.draft_model_seconds, per_seq);
+            smooth(&mut self.prepare_seconds[index], per_seq);
         }
+        granted
+            .iter_mut()
+            .map(|(seq, tokens, budget, state)| {
+                let ctx = DraftContext { tokens };
+                let budget = (*budget).min(state.available);
+                match self.speculators.get_mut(state.speculator) {
+                    Some(s) => s.draft(*seq, &ctx, budget, state.drafter.as_mut()),
+                    None => TokenTree::chain(&tokens[tokens.len().saturating_sub(1)..]),
+                }
+            })
+            .collect()
     }
 
-    /// `seq`'s draft tree for `budget` nodes (root = the pending token, the last of
-    /// `tokens`), after [`Speculation::prepare_batched`].
-    pub(crate) fn draft(
-        &self,
-        seq: SeqId,
-        tokens: &[u32],
-        budget: usize,
-        state: &mut SeqDrafter,
-    ) -> TokenTree {
-        let ctx = DraftContext {
-            tokens,
-            recycling: &self.recycling,
-            prepared: self.runner.as_ref().and_then(|r| r.prepared(seq)),
-        };
-        state.drafter.draft(&ctx, budget.min(state.available))
+    /// Which of the prompt rows `(row, token fed, drafter of its sequence)` should have
+    /// their logits computed: those whose sequence's speculator wants them, each token once,
+    /// at most [`PROMPT_LEARNING_ROWS`] a step.
+    pub(crate) fn learning_rows(&self, rows: &[(usize, u32, &SeqDrafter)]) -> Vec<usize> {
+        let mut seen = HashSet::new();
+        let mut chosen = Vec::new();
+        for &(row, token, state) in rows {
+            if seen.len() >= PROMPT_LEARNING_ROWS {
+                break;
+            }
+            let wants = self
+                .speculators
+                .get(state.speculator)
+                .is_some_and(|s| s.wants_logits(token));
+            if wants && seen.insert(token) {
+                chosen.push(row);
+            }
+        }
+        chosen
+    }
+
+    /// After a forward of `rows` rows that took `seconds`: the cost curve learns its time,
+    /// and every speculator sees each computed row (`(token fed, logits)`).
+    pub(crate) fn observe_forward<'a>(
+        &mut self,
+        rows: usize,
+        seconds: f64,
+        computed: impl Iterator<Item = (u32, &'a [f32])>,
+    ) {
+        self.observe_cost(rows, seconds);
+        for (token, logits) in computed {
+            for speculator in &mut self.speculators {
+                speculator.observe_row(token, logits);
+            }
+        }
     }
 
     /// Refines the cost curve with one measured forward of `rows` rows.
-    pub(crate) fn observe_cost(&mut self, rows: usize, seconds: f64) {
+    fn observe_cost(&mut self, rows: usize, seconds: f64) {
         let units = self.config.cost.cost(rows);
         if units > 0.0 {
             smooth(&mut self.seconds_per_unit, seconds / units);
         }
         self.config.cost.observe(rows, seconds);
-    }
-
-    /// Whether the recycling matrix has never seen `token` fed to the model.
-    pub(crate) fn is_cold(&self, token: u32) -> bool {
-        (token as usize) < self.recycling.vocab() && self.recycling.candidates(token).is_none()
-    }
-
-    /// Token Recycling learns from one computed row: `token` was fed, `logits` came out.
-    pub(crate) fn learn(&mut self, token: u32, logits: &[f32]) {
-        self.recycling.update(token, logits);
     }
 
     /// Records a verification by `state`'s sequence: its tree and the accepted nodes
@@ -353,12 +407,10 @@ impl Speculation {
         }
     }
 
-    /// Saves the recycling matrix where the configuration says.
+    /// Every speculator persists what should outlive the engine (the recycling matrix).
     pub(crate) fn save(&self) {
-        if let Some(path) = &self.config.recycling_state {
-            if let Err(e) = self.recycling.save(path) {
-                tracing::warn!("{e}");
-            }
+        for speculator in &self.speculators {
+            speculator.save();
         }
     }
 }

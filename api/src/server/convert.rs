@@ -110,14 +110,19 @@ pub fn settings(
         .map(|s| -> ApiResult<SpecRequest> {
             let method = match &s.method {
                 None => SpecMethod::Auto,
-                Some(name) => SpecMethod::parse(name).ok_or_else(|| {
-                    ApiError::invalid(
-                        "speculation.method",
-                        format!(
-                            "unknown method {name:?}: use recycling, ngram_trie, prompt_lookup, draft_model, auto or none"
-                        ),
-                    )
-                })?,
+                Some(name) => SpecMethod::parse(name)
+                    .or_else(|| {
+                        // Methods an embedding program registered, by their names.
+                        limits.methods.iter().copied().find(|m| m.as_str() == name)
+                    })
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "speculation.method",
+                            format!(
+                                "unknown method {name:?}: use recycling, ngram_trie, prompt_lookup, draft_model, auto or none"
+                            ),
+                        )
+                    })?,
             };
             Ok(SpecRequest {
                 method,
@@ -216,7 +221,7 @@ mod tests {
             vocab_size: 100,
             max_model_len: 32,
             max_n: 4,
-            draft_model: false,
+            methods: vec![SpecMethod::NgramTrie, SpecMethod::Named("echo")],
         }
     }
 
@@ -240,6 +245,15 @@ mod tests {
         assert_eq!(r.stop.stop, vec!["END".to_string()]);
         assert_eq!(r.stop.max_tokens, 8);
         assert_eq!(r.speculation.map(|s| s.method), Some(SpecMethod::NgramTrie));
+        // A method the engine registered is found by its name.
+        let named: CommonFields =
+            serde_json::from_value(serde_json::json!({"speculation": {"method": "echo"}})).unwrap();
+        let s = settings(&named, Some(8), None, &limits()).unwrap();
+        let r = s.request(vec![1, 2, 3], None, &limits()).unwrap();
+        assert_eq!(
+            r.speculation.map(|s| s.method),
+            Some(SpecMethod::Named("echo"))
+        );
         // Without max_tokens the output may fill the model length.
         let s = settings(&common, None, None, &limits()).unwrap();
         assert_eq!(

@@ -106,7 +106,7 @@ pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<
             "echo together with logprobs is not supported (prompt log-probabilities are not computed)",
         ));
     }
-    let settings = settings(&body.common, body.common.max_tokens, body.logprobs, &limits)?;
+    let settings = settings(&body.common, body.common.max_tokens, body.logprobs, limits)?;
     if let Some(best_of) = body.best_of {
         if best_of != settings.options.n {
             return Err(ApiError::invalid(
@@ -190,7 +190,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     }
     let top = wants_logprobs.then(|| body.top_logprobs.unwrap_or(0));
     let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
-    let settings = settings(&body.common, max_tokens, top, &limits)?;
+    let settings = settings(&body.common, max_tokens, top, limits)?;
     let messages = body
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
@@ -278,7 +278,7 @@ fn submit_all(
 ) -> ApiResult<Vec<Submitted>> {
     let limits = engine.limits();
     let requests = prompts
-        .map(|(prompt, echo)| Ok((settings.request(prompt, default_max_tokens, &limits)?, echo)))
+        .map(|(prompt, echo)| Ok((settings.request(prompt, default_max_tokens, limits)?, echo)))
         .collect::<ApiResult<Vec<_>>>()?;
     let mut submitted = Vec::with_capacity(requests.len());
     for (request, echo) in requests {

@@ -6,10 +6,10 @@
 //!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
 //!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
 //!             draft budget for each decoding sequence that offered one
-//!  batch      granted sequences' drafters grow their trees (a draft model runs batched
-//!             first); ONE TreeBatch for every scheduled sequence: prefill chunks, plain
-//!             decodes and draft trees mixed
-//!  forward    the backend runs it; Token Recycling learns from every computed row
+//!  batch      speculation drafts every granted sequence's tree (each method's speculator
+//!             runs its batched work first); ONE TreeBatch for every scheduled sequence:
+//!             prefill chunks, plain decodes and draft trees mixed
+//!  forward    the backend runs it; every speculator sees every computed row
 //!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
 //!             or the accepted path of its tree; no state changes (step_output.rs)
 //!  update     scheduler commits, KV compaction, forks for n > 1, drafters observe
@@ -18,7 +18,7 @@
 //! ```
 //! No lock guards any of this: callers talk to the thread only through channels.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,9 +41,6 @@ use crate::speculation::Speculation;
 use crate::tokenizer::ModelTokenizer;
 use crate::tree::TokenTree;
 use crate::Result;
-
-/// Most prompt rows computed per step only to teach Token Recycling.
-const PROMPT_LEARNING_ROWS: usize = 32;
 
 /// Messages from handles to the engine thread.
 pub(crate) enum Command {
@@ -256,8 +253,11 @@ impl Engine {
     /// its place in the scheduler with its KV blocks, and what speculation holds for it.
     fn remove_seq(&mut self, seq: SeqId) -> Option<SeqRecord> {
         self.scheduler.abort(seq);
-        self.spec.release(seq);
-        self.records.remove(&seq)
+        let record = self.records.remove(&seq)?;
+        if let Some(drafter) = &record.drafter {
+            self.spec.release(seq, drafter);
+        }
+        Some(record)
     }
 
     fn fail_request(&mut self, id: u64, message: &str) {
@@ -338,40 +338,17 @@ impl Engine {
 
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.backend.move_kv(copies)?;
+        let trees = self.draft_trees(scheduled)?;
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
-        let granted = scheduled
-            .iter()
-            .filter(|s| s.draft_budget > 0)
-            .map(|s| {
-                let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
-                let drafter = self
-                    .records
-                    .get(&s.seq)
-                    .and_then(|r| r.drafter.as_ref())
-                    .ok_or_else(|| missing(s.seq))?;
-                Ok((s.seq, seq.tokens(), s.draft_budget, drafter))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.spec.prepare_batched(&granted);
-        let mut trees: Vec<Option<TokenTree>> = Vec::with_capacity(scheduled.len());
-        let mut learning_rows = Vec::new();
-        for s in scheduled {
+        let mut prompt_rows = Vec::new();
+        for (s, tree) in scheduled.iter().zip(&trees) {
             let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
             let table = self
                 .scheduler
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
-            if s.draft_budget > 0 {
-                let drafter = self
-                    .records
-                    .get_mut(&s.seq)
-                    .and_then(|r| r.drafter.as_mut())
-                    .ok_or_else(|| missing(s.seq))?;
-                let tree = self
-                    .spec
-                    .draft(s.seq, seq.tokens(), s.draft_budget, drafter);
-                batch.push(s.num_computed, table, &tree, LogitRows::All)?;
-                trees.push(Some(tree));
+            if let Some(tree) = tree {
+                batch.push(s.num_computed, table, tree, LogitRows::All)?;
             } else {
                 let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
                 let rows = if s.samples {
@@ -380,17 +357,16 @@ impl Engine {
                     LogitRows::None
                 };
                 let pushed = batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
-                let learns = self
-                    .records
-                    .get(&s.seq)
-                    .and_then(|r| r.drafter.as_ref())
-                    .is_some_and(|d| d.learns_from_prompt());
-                if learns {
-                    // A sampled row's logits are computed (and learned from) anyway.
+                if let Some(drafter) = self.records.get(&s.seq).and_then(|r| r.drafter.as_ref()) {
+                    // A sampled row's logits are computed (and observed) anyway.
                     let unsampled = fed.len() - usize::from(s.samples);
-                    learning_rows.extend(pushed.take(unsampled));
+                    prompt_rows.extend(
+                        pushed
+                            .zip(fed)
+                            .take(unsampled)
+                            .map(|(row, &token)| (row, token, drafter)),
+                    );
                 }
-                trees.push(None);
             }
             if s.first_since_admission && seq.num_preemptions() == 0 {
                 if let Some(request) = self.request_of(s.seq) {
@@ -399,15 +375,22 @@ impl Engine {
                 }
             }
         }
-        self.add_learning_rows(&mut batch, learning_rows)?;
+        // Speculators may learn from prompt rows too (each costs a row of the output
+        // projection); their logits come after every sampled row.
+        for row in self.spec.learning_rows(&prompt_rows) {
+            batch.request_logits(row)?;
+        }
         let forward_started = Instant::now();
         let logits = self.backend.forward(&batch)?;
-        self.spec
-            .observe_cost(batch.num_rows(), forward_started.elapsed().as_secs_f64());
-        // Token Recycling learns from every row whose logits were computed.
-        for (row, &at) in logits.iter().zip(&batch.logit_rows) {
-            self.spec.learn(batch.token_ids[at], row);
-        }
+        let computed = logits
+            .iter()
+            .zip(&batch.logit_rows)
+            .map(|(row, &at)| (batch.token_ids[at], row.as_slice()));
+        self.spec.observe_forward(
+            batch.num_rows(),
+            forward_started.elapsed().as_secs_f64(),
+            computed,
+        );
         let output = self.decide(scheduled, trees, logits)?;
         let emissions = self.update(scheduled, output)?;
         for (seq, tokens) in emissions {
@@ -420,22 +403,44 @@ impl Engine {
         Ok(())
     }
 
-    /// Token Recycling learns from prompt rows too, but each one costs a row of the output
-    /// projection, so only rows whose token the shared matrix has never seen are computed
-    /// (each token once, at most [`PROMPT_LEARNING_ROWS`] a step); once the matrix is warm
-    /// prefill costs nothing extra. Their logits come after every sampled row.
-    fn add_learning_rows(&self, batch: &mut TreeBatch, rows: Vec<usize>) -> Result<()> {
-        let mut seen = HashSet::new();
-        for row in rows {
-            if seen.len() >= PROMPT_LEARNING_ROWS {
-                break;
-            }
-            let token = batch.token_ids[row];
-            if self.spec.is_cold(token) && seen.insert(token) {
-                batch.request_logits(row)?;
-            }
+    /// The draft tree of every scheduled sequence granted a budget, in `scheduled`'s order
+    /// (`None` for the others): one call into speculation before the forward.
+    fn draft_trees(&mut self, scheduled: &[ScheduledSeq]) -> Result<Vec<Option<TokenTree>>> {
+        let mut trees: Vec<Option<TokenTree>> = vec![None; scheduled.len()];
+        let order: HashMap<SeqId, (usize, usize)> = scheduled
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.draft_budget > 0)
+            .map(|(i, s)| (s.seq, (i, s.draft_budget)))
+            .collect();
+        if order.is_empty() {
+            return Ok(trees);
         }
-        Ok(())
+        let scheduler = &self.scheduler;
+        let mut granted = Vec::with_capacity(order.len());
+        for (&id, record) in self.records.iter_mut() {
+            let (Some(&(at, budget)), Some(drafter)) = (order.get(&id), record.drafter.as_mut())
+            else {
+                continue;
+            };
+            let seq = scheduler.seq(id).ok_or_else(|| missing(id))?;
+            granted.push((at, (id, seq.tokens(), budget, drafter)));
+        }
+        if granted.len() != order.len() {
+            let lost = order
+                .keys()
+                .find(|id| self.records.get(id).is_none_or(|r| r.drafter.is_none()));
+            return Err(missing(lost.copied().unwrap_or(SeqId(u64::MAX))));
+        }
+        // In scheduled order, so that batched drafting does not depend on hashing.
+        granted.sort_unstable_by_key(|g| g.0);
+        let positions: Vec<usize> = granted.iter().map(|g| g.0).collect();
+        let mut granted: Vec<_> = granted.into_iter().map(|g| g.1).collect();
+        let drafted = self.spec.draft_all(&mut granted);
+        for (at, tree) in positions.into_iter().zip(drafted) {
+            trees[at] = Some(tree);
+        }
+        Ok(trees)
     }
 
     /// The model's choice from `row` for `seq_id` after `output` (its output so far).

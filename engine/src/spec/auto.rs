@@ -4,9 +4,12 @@
 //! (plus an exploration bonus that fades with tries) drafts, falling back to the next one
 //! when it has nothing to propose.
 
+use std::sync::Arc;
+
 use super::ngram_trie::NgramTrie;
 use super::prompt_lookup::PromptLookup;
-use super::recycling::{StaticTree, TokenRecycling};
+use super::recycling::{RecyclingMatrix, StaticTree, TokenRecycling};
+use super::speculator::Speculator;
 use super::{DraftContext, Drafter, SpecMethod};
 use crate::tree::TokenTree;
 
@@ -22,11 +25,12 @@ pub struct AutoDrafter {
 }
 
 impl AutoDrafter {
-    /// Drafters for a sequence whose known tokens are `tokens`.
-    pub fn new(tokens: &[u32], tree: &StaticTree) -> Self {
+    /// Drafters for a sequence whose known tokens are `tokens`; Token Recycling walks
+    /// `tree` over the shared `matrix`.
+    pub fn new(tokens: &[u32], matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
         let drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(NgramTrie::from_tokens(tokens)),
-            Box::new(TokenRecycling::new(tree.clone())),
+            Box::new(TokenRecycling::new(matrix, tree)),
             Box::new(PromptLookup::new()),
         ];
         let n = drafters.len();
@@ -83,21 +87,48 @@ impl Drafter for AutoDrafter {
     }
 }
 
+/// `auto`'s speculator: Token Recycling's matrix (learned by its own speculator) and the
+/// context drafters, per sequence.
+pub struct AutoSpeculator {
+    matrix: Arc<RecyclingMatrix>,
+    tree: Arc<StaticTree>,
+}
+
+impl AutoSpeculator {
+    /// Drafters that walk `tree` over the shared `matrix` among the others.
+    pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
+        Self { matrix, tree }
+    }
+}
+
+impl Speculator for AutoSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Auto
+    }
+
+    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(AutoDrafter::new(
+            tokens,
+            Arc::clone(&self.matrix),
+            Arc::clone(&self.tree),
+        )))
+    }
+
+    fn wants_logits(&self, token: u32) -> bool {
+        (token as usize) < self.matrix.vocab() && !self.matrix.has_row(token)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::recycling::RecyclingMatrix;
 
     #[test]
     fn settles_on_the_method_that_accepts() {
         let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
-        let matrix = RecyclingMatrix::new(16, 8);
-        let ctx = DraftContext {
-            tokens: &tokens,
-            recycling: &matrix,
-            prepared: None,
-        };
-        let mut auto = AutoDrafter::new(&tokens, &StaticTree::paper());
+        let matrix = Arc::new(RecyclingMatrix::new(16, 8));
+        let ctx = DraftContext { tokens: &tokens };
+        let mut auto = AutoDrafter::new(&tokens, matrix, Arc::new(StaticTree::paper()));
         // Recycling has no rows, so only the context drafters can propose.
         for _ in 0..20 {
             assert!(auto.prepare(&ctx) > 0);

@@ -7,7 +7,8 @@
 //! known tokens, then one forward per tree depth expands every sequence's tree together.
 //! Each depth re-feeds the partial tree under the pending token (scratch rows past the
 //! sequence's tokens, dropped afterwards), so a node always sees exactly its ancestors.
-//! The per-sequence [`DraftModelDrafter`] only hands out the tree the runner prepared.
+//! [`DraftModelSpeculator`] is the method's speculator around the runner; the per-sequence
+//! [`DraftModelDrafter`] only says how many nodes a tree can have.
 //!
 //! Drafted tokens are the draft model's top candidates, chosen deterministically, so
 //! verification treats them as point masses: the sample-and-match rule in `verify` is
@@ -17,6 +18,7 @@ use std::collections::HashMap;
 
 use kvcache::{BlockManager, ManagerConfig, SeqId};
 
+use super::speculator::{Granted, Speculator};
 use super::{Candidates, DraftContext, Drafter, SpecMethod};
 use crate::batch::{LogitRows, TreeBatch};
 use crate::kv_store::PagedKvStore;
@@ -215,7 +217,57 @@ impl DraftModelRunner {
     }
 }
 
-/// A sequence's draft-model drafter: hands out what the runner prepared for it.
+/// The draft model's speculator: the runner prepares every granted sequence's tree in
+/// batched forwards, then hands each one out.
+#[derive(Debug)]
+pub struct DraftModelSpeculator {
+    runner: DraftModelRunner,
+}
+
+impl DraftModelSpeculator {
+    /// The speculator around `runner`.
+    pub fn new(runner: DraftModelRunner) -> Self {
+        Self { runner }
+    }
+}
+
+impl Speculator for DraftModelSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::DraftModel
+    }
+
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(DraftModelDrafter::new(self.runner.max_nodes())))
+    }
+
+    fn prepare(&mut self, granted: &[Granted<'_>]) -> Result<()> {
+        let items: Vec<(SeqId, &[u32], usize)> = granted
+            .iter()
+            .map(|g| (g.seq, g.tokens, g.budget))
+            .collect();
+        self.runner.prepare(&items)
+    }
+
+    fn draft(
+        &mut self,
+        seq: SeqId,
+        ctx: &DraftContext<'_>,
+        budget: usize,
+        _drafter: &mut dyn Drafter,
+    ) -> TokenTree {
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        match self.runner.prepared(seq) {
+            Some(candidates) => candidates.tree(pending, budget),
+            None => TokenTree::chain(&[pending]),
+        }
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.runner.release(seq);
+    }
+}
+
+/// A sequence's draft-model drafter: its trees come from the speculator's runner.
 #[derive(Debug, Clone, Default)]
 pub struct DraftModelDrafter {
     max_nodes: usize,
@@ -237,12 +289,9 @@ impl Drafter for DraftModelDrafter {
         self.max_nodes
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        match ctx.prepared {
-            Some(candidates) => candidates.tree(pending, budget),
-            None => TokenTree::chain(&[pending]),
-        }
+    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+        // Only the runner has trees; without it the pending token goes alone.
+        TokenTree::chain(&[ctx.tokens.last().copied().unwrap_or(0)])
     }
 
     fn observe(&mut self, _tokens: &[u32], _appended: usize) {}

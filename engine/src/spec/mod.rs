@@ -5,19 +5,21 @@
 //!
 //! A drafter first `prepare`s its candidates (best first, parents before children, so any
 //! prefix of the list is a valid tree), which tells the scheduler how many nodes it could
-//! use; then `draft` cuts the list to the granted budget. Adding a drafter means adding a
-//! type behind this trait and a [`SpecMethod`] name; the engine loop never changes.
+//! use; then `draft` cuts the list to the granted budget. Each method's engine-wide side
+//! (shared state, batched work, what it learns from the forward's rows) is a
+//! [`speculator::Speculator`]. Adding a method means adding a drafter and a speculator type,
+//! built in or registered by name ([`SpecMethod::Named`]); the engine loop never changes.
 
 pub mod auto;
 pub mod draft_model;
 pub mod ngram_trie;
 pub mod prompt_lookup;
 pub mod recycling;
+pub mod speculator;
 pub mod stats;
 pub mod verify;
 
 use crate::tree::TokenTree;
-use recycling::RecyclingMatrix;
 
 /// A speculation method a request can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,10 +36,13 @@ pub enum SpecMethod {
     DraftModel,
     /// Pick per request the method that is accepting best.
     Auto,
+    /// A method the embedding program registered with its own speculator
+    /// (`SpeculationConfig::speculators`), by its name.
+    Named(&'static str),
 }
 
 impl SpecMethod {
-    /// Every method, in a stable order.
+    /// Every built-in method, in a stable order.
     pub const ALL: [SpecMethod; 6] = [
         SpecMethod::None,
         SpecMethod::Recycling,
@@ -47,8 +52,8 @@ impl SpecMethod {
         SpecMethod::Auto,
     ];
 
-    /// The method named `name` (`none`, `recycling`, `ngram_trie`, `prompt_lookup`,
-    /// `draft_model`, `auto`).
+    /// The built-in method named `name` (`none`, `recycling`, `ngram_trie`,
+    /// `prompt_lookup`, `draft_model`, `auto`).
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == name)
     }
@@ -62,6 +67,7 @@ impl SpecMethod {
             SpecMethod::PromptLookup => "prompt_lookup",
             SpecMethod::DraftModel => "draft_model",
             SpecMethod::Auto => "auto",
+            SpecMethod::Named(name) => name,
         }
     }
 }
@@ -75,15 +81,11 @@ pub struct SpecRequest {
     pub max_draft_tokens: Option<usize>,
 }
 
-/// What a drafter may read when drafting.
+/// What a drafter may read when drafting (what is engine-wide, its speculator gave it).
 #[derive(Debug, Clone, Copy)]
 pub struct DraftContext<'a> {
     /// Every known token of the sequence; the last one is the pending token (the root).
     pub tokens: &'a [u32],
-    /// The engine-wide Token Recycling matrix.
-    pub recycling: &'a RecyclingMatrix,
-    /// A tree prepared for this sequence by a batched drafter (the draft model).
-    pub prepared: Option<&'a Candidates>,
 }
 
 /// One sequence's drafter.
@@ -158,22 +160,6 @@ impl Candidates {
     }
 }
 
-/// A drafter for `method` over a sequence whose known tokens are `tokens`; `None` for
-/// [`SpecMethod::None`] and for methods this engine cannot run.
-pub fn new_drafter(
-    method: SpecMethod,
-    tokens: &[u32],
-    tree: &recycling::StaticTree,
-) -> Option<Box<dyn Drafter>> {
-    match method {
-        SpecMethod::None | SpecMethod::DraftModel => None,
-        SpecMethod::Recycling => Some(Box::new(recycling::TokenRecycling::new(tree.clone()))),
-        SpecMethod::NgramTrie => Some(Box::new(ngram_trie::NgramTrie::from_tokens(tokens))),
-        SpecMethod::PromptLookup => Some(Box::new(prompt_lookup::PromptLookup::new())),
-        SpecMethod::Auto => Some(Box::new(auto::AutoDrafter::new(tokens, tree))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +170,7 @@ mod tests {
             assert_eq!(SpecMethod::parse(m.as_str()), Some(m));
         }
         assert_eq!(SpecMethod::parse("medusa"), None);
+        assert_eq!(SpecMethod::Named("medusa").as_str(), "medusa");
     }
 
     #[test]

@@ -193,7 +193,6 @@ impl Drafter for NgramTrie {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::recycling::RecyclingMatrix;
 
     #[test]
     fn incremental_growth_equals_a_rebuild() {
@@ -214,12 +213,7 @@ mod tests {
         // "5 6 7 1 2" appears twice, "5 6 7 3" once: after "5 6 7" the draft starts with 1.
         let tokens = [5, 6, 7, 1, 2, 9, 5, 6, 7, 3, 8, 5, 6, 7, 1, 2, 0, 5, 6, 7];
         let mut trie = NgramTrie::from_tokens(&tokens);
-        let matrix = RecyclingMatrix::new(16, 8);
-        let ctx = DraftContext {
-            tokens: &tokens,
-            recycling: &matrix,
-            prepared: None,
-        };
+        let ctx = DraftContext { tokens: &tokens };
         assert!(trie.prepare(&ctx) >= 3);
         let tree = trie.draft(&ctx, 3);
         assert_eq!(tree.tokens()[0], 7);
@@ -228,11 +222,7 @@ mod tests {
         // With no match there is nothing to draft.
         let mut empty = NgramTrie::from_tokens(&[1, 2, 3]);
         let lonely = [1, 2, 3, 42];
-        let ctx = DraftContext {
-            tokens: &lonely,
-            recycling: &matrix,
-            prepared: None,
-        };
+        let ctx = DraftContext { tokens: &lonely };
         assert_eq!(empty.prepare(&ctx), 0);
     }
 }

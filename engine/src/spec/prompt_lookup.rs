@@ -67,19 +67,13 @@ impl Drafter for PromptLookup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::recycling::RecyclingMatrix;
 
     #[test]
     fn continues_the_longest_most_recent_match() {
         // "1 2 3 9 9 | 1 2 3 7 | 1 2 3" -> last "1 2 3" followed by 7 most recently.
         let tokens = [1, 2, 3, 9, 9, 1, 2, 3, 7, 1, 2, 3];
         assert_eq!(find_continuation(&tokens), Some(8));
-        let matrix = RecyclingMatrix::new(16, 8);
-        let ctx = DraftContext {
-            tokens: &tokens,
-            recycling: &matrix,
-            prepared: None,
-        };
+        let ctx = DraftContext { tokens: &tokens };
         let mut d = PromptLookup::new();
         assert_eq!(d.prepare(&ctx), 4);
         assert_eq!(d.draft(&ctx, 2).tokens(), &[3, 7, 1]);

@@ -8,10 +8,17 @@
 //! first: a node `[i, j]` is the j-th candidate of the i-th candidate of the root. The
 //! tree's node list is in layer order, so its first b entries are the smaller tree used for
 //! a budget of b.
+//!
+//! [`RecyclingSpeculator`] is the method's engine-wide side: it owns the matrix (shared
+//! read-only with every drafter that walks it), learns from every row the forward computed,
+//! asks for the logits of prompt rows whose token the matrix has never seen, and saves it.
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
+use super::speculator::Speculator;
 use super::{Candidates, DraftContext, Drafter, SpecMethod};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -44,23 +51,45 @@ fn top_k_into(logits: &[f32], out: &mut [u32]) {
     }
 }
 
-/// The shared adjacency matrix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The shared adjacency matrix. Its cells are relaxed atomics so that drafters can hold it
+/// (`Arc`) while the engine thread updates it; that one thread is also the only reader, so a
+/// row is never seen half written, and a stale candidate would only cost an acceptance.
+#[derive(Debug)]
 pub struct RecyclingMatrix {
     vocab: usize,
     k: usize,
     /// `vocab * k` candidates; a row is unset until its token is first seen.
-    rows: Vec<u32>,
+    rows: Vec<AtomicU32>,
+}
+
+impl PartialEq for RecyclingMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        self.vocab == other.vocab
+            && self.k == other.k
+            && self
+                .rows
+                .iter()
+                .zip(&other.rows)
+                .all(|(a, b)| a.load(Ordering::Relaxed) == b.load(Ordering::Relaxed))
+    }
 }
 
 impl RecyclingMatrix {
     /// An empty (cold) matrix.
     pub fn new(vocab: usize, k: usize) -> Self {
+        Self::from_cells(vocab, k, vec![UNSET; vocab * k])
+    }
+
+    fn from_cells(vocab: usize, k: usize, cells: Vec<u32>) -> Self {
         Self {
             vocab,
             k,
-            rows: vec![UNSET; vocab * k],
+            rows: cells.into_iter().map(AtomicU32::new).collect(),
         }
+    }
+
+    fn cell(&self, index: usize) -> u32 {
+        self.rows[index].load(Ordering::Relaxed)
     }
 
     /// Rows.
@@ -80,30 +109,53 @@ impl RecyclingMatrix {
 
     /// Rows that have been written.
     pub fn filled_rows(&self) -> usize {
-        self.rows
-            .chunks(self.k.max(1))
-            .filter(|r| r[0] != UNSET)
+        (0..self.vocab)
+            .filter(|&t| self.k > 0 && self.cell(t * self.k) != UNSET)
             .count()
     }
 
-    /// The candidates after `token`, best first, or `None` before it was ever seen.
-    pub fn candidates(&self, token: u32) -> Option<&[u32]> {
+    /// Whether `token`'s row was ever written (false for tokens outside the vocabulary).
+    pub fn has_row(&self, token: u32) -> bool {
+        self.candidate(token, 0).is_some()
+    }
+
+    /// The `rank`-th candidate after `token` (best first), or `None` before it was ever seen.
+    pub fn candidate(&self, token: u32, rank: usize) -> Option<u32> {
         let t = token as usize;
-        if t >= self.vocab {
+        if t >= self.vocab || rank >= self.k || self.cell(t * self.k) == UNSET {
             return None;
         }
-        let row = &self.rows[t * self.k..(t + 1) * self.k];
-        (row[0] != UNSET).then_some(row)
+        Some(self.cell(t * self.k + rank))
+    }
+
+    /// The candidates after `token`, best first, or `None` before it was ever seen.
+    pub fn candidates(&self, token: u32) -> Option<Vec<u32>> {
+        self.has_row(token).then(|| {
+            (0..self.k)
+                .filter_map(|r| self.candidate(token, r))
+                .collect()
+        })
     }
 
     /// Sets `M[token]` to the top-k of `logits`.
-    pub fn update(&mut self, token: u32, logits: &[f32]) {
+    pub fn update(&self, token: u32, logits: &[f32]) {
         let t = token as usize;
         if t >= self.vocab || logits.len() < self.k {
             return;
         }
-        let row = &mut self.rows[t * self.k..(t + 1) * self.k];
+        let mut best = [UNSET; TOP_K];
+        let mut heap;
+        let row: &mut [u32] = if self.k <= TOP_K {
+            &mut best[..self.k]
+        } else {
+            heap = vec![UNSET; self.k];
+            &mut heap
+        };
         top_k_into(logits, row);
+        // The first cell marks the row as set, so it is written last.
+        for (i, &id) in row.iter().enumerate().rev() {
+            self.rows[t * self.k + i].store(id, Ordering::Relaxed);
+        }
     }
 
     /// Writes the matrix to `path` (atomically, through a temporary file).
@@ -115,8 +167,9 @@ impl RecyclingMatrix {
         out.write_all(&(self.vocab as u32).to_le_bytes())
             .map_err(io)?;
         out.write_all(&(self.k as u32).to_le_bytes()).map_err(io)?;
-        for &v in &self.rows {
-            out.write_all(&v.to_le_bytes()).map_err(io)?;
+        for v in &self.rows {
+            out.write_all(&v.load(Ordering::Relaxed).to_le_bytes())
+                .map_err(io)?;
         }
         out.flush().map_err(io)?;
         drop(out);
@@ -153,12 +206,12 @@ impl RecyclingMatrix {
         if body.len() != vocab * k * 4 {
             return Err(bad("wrong size"));
         }
-        let rows = body
+        let cells = body
             .chunks_exact(4)
             .map(read_u32)
             .map(|x| x as u32)
             .collect();
-        Ok(Self { vocab, k, rows })
+        Ok(Self::from_cells(vocab, k, cells))
     }
 }
 
@@ -224,17 +277,19 @@ impl StaticTree {
     }
 }
 
-/// A sequence's Token Recycling drafter (the matrix is the engine's).
+/// A sequence's Token Recycling drafter: walks the engine's shared matrix.
 #[derive(Debug, Clone)]
 pub struct TokenRecycling {
-    tree: StaticTree,
+    matrix: Arc<RecyclingMatrix>,
+    tree: Arc<StaticTree>,
     candidates: Candidates,
 }
 
 impl TokenRecycling {
-    /// A drafter walking `tree`.
-    pub fn new(tree: StaticTree) -> Self {
+    /// A drafter walking `tree` over `matrix`.
+    pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
         Self {
+            matrix,
             tree,
             candidates: Candidates::new(),
         }
@@ -261,9 +316,7 @@ impl Drafter for TokenRecycling {
                     None => (None, None),
                 },
             };
-            let token = source
-                .and_then(|t| ctx.recycling.candidates(t))
-                .and_then(|row| row.get(rank).copied());
+            let token = source.and_then(|t| self.matrix.candidate(t, rank));
             placed.push(token.map(|t| self.candidates.push(parent_index, t)));
         }
         self.candidates.len()
@@ -275,6 +328,66 @@ impl Drafter for TokenRecycling {
     }
 
     fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+/// Token Recycling's engine-wide side: the matrix, learned from every computed row.
+#[derive(Debug)]
+pub struct RecyclingSpeculator {
+    matrix: Arc<RecyclingMatrix>,
+    tree: Arc<StaticTree>,
+    state: Option<std::path::PathBuf>,
+}
+
+impl RecyclingSpeculator {
+    /// A matrix for `vocab` tokens, loaded from `state` when that file exists (a file made
+    /// for another model is reported and replaced by a cold matrix); saved there at shutdown.
+    pub fn new(vocab: usize, state: Option<std::path::PathBuf>) -> Self {
+        let matrix = match &state {
+            Some(path) if path.exists() => RecyclingMatrix::load(path, vocab, TOP_K)
+                .unwrap_or_else(|e| {
+                    tracing::warn!("starting with a cold recycling matrix: {e}");
+                    RecyclingMatrix::new(vocab, TOP_K)
+                }),
+            _ => RecyclingMatrix::new(vocab, TOP_K),
+        };
+        Self {
+            matrix: Arc::new(matrix),
+            tree: Arc::new(StaticTree::paper()),
+            state,
+        }
+    }
+
+    /// The shared matrix and tree, for drafters that combine methods (`auto`).
+    pub fn shared(&self) -> (Arc<RecyclingMatrix>, Arc<StaticTree>) {
+        (Arc::clone(&self.matrix), Arc::clone(&self.tree))
+    }
+}
+
+impl Speculator for RecyclingSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Recycling
+    }
+
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        let (matrix, tree) = self.shared();
+        Some(Box::new(TokenRecycling::new(matrix, tree)))
+    }
+
+    fn wants_logits(&self, token: u32) -> bool {
+        (token as usize) < self.matrix.vocab() && !self.matrix.has_row(token)
+    }
+
+    fn observe_row(&mut self, token: u32, logits: &[f32]) {
+        self.matrix.update(token, logits);
+    }
+
+    fn save(&self) {
+        if let Some(path) = &self.state {
+            if let Err(e) = self.matrix.save(path) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -322,10 +435,13 @@ mod tests {
 
     #[test]
     fn matrix_keeps_the_top_k_and_round_trips_through_a_file() {
-        let mut m = RecyclingMatrix::new(10, 3);
+        let m = RecyclingMatrix::new(10, 3);
         assert_eq!(m.candidates(4), None);
         m.update(4, &[0.0, 5.0, 1.0, 9.0, 2.0, 0.5, 3.0, 0.0, 0.0, 0.0]);
-        assert_eq!(m.candidates(4), Some(&[3, 1, 6][..]));
+        assert_eq!(m.candidates(4), Some(vec![3, 1, 6]));
+        assert_eq!(m.candidate(4, 1), Some(1));
+        assert_eq!(m.candidate(4, 3), None);
+        assert_eq!(m.filled_rows(), 1);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.bin");
         m.save(&path).unwrap();
@@ -337,7 +453,7 @@ mod tests {
 
     #[test]
     fn drafts_follow_the_matrix_breadth_first() {
-        let mut m = RecyclingMatrix::new(10, 2);
+        let m = RecyclingMatrix::new(10, 2);
         let row = |best: usize, second: usize| {
             let mut l = vec![0.0; 10];
             l[best] = 2.0;
@@ -348,13 +464,9 @@ mod tests {
         m.update(2, &row(4, 5));
         let tree =
             StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}"#).unwrap();
-        let mut d = TokenRecycling::new(tree);
+        let mut d = TokenRecycling::new(Arc::new(m), Arc::new(tree));
         let tokens = [7, 1];
-        let ctx = DraftContext {
-            tokens: &tokens,
-            recycling: &m,
-            prepared: None,
-        };
+        let ctx = DraftContext { tokens: &tokens };
         // Root 1 -> [2, 3]; 2 -> [4]; 3 has no row; 4 has no row.
         assert_eq!(d.prepare(&ctx), 3);
         let t = d.draft(&ctx, 3);

@@ -1,0 +1,129 @@
+//! The speculator seam. A [`Speculator`] is one speculation method's engine-wide side: it
+//! makes each speculating sequence's [`Drafter`], does the method's batched work for every
+//! sequence granted a budget in a step (a draft model's forwards), hands out each one's
+//! tree, and sees every row the forward computed (Token Recycling learns from them; it may
+//! also ask for prompt rows' logits). The engine holds one speculator per method, built-in
+//! or registered by the embedding program ([`SpeculatorFactory`]), and calls them through
+//! this trait only: once before the forward (prepare, draft) and once after (observe).
+
+use std::fmt;
+use std::sync::Arc;
+
+use kvcache::SeqId;
+
+use super::{DraftContext, Drafter, SpecMethod};
+use crate::tree::TokenTree;
+use crate::Result;
+
+/// A sequence granted a draft budget this step.
+#[derive(Debug, Clone, Copy)]
+pub struct Granted<'a> {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its known tokens; the last one is the pending token (the root of its tree).
+    pub tokens: &'a [u32],
+    /// Most draft nodes it may feed.
+    pub budget: usize,
+}
+
+/// One speculation method's engine-wide state and work.
+pub trait Speculator: Send {
+    /// The method it serves; requests name it.
+    fn method(&self) -> SpecMethod;
+
+    /// A drafter for a new sequence (admitted, or forked) whose known tokens are `tokens`;
+    /// `None` when the method cannot draft for it.
+    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>>;
+
+    /// Batched work for every sequence of this method granted a budget this step, before
+    /// any of them drafts. An error costs only this step's drafts: the engine logs it and
+    /// the sequences decode without them.
+    fn prepare(&mut self, _granted: &[Granted<'_>]) -> Result<()> {
+        Ok(())
+    }
+
+    /// `seq`'s tree of at most `budget` nodes under its pending token; by default its
+    /// drafter's.
+    fn draft(
+        &mut self,
+        _seq: SeqId,
+        ctx: &DraftContext<'_>,
+        budget: usize,
+        drafter: &mut dyn Drafter,
+    ) -> TokenTree {
+        drafter.draft(ctx, budget)
+    }
+
+    /// Whether the logits of a prompt row feeding `token` are worth computing for this
+    /// method's sequences (a row of the output projection each; the engine caps them).
+    fn wants_logits(&self, _token: u32) -> bool {
+        false
+    }
+
+    /// One row the forward computed, for every sequence: `token` was fed, `logits` came out.
+    fn observe_row(&mut self, _token: u32, _logits: &[f32]) {}
+
+    /// `seq` left the engine: forget what is kept for it.
+    fn release(&mut self, _seq: SeqId) {}
+
+    /// The engine is shutting down: persist what should outlive it.
+    fn save(&self) {}
+}
+
+/// Builds a speculator for a model with `vocab` logits per row. The engine configuration
+/// holds factories rather than speculators, so that it can be cloned to start engines.
+#[derive(Clone)]
+pub struct SpeculatorFactory {
+    name: String,
+    make: Arc<dyn Fn(usize) -> Box<dyn Speculator> + Send + Sync>,
+}
+
+impl SpeculatorFactory {
+    /// A factory called `name` (for messages) around `make`.
+    pub fn new(
+        name: impl Into<String>,
+        make: impl Fn(usize) -> Box<dyn Speculator> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            make: Arc::new(make),
+        }
+    }
+
+    /// A speculator for `vocab` logits per row.
+    pub fn build(&self, vocab: usize) -> Box<dyn Speculator> {
+        (self.make)(vocab)
+    }
+}
+
+impl fmt::Debug for SpeculatorFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpeculatorFactory")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// The speculator of a method whose drafters need nothing engine-wide (the context
+/// drafters: n-gram trie, prompt lookup).
+pub struct ContextSpeculator {
+    method: SpecMethod,
+    make: fn(&[u32]) -> Box<dyn Drafter>,
+}
+
+impl ContextSpeculator {
+    /// `method`'s speculator, whose drafters `make` builds from a sequence's tokens.
+    pub fn new(method: SpecMethod, make: fn(&[u32]) -> Box<dyn Drafter>) -> Self {
+        Self { method, make }
+    }
+}
+
+impl Speculator for ContextSpeculator {
+    fn method(&self) -> SpecMethod {
+        self.method
+    }
+
+    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some((self.make)(tokens))
+    }
+}
