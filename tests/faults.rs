@@ -37,6 +37,14 @@ impl Backend for FaultyBackend {
         self.inner.vocab_size()
     }
 
+    fn num_slots(&self) -> usize {
+        self.inner.num_slots()
+    }
+
+    fn describe(&self) -> String {
+        format!("faulty {}", self.inner.describe())
+    }
+
     fn forward(&mut self, batch: &TreeBatch) -> engine::Result<Vec<Vec<f32>>> {
         std::thread::sleep(Duration::from_millis(2));
         let starts_with = |token: u32| {

@@ -349,3 +349,40 @@ fn fused_cpu_pass_gives_the_candle_ops_bits() {
         );
     }
 }
+
+#[test]
+fn the_backend_a_model_gets_runs_its_forward_bit_for_bit() {
+    let spec = TinyModelSpec::default();
+    let (_dir, tiny_f32) = tiny_model(&spec);
+    let tiny_ops = tiny_f32.clone().without_fused_pass();
+    for (name, model, path) in [
+        ("smollm2 Q4_1", &smollm2().model, "fused CPU pass"),
+        ("tiny f32", &tiny_f32, "fused CPU pass"),
+        ("tiny f32 through candle ops", &tiny_ops, "candle ops"),
+    ] {
+        let bs = 4;
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 5 + 1) % 64).collect();
+        let (table, mut kv) = one_sequence(model, prompt.len() + 3, bs);
+        let mut backend = engine::backend::for_model(model.clone(), kv.num_slots());
+        assert_eq!(backend.num_slots(), kv.num_slots());
+        let description = backend.describe();
+        assert!(
+            description.starts_with("cpu, ") && description.contains(path),
+            "{name}: {description}"
+        );
+        // A prompt, then a tree over it: the same logits from the model and its backend.
+        let tree = TokenTree::new(vec![3, 4, 5], vec![None, Some(0), Some(0)]).unwrap();
+        for (context, fed) in [(0, TokenTree::chain(&prompt)), (prompt.len(), tree)] {
+            let mut batch = TreeBatch::new(bs);
+            batch.push(context, &table, &fed, LogitRows::All).unwrap();
+            let ours = model.forward(&batch, &mut kv).unwrap();
+            let ours = ours.to_vec2::<f32>().unwrap();
+            let theirs = backend.forward(&batch).unwrap();
+            assert_eq!(ours.len(), theirs.len(), "{name}");
+            for (a, b) in ours.iter().zip(&theirs) {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{name}: the backend's logits differ from the model's");
+            }
+        }
+    }
+}

@@ -44,6 +44,14 @@ impl Backend for SlowBackend {
         self.inner.vocab_size()
     }
 
+    fn num_slots(&self) -> usize {
+        self.inner.num_slots()
+    }
+
+    fn describe(&self) -> String {
+        format!("slow {}", self.inner.describe())
+    }
+
     fn forward(&mut self, batch: &TreeBatch) -> engine::Result<Vec<Vec<f32>>> {
         std::thread::sleep(self.step);
         self.inner.forward(batch)

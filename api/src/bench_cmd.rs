@@ -42,6 +42,10 @@ pub fn forward(
     let mut models = vec![&loaded.model];
     models.extend(unfused.as_ref());
     let curves = engine::bench::forward_costs(&models, context, sizes, repeats)?;
+    for curve in &curves {
+        println!("Backend: {}", curve.backend);
+    }
+    println!();
     let points = &curves[0].points;
     let base = points.first().map(|p| p.seconds).unwrap_or(1.0);
     if let Some(candle) = curves.get(1) {

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use kvcache::{BlockPool, BlockTable};
 
+use crate::backend;
 use crate::batch::{LogitRows, TreeBatch};
 use crate::fused::{self, ForwardProfile};
 use crate::model::Model;
@@ -37,15 +38,17 @@ pub fn forward_cost(
 /// One model's measured curve, with the fused pass's breakdown where it ran.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostCurve {
+    /// The backend that ran it ([`crate::Backend::describe`]).
+    pub backend: String,
     /// Median seconds per size.
     pub points: Vec<CostPoint>,
     /// Mean seconds per forward in each part, per size (fused pass only).
     pub parts: Vec<Option<ForwardProfile>>,
 }
 
-/// `forward_cost` for several models (the same weights run different ways) at once: every
-/// timed forward of one model is followed by one of each other model, so the host's noise
-/// falls on all of them alike.
+/// `forward_cost` for several models (the same weights run different ways) at once, each
+/// through the backend its device gets: every timed forward of one model is followed by one
+/// of each other model, so the host's noise falls on all of them alike.
 pub fn forward_costs(
     models: &[&Model],
     context_len: usize,
@@ -65,20 +68,21 @@ pub fn forward_costs(
     let vocab = first.config().vocab_size as u32;
     // A deterministic, non-repeating token pattern; content does not change the cost.
     let token = |i: usize| ((i as u32).wrapping_mul(7919) + 13) % vocab;
-    let mut stores = Vec::with_capacity(models.len());
-    for model in models {
-        let mut kv = model.new_kv_store(pool.num_slots());
+    let mut backends = Vec::with_capacity(models.len());
+    for &model in models {
+        let mut backend = backend::for_model(model.clone(), pool.num_slots());
         if context_len > 0 {
             let context: Vec<u32> = (0..context_len).map(token).collect();
             let mut batch = TreeBatch::new(block_size);
             batch.push(0, &table, &TokenTree::chain(&context), LogitRows::None)?;
-            model.forward(&batch, &mut kv)?;
+            backend.forward(&batch)?;
         }
-        stores.push(kv);
+        backends.push(backend);
     }
-    let mut curves: Vec<CostCurve> = models
+    let mut curves: Vec<CostCurve> = backends
         .iter()
-        .map(|_| CostCurve {
+        .map(|b| CostCurve {
+            backend: b.describe(),
             points: Vec::new(),
             parts: Vec::new(),
         })
@@ -96,12 +100,12 @@ pub fn forward_costs(
         let mut times = vec![Vec::with_capacity(repeats); models.len()];
         let mut parts = vec![ForwardProfile::default(); models.len()];
         for repeat in 0..=repeats {
-            for (i, (model, kv)) in models.iter().zip(&mut stores).enumerate() {
+            for (i, backend) in backends.iter_mut().enumerate() {
                 // The first round warms up, untimed.
                 let timed = repeat > 0;
-                fused::profile(timed && model.is_fused());
+                fused::profile(timed && backend.profiles_parts());
                 let t = Instant::now();
-                model.forward(&batch, kv)?;
+                backend.forward(&batch)?;
                 let elapsed = t.elapsed().as_secs_f64();
                 let part = fused::profile(false);
                 if timed {
@@ -117,8 +121,8 @@ pub fn forward_costs(
                 seconds: times[times.len() / 2],
             });
             curve.parts.push(
-                models[i]
-                    .is_fused()
+                backends[i]
+                    .profiles_parts()
                     .then(|| parts[i].scaled(1.0 / repeats as f64)),
             );
         }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use scheduler::{Scheduler, SchedulerConfig};
 
-use crate::backend::{Backend, CandleBackend};
+use crate::backend::{self, Backend};
 pub use crate::engine_loop::EngineStats;
 use crate::engine_loop::{Command, Engine, EngineParts, Submission};
 use crate::model::Model;
@@ -73,7 +73,8 @@ pub fn spawn(
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
     let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
-    let backend = Box::new(CandleBackend::new(model, num_slots));
+    let backend = backend::for_model(model, num_slots);
+    tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
 }
 

@@ -20,17 +20,17 @@ use kvcache::{BlockManager, ManagerConfig, SeqId};
 
 use super::speculator::{Granted, Speculator};
 use super::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::backend::{self, Backend};
 use crate::batch::{LogitRows, TreeBatch};
-use crate::kv_store::PagedKvStore;
 use crate::model::Model;
 use crate::tree::TokenTree;
 use crate::Result;
 
-/// The draft model, its KV cache, and the trees it prepared this step.
+/// The draft model (through its backend, which holds its KV rows), its KV blocks, and the
+/// trees it prepared this step.
 pub struct DraftModelRunner {
-    model: Model,
+    backend: Box<dyn Backend>,
     blocks: BlockManager,
-    store: PagedKvStore,
     k_config: Vec<usize>,
     prepared: HashMap<SeqId, Candidates>,
 }
@@ -38,6 +38,7 @@ pub struct DraftModelRunner {
 impl std::fmt::Debug for DraftModelRunner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DraftModelRunner")
+            .field("backend", &self.backend.describe())
             .field("k_config", &self.k_config)
             .field("kv", &self.blocks.stats())
             .finish()
@@ -66,11 +67,10 @@ impl DraftModelRunner {
     /// A runner for `model` with a KV pool of `kv` and trees shaped by `k_config`.
     pub fn new(model: Model, kv: ManagerConfig, k_config: Vec<usize>) -> Self {
         let blocks = BlockManager::new(kv);
-        let store = model.new_kv_store(blocks.num_slots());
+        let backend = backend::for_model(model, blocks.num_slots());
         Self {
-            model,
+            backend,
             blocks,
-            store,
             k_config,
             prepared: HashMap::new(),
         }
@@ -147,10 +147,7 @@ impl DraftModelRunner {
         if live.is_empty() {
             return Ok(());
         }
-        let rows = self
-            .model
-            .forward(&batch, &mut self.store)?
-            .to_vec2::<f32>()?;
+        let rows = self.backend.forward(&batch)?;
         // Frontier per sequence: (candidate index or root, logits row).
         let mut frontiers: Vec<Vec<(Option<usize>, Vec<f32>)>> = Vec::with_capacity(live.len());
         for (&(seq, tokens, _), row) in live.iter().zip(rows) {
@@ -195,10 +192,7 @@ impl DraftModelRunner {
                 let rows = batch.push(tokens.len() - 1, table, &tree, LogitRows::All)?;
                 ranges.push(Some(rows.start));
             }
-            let logits = self
-                .model
-                .forward(&batch, &mut self.store)?
-                .to_vec2::<f32>()?;
+            let logits = self.backend.forward(&batch)?;
             for ((frontier, added), start) in frontiers.iter_mut().zip(&grown).zip(&ranges) {
                 frontier.clear();
                 if let Some(start) = start {

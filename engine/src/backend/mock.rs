@@ -1,59 +1,12 @@
-//! `Backend`: what the engine loop needs from a model: one forward of a [`TreeBatch`] (each
-//! row's K/V written at its slot, logits returned for the rows asked for) and row copies in
-//! the KV store. [`CandleBackend`] is the real model over its paged KV store;
-//! [`MockBackend`] has no tensors at all: it remembers which token each slot holds and
-//! scores the next token as a fixed function of the tokens a row can see, so the engine,
-//! scheduler and server can be tested quickly and exactly without a model.
+//! [`MockBackend`]: a tensor-free stand-in for a model. It remembers which token each KV
+//! slot holds and scores the next token as a fixed function of the tokens a row can see, so
+//! the engine, scheduler and server can be tested quickly and exactly without a model.
 
 use kvcache::KvMove;
 
+use super::Backend;
 use crate::batch::TreeBatch;
-use crate::kv_store::PagedKvStore;
-use crate::model::Model;
 use crate::{Error, Result};
-
-/// A model the engine loop can run.
-pub trait Backend: Send + 'static {
-    /// Logits per row.
-    fn vocab_size(&self) -> usize;
-    /// Runs `batch`, writing every row's K/V at its slot; returns the logits of
-    /// `batch.logit_rows`, in that order.
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
-    /// Copies KV rows, in order (copy-on-write and compaction).
-    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
-}
-
-/// The real model and its KV rows.
-#[derive(Debug)]
-pub struct CandleBackend {
-    model: Model,
-    store: PagedKvStore,
-}
-
-impl CandleBackend {
-    /// `model` with a zeroed KV store of `num_slots` rows.
-    pub fn new(model: Model, num_slots: usize) -> Self {
-        let store = model.new_kv_store(num_slots);
-        Self { model, store }
-    }
-}
-
-impl Backend for CandleBackend {
-    fn vocab_size(&self) -> usize {
-        self.model.config().vocab_size
-    }
-
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
-        Ok(self
-            .model
-            .forward(batch, &mut self.store)?
-            .to_vec2::<f32>()?)
-    }
-
-    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
-        self.store.apply_moves(moves)
-    }
-}
 
 /// A tensor-free stand-in for a model: the next token after a sequence is
 /// [`MockBackend::next_token`] of the tokens it can see (its context from the slots, then
@@ -96,6 +49,14 @@ impl MockBackend {
 impl Backend for MockBackend {
     fn vocab_size(&self) -> usize {
         self.vocab
+    }
+
+    fn num_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn describe(&self) -> String {
+        "mock model (no tensors)".into()
     }
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {

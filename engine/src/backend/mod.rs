@@ -1,0 +1,110 @@
+//! `Backend`: the device seam. Everything that runs a model goes through it: the engine
+//! loop, the draft-model runner and the forward bench. A backend owns the model's weights
+//! as its device wants them and the paged KV rows where its device keeps them; it runs one
+//! forward of a [`TreeBatch`] (each row's K/V written at its slot, logits returned for the
+//! rows asked for) and copies KV rows (copy-on-write and compaction). Which backend a model
+//! gets is decided in one place, [`for_model`]: a device with its own kernels and
+//! device-resident KV is a new type behind this trait, chosen there.
+//!
+//! [`CandleBackend`] is the model over a host paged KV store (the fused CPU pass on the
+//! CPU, candle's ops elsewhere); [`MockBackend`] has no tensors at all.
+
+mod mock;
+
+use kvcache::KvMove;
+
+pub use mock::MockBackend;
+
+use crate::batch::TreeBatch;
+use crate::kv_store::PagedKvStore;
+use crate::model::Model;
+use crate::Result;
+
+/// A model the engine loop can run.
+pub trait Backend: Send + 'static {
+    /// Logits per row.
+    fn vocab_size(&self) -> usize;
+    /// KV rows (slots) it holds per layer.
+    fn num_slots(&self) -> usize;
+    /// Where and how it runs, for reports (device, forward path, kernels).
+    fn describe(&self) -> String;
+    /// Whether its forwards record the fused CPU pass's per-part times (`fused::profile`).
+    fn profiles_parts(&self) -> bool {
+        false
+    }
+    /// Runs `batch`, writing every row's K/V at its slot; returns the logits of
+    /// `batch.logit_rows`, in that order.
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
+    /// Copies KV rows, in order (copy-on-write and compaction).
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
+}
+
+/// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
+/// rows per layer. Every device runs [`CandleBackend`] today; a backend with its own
+/// kernels and device-resident KV is chosen here by the model's device.
+pub fn for_model(model: Model, num_slots: usize) -> Box<dyn Backend> {
+    Box::new(CandleBackend::new(model, num_slots))
+}
+
+/// The model over a host paged KV store.
+#[derive(Debug)]
+pub struct CandleBackend {
+    model: Model,
+    store: PagedKvStore,
+}
+
+impl CandleBackend {
+    /// `model` with a zeroed KV store of `num_slots` rows.
+    pub fn new(model: Model, num_slots: usize) -> Self {
+        let store = model.new_kv_store(num_slots);
+        Self { model, store }
+    }
+}
+
+impl Backend for CandleBackend {
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn num_slots(&self) -> usize {
+        self.store.num_slots()
+    }
+
+    fn describe(&self) -> String {
+        let device = match self.model.device() {
+            candle_core::Device::Cpu => "cpu".to_string(),
+            other => format!("{other:?}").to_lowercase(),
+        };
+        let path = if self.model.is_fused() {
+            "fused CPU pass"
+        } else {
+            "candle ops"
+        };
+        let kernel = match self.model.quant_kernel() {
+            Some(crate::linear::QuantKernel::Thicket) => {
+                format!(
+                    "thicket kernel, {} path",
+                    crate::qgemm::process_isa().name()
+                )
+            }
+            Some(crate::linear::QuantKernel::Candle) => "candle kernel".to_string(),
+            None => "dense weights".to_string(),
+        };
+        format!("{device}, {path}, {kernel}, host KV")
+    }
+
+    fn profiles_parts(&self) -> bool {
+        self.model.is_fused()
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        Ok(self
+            .model
+            .forward(batch, &mut self.store)?
+            .to_vec2::<f32>()?)
+    }
+
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        self.store.apply_moves(moves)
+    }
+}
