@@ -78,6 +78,7 @@ fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
                 method: methods[i % methods.len()],
                 max_draft_tokens: None,
             }),
+            constraint: None,
         };
         cases.push((
             handle.submit(request).unwrap(),

@@ -561,6 +561,17 @@ async fn every_error_has_its_status_and_the_openai_shape() {
         ),
         (
             "/v1/chat/completions",
+            json!({"messages": [{"role": "user"}], "response_format": {"type": "yaml"}}),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user"}], "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}),
+            "response_format",
+        ),
+        (
+            // The mock's word-level tokenizer has no byte-level decoder to build masks from.
+            "/v1/chat/completions",
             json!({"messages": [{"role": "user"}], "response_format": {"type": "json_object"}}),
             "response_format",
         ),
@@ -652,6 +663,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         },
         n: 1,
         speculation: None,
+        constraint: None,
     };
     let busy = [
         s.engine.submit(long()).unwrap(),

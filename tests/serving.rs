@@ -56,6 +56,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         },
         n: 1,
         speculation: None,
+        constraint: None,
     }
 }
 
@@ -158,6 +159,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
         },
         n: 2,
         speculation: None,
+        constraint: None,
     };
     let alone = handle.submit(sampled(7)).unwrap().wait().unwrap();
     // The same request among others with other seeds and prompts.

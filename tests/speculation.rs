@@ -96,6 +96,7 @@ fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
             method,
             max_draft_tokens: None,
         }),
+        constraint: None,
     }
 }
 

@@ -175,6 +175,7 @@ fn request(prompt: Vec<u32>, method: SpecMethod, max_tokens: usize) -> Request {
             method,
             max_draft_tokens: None,
         }),
+        constraint: None,
     }
 }
 

@@ -23,4 +23,5 @@ mod server;
 mod serving;
 mod speculation;
 mod speculator_seam;
+mod structured;
 mod tokenizer;

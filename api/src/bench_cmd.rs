@@ -144,6 +144,7 @@ pub fn engine(
         },
         n: 1,
         speculation: None,
+        constraint: None,
     };
     // Warm-up: page in the weights.
     handle

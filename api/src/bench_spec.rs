@@ -167,6 +167,7 @@ impl MethodEngine {
                 method,
                 max_draft_tokens: None,
             }),
+            constraint: None,
         };
         handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
         Ok(Self {
@@ -207,6 +208,7 @@ impl MethodEngine {
                 method,
                 max_draft_tokens: None,
             }),
+            constraint: None,
         };
         let started = Instant::now();
         let stream = self.handle.submit(request)?;

@@ -12,11 +12,14 @@ use std::time::Instant;
 use scheduler::{Scheduler, SchedulerConfig};
 
 use crate::backend::{self, Backend};
+use crate::constraint::Grammars;
 pub use crate::engine_loop::EngineStats;
 use crate::engine_loop::{Command, Engine, EngineParts, Submission};
 use crate::model::Model;
 use crate::request::Usage;
-use crate::request::{Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob};
+use crate::request::{
+    invalid_field, Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob,
+};
 use crate::speculation::{Speculation, SpeculationConfig};
 use crate::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
@@ -63,6 +66,7 @@ pub struct EngineHandle {
     max_pending: usize,
     limits: RequestLimits,
     tokenizer: Arc<ModelTokenizer>,
+    grammars: Arc<Grammars>,
 }
 
 /// Starts the engine thread for `model`. Errors on a configuration that cannot work.
@@ -96,6 +100,7 @@ pub fn spawn_with_backend(
             )));
         }
     }
+    let grammar_eos = eos_ids.first().or(tokenizer.eos_ids().first()).copied();
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
     let spec = Speculation::new(config.speculation.clone(), vocab_size)?;
@@ -125,6 +130,11 @@ pub fn spawn_with_backend(
         next_request: Arc::new(AtomicU64::new(0)),
         max_pending: config.max_pending,
         limits,
+        grammars: Arc::new(Grammars::new(
+            Arc::clone(&tokenizer),
+            vocab_size,
+            grammar_eos,
+        )),
         tokenizer,
     };
     Ok((handle, thread))
@@ -134,6 +144,15 @@ impl EngineHandle {
     /// Validates `request` and queues it. The returned stream yields its events.
     pub fn submit(&self, mut request: Request) -> std::result::Result<RequestStream, SubmitError> {
         request.validate(&self.limits)?;
+        // Compiled here, in the caller's thread: a bad format is the caller's error.
+        let constraint = match &request.constraint {
+            Some(spec) => Some(
+                self.grammars
+                    .compile(spec)
+                    .map_err(|e| invalid_field("response_format", e.to_string()))?,
+            ),
+            None => None,
+        };
         let before = self.pending.fetch_add(1, Ordering::SeqCst);
         if before >= self.max_pending {
             self.pending.fetch_sub(1, Ordering::SeqCst);
@@ -147,6 +166,7 @@ impl EngineHandle {
         let command = Command::Submit(Box::new(Submission {
             id,
             request,
+            constraint,
             events,
             submitted: Instant::now(),
         }));

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod batch;
 pub mod bench;
 pub mod config;
+pub mod constraint;
 pub mod detokenizer;
 mod engine_loop;
 mod error;

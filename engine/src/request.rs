@@ -2,6 +2,7 @@
 //! parameters, stop conditions, `n`), validated in the caller's thread before it is queued,
 //! and the [`Event`]s streamed back per request (text and tokens, then a finish per sample).
 
+use crate::constraint::ConstraintSpec;
 use crate::sampler::SamplingParams;
 use crate::spec::{SpecMethod, SpecRequest};
 
@@ -54,6 +55,8 @@ pub struct Request {
     pub n: usize,
     /// Speculation for this request (the engine's default when absent).
     pub speculation: Option<SpecRequest>,
+    /// A format the output must follow (`response_format`); none when absent.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 /// Why a sample ended.

@@ -1,7 +1,8 @@
 """The real thicket server driven by the official `openai` client (and raw httpx for the
 disconnect check): chat, completions, streaming chat with include_usage, n = 2, stop strings,
-logprobs, seed reproducibility, invalid requests with their statuses, and 20 streaming clients
-that disconnect mid-stream after which no KV block stays in use.
+logprobs, seed reproducibility, structured output parsed into a pydantic model, invalid
+requests with their statuses, and 20 streaming clients that disconnect mid-stream after which
+no KV block stays in use.
 
 Usage: python3 openai_client.py BASE_URL API_KEY MODEL
 Exits non-zero (with the failed check) on the first failure.
@@ -14,6 +15,7 @@ import time
 
 import httpx
 import openai
+import pydantic
 
 BASE, KEY, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 client = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -152,6 +154,47 @@ def invalid_requests():
         check(e.status_code == 401, "401")
 
 
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    country: str = pydantic.Field(max_length=24)
+    population_millions: int = pydantic.Field(ge=0, le=100)
+
+
+def structured():
+    # `parse` sends the model's JSON schema (strict) and validates the answer with pydantic.
+    completions = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    r = completions(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe the city of Paris as JSON."}],
+        response_format=City,
+        max_tokens=200,
+        temperature=0,
+    )
+    city = r.choices[0].message.parsed
+    check(isinstance(city, City), f"parsed {r.choices[0].message.content!r}")
+    check(r.choices[0].finish_reason == "stop", f"structured finish {r.choices[0].finish_reason}")
+    streamed = ""
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe the city of Paris as JSON."}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            streamed += chunk.choices[0].delta.content
+    check(streamed.startswith("{"), f"json_object stream {streamed!r}")
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}
+    try:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], response_format=bad, max_tokens=4
+        )
+        check(False, "an invalid schema was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body.get("param") == "response_format", f"bad schema: {e.body}")
+
+
 def blocks_in_use():
     text = httpx.get(f"{BASE}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
     m = re.search(r"^thicket_kv_blocks_in_use (\S+)$", text, re.M)
@@ -209,6 +252,7 @@ n_two()
 stop_strings(base)
 logprobs()
 seeds()
+structured()
 invalid_requests()
 disconnects()
 print(f"openai client: {checks} checks passed")

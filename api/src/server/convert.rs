@@ -3,6 +3,7 @@
 //! (prompt plus `max_tokens` within the model length), with a 400 naming the field for every
 //! value thicket cannot honour.
 
+use engine::constraint::ConstraintSpec;
 use engine::request::RequestLimits;
 use engine::{Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
 
@@ -36,8 +37,46 @@ pub struct Settings {
     pub max_tokens: Option<usize>,
     /// Speculation.
     pub speculation: Option<SpecRequest>,
+    /// A format the output must follow (`response_format`).
+    pub constraint: Option<ConstraintSpec>,
     /// How to respond.
     pub options: ResponseOptions,
+}
+
+/// The output format `response_format` asks for: `text` (or none) leaves the output free;
+/// `json_object` asks for any JSON object; `json_schema` for a value valid against
+/// `json_schema.schema` (OpenAI's shape: `{"type": "json_schema", "json_schema": {"name",
+/// "schema", "strict"}}`). Whether a schema can be compiled is checked when the request is
+/// submitted.
+pub fn response_format(format: Option<&serde_json::Value>) -> ApiResult<Option<ConstraintSpec>> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |message: &str| ApiError::invalid("response_format", message);
+    let kind = format.get("type").and_then(|t| t.as_str()).ok_or_else(|| {
+        bad("response_format needs a string `type`: text, json_object or json_schema")
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(ConstraintSpec::JsonObject)),
+        "json_schema" => {
+            let spec = format
+                .get("json_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| bad("json_schema needs a `json_schema` object with a `schema`"))?;
+            match spec.get("schema") {
+                Some(schema) if schema.is_object() || schema.is_boolean() => {
+                    Ok(Some(ConstraintSpec::JsonSchema(schema.clone())))
+                }
+                // OpenAI allows leaving the schema out: any JSON object.
+                None => Ok(Some(ConstraintSpec::JsonObject)),
+                Some(_) => Err(bad("json_schema.schema must be a JSON schema object")),
+            }
+        }
+        other => Err(bad(&format!(
+            "unknown response_format type {other:?}: use text, json_object or json_schema"
+        ))),
+    }
 }
 
 /// Reads the shared fields; `top_logprobs` is `Some(k)` when log-probabilities are wanted.
@@ -147,6 +186,7 @@ pub fn settings(
         stop,
         max_tokens,
         speculation,
+        constraint: None,
         options: ResponseOptions {
             n,
             stream,
@@ -206,6 +246,7 @@ impl Settings {
             },
             n: self.options.n,
             speculation: self.speculation,
+            constraint: self.constraint.clone(),
         };
         request.validate(limits)?;
         Ok(request)
@@ -222,6 +263,41 @@ mod tests {
             max_model_len: 32,
             max_n: 4,
             methods: vec![SpecMethod::NgramTrie, SpecMethod::Named("echo")],
+        }
+    }
+
+    #[test]
+    fn response_formats_map_onto_constraints() {
+        let schema =
+            serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let cases = [
+            (serde_json::Value::Null, None),
+            (serde_json::json!({"type": "text"}), None),
+            (
+                serde_json::json!({"type": "json_object"}),
+                Some(ConstraintSpec::JsonObject),
+            ),
+            (
+                serde_json::json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": true}}),
+                Some(ConstraintSpec::JsonSchema(schema.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema", "json_schema": {"name": "a"}}),
+                Some(ConstraintSpec::JsonObject),
+            ),
+        ];
+        for (format, want) in cases {
+            assert_eq!(response_format(Some(&format)).unwrap(), want, "{format}");
+        }
+        assert_eq!(response_format(None).unwrap(), None);
+        for bad in [
+            serde_json::json!({"type": "yaml"}),
+            serde_json::json!({"type": 3}),
+            serde_json::json!({"type": "json_schema"}),
+            serde_json::json!({"type": "json_schema", "json_schema": {"schema": "x"}}),
+        ] {
+            let e = response_format(Some(&bad)).unwrap_err();
+            assert_eq!(param_of(e), "response_format", "{bad}");
         }
     }
 

@@ -13,7 +13,9 @@ use engine::handle::{EngineHandle, RequestStream};
 use engine::{Event, ModelTokenizer};
 
 use super::body::GenerationBody;
-use super::convert::{settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS};
+use super::convert::{
+    response_format, settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS,
+};
 use super::error::{ApiError, ApiResult};
 use super::protocol::{ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput};
 use super::responses::{full_response, ChoiceState, Endpoint, ResponseMeta};
@@ -173,14 +175,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     {
         return Err(ApiError::invalid("tools", "tool calling is not supported"));
     }
-    if let Some(format) = &body.response_format {
-        if !format.is_null() && format.get("type").and_then(|t| t.as_str()) != Some("text") {
-            return Err(ApiError::invalid(
-                "response_format",
-                "only the text response format is supported",
-            ));
-        }
-    }
+    let constraint = response_format(body.response_format.as_ref())?;
     let wants_logprobs = body.logprobs.unwrap_or(false);
     if body.top_logprobs.is_some() && !wants_logprobs {
         return Err(ApiError::invalid(
@@ -190,7 +185,8 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     }
     let top = wants_logprobs.then(|| body.top_logprobs.unwrap_or(0));
     let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
-    let settings = settings(&body.common, max_tokens, top, limits)?;
+    let mut settings = settings(&body.common, max_tokens, top, limits)?;
+    settings.constraint = constraint;
     let messages = body
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;

@@ -34,6 +34,7 @@ use record::SeqRecord;
 
 use crate::backend::Backend;
 use crate::batch::{LogitRows, TreeBatch};
+use crate::constraint::{Constraint, TokenMask};
 use crate::metrics as names;
 use crate::request::{Event, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
@@ -67,6 +68,8 @@ pub struct EngineStats {
 pub(crate) struct Submission {
     pub(crate) id: u64,
     pub(crate) request: Request,
+    /// The compiled `request.constraint`.
+    pub(crate) constraint: Option<Box<dyn Constraint>>,
     pub(crate) events: flume::Sender<Event>,
     pub(crate) submitted: Instant,
 }
@@ -180,6 +183,7 @@ impl Engine {
         let Submission {
             id,
             request,
+            constraint,
             events,
             submitted,
         } = match command {
@@ -202,9 +206,14 @@ impl Engine {
             return;
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
-        let drafter = self.spec.drafter_for(request.speculation, &request.prompt);
+        // Constrained output does not speculate yet: its draft trees would need a mask per
+        // node.
+        let drafter = constraint
+            .is_none()
+            .then(|| self.spec.drafter_for(request.speculation, &request.prompt))
+            .flatten();
         self.records
-            .insert(seq, SeqRecord::new(id, 0, &request, drafter));
+            .insert(seq, SeqRecord::new(id, 0, &request, drafter, constraint));
         self.requests.insert(
             id,
             ActiveRequest {
@@ -391,7 +400,8 @@ impl Engine {
             forward_started.elapsed().as_secs_f64(),
             computed,
         );
-        let output = self.decide(scheduled, trees, logits)?;
+        let masks = self.constraint_masks(scheduled);
+        let output = self.decide(scheduled, trees, logits, &masks)?;
         let emissions = self.update(scheduled, output)?;
         for (seq, tokens) in emissions {
             for sampled in tokens {
@@ -401,6 +411,31 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The allowed next tokens of every constrained sequence that samples this step. A
+    /// constraint that fails fails its request only.
+    fn constraint_masks(&mut self, scheduled: &[ScheduledSeq]) -> HashMap<SeqId, TokenMask> {
+        let mut masks = HashMap::new();
+        let mut failed = Vec::new();
+        for s in scheduled.iter().filter(|s| s.samples) {
+            let Some(record) = self.records.get_mut(&s.seq) else {
+                continue;
+            };
+            let Some(constraint) = record.constraint.as_mut() else {
+                continue;
+            };
+            match constraint.mask() {
+                Ok(mask) => {
+                    masks.insert(s.seq, mask);
+                }
+                Err(e) => failed.push((record.request, e)),
+            }
+        }
+        for (id, e) in failed {
+            self.fail_request(id, &e.to_string());
+        }
+        masks
     }
 
     /// The draft tree of every scheduled sequence granted a budget, in `scheduled`'s order
@@ -450,6 +485,7 @@ impl Engine {
         index_offset: usize,
         row: &[f32],
         output: &[u32],
+        mask: Option<&TokenMask>,
     ) -> Option<Sampled> {
         let state = self.records.get(&seq_id)?;
         let request = self.requests.get(&state.request)?;
@@ -462,6 +498,19 @@ impl Engine {
             }
             suppress.extend_from_slice(&stop.stop_token_ids);
         }
+        let mut masked = None;
+        if let Some(mask) = mask {
+            // A format that can only end (or only go on with suppressed tokens) wins over
+            // `min_tokens`: nothing else could be chosen.
+            suppress.sort_unstable();
+            suppress.dedup();
+            if suppress.iter().filter(|&&t| mask.allows(t)).count() >= mask.count() {
+                suppress.clear();
+            }
+            let mut row = row.to_vec();
+            mask.apply(&mut row);
+            masked = Some(row);
+        }
         let ctx = SampleContext {
             prompt: &seq.tokens()[..seq.num_prompt_tokens()],
             output,
@@ -469,6 +518,7 @@ impl Engine {
             seed: request.seed,
             index: state.index + index_offset,
         };
+        let row = masked.as_deref().unwrap_or(row);
         Some(sample(row, &request.request.sampling, &ctx))
     }
 

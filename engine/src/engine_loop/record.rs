@@ -1,12 +1,14 @@
 //! `SeqRecord`: everything the engine keeps about one live sequence, in one place: the
 //! request and sample it belongs to, its output state (detokenizer, stop-string filter,
-//! tokens emitted, timing) and its drafter with its speculation totals. The scheduler keeps
+//! tokens emitted, timing), its output constraint and its drafter with its speculation
+//! totals. The scheduler keeps
 //! only what scheduling needs (tokens, KV progress, status); the engine removes a record,
 //! the scheduler's entry and speculation's per-sequence state together, through one path
 //! (`Engine::remove_seq`).
 
 use std::time::Instant;
 
+use crate::constraint::Constraint;
 use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
 use crate::request::Request;
 use crate::speculation::SeqDrafter;
@@ -24,15 +26,19 @@ pub(super) struct SeqRecord {
     pub(super) last_token_at: Option<Instant>,
     /// Its drafter (`None` when it does not speculate).
     pub(super) drafter: Option<SeqDrafter>,
+    /// The format its output must follow (`None` when free).
+    pub(super) constraint: Option<Box<dyn Constraint>>,
 }
 
 impl SeqRecord {
-    /// Sample `index` of `request` (`r`), drafting with `drafter`.
+    /// Sample `index` of `request` (`r`), drafting with `drafter`, its output following
+    /// `constraint`.
     pub(super) fn new(
         request: u64,
         index: usize,
         r: &Request,
         drafter: Option<SeqDrafter>,
+        constraint: Option<Box<dyn Constraint>>,
     ) -> Self {
         Self {
             request,
@@ -42,6 +48,7 @@ impl SeqRecord {
             num_output: 0,
             last_token_at: None,
             drafter,
+            constraint,
         }
     }
 }

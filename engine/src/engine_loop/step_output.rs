@@ -8,8 +8,11 @@
 use kvcache::SeqId;
 use scheduler::{Progress, ScheduledSeq};
 
+use std::collections::HashMap;
+
 use super::record::SeqRecord;
 use super::{missing, Engine};
+use crate::constraint::TokenMask;
 use crate::sampler::Sampled;
 use crate::spec::verify::{verify, Verified};
 use crate::tree::TokenTree;
@@ -42,12 +45,14 @@ pub(super) type Emissions = Vec<(SeqId, Vec<Sampled>)>;
 
 impl Engine {
     /// Reads every scheduled sequence's logits (`trees[i]` is sequence i's draft tree,
-    /// `None` for a chain); changes no state.
+    /// `None` for a chain; `masks` the allowed tokens of constrained sequences); changes no
+    /// state.
     pub(super) fn decide(
         &self,
         scheduled: &[ScheduledSeq],
         trees: Vec<Option<TokenTree>>,
         logits: Vec<Vec<f32>>,
+        masks: &HashMap<SeqId, TokenMask>,
     ) -> Result<StepOutput> {
         let mut rows = logits.into_iter();
         let mut outcomes = Vec::with_capacity(scheduled.len());
@@ -67,7 +72,7 @@ impl Engine {
                 }
                 None => {
                     let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    match self.sample_row(s.seq, &row)? {
+                    match self.sample_row(s.seq, &row, masks.get(&s.seq))? {
                         Some(drawn) => SeqOutcome::Sampled(drawn),
                         None => SeqOutcome::Gone,
                     }
@@ -85,7 +90,7 @@ impl Engine {
         let verified = verify(tree, |node, produced| {
             let mut so_far = output.clone();
             so_far.extend_from_slice(produced);
-            self.choose(seq_id, 0, &rows[node], &so_far)
+            self.choose(seq_id, 0, &rows[node], &so_far, None)
                 .unwrap_or_else(|| {
                     failed = true;
                     Sampled {
@@ -102,7 +107,12 @@ impl Engine {
 
     /// The sequence's token from `row`, then one for each fork it is owed; `None` when the
     /// sequence has no record any more.
-    fn sample_row(&self, seq_id: SeqId, row: &[f32]) -> Result<Option<Vec<Sampled>>> {
+    fn sample_row(
+        &self,
+        seq_id: SeqId,
+        row: &[f32],
+        mask: Option<&TokenMask>,
+    ) -> Result<Option<Vec<Sampled>>> {
         if !self.records.contains_key(&seq_id) {
             return Ok(None);
         }
@@ -110,7 +120,7 @@ impl Engine {
         let output = seq.output().to_vec();
         let samples = 1 + seq.pending_forks();
         (0..samples)
-            .map(|i| self.choose(seq_id, i, row, &output))
+            .map(|i| self.choose(seq_id, i, row, &output, mask))
             .collect::<Option<Vec<Sampled>>>()
             .map(Some)
             .ok_or_else(|| missing(seq_id))
@@ -185,6 +195,22 @@ impl Engine {
         Ok(())
     }
 
+    /// `seq_id`'s constraint (if any) follows its new output token; an end token finishes
+    /// the sequence instead.
+    fn advance_constraint(&mut self, seq_id: SeqId, token: u32) -> Result<()> {
+        if self.eos_ids.contains(&token) {
+            return Ok(());
+        }
+        match self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.constraint.as_mut())
+        {
+            Some(constraint) => constraint.advance(token),
+            None => Ok(()),
+        }
+    }
+
     /// Commits `seq_id`'s sampled token and forks the siblings it is owed, each with its
     /// own first token; all of them go to `emissions`.
     fn commit_sampled(
@@ -197,6 +223,19 @@ impl Engine {
             return Ok(());
         };
         let first = drawn.first().ok_or_else(|| missing(seq_id))?.token_id;
+        // Forks start from the constraint's state before this sequence's own token.
+        let fork_base = match self
+            .records
+            .get(&seq_id)
+            .and_then(|r| r.constraint.as_ref())
+        {
+            Some(c) if drawn.len() > 1 => Some(c.fork()),
+            _ => None,
+        };
+        if let Err(e) = self.advance_constraint(seq_id, first) {
+            self.fail_request(request_id, &e.to_string());
+            return Ok(());
+        }
         self.scheduler.commit(seq_id, Progress::Chain, &[first])?;
         self.tell_drafter(seq_id, 1, None)?;
         let mut drawn = drawn.into_iter().enumerate();
@@ -218,7 +257,13 @@ impl Engine {
                 .get_mut(&request_id)
                 .ok_or_else(|| missing(seq_id))?;
             request.seqs.push(child);
-            let record = SeqRecord::new(request_id, i, &request.request, drafter);
+            let mut constraint = fork_base.as_ref().map(|c| c.fork());
+            if let Some(c) = constraint.as_mut() {
+                if !self.eos_ids.contains(&sampled.token_id) {
+                    c.advance(sampled.token_id)?;
+                }
+            }
+            let record = SeqRecord::new(request_id, i, &request.request, drafter, constraint);
             self.records.insert(child, record);
             emissions.push((child, vec![sampled]));
         }

@@ -1,0 +1,186 @@
+//! Constraints compiled by llguidance. [`Grammars`] holds, per engine, llguidance's parser
+//! factory over a token trie of the model's own token bytes (made from the same tokenizer
+//! thicket encodes with, its vocabulary padded to the model's logits with tokens that can
+//! never be allowed). Compiling a spec gives a [`GuidanceConstraint`], an llguidance
+//! matcher. Compilation runs in the submitting thread, so a bad schema, regex or grammar is
+//! a client error before anything is queued; llguidance's limits bound the time and size of
+//! both compilation and every mask.
+
+use std::sync::{Arc, OnceLock};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+
+use super::{Constraint, ConstraintSpec, TokenMask};
+use crate::tokenizer::ModelTokenizer;
+use crate::{Error, Result};
+
+/// Compiles constraint specs for one model; the token trie is built on first use.
+pub struct Grammars {
+    tokenizer: Arc<ModelTokenizer>,
+    vocab: usize,
+    eos: Option<u32>,
+    factory: OnceLock<std::result::Result<Arc<ParserFactory>, String>>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("vocab", &self.vocab)
+            .field("eos", &self.eos)
+            .field("ready", &self.factory.get().is_some())
+            .finish()
+    }
+}
+
+impl Grammars {
+    /// Grammars over `tokenizer` for a model with `vocab` logits per row, ending outputs with
+    /// `eos` (the first of the engine's end tokens).
+    pub fn new(tokenizer: Arc<ModelTokenizer>, vocab: usize, eos: Option<u32>) -> Self {
+        Self {
+            tokenizer,
+            vocab,
+            eos,
+            factory: OnceLock::new(),
+        }
+    }
+
+    fn factory(&self) -> Result<&Arc<ParserFactory>> {
+        self.factory
+            .get_or_init(|| self.build_factory().map(Arc::new))
+            .as_ref()
+            .map_err(|e| {
+                Error::Metadata(format!(
+                    "structured output is not available for this model's tokenizer: {e}"
+                ))
+            })
+    }
+
+    fn build_factory(&self) -> std::result::Result<ParserFactory, String> {
+        let eos = self.eos.ok_or("the model has no end token")?;
+        let json = self
+            .tokenizer
+            .inner()
+            .to_string(false)
+            .map_err(|e| e.to_string())?;
+        let json: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        let mut words =
+            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| e.to_string())?;
+        if words.len() > self.vocab {
+            return Err(format!(
+                "the tokenizer has {} tokens, the model {}",
+                words.len(),
+                self.vocab
+            ));
+        }
+        // Rows of the model past the tokenizer's tokens: never allowed.
+        words.resize(self.vocab, Vec::new());
+        let info = TokRxInfo::new(self.vocab as u32, eos);
+        let env = ApproximateTokEnv::new(TokTrie::from(&info, &words));
+        let env: toktrie::TokEnv = Arc::new(env);
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(factory)
+    }
+
+    /// A constraint for `spec`; errors name what is wrong with it.
+    pub fn compile(&self, spec: &ConstraintSpec) -> Result<Box<dyn Constraint>> {
+        let factory = self.factory()?;
+        let grammar = match spec {
+            ConstraintSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+            }
+            ConstraintSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(compact(schema.clone()))
+            }
+            ConstraintSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
+            ConstraintSpec::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
+        };
+        let parser = factory
+            .create_parser(grammar)
+            .map_err(|e| Error::Metadata(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(Error::Metadata(e));
+        }
+        Ok(Box::new(GuidanceConstraint {
+            matcher,
+            vocab: self.vocab,
+        }))
+    }
+
+    /// The model's bytes for `token` as the token trie holds them (for tests and reports).
+    pub fn token_bytes(&self, token: u32) -> Result<Vec<u8>> {
+        Ok(self.factory()?.tok_env().tok_trie().token(token).to_vec())
+    }
+}
+
+/// `schema` with llguidance's JSON layout set to one line, `", "` between items and `": "`
+/// after keys, unless the schema sets its own (`x-guidance`). Free whitespace would let a
+/// model spin on newlines until `max_tokens`.
+fn compact(schema: serde_json::Value) -> serde_json::Value {
+    let mut schema = match schema {
+        serde_json::Value::Bool(true) => serde_json::json!({}),
+        other => other,
+    };
+    if let Some(object) = schema.as_object_mut() {
+        let layout = object
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(layout) = layout.as_object_mut() {
+            for (key, value) in [
+                ("whitespace_flexible", serde_json::json!(false)),
+                ("item_separator", serde_json::json!(", ")),
+                ("key_separator", serde_json::json!(": ")),
+            ] {
+                layout.entry(key).or_insert(value);
+            }
+        }
+    }
+    schema
+}
+
+/// An llguidance matcher over the model's tokens.
+pub struct GuidanceConstraint {
+    matcher: Matcher,
+    vocab: usize,
+}
+
+impl GuidanceConstraint {
+    fn failed(&self, what: &str) -> Error {
+        Error::InvalidBatch(format!(
+            "the output constraint failed ({what}): {}",
+            self.matcher
+                .get_error()
+                .unwrap_or_else(|| "no reason given".into())
+        ))
+    }
+}
+
+impl Constraint for GuidanceConstraint {
+    fn mask(&mut self) -> Result<TokenMask> {
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))?;
+        let mask = TokenMask::from_fn(self.vocab, |t| vob.is_allowed(t));
+        if mask.count() == 0 {
+            return Err(self.failed("no token is allowed"));
+        }
+        Ok(mask)
+    }
+
+    fn advance(&mut self, token: u32) -> Result<()> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
+    }
+
+    fn fork(&self) -> Box<dyn Constraint> {
+        Box::new(GuidanceConstraint {
+            matcher: self.matcher.deep_clone(),
+            vocab: self.vocab,
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! Constrained decoding. A request may ask that its output follow a format
+//! ([`ConstraintSpec`]: any JSON object, a JSON schema, a regular expression, a Lark
+//! grammar); each of its sequences then carries a [`Constraint`] that says which tokens may
+//! come next and follows the tokens chosen. The engine masks every sampled row with it, so
+//! the sampled distribution is the model's, restricted to what the format allows.
+//!
+//! [`Grammars`] compiles specs with llguidance (the grammar engine behind llama.cpp's and
+//! vLLM's guidance backends) over the model's own token bytes. A new kind of constraint is a
+//! new type behind [`Constraint`].
+
+mod guidance;
+
+pub use guidance::Grammars;
+
+use crate::Result;
+
+/// A format the output must follow.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintSpec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A value valid against this JSON schema (`response_format: {"type": "json_schema"}`).
+    JsonSchema(serde_json::Value),
+    /// Text matching this regular expression.
+    Regex(String),
+    /// Text in the language of this Lark grammar.
+    Lark(String),
+}
+
+/// The tokens allowed next, one bit per token of the model's vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenMask {
+    bits: Vec<u64>,
+    len: usize,
+}
+
+impl TokenMask {
+    /// A mask of `len` tokens allowing those for which `allowed` is true.
+    pub fn from_fn(len: usize, allowed: impl Fn(u32) -> bool) -> Self {
+        let mut bits = vec![0u64; len.div_ceil(64)];
+        for token in 0..len {
+            if allowed(token as u32) {
+                bits[token / 64] |= 1 << (token % 64);
+            }
+        }
+        Self { bits, len }
+    }
+
+    /// Whether `token` is allowed.
+    pub fn allows(&self, token: u32) -> bool {
+        let t = token as usize;
+        t < self.len && self.bits[t / 64] & (1 << (t % 64)) != 0
+    }
+
+    /// Tokens allowed.
+    pub fn count(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Sets every disallowed logit of `row` to minus infinity.
+    pub fn apply(&self, row: &mut [f32]) {
+        for (token, logit) in row.iter_mut().enumerate() {
+            if !self.allows(token as u32) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// One sequence's constraint: what may come next, given the output so far.
+pub trait Constraint: Send {
+    /// The tokens allowed next; an end token is among them once the output may end, and
+    /// is the only one once it must.
+    fn mask(&mut self) -> Result<TokenMask>;
+    /// The output grew by `token` (one the last mask allowed).
+    fn advance(&mut self, token: u32) -> Result<()>;
+    /// The same constraint in the same state, for a sample forked from this one.
+    fn fork(&self) -> Box<dyn Constraint>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mask_allows_what_it_was_built_with_and_masks_the_rest() {
+        let mask = TokenMask::from_fn(130, |t| t % 3 == 0 || t == 128);
+        assert!(mask.allows(0) && mask.allows(128) && mask.allows(63));
+        assert!(!mask.allows(1) && !mask.allows(127) && !mask.allows(130));
+        assert_eq!(mask.count(), 44 + 1);
+        let mut row = vec![1.0f32; 130];
+        mask.apply(&mut row);
+        assert_eq!(row[3], 1.0);
+        assert_eq!(row[4], f32::NEG_INFINITY);
+    }
+}
