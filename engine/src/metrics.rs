@@ -29,6 +29,9 @@ pub const QUEUE_TIME: &str = "thicket_request_queue_time_seconds";
 pub const GENERATED_TOKENS: &str = "thicket_generation_tokens_total";
 /// Counter: prompt tokens admitted.
 pub const PROMPT_TOKENS: &str = "thicket_prompt_tokens_total";
+/// Histogram: wall time of one step's constraint stage (draft pruning and token masks of
+/// every constrained sequence), recorded on steps that have one.
+pub const CONSTRAINT_DURATION: &str = "thicket_engine_constraint_duration_seconds";
 
 /// Speculation metrics.
 pub mod spec {
@@ -97,6 +100,11 @@ pub fn describe() {
     describe_histogram!(QUEUE_TIME, Unit::Seconds, "Submission to first scheduling");
     describe_counter!(GENERATED_TOKENS, "Output tokens generated");
     describe_counter!(PROMPT_TOKENS, "Prompt tokens admitted");
+    describe_histogram!(
+        CONSTRAINT_DURATION,
+        Unit::Seconds,
+        "Pruning and token masks of constrained sequences in one step"
+    );
     use kv::*;
     describe_gauge!(BLOCKS_TOTAL, "KV cache blocks in the pool");
     describe_gauge!(

@@ -87,6 +87,30 @@ impl TokenTree {
         path
     }
 
+    /// The tree of the root and the nodes `keep` accepts whose parent is kept too, in the
+    /// same order (`keep` is asked about every node but the root, parents first).
+    pub fn retain(&self, mut keep: impl FnMut(usize) -> bool) -> TokenTree {
+        let mut new_index: Vec<Option<usize>> = vec![None; self.len()];
+        let (mut tokens, mut parents) = (Vec::new(), Vec::new());
+        for i in 0..self.len() {
+            let parent = match self.parents[i] {
+                None if i == 0 => None,
+                None => continue,
+                Some(p) => match new_index[p] {
+                    Some(q) => Some(q),
+                    None => continue,
+                },
+            };
+            if i > 0 && !keep(i) {
+                continue;
+            }
+            new_index[i] = Some(tokens.len());
+            tokens.push(self.tokens[i]);
+            parents.push(parent);
+        }
+        TokenTree::new(tokens, parents).unwrap_or_else(|_| TokenTree::chain(&self.tokens[..1]))
+    }
+
     /// The ancestor mask of this tree.
     pub fn mask(&self) -> TreeMask {
         TreeMask::from_parents(&self.parents)
@@ -171,6 +195,21 @@ impl TreeMask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retain_drops_nodes_and_their_descendants() {
+        // 0 -> 1 -> 3, 0 -> 2 -> 4
+        let tree = TokenTree::new(
+            vec![10, 11, 12, 13, 14],
+            vec![None, Some(0), Some(0), Some(1), Some(2)],
+        )
+        .unwrap();
+        let kept = tree.retain(|i| i != 1);
+        assert_eq!(kept.tokens(), &[10, 12, 14]);
+        assert_eq!(kept.parents(), &[None, Some(0), Some(1)]);
+        assert_eq!(tree.retain(|_| false).tokens(), &[10]);
+        assert_eq!(tree.retain(|_| true), tree);
+    }
 
     #[test]
     fn causal_mask_is_lower_triangular() {

@@ -164,7 +164,7 @@ impl Constraint for GuidanceConstraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))?;
-        let mask = TokenMask::from_fn(self.vocab, |t| vob.is_allowed(t));
+        let mask = TokenMask::from_words(self.vocab, vob.as_slice());
         if mask.count() == 0 {
             return Err(self.failed("no token is allowed"));
         }
@@ -175,6 +175,24 @@ impl Constraint for GuidanceConstraint {
         self.matcher
             .consume_token(token)
             .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
+    }
+
+    fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
+        self.matcher
+            .validate_tokens(tokens)
+            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
+    }
+
+    fn mask_after(&mut self, tokens: &[u32]) -> Result<TokenMask> {
+        if tokens.is_empty() {
+            return self.mask();
+        }
+        let failed =
+            |e: anyhow::Error| Error::InvalidBatch(format!("the output constraint failed: {e}"));
+        self.matcher.consume_tokens(tokens).map_err(failed)?;
+        let mask = self.mask();
+        self.matcher.rollback(tokens.len()).map_err(failed)?;
+        mask
     }
 
     fn fork(&self) -> Box<dyn Constraint> {

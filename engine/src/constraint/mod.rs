@@ -27,42 +27,67 @@ pub enum ConstraintSpec {
     Lark(String),
 }
 
-/// The tokens allowed next, one bit per token of the model's vocabulary.
+/// The tokens allowed next, one bit per token of the model's vocabulary (bit `t % 32` of
+/// word `t / 32`, the layout llguidance's masks have).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenMask {
-    bits: Vec<u64>,
+    words: Vec<u32>,
     len: usize,
 }
 
 impl TokenMask {
     /// A mask of `len` tokens allowing those for which `allowed` is true.
     pub fn from_fn(len: usize, allowed: impl Fn(u32) -> bool) -> Self {
-        let mut bits = vec![0u64; len.div_ceil(64)];
+        let mut words = vec![0u32; len.div_ceil(32)];
         for token in 0..len {
             if allowed(token as u32) {
-                bits[token / 64] |= 1 << (token % 64);
+                words[token / 32] |= 1 << (token % 32);
             }
         }
-        Self { bits, len }
+        Self { words, len }
+    }
+
+    /// A mask of `len` tokens from bit words (missing words allow nothing; bits past `len`
+    /// are ignored).
+    pub fn from_words(len: usize, bits: &[u32]) -> Self {
+        let mut words = vec![0u32; len.div_ceil(32)];
+        for (word, &b) in words.iter_mut().zip(bits) {
+            *word = b;
+        }
+        if len % 32 != 0 {
+            if let Some(last) = words.last_mut() {
+                *last &= (1u32 << (len % 32)) - 1;
+            }
+        }
+        Self { words, len }
     }
 
     /// Whether `token` is allowed.
     pub fn allows(&self, token: u32) -> bool {
         let t = token as usize;
-        t < self.len && self.bits[t / 64] & (1 << (t % 64)) != 0
+        t < self.len && self.words[t / 32] & (1 << (t % 32)) != 0
     }
 
     /// Tokens allowed.
     pub fn count(&self) -> usize {
-        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Sets every disallowed logit of `row` to minus infinity.
     pub fn apply(&self, row: &mut [f32]) {
-        for (token, logit) in row.iter_mut().enumerate() {
-            if !self.allows(token as u32) {
-                *logit = f32::NEG_INFINITY;
+        for (chunk, &word) in row.chunks_mut(32).zip(&self.words) {
+            if word == u32::MAX {
+                continue;
             }
+            for (bit, logit) in chunk.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let covered = self.words.len() * 32;
+        for logit in row.iter_mut().skip(covered) {
+            *logit = f32::NEG_INFINITY;
         }
     }
 }
@@ -74,6 +99,10 @@ pub trait Constraint: Send {
     fn mask(&mut self) -> Result<TokenMask>;
     /// The output grew by `token` (one the last mask allowed).
     fn advance(&mut self, token: u32) -> Result<()>;
+    /// How many of `tokens`, in order, the format allows next; the state does not change.
+    fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize>;
+    /// The tokens allowed after `tokens` (which it allows); the state does not change.
+    fn mask_after(&mut self, tokens: &[u32]) -> Result<TokenMask>;
     /// The same constraint in the same state, for a sample forked from this one.
     fn fork(&self) -> Box<dyn Constraint>;
 }
@@ -88,9 +117,19 @@ mod tests {
         assert!(mask.allows(0) && mask.allows(128) && mask.allows(63));
         assert!(!mask.allows(1) && !mask.allows(127) && !mask.allows(130));
         assert_eq!(mask.count(), 44 + 1);
-        let mut row = vec![1.0f32; 130];
+        let mut row = vec![1.0f32; 140];
         mask.apply(&mut row);
         assert_eq!(row[3], 1.0);
         assert_eq!(row[4], f32::NEG_INFINITY);
+        assert_eq!(
+            row[135],
+            f32::NEG_INFINITY,
+            "past the mask nothing is allowed"
+        );
+        let words: Vec<u32> = (0..5).map(|w| mask.words[w]).collect();
+        assert_eq!(TokenMask::from_words(130, &words), mask);
+        // Bits past the length are dropped; missing words allow nothing.
+        assert_eq!(TokenMask::from_words(3, &[u32::MAX]).count(), 3);
+        assert_eq!(TokenMask::from_words(64, &[1]).count(), 1);
     }
 }

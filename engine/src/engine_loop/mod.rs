@@ -7,8 +7,10 @@
 //!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
 //!             draft budget for each decoding sequence that offered one
 //!  batch      speculation drafts every granted sequence's tree (each method's speculator
-//!             runs its batched work first); ONE TreeBatch for every scheduled sequence:
-//!             prefill chunks, plain decodes and draft trees mixed
+//!             runs its batched work first); constrained sequences' trees keep only what
+//!             their format allows, and their masks are computed (constrain.rs); ONE
+//!             TreeBatch for every scheduled sequence: prefill chunks, plain decodes and
+//!             draft trees mixed
 //!  forward    the backend runs it; every speculator sees every computed row
 //!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
 //!             or the accepted path of its tree; no state changes (step_output.rs)
@@ -26,6 +28,7 @@ use std::time::Instant;
 use kvcache::SeqId;
 use scheduler::{ScheduledSeq, Scheduler};
 
+mod constrain;
 mod emit;
 mod record;
 mod step_output;
@@ -206,12 +209,7 @@ impl Engine {
             return;
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
-        // Constrained output does not speculate yet: its draft trees would need a mask per
-        // node.
-        let drafter = constraint
-            .is_none()
-            .then(|| self.spec.drafter_for(request.speculation, &request.prompt))
-            .flatten();
+        let drafter = self.spec.drafter_for(request.speculation, &request.prompt);
         self.records
             .insert(seq, SeqRecord::new(id, 0, &request, drafter, constraint));
         self.requests.insert(
@@ -347,7 +345,16 @@ impl Engine {
 
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.backend.move_kv(copies)?;
-        let trees = self.draft_trees(scheduled)?;
+        let mut trees = self.draft_trees(scheduled)?;
+        let masks = self.constrain(scheduled, &mut trees);
+        // A sequence whose constraint failed has left: the step goes on without it.
+        let (scheduled, trees): (Vec<ScheduledSeq>, Vec<Option<TokenTree>>) = scheduled
+            .iter()
+            .cloned()
+            .zip(trees)
+            .filter(|(s, _)| self.records.contains_key(&s.seq))
+            .unzip();
+        let scheduled = scheduled.as_slice();
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
         let mut prompt_rows = Vec::new();
         for (s, tree) in scheduled.iter().zip(&trees) {
@@ -400,7 +407,6 @@ impl Engine {
             forward_started.elapsed().as_secs_f64(),
             computed,
         );
-        let masks = self.constraint_masks(scheduled);
         let output = self.decide(scheduled, trees, logits, &masks)?;
         let emissions = self.update(scheduled, output)?;
         for (seq, tokens) in emissions {
@@ -411,31 +417,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// The allowed next tokens of every constrained sequence that samples this step. A
-    /// constraint that fails fails its request only.
-    fn constraint_masks(&mut self, scheduled: &[ScheduledSeq]) -> HashMap<SeqId, TokenMask> {
-        let mut masks = HashMap::new();
-        let mut failed = Vec::new();
-        for s in scheduled.iter().filter(|s| s.samples) {
-            let Some(record) = self.records.get_mut(&s.seq) else {
-                continue;
-            };
-            let Some(constraint) = record.constraint.as_mut() else {
-                continue;
-            };
-            match constraint.mask() {
-                Ok(mask) => {
-                    masks.insert(s.seq, mask);
-                }
-                Err(e) => failed.push((record.request, e)),
-            }
-        }
-        for (id, e) in failed {
-            self.fail_request(id, &e.to_string());
-        }
-        masks
     }
 
     /// The draft tree of every scheduled sequence granted a budget, in `scheduled`'s order

@@ -8,8 +8,7 @@
 use kvcache::SeqId;
 use scheduler::{Progress, ScheduledSeq};
 
-use std::collections::HashMap;
-
+use super::constrain::Masks;
 use super::record::SeqRecord;
 use super::{missing, Engine};
 use crate::constraint::TokenMask;
@@ -52,7 +51,7 @@ impl Engine {
         scheduled: &[ScheduledSeq],
         trees: Vec<Option<TokenTree>>,
         logits: Vec<Vec<f32>>,
-        masks: &HashMap<SeqId, TokenMask>,
+        masks: &Masks,
     ) -> Result<StepOutput> {
         let mut rows = logits.into_iter();
         let mut outcomes = Vec::with_capacity(scheduled.len());
@@ -67,12 +66,13 @@ impl Engine {
                     if tree_rows.len() != tree.len() {
                         return Err(missing(s.seq));
                     }
-                    let verified = self.verify_tree(s.seq, &tree, &tree_rows)?;
+                    let verified = self.verify_tree(s.seq, &tree, &tree_rows, masks.get(&s.seq))?;
                     SeqOutcome::Verified { tree, verified }
                 }
                 None => {
                     let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    match self.sample_row(s.seq, &row, masks.get(&s.seq))? {
+                    let mask = masks.get(&s.seq).and_then(|m| m.first());
+                    match self.sample_row(s.seq, &row, mask)? {
                         Some(drawn) => SeqOutcome::Sampled(drawn),
                         None => SeqOutcome::Gone,
                     }
@@ -84,13 +84,20 @@ impl Engine {
     }
 
     /// The model's own choices along `seq_id`'s draft tree.
-    fn verify_tree(&self, seq_id: SeqId, tree: &TokenTree, rows: &[Vec<f32>]) -> Result<Verified> {
+    fn verify_tree(
+        &self,
+        seq_id: SeqId,
+        tree: &TokenTree,
+        rows: &[Vec<f32>],
+        masks: Option<&Vec<TokenMask>>,
+    ) -> Result<Verified> {
         let output = self.seq(seq_id)?.output().to_vec();
         let mut failed = false;
         let verified = verify(tree, |node, produced| {
             let mut so_far = output.clone();
             so_far.extend_from_slice(produced);
-            self.choose(seq_id, 0, &rows[node], &so_far, None)
+            let mask = masks.and_then(|m| m.get(node));
+            self.choose(seq_id, 0, &rows[node], &so_far, mask)
                 .unwrap_or_else(|| {
                     failed = true;
                     Sampled {
@@ -147,7 +154,10 @@ impl Engine {
                 SeqOutcome::Gone => {}
                 SeqOutcome::Verified { tree, verified } => {
                     self.commit_verified(s.seq, &tree, &verified)?;
-                    emissions.push((s.seq, verified.tokens));
+                    // A sequence whose constraint failed has left.
+                    if self.records.contains_key(&s.seq) {
+                        emissions.push((s.seq, verified.tokens));
+                    }
                 }
                 SeqOutcome::Sampled(drawn) => {
                     self.commit_sampled(s.seq, drawn, &mut emissions)?;
@@ -161,6 +171,14 @@ impl Engine {
     /// drafter.
     fn commit_verified(&mut self, seq_id: SeqId, tree: &TokenTree, v: &Verified) -> Result<()> {
         let new: Vec<u32> = v.tokens.iter().map(|s| s.token_id).collect();
+        for &token in &new {
+            if let Err(e) = self.advance_constraint(seq_id, token) {
+                if let Some(id) = self.records.get(&seq_id).map(|r| r.request) {
+                    self.fail_request(id, &e.to_string());
+                }
+                return Ok(());
+            }
+        }
         let progress = Progress::Tree {
             accepted: &v.accepted,
         };

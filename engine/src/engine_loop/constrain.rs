@@ -1,0 +1,118 @@
+//! The constraint stage, before the forward. A constrained sequence's draft tree keeps only
+//! the nodes whose path its format allows (pruned nodes are never fed), and each of its rows
+//! that will be sampled gets the mask of tokens allowed after it: one for a plain decode
+//! row, one per node of a tree, each computed from the path that leads to it. Verification
+//! then chooses every node's token from its masked row, so greedy output with speculation is
+//! the greedy output without it, and sampling keeps the masked distribution.
+
+use std::collections::HashMap;
+
+use kvcache::SeqId;
+use rayon::prelude::*;
+use scheduler::ScheduledSeq;
+
+use super::Engine;
+use crate::constraint::{Constraint, TokenMask};
+use crate::tree::TokenTree;
+use crate::Result;
+
+/// Per constrained sequence, the allowed tokens after each of its sampled rows, in row order.
+pub(super) type Masks = HashMap<SeqId, Vec<TokenMask>>;
+
+impl Engine {
+    /// Prunes constrained sequences' trees (`trees[i]` belongs to `scheduled[i]`) and
+    /// returns their masks. A constraint that fails fails its request only.
+    pub(super) fn constrain(
+        &mut self,
+        scheduled: &[ScheduledSeq],
+        trees: &mut [Option<TokenTree>],
+    ) -> Masks {
+        let started = std::time::Instant::now();
+        let sampling: HashMap<SeqId, usize> = scheduled
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.samples)
+            .map(|(i, s)| (s.seq, i))
+            .collect();
+        let mut slots: Vec<Option<&mut Option<TokenTree>>> = trees.iter_mut().map(Some).collect();
+        let mut jobs = Vec::new();
+        for (&seq, record) in self.records.iter_mut() {
+            let (Some(&at), Some(constraint)) = (sampling.get(&seq), record.constraint.as_mut())
+            else {
+                continue;
+            };
+            if let Some(tree) = slots[at].take() {
+                jobs.push((seq, record.request, constraint, tree));
+            }
+        }
+        if jobs.is_empty() {
+            return HashMap::new();
+        }
+        // Sequences are independent: their masks are computed on every core.
+        let eos = &self.eos_ids;
+        let outcomes: Vec<(SeqId, u64, Result<Vec<TokenMask>>)> = jobs
+            .into_par_iter()
+            .map(|(seq, request, constraint, tree)| {
+                let outcome = match tree {
+                    Some(tree) => prune(constraint.as_mut(), tree, eos).and_then(|pruned| {
+                        let masks = tree_masks(constraint.as_mut(), &pruned)?;
+                        *tree = pruned;
+                        Ok(masks)
+                    }),
+                    None => constraint.mask().map(|mask| vec![mask]),
+                };
+                (seq, request, outcome)
+            })
+            .collect();
+        let mut masks = HashMap::new();
+        for (seq, request, outcome) in outcomes {
+            match outcome {
+                Ok(m) => {
+                    masks.insert(seq, m);
+                }
+                Err(e) => self.fail_request(request, &e.to_string()),
+            }
+        }
+        metrics::histogram!(crate::metrics::CONSTRAINT_DURATION)
+            .record(started.elapsed().as_secs_f64());
+        masks
+    }
+}
+
+/// The drafts under `node`'s path, root excluded.
+fn drafts_to(tree: &TokenTree, node: usize) -> Vec<u32> {
+    tree.path_to(node)[1..]
+        .iter()
+        .map(|&n| tree.tokens()[n])
+        .collect()
+}
+
+/// `tree` without the nodes `constraint` does not allow after their ancestors (and without
+/// end tokens: an output ends by being sampled, never as a draft).
+fn prune(constraint: &mut dyn Constraint, tree: &TokenTree, eos: &[u32]) -> Result<TokenTree> {
+    let mut error = None;
+    let pruned = tree.retain(|node| {
+        if error.is_some() || eos.contains(&tree.tokens()[node]) {
+            return false;
+        }
+        let path = drafts_to(tree, node);
+        match constraint.allowed_prefix(&path) {
+            Ok(n) => n == path.len(),
+            Err(e) => {
+                error = Some(e);
+                false
+            }
+        }
+    });
+    match error {
+        Some(e) => Err(e),
+        None => Ok(pruned),
+    }
+}
+
+/// The allowed tokens after every node of `tree`.
+fn tree_masks(constraint: &mut dyn Constraint, tree: &TokenTree) -> Result<Vec<TokenMask>> {
+    (0..tree.len())
+        .map(|node| constraint.mask_after(&drafts_to(tree, node)))
+        .collect()
+}
