@@ -54,7 +54,7 @@ impl TokenMask {
         for (word, &b) in words.iter_mut().zip(bits) {
             *word = b;
         }
-        if len % 32 != 0 {
+        if !len.is_multiple_of(32) {
             if let Some(last) = words.last_mut() {
                 *last &= (1u32 << (len % 32)) - 1;
             }
