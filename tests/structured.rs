@@ -284,6 +284,34 @@ fn any_object_and_regex_formats_hold() {
 }
 
 #[test]
+fn a_choice_gives_one_of_its_strings() {
+    let handle = start();
+    let choices = vec![
+        "positive".to_string(),
+        "negative (sad)".to_string(),
+        "n/a".to_string(),
+    ];
+    for (question, seed) in [
+        ("I loved this film!", 1),
+        ("The food was cold and bland.", 2),
+    ] {
+        let out = handle
+            .submit(request(
+                chat(&format!("Is this review positive or negative? {question}")),
+                ConstraintSpec::Choice(choices.clone()),
+                sampled(seed),
+                2,
+            ))
+            .unwrap()
+            .wait()
+            .unwrap();
+        for sample in out {
+            assert!(choices.contains(&sample.text), "{:?}", sample.text);
+        }
+    }
+}
+
+#[test]
 fn formats_that_cannot_compile_are_refused_at_submission() {
     let handle = start();
     let bad = [
@@ -293,6 +321,7 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
         ConstraintSpec::JsonSchema(json!({"type": "frobnicate"})),
         ConstraintSpec::Regex("(unclosed".into()),
         ConstraintSpec::Lark("start: undefined_rule".into()),
+        ConstraintSpec::Choice(Vec::new()),
     ];
     for spec in bad {
         match handle.submit(request(

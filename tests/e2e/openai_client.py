@@ -185,6 +185,22 @@ def structured():
         if chunk.choices and chunk.choices[0].delta.content:
             streamed += chunk.choices[0].delta.content
     check(streamed.startswith("{"), f"json_object stream {streamed!r}")
+    # vLLM's `structured_outputs`, on completions.
+    r = client.completions.create(
+        model=MODEL,
+        prompt="Is the sky blue? Answer:",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": [" yes", " no"]}},
+    )
+    check(r.choices[0].text in (" yes", " no"), f"choice gave {r.choices[0].text!r}")
+    try:
+        client.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=4, extra_body={"structured_outputs": {"regex": "(unclosed"}}
+        )
+        check(False, "an invalid regex was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body.get("param") == "structured_outputs", f"bad regex: {e.body}")
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}
     try:
         client.chat.completions.create(

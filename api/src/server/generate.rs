@@ -186,7 +186,16 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     let top = wants_logprobs.then(|| body.top_logprobs.unwrap_or(0));
     let max_tokens = body.max_completion_tokens.or(body.common.max_tokens);
     let mut settings = settings(&body.common, max_tokens, top, limits)?;
-    settings.constraint = constraint;
+    if constraint.is_some() {
+        if settings.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "response_format",
+                "give response_format or structured_outputs, not both",
+            ));
+        }
+        settings.constraint = constraint;
+        settings.constraint_field = "response_format";
+    }
     let messages = body
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
@@ -278,10 +287,15 @@ fn submit_all(
         .collect::<ApiResult<Vec<_>>>()?;
     let mut submitted = Vec::with_capacity(requests.len());
     for (request, echo) in requests {
-        submitted.push(Submitted {
-            stream: engine.submit(request)?,
-            echo,
-        });
+        let stream = engine.submit(request).map_err(|e| {
+            let mut e = ApiError::from(e);
+            // The engine names the format `response_format` whichever field set it.
+            if e.param.as_deref() == Some("response_format") {
+                e.param = Some(settings.constraint_field.to_string());
+            }
+            e
+        })?;
+        submitted.push(Submitted { stream, echo });
     }
     Ok(submitted)
 }

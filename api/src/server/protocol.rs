@@ -100,6 +100,9 @@ pub struct CommonFields {
     pub user: Option<String>,
     /// Speculation for this request.
     pub speculation: Option<SpeculationField>,
+    /// A format the output must follow, in vLLM's shape: one of `json` (a schema),
+    /// `json_object`, `regex`, `choice` or `grammar` (Lark).
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 /// `POST /v1/completions`.

@@ -96,6 +96,13 @@ impl Grammars {
             }
             ConstraintSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
             ConstraintSpec::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
+            ConstraintSpec::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(Error::Metadata("choice needs at least one string".into()));
+                }
+                let alternatives: Vec<String> = choices.iter().map(|c| escape(c)).collect();
+                TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
+            }
         };
         let parser = factory
             .create_parser(grammar)
@@ -114,6 +121,18 @@ impl Grammars {
     pub fn token_bytes(&self, token: u32) -> Result<Vec<u8>> {
         Ok(self.factory()?.tok_env().tok_trie().token(token).to_vec())
     }
+}
+
+/// `text` as a regular expression that matches it literally.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// `schema` with llguidance's JSON layout set to one line, `", "` between items and `": "`

@@ -25,6 +25,8 @@ pub enum ConstraintSpec {
     Regex(String),
     /// Text in the language of this Lark grammar.
     Lark(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
 }
 
 /// The tokens allowed next, one bit per token of the model's vocabulary (bit `t % 32` of
