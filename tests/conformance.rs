@@ -53,7 +53,11 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .args(["-m", "schemathesis.cli", "run", "openai-subset.yaml"])
             .args(["--url", &format!("{}/v1", server.base)])
             .args(["--checks", "not_a_server_error,response_schema_conformance"])
-            .args(["--max-examples", "300", "--workers", "2", "--seed", "1"])
+            // One worker: with two, Hypothesis in one thread raises the interpreter-wide
+            // recursion limit while the other parses a lambda's source, and CPython 3.11 can
+            // abort the run (`SystemError: AST constructor recursion depth mismatch`), a
+            // fault in the fuzzer's process that repeated runs did not always escape.
+            .args(["--max-examples", "300", "--workers", "1", "--seed", "1"])
             // Generations are short, but other tests may be sharing the two cores.
             .args(["--request-timeout", "300"])
             .current_dir(&fuzz_dir)
@@ -64,20 +68,7 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .output()
             .expect("running schemathesis")
     };
-    let mut output = run();
-    // With two workers, Hypothesis in one thread raises the interpreter-wide recursion limit
-    // while the other parses a lambda's source, and CPython 3.11 can abort the run with
-    // `SystemError: AST constructor recursion depth mismatch` (seen under load): a fault in the
-    // fuzzer's process, not a finding about the server. Such a run is repeated, twice at most;
-    // any other failure stands.
-    for _ in 0..2 {
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        if output.status.success() || !stdout.contains("SystemError") {
-            break;
-        }
-        eprintln!("schemathesis aborted on an interpreter SystemError; running it again");
-        output = run();
-    }
+    let output = run();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let tail: String = stdout
