@@ -3,7 +3,8 @@
 //! greedy and sampled, for one sample and for forked samples (`n > 1`); any-object and regex
 //! formats hold; with speculation (draft trees pruned to what the format allows, every node
 //! verified against its own mask) greedy output is token for token the output without it,
-//! for every drafter; a schema, regex or grammar that cannot compile is refused at
+//! for every drafter; tokens the format forces are fed as a tree of their own and all
+//! accepted (jump-forward), even by a drafter whose own drafts never are; a schema, regex or grammar that cannot compile is refused at
 //! submission, naming `response_format`.
 
 use std::sync::Arc;
@@ -240,6 +241,94 @@ fn speculation_under_a_format_changes_no_token() {
         }
     }
     assert!(accepted > 0, "no draft was accepted under a format");
+}
+
+/// A drafter whose drafts are always wrong: token 0, over and over.
+struct Wrong;
+
+impl engine::spec::Drafter for Wrong {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("wrong")
+    }
+    fn prepare(&mut self, _ctx: &engine::spec::DraftContext<'_>) -> usize {
+        8
+    }
+    fn draft(&mut self, ctx: &engine::spec::DraftContext<'_>, budget: usize) -> engine::TokenTree {
+        let mut chain = vec![ctx.tokens[ctx.tokens.len() - 1]];
+        chain.extend(std::iter::repeat_n(0, budget.min(8)));
+        engine::TokenTree::chain(&chain)
+    }
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+struct WrongSpeculator;
+
+impl engine::spec::speculator::Speculator for WrongSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("wrong")
+    }
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn engine::spec::Drafter>> {
+        Some(Box::new(Wrong))
+    }
+}
+
+#[test]
+fn forced_tokens_are_fed_at_once_and_all_accepted() {
+    // Long required keys: after `{"` the format forces every token of a key.
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "the_full_name_of_the_person_described": {"type": "string", "maxLength": 12},
+            "the_age_in_years_of_the_person_described": {"type": "integer", "minimum": 0, "maximum": 99}
+        },
+        "required": [
+            "the_full_name_of_the_person_described",
+            "the_age_in_years_of_the_person_described"
+        ],
+        "additionalProperties": false
+    });
+    let run = |method: SpecMethod| {
+        let handle = start_with(SpeculationConfig {
+            cost: engine::CostCurve::flat(),
+            max_draft_tokens: 16,
+            speculators: vec![engine::spec::speculator::SpeculatorFactory::new(
+                "wrong",
+                |_| Box::new(WrongSpeculator),
+            )],
+            ..SpeculationConfig::default()
+        });
+        let mut r = request(
+            chat("Describe Ada Lovelace."),
+            ConstraintSpec::JsonSchema(schema.clone()),
+            SamplingParams::greedy(),
+            1,
+        );
+        r.speculation = Some(SpecRequest {
+            method,
+            max_draft_tokens: None,
+        });
+        let out = handle.submit(r).unwrap().wait().unwrap().remove(0);
+        let steps = handle.stats().unwrap().scheduler.steps;
+        (out, steps)
+    };
+    let (plain, plain_steps) = run(SpecMethod::None);
+    let (forced, forced_steps) = run(SpecMethod::Named("wrong"));
+    assert_eq!(forced.token_ids, plain.token_ids);
+    assert_eq!(
+        forced.usage.accepted_tokens, 0,
+        "the wrong drafter was accepted"
+    );
+    let tokens = plain.token_ids.len() as u64;
+    // Plain: one step per token (and one for the prompt). The keys alone force more than
+    // 20 tokens, each of which needs no step of its own.
+    assert!(
+        plain_steps >= tokens,
+        "{plain_steps} steps for {tokens} tokens"
+    );
+    assert!(
+        forced_steps + 20 <= plain_steps,
+        "{forced_steps} steps with jump-forward, {plain_steps} without"
+    );
 }
 
 #[test]

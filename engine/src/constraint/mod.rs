@@ -75,6 +75,15 @@ impl TokenMask {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
+    /// The one token allowed, when exactly one is.
+    pub fn single(&self) -> Option<u32> {
+        if self.count() != 1 {
+            return None;
+        }
+        let (index, word) = self.words.iter().enumerate().find(|(_, w)| **w != 0)?;
+        Some((index * 32) as u32 + word.trailing_zeros())
+    }
+
     /// Sets every disallowed logit of `row` to minus infinity.
     pub fn apply(&self, row: &mut [f32]) {
         for (chunk, &word) in row.chunks_mut(32).zip(&self.words) {
@@ -133,5 +142,8 @@ mod tests {
         // Bits past the length are dropped; missing words allow nothing.
         assert_eq!(TokenMask::from_words(3, &[u32::MAX]).count(), 3);
         assert_eq!(TokenMask::from_words(64, &[1]).count(), 1);
+        assert_eq!(TokenMask::from_words(64, &[0, 1 << 5]).single(), Some(37));
+        assert_eq!(mask.single(), None);
+        assert_eq!(TokenMask::from_words(64, &[]).single(), None);
     }
 }

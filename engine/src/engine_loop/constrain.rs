@@ -1,9 +1,12 @@
-//! The constraint stage, before the forward. A constrained sequence's draft tree keeps only
-//! the nodes whose path its format allows (pruned nodes are never fed), and each of its rows
-//! that will be sampled gets the mask of tokens allowed after it: one for a plain decode
-//! row, one per node of a tree, each computed from the path that leads to it. Verification
-//! then chooses every node's token from its masked row, so greedy output with speculation is
-//! the greedy output without it, and sampling keeps the masked distribution.
+//! The constraint stage, before the forward. Where a constrained sequence was granted a draft
+//! tree and its format forces the next tokens (each the only one allowed), the tree becomes
+//! the chain of those tokens (jump-forward: the model's masked choice at each of them can
+//! only be the next, so every one is accepted). Otherwise the tree keeps only the nodes whose
+//! path the format allows (pruned nodes are never fed). Each row that will be sampled gets
+//! the mask of tokens allowed after it: one for a plain decode row, one per node of a tree,
+//! each computed from the path that leads to it. Verification then chooses every node's
+//! token from its masked row, so greedy output with speculation is the greedy output without
+//! it, and sampling keeps the masked distribution.
 
 use std::collections::HashMap;
 
@@ -16,8 +19,16 @@ use crate::constraint::{Constraint, TokenMask};
 use crate::tree::TokenTree;
 use crate::Result;
 
-/// Per constrained sequence, the allowed tokens after each of its sampled rows, in row order.
-pub(super) type Masks = HashMap<SeqId, Vec<TokenMask>>;
+/// One constrained sequence's masks this step.
+pub(super) struct SeqMasks {
+    /// The allowed tokens after each of its sampled rows, in row order.
+    pub(super) rows: Vec<TokenMask>,
+    /// Whether its tree is the format's forced tokens rather than its drafter's.
+    pub(super) forced: bool,
+}
+
+/// Per constrained sequence, its masks.
+pub(super) type Masks = HashMap<SeqId, SeqMasks>;
 
 impl Engine {
     /// Prunes constrained sequences' trees (`trees[i]` belongs to `scheduled[i]`) and
@@ -50,16 +61,15 @@ impl Engine {
         }
         // Sequences are independent: their masks are computed on every core.
         let eos = &self.eos_ids;
-        let outcomes: Vec<(SeqId, u64, Result<Vec<TokenMask>>)> = jobs
+        let outcomes: Vec<(SeqId, u64, Result<SeqMasks>)> = jobs
             .into_par_iter()
             .map(|(seq, request, constraint, tree)| {
                 let outcome = match tree {
-                    Some(tree) => prune(constraint.as_mut(), tree, eos).and_then(|pruned| {
-                        let masks = tree_masks(constraint.as_mut(), &pruned)?;
-                        *tree = pruned;
-                        Ok(masks)
+                    Some(tree) => constrain_tree(constraint.as_mut(), tree, eos),
+                    None => constraint.mask().map(|mask| SeqMasks {
+                        rows: vec![mask],
+                        forced: false,
                     }),
-                    None => constraint.mask().map(|mask| vec![mask]),
                 };
                 (seq, request, outcome)
             })
@@ -77,6 +87,55 @@ impl Engine {
             .record(started.elapsed().as_secs_f64());
         masks
     }
+}
+
+/// Replaces `tree` by the forced tokens where the format forces some, or else prunes it;
+/// returns the masks of its rows.
+fn constrain_tree(
+    constraint: &mut dyn Constraint,
+    tree: &mut TokenTree,
+    eos: &[u32],
+) -> Result<SeqMasks> {
+    let budget = tree.len().saturating_sub(1);
+    let (forced, masks) = forced_chain(constraint, budget, eos)?;
+    if !forced.is_empty() {
+        let mut chain = tree.tokens()[..1].to_vec();
+        chain.extend_from_slice(&forced);
+        *tree = TokenTree::chain(&chain);
+        return Ok(SeqMasks {
+            rows: masks,
+            forced: true,
+        });
+    }
+    let pruned = prune(constraint, tree, eos)?;
+    let rows = tree_masks(constraint, &pruned)?;
+    *tree = pruned;
+    Ok(SeqMasks {
+        rows,
+        forced: false,
+    })
+}
+
+/// The tokens the format forces next (each the only one allowed, never an end token), at
+/// most `budget`, and the masks after each prefix of them (one more mask than tokens).
+fn forced_chain(
+    constraint: &mut dyn Constraint,
+    budget: usize,
+    eos: &[u32],
+) -> Result<(Vec<u32>, Vec<TokenMask>)> {
+    let mut tokens = Vec::new();
+    let mut masks = vec![constraint.mask()?];
+    while tokens.len() < budget {
+        let Some(token) = masks.last().and_then(TokenMask::single) else {
+            break;
+        };
+        if eos.contains(&token) {
+            break;
+        }
+        tokens.push(token);
+        masks.push(constraint.mask_after(&tokens)?);
+    }
+    Ok((tokens, masks))
 }
 
 /// The drafts under `node`'s path, root excluded.

@@ -29,6 +29,8 @@ pub(super) enum SeqOutcome {
         tree: TokenTree,
         /// Its accepted path and the tokens it gives.
         verified: Verified,
+        /// Whether the tree was the format's forced tokens (not its drafter's).
+        forced: bool,
     },
     /// The sequence left the engine before its rows came back.
     Gone,
@@ -66,12 +68,18 @@ impl Engine {
                     if tree_rows.len() != tree.len() {
                         return Err(missing(s.seq));
                     }
-                    let verified = self.verify_tree(s.seq, &tree, &tree_rows, masks.get(&s.seq))?;
-                    SeqOutcome::Verified { tree, verified }
+                    let seq_masks = masks.get(&s.seq);
+                    let verified =
+                        self.verify_tree(s.seq, &tree, &tree_rows, seq_masks.map(|m| &m.rows))?;
+                    SeqOutcome::Verified {
+                        tree,
+                        verified,
+                        forced: seq_masks.is_some_and(|m| m.forced),
+                    }
                 }
                 None => {
                     let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    let mask = masks.get(&s.seq).and_then(|m| m.first());
+                    let mask = masks.get(&s.seq).and_then(|m| m.rows.first());
                     match self.sample_row(s.seq, &row, mask)? {
                         Some(drawn) => SeqOutcome::Sampled(drawn),
                         None => SeqOutcome::Gone,
@@ -152,8 +160,12 @@ impl Engine {
                     self.scheduler.commit(s.seq, Progress::Chain, &[])?;
                 }
                 SeqOutcome::Gone => {}
-                SeqOutcome::Verified { tree, verified } => {
-                    self.commit_verified(s.seq, &tree, &verified)?;
+                SeqOutcome::Verified {
+                    tree,
+                    verified,
+                    forced,
+                } => {
+                    self.commit_verified(s.seq, &tree, &verified, forced)?;
                     // A sequence whose constraint failed has left.
                     if self.records.contains_key(&s.seq) {
                         emissions.push((s.seq, verified.tokens));
@@ -169,7 +181,15 @@ impl Engine {
 
     /// Commits the accepted path of `seq_id`'s tree (moving its KV into place) and tells its
     /// drafter.
-    fn commit_verified(&mut self, seq_id: SeqId, tree: &TokenTree, v: &Verified) -> Result<()> {
+    /// A forced tree (the format's, not the drafter's) does not count in the drafter's
+    /// statistics.
+    fn commit_verified(
+        &mut self,
+        seq_id: SeqId,
+        tree: &TokenTree,
+        v: &Verified,
+        forced: bool,
+    ) -> Result<()> {
         let new: Vec<u32> = v.tokens.iter().map(|s| s.token_id).collect();
         for &token in &new {
             if let Err(e) = self.advance_constraint(seq_id, token) {
@@ -184,7 +204,8 @@ impl Engine {
         };
         let moves = self.scheduler.commit(seq_id, progress, &new)?;
         self.backend.move_kv(&moves)?;
-        self.tell_drafter(seq_id, new.len(), Some((tree, &v.accepted)))
+        let verified = (!forced).then_some((tree, v.accepted.as_slice()));
+        self.tell_drafter(seq_id, new.len(), verified)
     }
 
     /// `seq_id`'s drafter (if it has one) learns that its tokens grew by `appended`, after
