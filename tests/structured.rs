@@ -1,4 +1,4 @@
-//! Constrained decoding on SmolLM2: outputs asked to follow a JSON schema parse and validate
+//! Constrained decoding on SmolLM2: outputs asked to follow one of 30 JSON schemas parse and validate
 //! against it (checked with the `jsonschema` crate, not with the engine's own grammar code),
 //! greedy and sampled, for one sample and for forked samples (`n > 1`); any-object and regex
 //! formats hold; with speculation (draft trees pruned to what the format allows, every node
@@ -76,8 +76,24 @@ fn request(prompt: Vec<u32>, spec: ConstraintSpec, sampling: SamplingParams, n: 
 }
 
 /// Real-world shapes: nested objects, bounded arrays, enums, nullable fields, `$ref`,
-/// patterns and number bounds.
-fn schemas() -> Vec<(&'static str, serde_json::Value)> {
+/// patterns and number bounds; four here, the rest in `tests/data/json_schemas.json`.
+fn schemas() -> Vec<(String, serde_json::Value)> {
+    let mut all: Vec<(String, serde_json::Value)> = four_schemas()
+        .into_iter()
+        .map(|(q, s)| (q.to_string(), s))
+        .collect();
+    let more: Vec<serde_json::Value> =
+        serde_json::from_str(include_str!("data/json_schemas.json")).unwrap();
+    for case in more {
+        all.push((
+            case["question"].as_str().unwrap().to_string(),
+            case["schema"].clone(),
+        ));
+    }
+    all
+}
+
+fn four_schemas() -> Vec<(&'static str, serde_json::Value)> {
     vec![
         (
             "Describe a person called Ada.",
@@ -167,14 +183,15 @@ fn sampled(seed: u64) -> SamplingParams {
 #[test]
 fn outputs_follow_their_json_schema() {
     let handle = start();
+    assert!(schemas().len() >= 30);
     let mut cases = Vec::new();
     for (i, (question, schema)) in schemas().into_iter().enumerate() {
         let spec = ConstraintSpec::JsonSchema(schema.clone());
         for (sampling, n) in [(SamplingParams::greedy(), 1), (sampled(i as u64), 2)] {
             let stream = handle
-                .submit(request(chat(question), spec.clone(), sampling, n))
+                .submit(request(chat(&question), spec.clone(), sampling, n))
                 .unwrap();
-            cases.push((question, schema.clone(), n, stream));
+            cases.push((question.clone(), schema.clone(), n, stream));
         }
     }
     for (question, schema, n, stream) in cases {
@@ -219,12 +236,12 @@ fn speculation_under_a_format_changes_no_token() {
         SpecMethod::Auto,
     ];
     let mut accepted = 0;
-    for (question, schema) in schemas() {
+    for (question, schema) in schemas().into_iter().take(4) {
         let spec = ConstraintSpec::JsonSchema(schema);
         let outputs: Vec<_> = methods
             .iter()
             .map(|&method| {
-                let mut r = request(chat(question), spec.clone(), SamplingParams::greedy(), 1);
+                let mut r = request(chat(&question), spec.clone(), SamplingParams::greedy(), 1);
                 r.speculation = Some(SpecRequest {
                     method,
                     max_draft_tokens: None,
