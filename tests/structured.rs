@@ -1,10 +1,11 @@
 //! Constrained decoding on SmolLM2: outputs asked to follow one of 30 JSON schemas parse
 //! and validate against it (checked with the `jsonschema` crate, not with the engine's own
-//! grammar code), greedy and sampled, for one sample and for forked samples (`n > 1`); any-object and regex
-//! formats hold; with speculation (draft trees pruned to what the format allows, every node
-//! verified against its own mask) greedy output is token for token the output without it,
-//! for every drafter; tokens the format forces are fed as a tree of their own and all
-//! accepted (jump-forward), even by a drafter whose own drafts never are; a schema, regex or grammar that cannot compile is refused at
+//! grammar code), greedy and sampled, for one sample and for forked samples (`n > 1`);
+//! any-object, regex and choice formats hold; with speculation (draft trees pruned to what
+//! the format allows, every node verified against its own mask) greedy output is token for
+//! token the output without it, for every drafter; tokens the format forces are fed as a
+//! tree of their own and all accepted (jump-forward), even by a drafter whose own drafts
+//! never are; a schema, regex, grammar or choice that cannot compile is refused at
 //! submission, naming `response_format`.
 
 use std::sync::Arc;
