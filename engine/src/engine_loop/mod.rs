@@ -298,6 +298,7 @@ impl Engine {
         }
         if let Err(e) = self.run_plan(&plan.scheduled, &plan.kv_copies) {
             // The forward failed: the requests in it fail, everyone else goes on.
+            tracing::warn!("a step failed, failing its requests: {e}");
             let failed: Vec<u64> = plan
                 .scheduled
                 .iter()

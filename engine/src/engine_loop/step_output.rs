@@ -299,7 +299,12 @@ impl Engine {
             let mut constraint = fork_base.as_ref().map(|c| c.fork());
             if let Some(c) = constraint.as_mut() {
                 if !self.eos_ids.contains(&sampled.token_id) {
-                    c.advance(sampled.token_id)?;
+                    if let Err(e) = c.advance(sampled.token_id) {
+                        // The sibling's token was allowed by the same mask; should its
+                        // constraint fail anyway, its request fails, not the step.
+                        self.fail_request(request_id, &e.to_string());
+                        return Ok(());
+                    }
                 }
             }
             let record = SeqRecord::new(request_id, i, &request.request, drafter, constraint);
