@@ -29,6 +29,19 @@ pub fn smollm2_f32() -> &'static LoadedModel {
     })
 }
 
+/// The engine thread on SmolLM2 with `config`.
+pub fn spawn_smollm2(config: engine::EngineConfig) -> engine::handle::EngineHandle {
+    let loaded = smollm2();
+    let (handle, _thread) = engine::spawn(
+        loaded.model.clone(),
+        std::sync::Arc::new(loaded.tokenizer.clone()),
+        loaded.tokenizer.eos_ids().to_vec(),
+        config,
+    )
+    .expect("start the engine on smollm2");
+    handle
+}
+
 /// Path of the SmolLM2 GGUF.
 pub fn smollm2_path() -> std::path::PathBuf {
     match resolve_model("smollm2-135m").expect("resolve smollm2-135m") {

@@ -8,21 +8,13 @@ use std::sync::Arc;
 use engine::testing::write_tiny_tokenizer;
 use engine::tokenizer::ModelTokenizer;
 use engine::{
-    CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SamplingParams, SchedulerConfig,
-    SpecMethod, SpecRequest, SpeculationConfig, StopConditions,
+    CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
+    SpeculationConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const VOCAB: usize = 64;
-
-fn expected(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    let mut tokens = prompt.to_vec();
-    for _ in 0..max_tokens {
-        tokens.push(MockBackend::next_token(&tokens, VOCAB));
-    }
-    tokens[prompt.len()..].to_vec()
-}
 
 #[test]
 fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
@@ -66,23 +58,11 @@ fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
             .map(|_| rng.random_range(0..VOCAB as u32))
             .collect();
         let max_tokens = rng.random_range(1..50);
-        let request = Request {
-            prompt: prompt.clone(),
-            sampling: SamplingParams::greedy(),
-            stop: StopConditions {
-                max_tokens,
-                ..StopConditions::default()
-            },
-            n: 1,
-            speculation: Some(SpecRequest {
-                method: methods[i % methods.len()],
-                max_draft_tokens: None,
-            }),
-            constraint: None,
-        };
+        let method = methods[i % methods.len()];
+        let request = Request::greedy(prompt.clone(), max_tokens, Some(method));
         cases.push((
             handle.submit(request).unwrap(),
-            expected(&prompt, max_tokens),
+            MockBackend::continuation(&prompt, max_tokens, VOCAB),
         ));
     }
     let mut accepted = 0;

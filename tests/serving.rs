@@ -3,8 +3,6 @@
 //! batch mates, stop strings and end tokens behave, n samples, log-probabilities,
 //! cancellation by dropping the stream, and overload.
 
-use std::sync::Arc;
-
 use crate::greedy::{generate_greedy, GreedyOptions};
 use engine::handle::EngineHandle;
 use engine::{
@@ -14,7 +12,7 @@ use engine::{
 use kvcache::ManagerConfig;
 use scheduler::SchedulerConfig;
 
-use crate::common::{smollm2, PROMPTS};
+use crate::common::{smollm2, spawn_smollm2, PROMPTS};
 
 fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
     EngineConfig {
@@ -35,29 +33,11 @@ fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
 }
 
 fn start(config: EngineConfig) -> EngineHandle {
-    let loaded = smollm2();
-    let (handle, _thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(loaded.tokenizer.clone()),
-        loaded.tokenizer.eos_ids().to_vec(),
-        config,
-    )
-    .unwrap();
-    handle
+    spawn_smollm2(config)
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        stop: StopConditions {
-            max_tokens,
-            ..StopConditions::default()
-        },
-        n: 1,
-        speculation: None,
-        constraint: None,
-    }
+    Request::greedy(prompt, max_tokens, None)
 }
 
 /// 32 prompts of varied length: the shared prompts, alone and with varied preambles.

@@ -12,8 +12,7 @@ use engine::handle::EngineHandle;
 use engine::testing::{write_tiny_hf_model, write_tiny_tokenizer, TinyModelSpec};
 use engine::{
     CostCurve, DraftModelSetup, EngineConfig, LoadOptions, LoadedModel, ManagerConfig, Request,
-    SampleOutput, SamplingParams, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig,
-    StopConditions, WeightDType,
+    SampleOutput, SamplingParams, SchedulerConfig, SpecMethod, SpeculationConfig, WeightDType,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -84,20 +83,7 @@ fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
 }
 
 fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
-    Request {
-        prompt: prompt.to_vec(),
-        sampling: SamplingParams::greedy(),
-        stop: StopConditions {
-            max_tokens,
-            ..StopConditions::default()
-        },
-        n: 1,
-        speculation: Some(SpecRequest {
-            method,
-            max_draft_tokens: None,
-        }),
-        constraint: None,
-    }
+    Request::greedy(prompt.to_vec(), max_tokens, Some(method))
 }
 
 /// Submits every request at once and waits for all.

@@ -15,8 +15,8 @@ use engine::spec::{DraftContext, Drafter};
 use engine::testing::write_tiny_tokenizer;
 use engine::tokenizer::ModelTokenizer;
 use engine::{
-    CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SamplingParams, SchedulerConfig,
-    SpecMethod, SpecRequest, SpeculationConfig, StopConditions, TokenTree,
+    CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
+    SpeculationConfig, TokenTree,
 };
 use kvcache::SeqId;
 
@@ -163,28 +163,7 @@ fn tokenizer(dir: &std::path::Path) -> Arc<ModelTokenizer> {
 }
 
 fn request(prompt: Vec<u32>, method: SpecMethod, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        stop: StopConditions {
-            max_tokens,
-            ..StopConditions::default()
-        },
-        n: 1,
-        speculation: Some(SpecRequest {
-            method,
-            max_draft_tokens: None,
-        }),
-        constraint: None,
-    }
-}
-
-fn expected(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    let mut tokens = prompt.to_vec();
-    for _ in 0..max_tokens {
-        tokens.push(MockBackend::next_token(&tokens, VOCAB));
-    }
-    tokens[prompt.len()..].to_vec()
+    Request::greedy(prompt, max_tokens, Some(method))
 }
 
 #[test]
@@ -216,7 +195,7 @@ fn a_drafter_defined_outside_the_engine_drafts_inside_it() {
         let out = stream.wait().unwrap().remove(0);
         assert_eq!(
             out.token_ids,
-            expected(prompt, *max),
+            MockBackend::continuation(prompt, *max, VOCAB),
             "{method:?} {prompt:?}"
         );
         let usage = out.usage;

@@ -8,8 +8,6 @@
 //! never are; a schema, regex, grammar or choice that cannot compile is refused at
 //! submission, naming `response_format`.
 
-use std::sync::Arc;
-
 use engine::constraint::ConstraintSpec;
 use engine::handle::EngineHandle;
 use engine::{
@@ -20,14 +18,13 @@ use kvcache::ManagerConfig;
 use scheduler::SchedulerConfig;
 use serde_json::json;
 
-use crate::common::smollm2;
+use crate::common::{smollm2, spawn_smollm2};
 
 fn start() -> EngineHandle {
     start_with(SpeculationConfig::default())
 }
 
 fn start_with(speculation: SpeculationConfig) -> EngineHandle {
-    let loaded = smollm2();
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_batched_tokens: 512,
@@ -43,14 +40,7 @@ fn start_with(speculation: SpeculationConfig) -> EngineHandle {
         max_pending: 64,
         speculation,
     };
-    let (handle, _thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(loaded.tokenizer.clone()),
-        loaded.tokenizer.eos_ids().to_vec(),
-        config,
-    )
-    .unwrap();
-    handle
+    spawn_smollm2(config)
 }
 
 fn chat(question: &str) -> Vec<u32> {

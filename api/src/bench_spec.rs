@@ -17,9 +17,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use engine::{
-    Event, LoadedModel, Request, SamplingParams, SpecMethod, SpecRequest, StopConditions,
-};
+use engine::{Event, LoadedModel, Request, SpecMethod};
 use serde::Serialize;
 
 use crate::bench_spec_charts as charts;
@@ -153,22 +151,10 @@ impl MethodEngine {
             loaded.tokenizer.eos_ids().to_vec(),
             config,
         )?;
-        let warm = Request {
-            prompt: loaded
-                .tokenizer
-                .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?,
-            sampling: SamplingParams::greedy(),
-            stop: StopConditions {
-                max_tokens: 8,
-                ..StopConditions::default()
-            },
-            n: 1,
-            speculation: Some(SpecRequest {
-                method,
-                max_draft_tokens: None,
-            }),
-            constraint: None,
-        };
+        let prompt = loaded
+            .tokenizer
+            .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?;
+        let warm = Request::greedy(prompt, 8, Some(method));
         handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
         Ok(Self {
             method,
@@ -196,20 +182,7 @@ impl MethodEngine {
 
     fn one(&self, q: &Question, max_tokens: usize) -> anyhow::Result<Measurement> {
         let method = self.method;
-        let request = Request {
-            prompt: q.prompt.clone(),
-            sampling: SamplingParams::greedy(),
-            stop: StopConditions {
-                max_tokens,
-                ..StopConditions::default()
-            },
-            n: 1,
-            speculation: Some(SpecRequest {
-                method,
-                max_draft_tokens: None,
-            }),
-            constraint: None,
-        };
+        let request = Request::greedy(q.prompt.clone(), max_tokens, Some(method));
         let started = Instant::now();
         let stream = self.handle.submit(request)?;
         let (mut first, mut tokens, mut usage) = (None, 0, None);

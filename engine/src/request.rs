@@ -169,6 +169,25 @@ fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
 }
 
 impl Request {
+    /// One greedy sample of at most `max_tokens` tokens after `prompt`, speculating as
+    /// `method` asks (the engine's default when `None`), no format.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize, method: Option<SpecMethod>) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            stop: StopConditions {
+                max_tokens,
+                ..StopConditions::default()
+            },
+            n: 1,
+            speculation: method.map(|method| SpecRequest {
+                method,
+                max_draft_tokens: None,
+            }),
+            constraint: None,
+        }
+    }
+
     /// Checks every field against `limits`; the first problem is returned.
     pub fn validate(&self, limits: &RequestLimits) -> Result<(), InvalidRequest> {
         if self.prompt.is_empty() {

@@ -116,8 +116,9 @@ pub(crate) struct Speculation {
     stats: HashMap<SpecMethod, AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
-    /// Per speculator: measured seconds its batched prepare takes per sequence it drafts
-    /// for (moving average); charged to its offers as a fixed cost.
+    /// Per speculator that prepares (`Speculator::prepares`): measured seconds its batched
+    /// prepare takes per sequence it drafts for (moving average); charged to its offers as
+    /// a fixed cost.
     prepare_seconds: Vec<Option<f64>>,
 }
 
@@ -305,8 +306,12 @@ impl Speculation {
                     speculator.method().as_str()
                 );
             }
-            let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
-            smooth(&mut self.prepare_seconds[index], per_seq);
+            // Only work of its own is charged: a lookup's few nanoseconds would give every
+            // offer a fixed cost and make the planner weigh every plan twice.
+            if speculator.prepares() {
+                let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
+                smooth(&mut self.prepare_seconds[index], per_seq);
+            }
         }
         granted
             .iter_mut()

@@ -26,6 +26,15 @@ impl MockBackend {
         }
     }
 
+    /// The mock model's greedy continuation of `prompt`: its next `len` tokens.
+    pub fn continuation(prompt: &[u32], len: usize, vocab: usize) -> Vec<u32> {
+        let mut tokens = prompt.to_vec();
+        for _ in 0..len {
+            tokens.push(Self::next_token(&tokens, vocab));
+        }
+        tokens.split_off(prompt.len())
+    }
+
     /// The mock model's greedy next token after `tokens` (a hash of the last three).
     pub fn next_token(tokens: &[u32], vocab: usize) -> u32 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;

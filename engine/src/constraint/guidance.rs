@@ -116,11 +116,6 @@ impl Grammars {
             vocab: self.vocab,
         }))
     }
-
-    /// The model's bytes for `token` as the token trie holds them (for tests and reports).
-    pub fn token_bytes(&self, token: u32) -> Result<Vec<u8>> {
-        Ok(self.factory()?.tok_env().tok_trie().token(token).to_vec())
-    }
 }
 
 /// `text` as a regular expression that matches it literally.

@@ -234,6 +234,10 @@ impl Speculator for DraftModelSpeculator {
         Some(Box::new(DraftModelDrafter::new(self.runner.max_nodes())))
     }
 
+    fn prepares(&self) -> bool {
+        true
+    }
+
     fn prepare(&mut self, granted: &[Granted<'_>]) -> Result<()> {
         let items: Vec<(SeqId, &[u32], usize)> = granted
             .iter()

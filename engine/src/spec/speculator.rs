@@ -35,6 +35,12 @@ pub trait Speculator: Send {
     /// `None` when the method cannot draft for it.
     fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>>;
 
+    /// Whether [`Speculator::prepare`] does work of its own (a model's forwards): the
+    /// engine then times it and charges it to this method's offers as a fixed cost.
+    fn prepares(&self) -> bool {
+        false
+    }
+
     /// Batched work for every sequence of this method granted a budget this step, before
     /// any of them drafts. An error costs only this step's drafts: the engine logs it and
     /// the sequences decode without them.
