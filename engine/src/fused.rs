@@ -66,7 +66,6 @@ fn project(
     rows: usize,
     outputs: &mut [(&Projection, &mut Vec<f32>)],
     acts: &mut Activations,
-    scratch: &mut Vec<f32>,
 ) -> Result<()> {
     let mut held: Option<&Projection> = None;
     for (projection, out) in outputs.iter_mut() {
@@ -76,7 +75,7 @@ fn project(
                     weight.quantize(x, acts);
                     held = Some(projection);
                 }
-                weight.matmul_quantized(acts, out, scratch)?;
+                weight.matmul_quantized(acts, out)?;
                 if let Some(bias) = bias {
                     for row in out.chunks_exact_mut(bias.len()) {
                         for (y, b) in row.iter_mut().zip(bias) {
@@ -171,7 +170,6 @@ struct Workspace {
     up: Vec<f32>,
     out: Vec<f32>,
     rows: Activations,
-    scratch: Vec<f32>,
 }
 
 thread_local! {
@@ -282,7 +280,6 @@ impl FusedWeights {
                     (&layer.v, &mut w.v),
                 ],
                 &mut w.rows,
-                &mut w.scratch,
             )?;
             clock.lap(|p| &mut p.matmul);
             self.rotate(
@@ -300,13 +297,7 @@ impl FusedWeights {
             kv.write(index, &batch.slots, &w.k, &w.v)?;
             let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
             clock.lap(|p| &mut p.attention);
-            project(
-                &attn,
-                rows,
-                &mut [(&layer.o, &mut w.out)],
-                &mut w.rows,
-                &mut w.scratch,
-            )?;
+            project(&attn, rows, &mut [(&layer.o, &mut w.out)], &mut w.rows)?;
             clock.lap(|p| &mut p.matmul);
             add_into(&w.out, &mut w.x);
             rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
@@ -316,18 +307,11 @@ impl FusedWeights {
                 rows,
                 &mut [(&layer.gate, &mut w.gate), (&layer.up, &mut w.up)],
                 &mut w.rows,
-                &mut w.scratch,
             )?;
             clock.lap(|p| &mut p.matmul);
             swiglu(&mut w.gate, &w.up);
             clock.lap(|p| &mut p.other);
-            project(
-                &w.gate,
-                rows,
-                &mut [(&layer.down, &mut w.out)],
-                &mut w.rows,
-                &mut w.scratch,
-            )?;
+            project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
             clock.lap(|p| &mut p.matmul);
             add_into(&w.out, &mut w.x);
             clock.lap(|p| &mut p.other);
@@ -353,7 +337,6 @@ impl FusedWeights {
             wanted.len(),
             &mut [(&self.lm_head, &mut logits)],
             &mut w.rows,
-            &mut w.scratch,
         )?;
         let logits = Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?;
         clock.lap(|p| &mut p.head);

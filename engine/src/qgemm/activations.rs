@@ -76,14 +76,42 @@ const PARALLEL_ROWS: usize = 4;
 fn quantize_row(format: QuantFormat, x: &[f32], q: &mut [i8], d: &mut [f32], sums: &mut [f32]) {
     match format.shape() {
         Shape::Block32 => {
-            for (b, (xs, qs)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-                let (scale, sum) = quantize_q8_0(xs, qs);
-                d[b] = scale;
-                sums[b] = if format.q8_1_sums() {
+            let block_sum = |scale: f32, sum: i32| {
+                if format.q8_1_sums() {
                     round_to_f16(round_to_f16(sum as f32) * scale)
                 } else {
                     scale * sum as f32
-                };
+                }
+            };
+            #[cfg(target_arch = "x86_64")]
+            if super::process_isa().has_avx512() {
+                const CHUNK: usize = 64;
+                let (mut scales, mut ints) = ([0f32; CHUNK], [0i32; CHUNK]);
+                for (c, (xs, qs)) in x
+                    .chunks(32 * CHUNK)
+                    .zip(q.chunks_mut(32 * CHUNK))
+                    .enumerate()
+                {
+                    // SAFETY: AVX-512 F/BW/DQ come with every CPU `has_avx512` is detected
+                    // on; `qs` is as long as `xs`, a multiple of 32 values, and the buffers
+                    // hold `CHUNK` blocks.
+                    unsafe {
+                        super::quantize_x86::quantize_blocks32(xs, qs, &mut scales, &mut ints)
+                    };
+                    for (b, (&scale, &sum)) in
+                        scales.iter().zip(&ints).take(xs.len() / 32).enumerate()
+                    {
+                        let scale = round_to_f16(scale);
+                        d[c * CHUNK + b] = scale;
+                        sums[c * CHUNK + b] = block_sum(scale, sum);
+                    }
+                }
+                return;
+            }
+            for (b, (xs, qs)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
+                let (scale, sum) = quantize_q8_0(xs, qs);
+                d[b] = scale;
+                sums[b] = block_sum(scale, sum);
             }
         }
         Shape::Super256 => {
@@ -123,8 +151,10 @@ fn quantize_q8_0(xs: &[f32], qs: &mut [i8]) -> (f32, i32) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        // |x * id| <= 127, so the value fits; through i32 the conversion vectorises.
-        *q = round_half_away(x * id) as i32 as i8;
+        // |x * id| <= 127 for finite rows (the clamp only decides the degenerate cases: a
+        // block of values so small that `1 / d` overflows, or NaN, which becomes 0); through
+        // i32 the conversion vectorises.
+        *q = round_half_away(x * id).clamp(-128.0, 127.0) as i32 as i8;
         sum += *q as i32;
     }
     (round_to_f16(d), sum)
@@ -188,8 +218,69 @@ fn round_half_away(v: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{round_half_away, round_to_f16};
+    use super::{quantize_q8_0, round_half_away, round_to_f16};
     use half::f16;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_quantization_gives_the_portable_bits() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512dq"))
+        {
+            eprintln!("skipped: this CPU has no AVX-512 F/BW/DQ");
+            return;
+        }
+        let mut s = 7u32;
+        let mut next = || {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        // Random rows at many magnitudes, halves that round away, exact zeros, values too
+        // small for `1 / d`, infinities and NaN.
+        let mut blocks: Vec<Vec<f32>> = (0..4000)
+            .map(|i| {
+                let scale = 10f32.powi(i % 12 - 6);
+                (0..32).map(|_| next() * scale).collect()
+            })
+            .collect();
+        blocks.push((0..32).map(|i| (i as f32 - 15.5) * 127.0 / 16.0).collect());
+        blocks.push((0..32).map(|i| i as f32 * 0.5 - 8.0).collect());
+        blocks.push(vec![0.0; 32]);
+        blocks.push(
+            (0..32)
+                .map(|i| f32::from_bits(i + 1) * if i % 2 == 0 { 1.0 } else { -1.0 })
+                .collect(),
+        );
+        blocks.push(
+            (0..32)
+                .map(|i| if i == 3 { f32::NAN } else { i as f32 })
+                .collect(),
+        );
+        blocks.push(
+            (0..32)
+                .map(|i| if i == 9 { f32::INFINITY } else { -(i as f32) })
+                .collect(),
+        );
+        let x: Vec<f32> = blocks.concat();
+        let n = blocks.len();
+        let (mut q, mut scales, mut sums) = (vec![0i8; x.len()], vec![0f32; n], vec![0i32; n]);
+        // SAFETY: the features were detected above; the buffers have the sizes asked for.
+        unsafe {
+            super::super::quantize_x86::quantize_blocks32(&x, &mut q, &mut scales, &mut sums)
+        };
+        for (b, xs) in x.chunks(32).enumerate() {
+            let mut want = [0i8; 32];
+            let (scale, sum) = quantize_q8_0(xs, &mut want);
+            assert_eq!(&q[32 * b..32 * b + 32], &want, "block {b}: values");
+            assert_eq!(
+                round_to_f16(scales[b]).to_bits(),
+                scale.to_bits(),
+                "block {b}: scale"
+            );
+            assert_eq!(sums[b], sum, "block {b}: sum");
+        }
+    }
 
     #[test]
     fn f16_rounding_matches_half() {

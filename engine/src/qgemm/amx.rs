@@ -124,23 +124,28 @@ unsafe fn configure(rows: usize) {
 #[repr(C, align(64))]
 struct Aligned<T>(T);
 
-/// `out[c * m + r]` for one tile of 16 weight rows (`tiles16` layout) against every row of
-/// `rows`, bit-identical to `avx512_block32::tile`.
+/// One tile of 16 weight rows (`tiles16` layout) against every row `r` of `rows`, each row's
+/// 16 results given to `store(r, values)`, bit-identical to `avx512_block32::tile`.
 ///
 /// # Safety
 /// `available()` must be true (which implies the AVX-512 features the epilogue uses). `tile`
-/// must hold the tile's blocks for `rows.k` values, and `out` `COLUMNS * m` values.
+/// must hold the tile's blocks for `rows.k` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile(format: QuantFormat, tile: &[u8], rows: &QuantizedRows, out: &mut [f32]) {
+pub unsafe fn tile(
+    format: QuantFormat,
+    tile: &[u8],
+    rows: &QuantizedRows,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
     let k = rows.k;
     let m = rows.q.len() / k;
     let layout = tiles16::tile_block(format);
-    assert!(tile.len() >= k / 32 * layout.bytes && out.len() >= COLUMNS * m);
+    assert!(tile.len() >= k / 32 * layout.bytes);
     let mut first = 0;
     while first < m {
         let n = (m - first).min(ROWS);
         configure(n);
-        group(format, tile.as_ptr(), rows, first, n, out);
+        group(format, tile.as_ptr(), rows, first, n, store);
         first += n;
     }
 }
@@ -211,10 +216,9 @@ unsafe fn group(
     rows: &QuantizedRows,
     first: usize,
     n: usize,
-    out: &mut [f32],
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
 ) {
     let k = rows.k;
-    let m = rows.q.len() / k;
     let blocks = k / 32;
     let layout = tiles16::tile_block(format);
     let mut acc = [_mm512_setzero_ps(); ROWS];
@@ -259,8 +263,6 @@ unsafe fn group(
     for r in 0..n {
         let mut lanes = [0f32; COLUMNS];
         _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[r], off[r]));
-        for (c, v) in lanes.iter().enumerate() {
-            out[c * m + first + r] = *v;
-        }
+        store(first + r, &lanes);
     }
 }

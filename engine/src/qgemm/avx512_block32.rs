@@ -19,18 +19,23 @@ pub const COLUMNS: usize = tiles16::ROWS;
 /// Activation rows sharing one decoded block.
 const ROW_GROUP: usize = 4;
 
-/// `out[c * m + r]` for one tile of 16 weight rows, given as its `k / 32` tile blocks
-/// (`tiles16` layout), against every row of `rows`.
+/// One tile of 16 weight rows, given as its `k / 32` tile blocks (`tiles16` layout), against
+/// every row `r` of `rows`: `store(r, values)` receives the row's 16 results.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL/DQ, VNNI, AVX2, FMA and F16C. `tile` must hold the tile's
-/// blocks for `rows.k` values, and `out` `COLUMNS * m` values.
+/// blocks for `rows.k` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile(format: QuantFormat, tile: &[u8], rows: &QuantizedRows, out: &mut [f32]) {
+pub unsafe fn tile(
+    format: QuantFormat,
+    tile: &[u8],
+    rows: &QuantizedRows,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
     let k = rows.k;
     let m = rows.q.len() / k;
     let layout = tiles16::tile_block(format);
-    assert!(tile.len() >= k / 32 * layout.bytes && out.len() >= COLUMNS * m);
+    assert!(tile.len() >= k / 32 * layout.bytes);
     let mut group = 0;
     while group < m {
         let n = (m - group).min(ROW_GROUP);
@@ -41,9 +46,7 @@ pub unsafe fn tile(format: QuantFormat, tile: &[u8], rows: &QuantizedRows, out: 
             _ => pad(group_of::<1>(format, tile.as_ptr(), rows, group)),
         };
         for (i, result) in results.iter().take(n).enumerate() {
-            for (c, v) in result.iter().enumerate() {
-                out[c * m + group + i] = *v;
-            }
+            store(group + i, result);
         }
         group += n;
     }

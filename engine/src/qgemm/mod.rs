@@ -20,6 +20,8 @@ mod amx;
 mod avx512_block32;
 pub mod formats;
 pub mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod quantize_x86;
 mod tiles16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -84,6 +86,27 @@ struct Scratch {
     scale: Vec<f32>,
     offset: Vec<f32>,
     sub_pairs: Vec<i16>,
+}
+
+/// The result rows every task of one product writes its own tiles' columns of.
+#[derive(Clone, Copy)]
+struct SharedRows(*mut f32);
+
+// SAFETY: the tasks of one product write disjoint runs of the rows (see `product`), and the
+// rows outlive every task (they are borrowed for the whole parallel loop).
+unsafe impl Send for SharedRows {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SharedRows {}
+
+impl SharedRows {
+    /// The `len` values from `at`.
+    ///
+    /// # Safety
+    /// They must lie inside the rows, and no other live reference may reach them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(at), len)
+    }
 }
 
 thread_local! {
@@ -212,7 +235,7 @@ impl QuantMatrix {
         }
         let rows = QuantizedRows::quantize(self.format, x, self.k);
         let mut out = vec![0f32; m * self.n];
-        self.product(isa, &rows, &mut out, &mut Vec::new());
+        self.product(isa, &rows, &mut out);
         Ok(out)
     }
 
@@ -231,14 +254,8 @@ impl QuantMatrix {
     }
 
     /// `out = x W^T` (`[m][n]`) for activations quantized by `quantize` of a matrix with the
-    /// same activations; `scratch` holds the column-major result between the tiles and the
-    /// transpose. Allocates nothing once the buffers have grown.
-    pub(crate) fn matmul_quantized(
-        &self,
-        rows: &Activations,
-        out: &mut Vec<f32>,
-        scratch: &mut Vec<f32>,
-    ) -> Result<()> {
+    /// same activations. Allocates nothing once `out` has grown.
+    pub(crate) fn matmul_quantized(&self, rows: &Activations, out: &mut Vec<f32>) -> Result<()> {
         let fits = rows.1.is_some_and(|f| {
             f.shape() == self.format.shape() && f.q8_1_sums() == self.format.q8_1_sums()
         });
@@ -252,47 +269,40 @@ impl QuantMatrix {
         out.clear();
         out.resize(m * self.n, 0.0);
         if m > 0 {
-            self.product(process_isa(), &rows.0, out, scratch);
+            self.product(process_isa(), &rows.0, out);
         }
         Ok(())
     }
 
-    /// The product of quantized rows into `out` (`[m][n]`), `out_t` a reusable buffer.
-    fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32], out_t: &mut Vec<f32>) {
+    /// The product of quantized rows into `out` (`[m][n]`): tasks of whole tiles, each
+    /// writing its tiles' columns of every row in place.
+    fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
         let m = rows.q.len() / self.k;
-        let tiles = self.n.div_ceil(TILE);
-        // Column-major result, one contiguous `[TILE][m]` run per tile.
-        out_t.clear();
-        out_t.resize(tiles * TILE * m, 0.0);
+        let n = self.n;
+        assert!(out.len() >= m * n);
+        let tiles = n.div_ceil(TILE);
         let tasks = tiles.min(rayon::current_num_threads() * 8).max(1);
         let tiles_per_task = tiles.div_ceil(tasks);
-        out_t
-            .par_chunks_mut(tiles_per_task * TILE * m)
-            .enumerate()
-            .for_each(|(task, chunk)| {
-                SCRATCH.with(|scratch| {
-                    let mut scratch = scratch.borrow_mut();
-                    let first = task * tiles_per_task;
-                    for (t, out) in chunk.chunks_mut(TILE * m).enumerate() {
-                        self.tile(isa, first + t, rows, &mut scratch, out);
-                    }
-                })
-            });
-        if m == 1 {
-            out.copy_from_slice(&out_t[..self.n]);
-            return;
-        }
-        // Transposed in blocks of 64 columns, so each block's reads stay in L1 while its rows
-        // are written out contiguously.
-        for start in (0..self.n).step_by(64) {
-            let end = (start + 64).min(self.n);
-            for r in 0..m {
-                let dst = &mut out[r * self.n + start..r * self.n + end];
-                for (c, v) in dst.iter_mut().enumerate() {
-                    *v = out_t[(start + c) * m + r];
+        let result = SharedRows(out.as_mut_ptr());
+        (0..tasks).into_par_iter().for_each(|task| {
+            SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                let end = ((task + 1) * tiles_per_task).min(tiles);
+                for t in task * tiles_per_task..end {
+                    let columns = n.saturating_sub(t * TILE).min(TILE);
+                    let mut store = |r: usize, values: &[f32; TILE]| {
+                        debug_assert!(r < m);
+                        // SAFETY: `r < m` and `t * TILE + columns <= n`, so the run lies inside
+                        // `out` (`m * n` values, checked above); each tile belongs to one
+                        // task, so no two threads write the same values, and nothing reads
+                        // `out` until every task is done.
+                        unsafe { result.run(r * n + t * TILE, columns) }
+                            .copy_from_slice(&values[..columns]);
+                    };
+                    self.tile(isa, t, rows, &mut scratch, &mut store);
                 }
-            }
-        }
+            })
+        });
     }
 
     /// Decodes tile `t`'s weight rows (zeros past the last) and computes `out[c][r]` for every
@@ -303,7 +313,7 @@ impl QuantMatrix {
         t: usize,
         rows: &QuantizedRows,
         scratch: &mut Scratch,
-        out: &mut [f32],
+        store: &mut impl FnMut(usize, &[f32; TILE]),
     ) {
         let k = self.k;
         let m = rows.q.len() / k;
@@ -326,9 +336,9 @@ impl QuantMatrix {
             // `out` a whole tile of results.
             unsafe {
                 if isa == Isa::Amx && m >= 2 {
-                    amx::tile(self.format, tile, rows, out)
+                    amx::tile(self.format, tile, rows, store)
                 } else {
-                    avx512_block32::tile(self.format, tile, rows, out)
+                    avx512_block32::tile(self.format, tile, rows, store)
                 }
             };
             return;
@@ -403,9 +413,10 @@ impl QuantMatrix {
                 dots.copy_from_slice(&part);
             }
             let sums = &rows.sums[r * groups..(r + 1) * groups];
-            for (c, dot) in dots.iter().enumerate() {
-                out[c * m + r] = dot + reduce::dot(&offset[c * groups..(c + 1) * groups], sums);
+            for (c, dot) in dots.iter_mut().enumerate() {
+                *dot += reduce::dot(&offset[c * groups..(c + 1) * groups], sums);
             }
+            store(r, &dots);
         }
     }
 }
