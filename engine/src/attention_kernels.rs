@@ -89,7 +89,40 @@ pub fn key_scores(
     #[cfg(target_arch = "x86_64")]
     if avx512() && matches!(hd, 64 | 128) {
         let ch = hd / 16;
+        // Whole runs of sixteen keys in blocks of four, two or one queries; the rest below.
+        let done = len / 16 * 16;
+        let mut g = 0;
+        while g < queries.len() {
+            let q = match queries.len() - g {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            let qs = &queries[g..g + q];
+            for j in (0..done).step_by(16 / q) {
+                let at = &keys.at[j..j + 16 / q];
+                let out = &mut scores[g * stride + j..];
+                // SAFETY: as below; `out` holds `(q - 1) * stride + 16 / q` scores, since
+                // `j + 16 / q <= len <= stride`.
+                unsafe {
+                    match (ch, q) {
+                        (4, 1) => x86::score_block::<4, 1>(qs, k, at, scale, out, stride),
+                        (4, 2) => x86::score_block::<4, 2>(qs, k, at, scale, out, stride),
+                        (4, _) => x86::score_block::<4, 4>(qs, k, at, scale, out, stride),
+                        (_, 1) => x86::score_block::<8, 1>(qs, k, at, scale, out, stride),
+                        (_, 2) => x86::score_block::<8, 2>(qs, k, at, scale, out, stride),
+                        (_, _) => x86::score_block::<8, 4>(qs, k, at, scale, out, stride),
+                    }
+                }
+            }
+            g += q;
+        }
         let at_once = queries_at_once(ch);
+        let keys = Rows {
+            at: &keys.at[done..],
+            ..keys
+        };
+        let scores = &mut scores[done..];
         for (c, qs) in queries.chunks(at_once).enumerate() {
             let scores = &mut scores[c * at_once * stride..];
             // SAFETY: AVX-512F and FMA were detected; the lengths are checked above, and every
@@ -223,6 +256,87 @@ mod x86 {
         );
         let u = _mm_hadd_ps(t, t);
         _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }
+
+    /// `combine16` of sixteen sums at once, with the same additions: lanes `l` and `l + 8`,
+    /// then `l` and `l + 4`, then neighbours, then the two halves of each four. Lane `p` of the
+    /// result is the sum of `acc[4 * (p % 4) + p / 4]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn combine16x16(acc: &[__m512; 16]) -> __m512 {
+        let halves: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (acc[2 * i], acc[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xee>(a, b),
+            )
+        });
+        let quarters: [__m512; 4] = std::array::from_fn(|i| {
+            let (a, b) = (halves[2 * i], halves[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xdd>(a, b),
+            )
+        });
+        let pairs: [__m512; 2] = std::array::from_fn(|i| {
+            let (a, b) = (quarters[2 * i], quarters[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x88>(a, b),
+                _mm512_shuffle_ps::<0xdd>(a, b),
+            )
+        });
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(pairs[0], pairs[1]),
+            _mm512_shuffle_ps::<0xdd>(pairs[0], pairs[1]),
+        )
+    }
+
+    /// The scores of `Q` queries of `16 * CH` values against `16 / Q` keys: each (query, key)
+    /// sum in its own register, every chunk of a key loaded once for all `Q` queries, then
+    /// one transposed `combine16x16` instead of sixteen horizontal ones. Query `g`'s scores
+    /// go to `scores[g * stride..][..16 / Q]`, in key order.
+    ///
+    /// # Safety
+    /// As `key_scores`, with `Q` queries, `16 / Q` keys, and `scores` holding
+    /// `(Q - 1) * stride + 16 / Q` values.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn score_block<const CH: usize, const Q: usize>(
+        queries: &[&[f32]],
+        k: &[f32],
+        keys: &[usize],
+        scale: f32,
+        scores: &mut [f32],
+        stride: usize,
+    ) {
+        let per = 16 / Q;
+        debug_assert!(queries.len() == Q && keys.len() == per);
+        let q: [*const f32; Q] = std::array::from_fn(|g| queries[g].as_ptr());
+        let rows: [*const f32; 16] =
+            std::array::from_fn(|j| k.as_ptr().add(*keys.get_unchecked(j % per)));
+        let rows = &rows[..per];
+        // Register `i` holds lane `p = 4 * (i % 4) + i / 4` of the result: query `p / per`
+        // against key `p % per`.
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for c in 0..CH {
+            for (j, row) in rows.iter().enumerate() {
+                let key = _mm512_loadu_ps(row.add(16 * c));
+                for (g, q) in q.iter().enumerate() {
+                    let p = g * per + j;
+                    let i = 4 * (p % 4) + p / 4;
+                    acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(16 * c)), key, acc[i]);
+                }
+            }
+        }
+        let mut out = [0f32; 16];
+        _mm512_storeu_ps(
+            out.as_mut_ptr(),
+            _mm512_mul_ps(combine16x16(&acc), _mm512_set1_ps(scale)),
+        );
+        for (g, run) in out.chunks_exact(per).enumerate() {
+            scores
+                .get_unchecked_mut(g * stride..g * stride + per)
+                .copy_from_slice(run);
+        }
     }
 
     /// `super::key_scores` for `NQ` queries of `16 * CH` values: two keys at a time, each
