@@ -93,11 +93,25 @@ fn comparable(body: &Value) -> Value {
         object.remove("id");
         object.remove("created");
     }
+    for choice in body["choices"].as_array_mut().into_iter().flatten() {
+        for call in choice["message"]["tool_calls"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            call.as_object_mut().map(|c| c.remove("id"));
+        }
+    }
     body
 }
 
-/// The 200 requests: both endpoints, both line forms, greedy and seeded sampling, n = 2 and
-/// stop strings, with varied prompts and lengths.
+/// Whether `body` asks for a call of a named function.
+fn forces_a_call(body: &Value) -> bool {
+    body["tool_choice"].is_object()
+}
+
+/// The 200 requests: both endpoints, both line forms, greedy and seeded sampling, n = 2,
+/// stop strings and forced tool calls, with varied prompts and lengths.
 fn mixed_requests() -> Vec<(String, &'static str, Value, String)> {
     (0..200)
         .map(|i| {
@@ -116,6 +130,14 @@ fn mixed_requests() -> Vec<(String, &'static str, Value, String)> {
                 body["stop"] = json!(["\n"]);
             }
             let chat = i % 2 == 1;
+            // (Not with a stop string: the call's own newline would end it.)
+            if i % 20 == 11 && i % 9 != 5 {
+                body["tools"] = json!([{"type": "function", "function": {"name": "note",
+                    "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                        "required": ["text"], "additionalProperties": false}}}]);
+                body["tool_choice"] = json!({"type": "function", "function": {"name": "note"}});
+                body["max_tokens"] = json!(48);
+            }
             let url = if chat {
                 body["messages"] = json!([{"role": "user", "content": prompt}]);
                 "/v1/chat/completions"
@@ -173,13 +195,17 @@ fn batch_results_equal_the_http_servers_for_200_requests() {
             .map(|h| h.join().expect("a client thread"))
             .collect()
     });
-    for ((id, _, _, _), (status, http_body)) in requests.iter().zip(&answers) {
+    for ((id, _, body, _), (status, http_body)) in requests.iter().zip(&answers) {
         assert_eq!(*status, 200, "{id}: {http_body}");
         let result = &batch[id];
         assert_eq!(result["response"]["status_code"], 200);
         assert!(result["error"].is_null());
         let batch_body = &result["response"]["body"];
         assert_eq!(result["response"]["request_id"], batch_body["id"]);
+        if forces_a_call(body) {
+            let call = &batch_body["choices"][0]["message"]["tool_calls"][0];
+            assert_eq!(call["function"]["name"], "note", "{id}: {batch_body}");
+        }
         assert_eq!(
             comparable(batch_body),
             comparable(http_body),

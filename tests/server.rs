@@ -552,7 +552,22 @@ async fn every_error_has_its_status_and_the_openai_shape() {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
-            "tools",
+            "tools[0].function",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
         ),
         (
             "/v1/chat/completions",

@@ -25,3 +25,4 @@ mod speculation;
 mod speculator_seam;
 mod structured;
 mod tokenizer;
+mod tools;

@@ -51,6 +51,17 @@ fn qwen_tokenizer_matches_known_ids() {
     assert_eq!(tok.encode(" fibonacci").unwrap(), vec![75698]);
     assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![151_645]);
     assert!(tok.eos_ids().contains(&151_645));
+    // `<tool_call>` is a user-defined token: matched whole, and (unlike the control
+    // tokens) part of what a user reads, so tool calls can be parsed from the text.
+    let ids = tok
+        .encode("<tool_call>\n{}\n</tool_call><|im_end|>")
+        .unwrap();
+    assert_eq!(ids.first(), Some(&151_657));
+    assert!(ids.contains(&151_658));
+    assert_eq!(
+        tok.decode_skip_special(&ids).unwrap(),
+        "<tool_call>\n{}\n</tool_call>"
+    );
     for text in TEXTS {
         let ids = tok.encode(text).unwrap();
         assert_eq!(&tok.decode(&ids).unwrap(), text, "ids {ids:?}");

@@ -4,7 +4,9 @@
 //! GGUF files carry no `tokenizer.json`, so the BPE tokenizer is rebuilt here from
 //! `tokenizer.ggml.*` metadata with the `tokenizers` crate; the pre-tokenizer is chosen by
 //! `tokenizer.ggml.pre` to match what the upstream `tokenizer.json` declares. Tokens of type
-//! 3 (control) and 4 (user-defined) become special added tokens, matched whole in text.
+//! 3 (control) become special added tokens and tokens of type 4 (user-defined, such as
+//! Qwen2.5's `<tool_call>`) plain added ones, as upstream marks them: both are matched whole
+//! in text, and only the special ones are left out of what a user reads.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -99,14 +101,19 @@ impl ModelTokenizer {
                 .map_err(|e| Error::Tokenizer(e.to_string()))?;
         }
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let specials: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&token_types)
-            .filter(|(_, &ty)| ty == 3 || ty == 4)
-            .map(|(tok, _)| AddedToken::from(tok.clone(), true))
-            .collect();
+        let added = |kind: i64, special: bool| -> Vec<AddedToken> {
+            tokens
+                .iter()
+                .zip(&token_types)
+                .filter(|(_, &ty)| ty == kind)
+                .map(|(tok, _)| AddedToken::from(tok.clone(), special).normalized(false))
+                .collect()
+        };
         inner
-            .add_special_tokens(specials)
+            .add_special_tokens(added(3, true))
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        inner
+            .add_tokens(added(4, false))
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
 
         let id_md = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());

@@ -1,6 +1,7 @@
 """The real thicket server driven by the official `openai` client (and raw httpx for the
 disconnect check): chat, completions, streaming chat with include_usage, n = 2, stop strings,
-logprobs, seed reproducibility, structured output parsed into a pydantic model, invalid
+logprobs, seed reproducibility, structured output parsed into a pydantic model, tool calls
+(a named function and `required`, whole and streamed, and a tool result sent back), invalid
 requests with their statuses, and 20 streaming clients that disconnect mid-stream after which
 no KV block stays in use.
 
@@ -8,6 +9,7 @@ Usage: python3 openai_client.py BASE_URL API_KEY MODEL
 Exits non-zero (with the failed check) on the first failure.
 """
 
+import json
 import re
 import sys
 import threading
@@ -211,6 +213,99 @@ def structured():
         check(e.status_code == 400 and e.body.get("param") == "response_format", f"bad schema: {e.body}")
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def check_weather_call(call, where):
+    check(call.type == "function" and call.id.startswith("call_"), f"{where}: call {call}")
+    check(call.function.name == "get_weather", f"{where}: called {call.function.name}")
+    arguments = json.loads(call.function.arguments)
+    check(isinstance(arguments.get("city"), str), f"{where}: arguments {arguments}")
+    check(arguments.get("unit") in ("celsius", "fahrenheit"), f"{where}: arguments {arguments}")
+    check(set(arguments) == {"city", "unit"}, f"{where}: arguments {arguments}")
+
+
+def tools():
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=80, temperature=0
+    )
+    choice = r.choices[0]
+    check(choice.finish_reason == "tool_calls", f"named: finish_reason {choice.finish_reason}")
+    check(choice.message.content is None, f"named: content {choice.message.content!r}")
+    check(len(choice.message.tool_calls) >= 1, "named: no tool call")
+    for call in choice.message.tool_calls:
+        check_weather_call(call, "named")
+
+    # The same request streamed: the client's own accumulation gives the same calls.
+    stream_helper = getattr(client.chat.completions, "stream", None) or client.beta.chat.completions.stream
+    with stream_helper(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=80, temperature=0
+    ) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
+    check(streamed.finish_reason == "tool_calls", f"streamed: finish_reason {streamed.finish_reason}")
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in streamed.message.tool_calls]
+    want = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    check(got == want, f"streamed calls {got} != whole {want}")
+
+    # `required`: some call, of either function, with valid arguments.
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=80,
+        temperature=0,
+    )
+    calls = r.choices[0].message.tool_calls
+    check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, f"required: {r.choices[0]}")
+    if calls[0].function.name == "get_weather":
+        check_weather_call(calls[0], "required")
+    else:
+        check(calls[0].function.name == "get_time", f"required: called {calls[0].function.name}")
+        check(isinstance(json.loads(calls[0].function.arguments).get("zone"), str), "required: zone")
+
+    # The call and its result go back; `none` makes the answer text.
+    call = choice.message.tool_calls[0]
+    follow = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+    ]
+    r = client.chat.completions.create(
+        model=MODEL, messages=follow, tools=[WEATHER], tool_choice="none", max_tokens=24, temperature=0
+    )
+    check(r.choices[0].message.tool_calls is None, "none: a tool was called")
+    check(isinstance(r.choices[0].message.content, str), f"none: content {r.choices[0].message.content!r}")
+    check(r.choices[0].finish_reason in ("stop", "length"), f"none: finish_reason {r.choices[0].finish_reason}")
+
+
 def blocks_in_use():
     text = httpx.get(f"{BASE}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
     m = re.search(r"^thicket_kv_blocks_in_use (\S+)$", text, re.M)
@@ -269,6 +364,7 @@ stop_strings(base)
 logprobs()
 seeds()
 structured()
+tools()
 invalid_requests()
 disconnects()
 print(f"openai client: {checks} checks passed")

@@ -24,6 +24,8 @@ pub struct ResponseOptions {
     pub include_usage: bool,
     /// Return log-probabilities.
     pub logprobs: bool,
+    /// Read chat answers for tool calls.
+    pub tool_calls: bool,
 }
 
 /// Per-request settings, before the prompt is known.
@@ -261,6 +263,7 @@ pub fn settings(
             stream,
             include_usage,
             logprobs: top_logprobs.is_some(),
+            tool_calls: false,
         },
     })
 }

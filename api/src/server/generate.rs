@@ -17,9 +17,12 @@ use super::convert::{
     response_format, settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS,
 };
 use super::error::{ApiError, ApiResult};
-use super::protocol::{ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput};
+use super::protocol::{
+    ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput, ToolCallIn,
+};
 use super::responses::{full_response, ChoiceState, Endpoint, ResponseMeta};
 use super::stream::sse_response;
+use super::tools::ToolRequest;
 use super::AppState;
 use crate::chat::{render_chat, ChatMessage};
 
@@ -57,6 +60,8 @@ pub struct Started {
     tokenizer: Arc<ModelTokenizer>,
     options: ResponseOptions,
     submitted: Vec<Submitted>,
+    /// The offered functions, when answers are read for tool calls.
+    tool_names: Vec<String>,
 }
 
 impl Started {
@@ -77,6 +82,9 @@ impl Started {
             &echoes,
             n,
             self.options.logprobs,
+            self.options
+                .tool_calls
+                .then_some(self.tool_names.as_slice()),
         ))
     }
 
@@ -87,6 +95,7 @@ impl Started {
                 self.tokenizer,
                 self.options,
                 self.submitted,
+                self.tool_names,
             ));
         }
         Ok(Json(self.body().await?).into_response())
@@ -160,6 +169,7 @@ pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,
+        tool_names: Vec::new(),
     })
 }
 
@@ -168,13 +178,11 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     let engine = state.engine()?;
     state.check_model(body.common.model.as_deref())?;
     let limits = engine.limits();
-    if body
-        .tools
-        .as_ref()
-        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(ApiError::invalid("tools", "tool calling is not supported"));
-    }
+    let tools = ToolRequest::parse(
+        body.tools.as_ref(),
+        body.tool_choice.as_ref(),
+        body.parallel_tool_calls,
+    )?;
     let constraint = response_format(body.response_format.as_ref())?;
     let wants_logprobs = body.logprobs.unwrap_or(false);
     if body.top_logprobs.is_some() && !wants_logprobs {
@@ -196,11 +204,24 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.constraint = constraint;
         settings.constraint_field = "response_format";
     }
+    if let Some(call) = tools.as_ref().and_then(ToolRequest::constraint) {
+        if settings.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice required or a function already fixes the output format; \
+                 leave out response_format and structured_outputs",
+            ));
+        }
+        settings.constraint = Some(call);
+        settings.constraint_field = "tools";
+    }
+    settings.options.tool_calls = tools.as_ref().is_some_and(ToolRequest::parses_calls);
     let messages = body
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let tokenizer = engine.tokenizer();
-    let text = render_messages(tokenizer, &messages)?;
+    let shown = tools.as_ref().map(ToolRequest::shown).unwrap_or_default();
+    let text = render_messages(tokenizer, &messages, &shown)?;
     let prompt = tokenizer
         .encode_plain(&text)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
@@ -210,13 +231,16 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,
+        tool_names: tools.as_ref().map(ToolRequest::names).unwrap_or_default(),
     })
 }
 
-/// `messages` rendered with the model's chat template, ready to encode.
+/// `messages` (and the offered `tools`) rendered with the model's chat template, ready to
+/// encode.
 pub fn render_messages(
     tokenizer: &ModelTokenizer,
     messages: &[ChatMessageIn],
+    tools: &[serde_json::Value],
 ) -> ApiResult<String> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
@@ -250,10 +274,18 @@ pub fn render_messages(
                 text
             }
         };
-        plain.push(ChatMessage {
-            role: m.role.clone(),
-            content,
-        });
+        let mut message = ChatMessage::text(m.role.clone(), content);
+        message.tool_call_id = m.tool_call_id.clone();
+        message.name = m.name.clone();
+        for (j, call) in m.tool_calls.iter().flatten().enumerate() {
+            message.tool_calls.push(history_call(call).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                    "arguments must be a JSON object (or a string holding one)",
+                )
+            })?);
+        }
+        plain.push(message);
     }
     let template = tokenizer.chat_template().ok_or_else(|| {
         ApiError::invalid(
@@ -268,10 +300,28 @@ pub fn render_messages(
     render_chat(
         template,
         &plain,
+        tools,
         &token_text(tokenizer.bos_id()),
         &token_text(tokenizer.eos_ids().first().copied()),
     )
     .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// An earlier call as templates read it: arguments as an object, not a string.
+fn history_call(call: &ToolCallIn) -> Option<serde_json::Value> {
+    let arguments = match &call.function.arguments {
+        None | Some(serde_json::Value::Null) => serde_json::json!({}),
+        Some(serde_json::Value::String(s)) if s.trim().is_empty() => serde_json::json!({}),
+        Some(serde_json::Value::String(s)) => serde_json::from_str(s).ok()?,
+        Some(v) => v.clone(),
+    };
+    arguments.is_object().then(|| {
+        serde_json::json!({
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.function.name, "arguments": arguments},
+        })
+    })
 }
 
 /// Submits every prompt; on a refusal the ones already queued are cancelled (dropped).

@@ -12,6 +12,7 @@ pub mod protocol;
 pub mod responses;
 pub mod serve_cmd;
 pub mod stream;
+pub mod tools;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -291,7 +292,7 @@ async fn tokenize(
             }
         }
         (None, Some(messages)) => {
-            let text = generate::render_messages(tokenizer, &messages)?;
+            let text = generate::render_messages(tokenizer, &messages, &[])?;
             tokenizer.encode_plain(&text)
         }
         _ => {

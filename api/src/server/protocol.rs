@@ -150,6 +150,33 @@ pub struct ChatMessageIn {
     pub role: String,
     /// Its content (absent for tool-call messages).
     pub content: Option<MessageContent>,
+    /// The calls an assistant message made.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message answers for (optional).
+    pub name: Option<String>,
+}
+
+/// A tool call of an earlier assistant message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id.
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// What was called.
+    pub function: FunctionCallIn,
+}
+
+/// The function and arguments of a tool call in a request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCallIn {
+    /// Function name.
+    pub name: String,
+    /// Arguments: a JSON object as a string (OpenAI's shape), or the object itself.
+    pub arguments: Option<serde_json::Value>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -166,8 +193,12 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token with `logprobs`.
     pub top_logprobs: Option<usize>,
-    /// Tools (not supported).
+    /// Functions the model may call (`[{"type": "function", "function": {...}}]`).
     pub tools: Option<serde_json::Value>,
+    /// `none`, `auto`, `required`, or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether one answer may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Output format; only `text` is supported.
     pub response_format: Option<serde_json::Value>,
 }
@@ -289,10 +320,60 @@ pub struct CompletionChoice {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null when the answer is only tool calls).
+    pub content: Option<String>,
     /// Always null: thicket never refuses (the field is required by the OpenAI schema).
     pub refusal: Option<String>,
+    /// The functions the model called.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call in a response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallOut {
+    /// `call_...`, unique per call.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// The function of a tool call in a response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCallOut {
+    /// Function name.
+    pub name: String,
+    /// Arguments, a JSON object as a string.
+    pub arguments: String,
+}
+
+/// A tool call's piece of a streamed delta: the first names the call, later ones add
+/// argument text.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallDelta {
+    /// Which call of the choice (0, 1, ...).
+    pub index: usize,
+    /// The call's id (first piece).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first piece).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name (first piece) and argument text.
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionDelta {
+    /// Function name (first piece).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More argument text.
+    pub arguments: String,
 }
 
 /// A chat choice.
@@ -320,6 +401,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// A streamed chat choice.

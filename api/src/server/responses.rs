@@ -11,8 +11,9 @@ use engine::{FinishReason, ModelTokenizer, Usage};
 use super::protocol::{
     ChatChoice, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
     CompletionChoice, CompletionLogprobs, ResponseBody, Skip, SpeculationStats, ThicketBody,
-    UsageBody,
+    ToolCallDelta, UsageBody,
 };
+use super::tools::parse_calls;
 
 /// Which endpoint a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +193,7 @@ pub fn full_response(
     echo: &[Option<String>],
     n: usize,
     want_logprobs: bool,
+    tool_calls: Option<&[String]>,
 ) -> serde_json::Value {
     let (usage, thicket) = totals(choices, n);
     let value = match meta.endpoint {
@@ -227,13 +229,24 @@ pub fn full_response(
                 .iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let (finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
+                    let (mut finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
+                    let (content, calls) = match tool_calls.map(|names| parse_calls(&c.text, names))
+                    {
+                        Some(Some((content, calls))) => {
+                            if finish_reason == Some("stop") {
+                                finish_reason = Some("tool_calls");
+                            }
+                            (content, calls)
+                        }
+                        _ => (Some(c.text.clone()), Vec::new()),
+                    };
                     ChatChoice {
                         index,
                         message: ChatMessageOut {
                             role: "assistant",
-                            content: c.text.clone(),
+                            content,
                             refusal: None,
+                            tool_calls: calls,
                         },
                         logprobs: want_logprobs.then(|| chat_logprobs(tokenizer, &c.logprobs)),
                         finish_reason,
@@ -265,6 +278,10 @@ pub struct ChunkParts<'a> {
     pub role: bool,
     /// Set on the choice's last chunk.
     pub finish: Option<&'a FinishReason>,
+    /// Tool-call pieces (chat).
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// The choice called tools: a `stop` finish is reported as `tool_calls`.
+    pub called: bool,
 }
 
 /// A stream chunk; `usage_null` adds `"usage": null` (streams with `include_usage`).
@@ -274,7 +291,10 @@ pub fn chunk(
     parts: ChunkParts<'_>,
     usage_null: bool,
 ) -> serde_json::Value {
-    let (finish_reason, stop_reason) = finish_fields(parts.finish);
+    let (mut finish_reason, stop_reason) = finish_fields(parts.finish);
+    if parts.called && finish_reason == Some("stop") {
+        finish_reason = Some("tool_calls");
+    }
     let usage = if usage_null { Skip::Null } else { Skip::Absent };
     let value = match meta.endpoint {
         Endpoint::Completion => {
@@ -298,6 +318,7 @@ pub fn chunk(
                 delta: ChatDelta {
                     role: parts.role.then_some("assistant"),
                     content,
+                    tool_calls: parts.tool_calls,
                 },
                 logprobs: parts.logprobs.map(|l| chat_logprobs(tokenizer, l)),
                 finish_reason,

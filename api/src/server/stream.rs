@@ -3,6 +3,8 @@
 //! every choice closes with its finish reason; with `stream_options.include_usage` every
 //! chunk carries `"usage": null` and a last chunk carries the totals; `data: [DONE]` ends
 //! the stream. An engine failure mid-stream is sent as an error object before `[DONE]`.
+//! When the answer is read for tool calls, text goes out as it comes but a call is held until
+//! it is whole, then sent as OpenAI sends one: a delta naming it, then its arguments.
 //! When the client goes away the stream is dropped, and with it the engine streams, which
 //! cancels their requests.
 
@@ -16,9 +18,13 @@ use engine::handle::RequestStream;
 use engine::{Event, ModelTokenizer};
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 
+use engine::request::TokenLogprob;
+
 use super::convert::ResponseOptions;
 use super::generate::{engine_failure, Submitted};
+use super::protocol::{FunctionDelta, ToolCallDelta};
 use super::responses::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
+use super::tools::{CallReader, Piece};
 
 /// `(prompt index, event)` of every prompt, merged.
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -38,6 +44,8 @@ struct StreamState {
     choices: Vec<ChoiceState>,
     /// Characters sent per choice (completions' logprob offsets).
     sent_chars: Vec<usize>,
+    /// Per choice, its answer read for tool calls (chat with tools).
+    readers: Vec<Option<CallReader>>,
     open: usize,
     ready: VecDeque<SseEvent>,
     done: bool,
@@ -79,6 +87,8 @@ impl StreamState {
                     offset: 0,
                     role,
                     finish: None,
+                    tool_calls: None,
+                    called: false,
                 });
                 self.push(value);
             }
@@ -98,6 +108,13 @@ impl StreamState {
                 if at >= self.choices.len() {
                     return;
                 }
+                if let Some(reader) = self.readers[at].as_mut() {
+                    let first = reader.calls;
+                    let pieces = reader.push(&text);
+                    let want = self.options.logprobs;
+                    self.send_pieces(at, pieces, first, want.then_some(logprobs.as_slice()));
+                    return;
+                }
                 let offset = self.sent_chars[at];
                 self.sent_chars[at] += text.chars().count();
                 let want = self.options.logprobs;
@@ -108,6 +125,8 @@ impl StreamState {
                     offset,
                     role: false,
                     finish: None,
+                    tool_calls: None,
+                    called: false,
                 });
                 self.push(value);
             }
@@ -120,6 +139,13 @@ impl StreamState {
                 if at >= self.choices.len() {
                     return;
                 }
+                let mut called = false;
+                if let Some(mut reader) = self.readers[at].take() {
+                    let first = reader.calls;
+                    let pieces = reader.finish();
+                    self.send_pieces(at, pieces, first, None);
+                    called = reader.calls > 0;
+                }
                 let value = self.chunk(ChunkParts {
                     index: at,
                     text: String::new(),
@@ -127,6 +153,8 @@ impl StreamState {
                     offset: self.sent_chars[at],
                     role: false,
                     finish: Some(&reason),
+                    tool_calls: None,
+                    called,
                 });
                 self.push(value);
                 self.choices[at].finish = Some(reason);
@@ -137,6 +165,69 @@ impl StreamState {
                 self.push(engine_failure(&message).body());
                 self.done = true;
             }
+        }
+    }
+
+    /// Chunks for what a call reader gave: text as content (blank text after a call
+    /// dropped), each call (numbered from `first_call`) as a delta naming it and one with its
+    /// arguments. `logprobs` go with the first chunk, or alone when the reader held
+    /// everything back.
+    fn send_pieces(
+        &mut self,
+        at: usize,
+        pieces: Vec<Piece>,
+        first_call: usize,
+        logprobs: Option<&[TokenLogprob]>,
+    ) {
+        let mut logprobs = logprobs;
+        let mut call_index = first_call;
+        let mut parts = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) if call_index > 0 && text.trim().is_empty() => {}
+                Piece::Text(text) => parts.push((text, None)),
+                Piece::Call(call) => {
+                    let named = ToolCallDelta {
+                        index: call_index,
+                        id: Some(call.id),
+                        kind: Some("function"),
+                        function: FunctionDelta {
+                            name: Some(call.function.name),
+                            arguments: String::new(),
+                        },
+                    };
+                    let arguments = ToolCallDelta {
+                        index: call_index,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta {
+                            name: None,
+                            arguments: call.function.arguments,
+                        },
+                    };
+                    parts.push((String::new(), Some(vec![named])));
+                    parts.push((String::new(), Some(vec![arguments])));
+                    call_index += 1;
+                }
+            }
+        }
+        if parts.is_empty() && logprobs.is_some() {
+            parts.push((String::new(), None));
+        }
+        for (text, tool_calls) in parts {
+            let offset = self.sent_chars[at];
+            self.sent_chars[at] += text.chars().count();
+            let value = self.chunk(ChunkParts {
+                index: at,
+                text,
+                logprobs: logprobs.take(),
+                offset,
+                role: false,
+                finish: None,
+                tool_calls,
+                called: false,
+            });
+            self.push(value);
         }
     }
 
@@ -156,8 +247,10 @@ pub fn sse_response(
     tokenizer: Arc<ModelTokenizer>,
     options: ResponseOptions,
     submitted: Vec<Submitted>,
+    tool_names: Vec<String>,
 ) -> Response {
     let num_choices = submitted.len() * options.n;
+    let tools = options.tool_calls && meta.endpoint == Endpoint::Chat;
     let echoes: Vec<Option<String>> = submitted.iter().map(|s| s.echo.clone()).collect();
     let events: Events = stream::select_all(
         submitted
@@ -172,6 +265,9 @@ pub fn sse_response(
         events,
         choices: vec![ChoiceState::default(); num_choices],
         sent_chars: vec![0; num_choices],
+        readers: (0..num_choices)
+            .map(|_| tools.then(|| CallReader::new(tool_names.clone())))
+            .collect(),
         open: num_choices,
         ready: VecDeque::new(),
         done: false,

@@ -133,7 +133,7 @@ fn escape(text: &str) -> String {
 /// `schema` with llguidance's JSON layout set to one line, `", "` between items and `": "`
 /// after keys, unless the schema sets its own (`x-guidance`). Free whitespace would let a
 /// model spin on newlines until `max_tokens`.
-fn compact(schema: serde_json::Value) -> serde_json::Value {
+pub fn compact(schema: serde_json::Value) -> serde_json::Value {
     let mut schema = match schema {
         serde_json::Value::Bool(true) => serde_json::json!({}),
         other => other,

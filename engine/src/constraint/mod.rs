@@ -10,7 +10,7 @@
 
 mod guidance;
 
-pub use guidance::Grammars;
+pub use guidance::{compact, Grammars};
 
 use crate::Result;
 

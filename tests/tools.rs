@@ -1,0 +1,186 @@
+//! Tool calling with real models and templates: Qwen2.5's own template renders the offered
+//! tools, an earlier call and its result; SmolLM2's template, which knows no tools, gets them
+//! as text in the same form; and a `thicket serve` on Qwen2.5-Coder-0.5B answers a weather
+//! question with a `get_weather` call that the API returns parsed (`tool_calls`,
+//! `finish_reason: "tool_calls"`), the same whole and streamed, for `auto`, a named function
+//! and `required`, with and without speculation.
+
+use api::server::generate::render_messages;
+use api::server::protocol::ChatMessageIn;
+use engine::ModelTokenizer;
+use serde_json::{json, Value};
+
+use crate::common::{qwen_path, smollm2};
+use crate::processes::ServerProcess;
+
+fn weather() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    }})
+}
+
+fn conversation() -> Vec<ChatMessageIn> {
+    serde_json::from_value(json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 18}"},
+    ]))
+    .unwrap()
+}
+
+fn qwen_tokenizer() -> ModelTokenizer {
+    let (content, _) = engine::gguf::read_content(&qwen_path()).unwrap();
+    ModelTokenizer::from_gguf(&content).unwrap()
+}
+
+#[test]
+fn templates_render_tools_calls_and_results() {
+    let tools = [weather()];
+    let qwen = render_messages(&qwen_tokenizer(), &conversation(), &tools).unwrap();
+    assert!(qwen.starts_with("<|im_start|>system\n"), "{qwen}");
+    assert!(
+        qwen.contains("# Tools") && qwen.contains("<tools>\n{"),
+        "{qwen}"
+    );
+    assert!(qwen.contains("\"name\":\"get_weather\""), "{qwen}");
+    assert!(
+        qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call><|im_end|>"),
+        "{qwen}"
+    );
+    assert!(
+        qwen.contains(
+            "<|im_start|>user\n<tool_response>\n{\"temperature\": 18}\n</tool_response><|im_end|>"
+        ),
+        "{qwen}"
+    );
+    assert!(qwen.ends_with("<|im_start|>assistant\n"));
+
+    let smol = render_messages(&smollm2().tokenizer, &conversation(), &tools).unwrap();
+    let system = smol.split("<|im_end|>").next().unwrap();
+    assert!(
+        system.starts_with("<|im_start|>system\n")
+            && system.contains("<tools>\n{\"type\":\"function\""),
+        "{smol}"
+    );
+    assert!(
+        smol.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call><|im_end|>"),
+        "{smol}"
+    );
+    assert!(
+        smol.contains(
+            "<|im_start|>user\n<tool_response>\n{\"temperature\": 18}\n</tool_response><|im_end|>"
+        ),
+        "{smol}"
+    );
+    // Without tools, SmolLM2's prompt is what it always was.
+    let plain: Vec<ChatMessageIn> =
+        serde_json::from_value(json!([{"role": "user", "content": "Hi"}])).unwrap();
+    let rendered = render_messages(&smollm2().tokenizer, &plain, &[]).unwrap();
+    assert!(!rendered.contains("<tools>"), "{rendered}");
+}
+
+/// The calls of a streamed answer, put together from its deltas, and its finish reason.
+fn streamed_calls(body: &str) -> (Vec<(String, String)>, String) {
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut finish = String::new();
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let choice = &chunk["choices"][0];
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = reason.to_string();
+        }
+        for delta in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let index = delta["index"].as_u64().unwrap() as usize;
+            if index == calls.len() {
+                assert!(
+                    delta["id"].as_str().unwrap().starts_with("call_"),
+                    "{delta}"
+                );
+                calls.push((String::new(), String::new()));
+            }
+            let call = &mut calls[index];
+            if let Some(name) = delta["function"]["name"].as_str() {
+                call.0.push_str(name);
+            }
+            call.1
+                .push_str(delta["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    (calls, finish)
+}
+
+#[test]
+fn qwen_answers_with_a_parsed_tool_call_whole_and_streamed() {
+    let model = qwen_path();
+    let server = ServerProcess::start(
+        &[
+            "--kv-cache-mib",
+            "128",
+            "--max-model-len",
+            "1024",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (choice, method) in [
+        (json!("auto"), "none"),
+        (json!("auto"), "auto"),
+        (named.clone(), "none"),
+        (named, "ngram_trie"),
+        (json!("required"), "prompt_lookup"),
+    ] {
+        let body = json!({
+            "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
+            "tools": [weather()],
+            "tool_choice": choice,
+            "parallel_tool_calls": false,
+            "max_tokens": 60,
+            "temperature": 0,
+            "speculation": {"method": method},
+        });
+        let case = format!("tool_choice {choice}, speculation {method}");
+        let (status, whole) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{case}: {whole}");
+        let answer = &whole["choices"][0];
+        assert_eq!(answer["finish_reason"], "tool_calls", "{case}: {whole}");
+        assert!(answer["message"]["content"].is_null(), "{case}: {whole}");
+        let calls = answer["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{case}: {whole}");
+        assert_eq!(calls[0]["type"], "function");
+        assert_eq!(calls[0]["function"]["name"], "get_weather", "{case}");
+        let arguments = calls[0]["function"]["arguments"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(arguments).unwrap();
+        assert_eq!(parsed["city"], "Paris", "{case}: {arguments}");
+
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, _, sse) = server.request(
+            "POST",
+            "/v1/chat/completions",
+            streamed.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200, "{case}: {sse}");
+        let (calls, finish) = streamed_calls(&sse);
+        assert_eq!(finish, "tool_calls", "{case}: {sse}");
+        assert_eq!(
+            calls,
+            vec![("get_weather".to_string(), arguments.to_string())],
+            "{case}: {sse}"
+        );
+    }
+}
