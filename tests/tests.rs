@@ -14,6 +14,7 @@ mod greedy;
 mod hostile;
 mod kv_cache;
 mod load;
+mod masked_sampling;
 mod mock_backend;
 mod openai_e2e;
 mod oracle;
