@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use engine::constraint::ConstraintSpec;
 use engine::handle::EngineHandle;
 use engine::{
-    EngineConfig, Request, SamplingParams, SpecMethod, SpecRequest, SpeculationConfig,
+    CostCurve, EngineConfig, Request, SamplingParams, SpecMethod, SpecRequest, SpeculationConfig,
     StopConditions,
 };
 use kvcache::ManagerConfig;
@@ -36,7 +36,11 @@ fn engine() -> EngineHandle {
             },
         },
         max_pending: 2048,
-        speculation: SpeculationConfig::default(),
+        // A flat cost curve makes every draft look free, so drafters draft whatever the load.
+        speculation: SpeculationConfig {
+            cost: CostCurve::flat(),
+            ..SpeculationConfig::default()
+        },
     })
 }
 

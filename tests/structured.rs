@@ -6,7 +6,8 @@
 //! token the output without it, for every drafter; tokens the format forces are fed as a
 //! tree of their own and all accepted (jump-forward), even by a drafter whose own drafts
 //! never are; a schema, regex, grammar or choice that cannot compile is refused at
-//! submission, naming `response_format`.
+//! submission, naming `response_format`; formats whose automata would be astronomically large
+//! compile in bounded time (llguidance builds them lazily) and their requests end.
 
 use engine::constraint::ConstraintSpec;
 use engine::handle::EngineHandle;
@@ -436,4 +437,43 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
     }
     // Nothing was queued: the engine is idle.
     assert_eq!(handle.pending(), 0);
+}
+
+#[test]
+fn pathological_formats_compile_in_bounded_time_and_end() {
+    let handle = start();
+    // A string pattern, a regex and arrays whose automata or grammars would be a billion
+    // states, and a grammar that repeats a repetition a million times.
+    let mut arrays = json!({"type": "integer"});
+    for _ in 0..3 {
+        arrays = json!({"type": "array", "items": arrays, "minItems": 1000, "maxItems": 1000});
+    }
+    let bad = [
+        ConstraintSpec::JsonSchema(
+            json!({"type": "string", "pattern": "^[a-z]{1000}{1000}{1000}$"}),
+        ),
+        ConstraintSpec::JsonSchema(arrays),
+        ConstraintSpec::Regex("[a-z]{1000}{1000}{1000}".into()),
+        ConstraintSpec::Lark("start: x{1000}\nx: y{1000}\ny: \"a\"{1000}".into()),
+    ];
+    for spec in bad {
+        let started = std::time::Instant::now();
+        let answer = handle.submit(request(chat("Hi."), spec, SamplingParams::greedy(), 1));
+        let took = started.elapsed();
+        assert!(took.as_secs() < 20, "took {took:?} to compile");
+        match answer {
+            // llguidance builds lexers and grammars lazily: what it accepts must still end
+            // (at `max_tokens` at the latest) with output the format allows so far.
+            Ok(stream) => {
+                let out = stream.wait().unwrap().remove(0);
+                assert!(out.finish.is_some(), "{out:?}");
+                assert!(started.elapsed().as_secs() < 120, "{out:?}");
+            }
+            Err(SubmitError::Invalid(e)) => {
+                assert_eq!(e.field, "response_format");
+                assert!(!e.message.is_empty());
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
 }
