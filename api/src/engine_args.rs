@@ -193,7 +193,7 @@ impl EngineArgs {
 
 /// Bumped whenever the forward's code changes its cost, so curves cached by an older build are
 /// measured anew.
-const COST_CURVE_VERSION: u32 = 3;
+const COST_CURVE_VERSION: u32 = 4;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
