@@ -420,6 +420,10 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
         ConstraintSpec::Regex("(unclosed".into()),
         ConstraintSpec::Lark("start: undefined_rule".into()),
         ConstraintSpec::Choice(Vec::new()),
+        // Validation keywords llguidance does not implement are refused and named, never
+        // silently dropped (an output could break them).
+        ConstraintSpec::JsonSchema(json!({"type": "array", "uniqueItems": true})),
+        ConstraintSpec::JsonSchema(json!({"not": {"type": "string"}})),
     ];
     for spec in bad {
         match handle.submit(request(
@@ -430,7 +434,18 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
         )) {
             Err(SubmitError::Invalid(e)) => {
                 assert_eq!(e.field, "response_format", "{spec:?}");
-                assert!(!e.message.is_empty());
+                assert!(
+                    e.message.starts_with("the output format cannot be used: "),
+                    "{}",
+                    e.message
+                );
+                if let ConstraintSpec::JsonSchema(schema) = &spec {
+                    for keyword in ["uniqueItems", "not"] {
+                        if schema.get(keyword).is_some() {
+                            assert!(e.message.contains(keyword), "{}", e.message);
+                        }
+                    }
+                }
             }
             other => panic!("{spec:?}: {:?}", other.map(|_| ())),
         }

@@ -27,6 +27,10 @@ pub enum Error {
     /// A required metadata key or config field is absent or has the wrong type.
     #[error("model metadata: {0}")]
     Metadata(String),
+    /// An output format (schema, regex, grammar, choice) that cannot compile, or that uses a
+    /// feature the grammar engine does not implement (named in the message).
+    #[error("the output format cannot be used: {0}")]
+    Format(String),
     /// The tokenizer could not be built or failed on an input.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -98,7 +98,7 @@ impl Grammars {
             ConstraintSpec::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
             ConstraintSpec::Choice(choices) => {
                 if choices.is_empty() {
-                    return Err(Error::Metadata("choice needs at least one string".into()));
+                    return Err(Error::Format("choice needs at least one string".into()));
                 }
                 let alternatives: Vec<String> = choices.iter().map(|c| escape(c)).collect();
                 TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
@@ -106,10 +106,10 @@ impl Grammars {
         };
         let parser = factory
             .create_parser(grammar)
-            .map_err(|e| Error::Metadata(e.to_string()))?;
+            .map_err(|e| Error::Format(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(Error::Metadata(e));
+            return Err(Error::Format(e));
         }
         Ok(Box::new(GuidanceConstraint {
             matcher,
