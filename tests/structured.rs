@@ -281,6 +281,33 @@ impl engine::spec::speculator::Speculator for WrongSpeculator {
     }
 }
 
+/// A drafter that never has anything to propose.
+struct Mute;
+
+impl engine::spec::Drafter for Mute {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("mute")
+    }
+    fn prepare(&mut self, _ctx: &engine::spec::DraftContext<'_>) -> usize {
+        0
+    }
+    fn draft(&mut self, ctx: &engine::spec::DraftContext<'_>, _budget: usize) -> engine::TokenTree {
+        engine::TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+    }
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+struct MuteSpeculator;
+
+impl engine::spec::speculator::Speculator for MuteSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("mute")
+    }
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn engine::spec::Drafter>> {
+        Some(Box::new(Mute))
+    }
+}
+
 #[test]
 fn forced_tokens_are_fed_at_once_and_all_accepted() {
     // Long required keys: after `{"` the format forces every token of a key.
@@ -296,14 +323,18 @@ fn forced_tokens_are_fed_at_once_and_all_accepted() {
         ],
         "additionalProperties": false
     });
-    let run = |method: SpecMethod| {
+    let run = |method: SpecMethod, cost: engine::CostCurve| {
         let handle = start_with(SpeculationConfig {
-            cost: engine::CostCurve::flat(),
+            cost,
             max_draft_tokens: 16,
-            speculators: vec![engine::spec::speculator::SpeculatorFactory::new(
-                "wrong",
-                |_| Box::new(WrongSpeculator),
-            )],
+            speculators: vec![
+                engine::spec::speculator::SpeculatorFactory::new("wrong", |_| {
+                    Box::new(WrongSpeculator)
+                }),
+                engine::spec::speculator::SpeculatorFactory::new("mute", |_| {
+                    Box::new(MuteSpeculator)
+                }),
+            ],
             ..SpeculationConfig::default()
         });
         let mut r = request(
@@ -320,24 +351,33 @@ fn forced_tokens_are_fed_at_once_and_all_accepted() {
         let steps = handle.stats().unwrap().scheduler.steps;
         (out, steps)
     };
-    let (plain, plain_steps) = run(SpecMethod::None);
-    let (forced, forced_steps) = run(SpecMethod::Named("wrong"));
-    assert_eq!(forced.token_ids, plain.token_ids);
-    assert_eq!(
-        forced.usage.accepted_tokens, 0,
-        "the wrong drafter was accepted"
-    );
+    let (plain, plain_steps) = run(SpecMethod::None, engine::CostCurve::flat());
     let tokens = plain.token_ids.len() as u64;
-    // Plain: one step per token (and one for the prompt). The keys alone force more than
-    // 20 tokens, each of which needs no step of its own.
+    // Plain: one step per token (and one for the prompt).
     assert!(
         plain_steps >= tokens,
         "{plain_steps} steps for {tokens} tokens"
     );
-    assert!(
-        forced_steps + 20 <= plain_steps,
-        "{forced_steps} steps with jump-forward, {plain_steps} without"
-    );
+    // Rows that cost something: a drafter without evidence would get no tree here, but
+    // forced tokens are offered as certain, so even a drafter that never drafts gets room
+    // for them.
+    let costly = engine::CostCurve::new(vec![(1, 1.0), (2, 1.2), (8, 2.2), (64, 12.0)]).unwrap();
+    for (method, cost) in [
+        (SpecMethod::Named("wrong"), engine::CostCurve::flat()),
+        (SpecMethod::Named("mute"), costly),
+    ] {
+        let (forced, forced_steps) = run(method, cost);
+        assert_eq!(forced.token_ids, plain.token_ids, "{method:?}");
+        assert_eq!(
+            forced.usage.accepted_tokens, 0,
+            "{method:?}: a drafter was accepted"
+        );
+        // The keys alone force more than 20 tokens, each of which needs no step of its own.
+        assert!(
+            forced_steps + 20 <= plain_steps,
+            "{method:?}: {forced_steps} steps with jump-forward, {plain_steps} without"
+        );
+    }
 }
 
 #[test]
@@ -409,6 +449,15 @@ fn a_choice_gives_one_of_its_strings() {
     }
 }
 
+/// An object schema `levels` objects deep.
+fn nested(levels: usize) -> serde_json::Value {
+    let mut schema = json!({"type": "string", "maxLength": 4});
+    for _ in 0..levels {
+        schema = json!({"type": "object", "properties": {"a": schema}, "required": ["a"]});
+    }
+    schema
+}
+
 #[test]
 fn formats_that_cannot_compile_are_refused_at_submission() {
     let handle = start();
@@ -424,6 +473,8 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
         // silently dropped (an output could break them).
         ConstraintSpec::JsonSchema(json!({"type": "array", "uniqueItems": true})),
         ConstraintSpec::JsonSchema(json!({"not": {"type": "string"}})),
+        // Nested deeper than any schema compiles (its compiler recurses).
+        ConstraintSpec::JsonSchema(nested(200)),
     ];
     for spec in bad {
         match handle.submit(request(
@@ -464,6 +515,8 @@ fn pathological_formats_compile_in_bounded_time_and_end() {
         arrays = json!({"type": "array", "items": arrays, "minItems": 1000, "maxItems": 1000});
     }
     let bad = [
+        // Deep, but within what compiles.
+        ConstraintSpec::JsonSchema(nested(45)),
         ConstraintSpec::JsonSchema(
             json!({"type": "string", "pattern": "^[a-z]{1000}{1000}{1000}$"}),
         ),

@@ -234,16 +234,19 @@ impl Speculation {
         }
     }
 
-    /// Prepares every candidate's drafter and returns the scheduler's draft inputs.
+    /// Prepares every candidate's drafter and returns the scheduler's draft inputs. A
+    /// candidate's `forced` tokens (what its output format forces next) are offered as
+    /// certain: each of the first `forced` nodes is expected to be accepted.
     pub(crate) fn offers<'a>(
         &mut self,
-        candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter)>,
+        candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter, usize)>,
     ) -> Option<DraftInputs> {
         let mut offers = HashMap::new();
-        for (seq, tokens, state) in candidates {
+        for (seq, tokens, state, forced) in candidates {
             let ctx = DraftContext { tokens };
             state.available = state.drafter.prepare(&ctx).min(state.max_draft);
-            if state.available == 0 {
+            let forced = forced.min(state.max_draft);
+            if state.available == 0 && forced == 0 {
                 continue;
             }
             // Without drafts there is no evidence, so a ratio that failures pushed below
@@ -252,12 +255,17 @@ impl Speculation {
             state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
             let method = state.drafter.method();
             let stats = self.stats.entry(method).or_default();
-            let expected_accepted = stats
+            let mut expected_accepted: Vec<f32> = stats
                 .curve(state.available)
                 .into_iter()
                 .enumerate()
                 .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
                 .collect();
+            let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
+            expected_accepted.resize(state.available.max(forced), drafted_best);
+            for (i, e) in expected_accepted.iter_mut().enumerate() {
+                *e = e.max((i + 1).min(forced) as f32);
+            }
             let prepare = self.prepare_seconds[state.speculator];
             let fixed_cost = match (prepare, self.seconds_per_unit) {
                 (Some(seconds), Some(per_unit)) if per_unit > 0.0 => seconds / per_unit,

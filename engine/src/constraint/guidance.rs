@@ -92,6 +92,11 @@ impl Grammars {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
             ConstraintSpec::JsonSchema(schema) => {
+                if depth(schema) > MAX_SCHEMA_DEPTH {
+                    return Err(Error::Format(format!(
+                        "the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
+                    )));
+                }
                 TopLevelGrammar::from_json_schema(compact(schema.clone()))
             }
             ConstraintSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
@@ -114,8 +119,28 @@ impl Grammars {
         Ok(Box::new(GuidanceConstraint {
             matcher,
             vocab: self.vocab,
+            next: None,
         }))
     }
+}
+
+/// Deepest JSON nesting of a schema compiled (its compiler recurses; far deeper than any
+/// real schema, and than an HTTP body may be).
+const MAX_SCHEMA_DEPTH: usize = 100;
+
+/// How deeply `value` nests (a scalar is 0), found without recursion.
+fn depth(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0)];
+    while let Some((value, at)) = stack.pop() {
+        deepest = deepest.max(at);
+        match value {
+            serde_json::Value::Array(items) => stack.extend(items.iter().map(|v| (v, at + 1))),
+            serde_json::Value::Object(map) => stack.extend(map.values().map(|v| (v, at + 1))),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// `text` as a regular expression that matches it literally.
@@ -159,6 +184,9 @@ pub fn compact(schema: serde_json::Value) -> serde_json::Value {
 pub struct GuidanceConstraint {
     matcher: Matcher,
     vocab: usize,
+    /// The mask of the current state, once computed (the planner's look and the constraint
+    /// stage of one step share it); cleared when the output grows.
+    next: Option<TokenMask>,
 }
 
 impl GuidanceConstraint {
@@ -172,8 +200,9 @@ impl GuidanceConstraint {
     }
 }
 
-impl Constraint for GuidanceConstraint {
-    fn mask(&mut self) -> Result<TokenMask> {
+impl GuidanceConstraint {
+    /// The matcher's mask now, computed afresh.
+    fn compute_mask(&mut self) -> Result<TokenMask> {
         let vob = self
             .matcher
             .compute_mask_or_eos()
@@ -184,8 +213,25 @@ impl Constraint for GuidanceConstraint {
         }
         Ok(mask)
     }
+}
+
+/// Nodes the planner is offered as certain when the next token is forced: the forced run is
+/// often longer (a key, its quotes and colon), and the constraint stage feeds exactly the
+/// forced tokens, leaving the rest of the room unused.
+const FORCED_GUESS: usize = 8;
+
+impl Constraint for GuidanceConstraint {
+    fn mask(&mut self) -> Result<TokenMask> {
+        if let Some(mask) = &self.next {
+            return Ok(mask.clone());
+        }
+        let mask = self.compute_mask()?;
+        self.next = Some(mask.clone());
+        Ok(mask)
+    }
 
     fn advance(&mut self, token: u32) -> Result<()> {
+        self.next = None;
         self.matcher
             .consume_token(token)
             .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
@@ -204,15 +250,23 @@ impl Constraint for GuidanceConstraint {
         let failed =
             |e: anyhow::Error| Error::InvalidBatch(format!("the output constraint failed: {e}"));
         self.matcher.consume_tokens(tokens).map_err(failed)?;
-        let mask = self.mask();
+        let mask = self.compute_mask();
         self.matcher.rollback(tokens.len()).map_err(failed)?;
         mask
+    }
+
+    fn forced_estimate(&mut self) -> usize {
+        match self.mask() {
+            Ok(mask) if mask.single().is_some() => FORCED_GUESS,
+            _ => 0,
+        }
     }
 
     fn fork(&self) -> Box<dyn Constraint> {
         Box::new(GuidanceConstraint {
             matcher: self.matcher.deep_clone(),
             vocab: self.vocab,
+            next: self.next.clone(),
         })
     }
 }

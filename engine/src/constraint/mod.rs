@@ -116,6 +116,12 @@ pub trait Constraint: Send {
     fn mask_after(&mut self, tokens: &[u32]) -> Result<TokenMask>;
     /// The same constraint in the same state, for a sample forked from this one.
     fn fork(&self) -> Box<dyn Constraint>;
+    /// About how many tokens the format forces next, 0 when the next one is free (for the
+    /// draft planner, which grants room for them; the constraint stage then feeds exactly
+    /// the forced tokens).
+    fn forced_estimate(&mut self) -> usize {
+        0
+    }
 }
 
 #[cfg(test)]

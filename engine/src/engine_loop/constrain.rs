@@ -1,6 +1,7 @@
 //! The constraint stage, before the forward. Where a constrained sequence was granted a draft
-//! tree and its format forces the next tokens (each the only one allowed), the tree becomes
-//! the chain of those tokens (jump-forward: the model's masked choice at each of them can
+//! tree (the planner offers the tokens its format forces as certain, so it is granted room
+//! for them even without drafts of its own) and its format forces the next tokens (each the
+//! only one allowed), the tree becomes the chain of those tokens (jump-forward: the model's masked choice at each of them can
 //! only be the next, so every one is accepted). Otherwise the tree keeps only the nodes whose
 //! path the format allows (pruned nodes are never fed). Each row that will be sampled gets
 //! the mask of tokens allowed after it: one for a plain decode row, one per node of a tree,
@@ -39,21 +40,22 @@ impl Engine {
         trees: &mut [Option<TokenTree>],
     ) -> Masks {
         let started = std::time::Instant::now();
-        let sampling: HashMap<SeqId, usize> = scheduled
+        let sampling: HashMap<SeqId, (usize, usize)> = scheduled
             .iter()
             .enumerate()
             .filter(|(_, s)| s.samples)
-            .map(|(i, s)| (s.seq, i))
+            .map(|(i, s)| (s.seq, (i, s.draft_budget)))
             .collect();
         let mut slots: Vec<Option<&mut Option<TokenTree>>> = trees.iter_mut().map(Some).collect();
         let mut jobs = Vec::new();
         for (&seq, record) in self.records.iter_mut() {
-            let (Some(&at), Some(constraint)) = (sampling.get(&seq), record.constraint.as_mut())
+            let (Some(&(at, budget)), Some(constraint)) =
+                (sampling.get(&seq), record.constraint.as_mut())
             else {
                 continue;
             };
             if let Some(tree) = slots[at].take() {
-                jobs.push((seq, record.request, constraint, tree));
+                jobs.push((seq, record.request, constraint, tree, budget));
             }
         }
         if jobs.is_empty() {
@@ -63,9 +65,9 @@ impl Engine {
         let eos = &self.eos_ids;
         let outcomes: Vec<(SeqId, u64, Result<SeqMasks>)> = jobs
             .into_par_iter()
-            .map(|(seq, request, constraint, tree)| {
+            .map(|(seq, request, constraint, tree, budget)| {
                 let outcome = match tree {
-                    Some(tree) => constrain_tree(constraint.as_mut(), tree, eos),
+                    Some(tree) => constrain_tree(constraint.as_mut(), tree, budget, eos),
                     None => constraint.mask().map(|mask| SeqMasks {
                         rows: vec![mask],
                         forced: false,
@@ -89,14 +91,15 @@ impl Engine {
     }
 }
 
-/// Replaces `tree` by the forced tokens where the format forces some, or else prunes it;
-/// returns the masks of its rows.
+/// Replaces `tree` by the forced tokens (as many as the `budget` of nodes granted, whatever
+/// the drafter made of it) where the format forces some, or else prunes it; returns the masks
+/// of its rows.
 fn constrain_tree(
     constraint: &mut dyn Constraint,
     tree: &mut TokenTree,
+    budget: usize,
     eos: &[u32],
 ) -> Result<SeqMasks> {
-    let budget = tree.len().saturating_sub(1);
     let (forced, masks) = forced_chain(constraint, budget, eos)?;
     if !forced.is_empty() {
         let mut chain = tree.tokens()[..1].to_vec();

@@ -317,7 +317,8 @@ impl Engine {
         names::publish_kv(&self.scheduler.cache_stats());
     }
 
-    /// Offers of every running sequence that has caught up with its tokens and speculates.
+    /// Offers of every running sequence that has caught up with its tokens and speculates,
+    /// with the tokens its output format forces (if it has one) offered as certain.
     fn draft_offers(&mut self) -> Option<scheduler::DraftInputs> {
         let scheduler = &self.scheduler;
         let candidates = self.records.iter_mut().filter_map(|(&id, record)| {
@@ -326,7 +327,11 @@ impl Engine {
             let ready = seq.status() == scheduler::SeqStatus::Running
                 && seq.num_computed() + 1 == seq.tokens().len()
                 && seq.pending_forks() == 0;
-            ready.then_some((id, seq.tokens(), drafter))
+            let forced = match (ready, record.constraint.as_mut()) {
+                (true, Some(constraint)) => constraint.forced_estimate(),
+                _ => 0,
+            };
+            ready.then_some((id, seq.tokens(), drafter, forced))
         });
         self.spec.offers(candidates)
     }
