@@ -12,13 +12,22 @@ fn main() {
     if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
         std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", CANDLE_SPIN_LIMIT);
     }
+    let cli = api::cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("THICKET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(err) = api::cli::run() {
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        api::cli::LogFormat::Json => {
+            logs.json().with_ansi(false).init();
+            api::cli::use_json_logs();
+        }
+        api::cli::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    if let Err(err) = api::cli::run_parsed(cli) {
         eprintln!("error: {err:#}");
         std::process::exit(1);
     }

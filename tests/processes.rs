@@ -1,7 +1,8 @@
 //! Runs the real `thicket` binary from tests: a `thicket serve` child on a free port (its log
 //! forwarded, its address read from it, killed when dropped), a minimal blocking HTTP/1.1
 //! client for talking to it without a client library, and pinned Python packages installed
-//! under `target/` for the tests that drive it from Python.
+//! under `target/` for the tests that drive it from Python. Its one test checks the server's
+//! log: never coloured in a pipe, and one JSON object per line under `--log-format json`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -88,6 +89,11 @@ impl ServerProcess {
             let line = lines
                 .recv_timeout(Duration::from_secs(300))
                 .expect("the server did not become ready");
+            // Under `--log-format json` each line is an object whose message is the text.
+            let line = serde_json::from_str::<Value>(&line)
+                .ok()
+                .and_then(|v| v["fields"]["message"].as_str().map(str::to_string))
+                .unwrap_or(line);
             if let Some(rest) = line.strip_prefix("listening on ") {
                 server.base = rest.split_whitespace().next().unwrap_or("").to_string();
             }
@@ -155,5 +161,37 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn logs_are_uncoloured_in_a_pipe_and_json_on_request() {
+    for json in [false, true] {
+        let args: &[&str] = if json { &["--log-format", "json"] } else { &[] };
+        let server = ServerProcess::start(args, &[]);
+        let (status, _) = server.post(
+            "/v1/completions",
+            &serde_json::json!({"prompt": "Hi", "max_tokens": 2}),
+        );
+        assert_eq!(status, 200);
+        let log = server.log.lock().expect("the log").clone();
+        assert!(log.len() >= 3, "{log:?}");
+        for line in &log {
+            assert!(
+                !line.contains('\u{1b}'),
+                "a colour code in a pipe: {line:?}"
+            );
+            if json {
+                let event: Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(event["level"].is_string() && event["timestamp"].is_string());
+                assert!(event["fields"]["message"].is_string(), "{line}");
+            }
+        }
+        assert_eq!(
+            log.iter().any(|l| l.starts_with("ready:")),
+            !json,
+            "the ready line is plain text only without --log-format json: {log:?}"
+        );
     }
 }

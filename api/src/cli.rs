@@ -22,8 +22,40 @@ use crate::server::serve_cmd::{self, ServeArgs};
 #[derive(Debug, Parser)]
 #[command(name = "thicket", version, about)]
 pub struct Cli {
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json` (one object per
+    /// line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal.
+    Text,
+    /// One JSON object per line, never coloured.
+    Json,
+}
+
+/// Whether `--log-format json` is in force (set once, by the binary, before anything logs).
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`announce`] write log events (for `--log-format json`).
+pub fn use_json_logs() {
+    JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A line about the process's progress (model loaded, listening, ready, stopping): printed
+/// on stderr as it is, or as a log event when logs are JSON, so that a log collector reads
+/// every line.
+pub fn announce(line: &str) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!("{line}");
+    } else {
+        eprintln!("{line}");
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -117,7 +149,16 @@ fn parse_dtype(s: &str) -> Result<WeightDType, String> {
 
 /// Parses the process arguments and runs the chosen command.
 pub fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    run_parsed(parse())
+}
+
+/// The command line of this process (exits with clap's message when it does not parse).
+pub fn parse() -> Cli {
+    Cli::parse()
+}
+
+/// Runs an already parsed command line (the binary parses first, to set up logging).
+pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Fetch { alias } => fetch(&alias),
         Command::Generate(args) => generate_cmd::run(&load(&args.model)?, &args),
@@ -180,13 +221,13 @@ pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
         },
     )
     .with_context(|| format!("loading model '{}'", args.model))?;
-    eprintln!(
+    announce(&format!(
         "loaded {} ({:?}, {} layers) in {:.1}s",
         args.model,
         loaded.model.config().architecture,
         loaded.model.config().num_layers,
         started.elapsed().as_secs_f64()
-    );
+    ));
     Ok(loaded)
 }
 

@@ -12,7 +12,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use super::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
-use crate::cli::{load, ModelArgs};
+use crate::cli::{announce, load, ModelArgs};
 use crate::engine_args::EngineArgs;
 
 /// Flags of `thicket serve`.
@@ -68,7 +68,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let address = listener.local_addr().context("reading the bound address")?;
-    eprintln!("listening on http://{address} (the model is loading; /health answers 503 until it is ready)");
+    announce(&format!(
+        "listening on http://{address} (the model is loading; /health answers 503 until it is ready)"
+    ));
 
     let loader_state = state.clone();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
@@ -83,7 +85,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             config,
         )?;
         loader_state.set_engine(handle);
-        eprintln!("ready: serving '{}'", loader_state.model_name());
+        announce(&format!("ready: serving '{}'", loader_state.model_name()));
         Ok(thread)
     });
 
@@ -119,7 +121,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     served
         .context("the server task failed")?
         .context("serving HTTP")?;
-    eprintln!("stopped");
+    announce("stopped");
     Ok(())
 }
 
@@ -155,10 +157,10 @@ async fn shutdown_signal(
             std::future::pending::<()>().await;
         }
     }
-    eprintln!(
+    announce(&format!(
         "shutting down: refusing new requests, giving running ones {}s",
         grace.as_secs()
-    );
+    ));
     state.begin_shutdown();
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
