@@ -267,9 +267,26 @@ async fn health_models_tokenize_detokenize_and_metrics() {
         "thicket_http_request_duration_seconds",
         "thicket_kv_blocks_in_use",
         "thicket_engine_",
+        // What routers read, under vLLM's names.
+        "vllm:num_requests_running{model_name=\"mock\"} 0\n",
+        "vllm:num_requests_waiting{model_name=\"mock\"} 0\n",
+        "vllm:kv_cache_usage_perc{model_name=\"mock\"} 0\n",
+        "vllm:gpu_cache_usage_perc{model_name=\"mock\"} 0\n",
+        "vllm:prefix_cache_queries_total{model_name=\"mock\"} 1\n",
+        "vllm:prefix_cache_hits_total{model_name=\"mock\"} 0\n",
+        "vllm:cache_config_info{model_name=\"mock\",block_size=\"4\",num_gpu_blocks=\"64\"} 1\n",
+        "# TYPE vllm:num_requests_running gauge",
     ] {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
     }
+    // `/get_load` and `/version` need no key (routers poll them).
+    let (status, _, bytes) = call_raw(&s.app, request("GET", "/get_load", None, None)).await;
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((status, body), (StatusCode::OK, json!({"load": 0})));
+    let (status, _, bytes) = call_raw(&s.app, request("GET", "/version", None, None)).await;
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
     assert!(
         text.contains(
             r#"thicket_http_requests_total{method="POST",path="/v1/completions",status="200"}"#
@@ -694,6 +711,32 @@ async fn a_full_queue_answers_429_with_retry_after() {
     .await;
     let value: Value = serde_json::from_slice(&bytes).unwrap();
     assert_error(status, &value, StatusCode::TOO_MANY_REQUESTS);
+    // Routers see the two requests as this replica's load.
+    let (_, _, bytes) = call_raw(&s.app, request("GET", "/get_load", None, None)).await;
+    let load: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(load, json!({"load": 2}));
+    // The engine thread admits them a moment after they were accepted.
+    let gauge = |metrics: &str, name: &str| -> f64 {
+        let prefix = format!("{name}{{model_name=\"mock\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, _, metrics) = call_raw(&s.app, request("GET", "/metrics", None, Some(KEY))).await;
+        let metrics = String::from_utf8(metrics).unwrap();
+        let queued = gauge(&metrics, "vllm:num_requests_running")
+            + gauge(&metrics, "vllm:num_requests_waiting");
+        let usage = gauge(&metrics, "vllm:kv_cache_usage_perc");
+        if queued == 2.0 && usage > 0.0 && usage <= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         headers[header::RETRY_AFTER]
             .to_str()

@@ -2,12 +2,14 @@
 //! the model is loaded, the served name, the API key, the Prometheus recorder), the router
 //! with its middleware (API key, body limit, HTTP metrics, JSON 404/405), and the small
 //! endpoints: health, models, metrics, tokenize, detokenize. Generation lives in
-//! [`generate`], streaming in [`stream`], the `serve` command in [`serve_cmd`].
+//! [`generate`], streaming in [`stream`], the `serve` command in [`serve_cmd`], what routers
+//! read (vLLM-named load metrics, `/get_load`, `/version`) in `load`.
 
 pub mod body;
 pub mod convert;
 pub mod error;
 pub mod generate;
+mod load;
 pub mod protocol;
 pub mod responses;
 pub mod serve_cmd;
@@ -180,6 +182,8 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/get_load", get(load::get_load))
+        .route("/version", get(load::version))
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
@@ -239,7 +243,9 @@ async fn health(State(state): State<AppState>) -> ApiResult<Json<serde_json::Val
 async fn render_metrics(State(state): State<AppState>) -> Response {
     let handle = &state.inner.metrics;
     handle.run_upkeep();
-    let mut response = handle.render().into_response();
+    let mut text = handle.render();
+    text.push_str(&load::vllm_metrics(&state));
+    let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

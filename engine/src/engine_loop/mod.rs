@@ -65,6 +65,8 @@ pub struct EngineStats {
     pub cache: kvcache::CacheStats,
     /// Requests in the engine (not yet finished).
     pub requests: usize,
+    /// Token positions per KV block.
+    pub block_size: usize,
 }
 
 /// A validated request and where its events go.
@@ -196,6 +198,7 @@ impl Engine {
                     scheduler: self.scheduler.stats(),
                     cache: self.scheduler.cache_stats(),
                     requests: self.requests.len(),
+                    block_size: self.scheduler.blocks().block_size(),
                 });
                 return;
             }
