@@ -1,8 +1,10 @@
 //! Runs the real `thicket` binary from tests: a `thicket serve` child on a free port (its log
 //! forwarded, its address read from it, killed when dropped), a minimal blocking HTTP/1.1
 //! client for talking to it without a client library, and pinned Python packages installed
-//! under `target/` for the tests that drive it from Python. Its one test checks the server's
-//! log: never coloured in a pipe, and one JSON object per line under `--log-format json`.
+//! under `target/` for the tests that drive it from Python. Its tests check the server's log
+//! (never coloured in a pipe, one JSON object per line under `--log-format json`) and its
+//! draining on SIGTERM (`/health` and new work answer 503 at once while admitted streams
+//! finish).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -105,6 +107,13 @@ impl ServerProcess {
         server
     }
 
+    /// A handle that talks to the server at `base` (for client threads); it owns no process.
+    pub fn client(base: &str) -> Client {
+        Client {
+            base: base.to_string(),
+        }
+    }
+
     /// `POST path` with a JSON body: the status and the parsed JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let (status, _, payload) = self.request("POST", path, body.to_string().as_bytes());
@@ -132,29 +141,53 @@ impl ServerProcess {
         body: &[u8],
         headers: &str,
     ) -> (u16, String, String) {
-        let address = self.base.trim_start_matches("http://");
-        let mut stream = TcpStream::connect(address).expect("connecting to the server");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
-            body.len()
-        );
-        // The server may answer (413) before reading a large body; a failed write is fine.
-        let _ = stream
-            .write_all(head.as_bytes())
-            .and_then(|()| stream.write_all(body));
-        let mut answer = Vec::new();
-        let _ = stream.read_to_end(&mut answer);
-        let answer = String::from_utf8_lossy(&answer).to_string();
-        let (head, payload) = answer
-            .split_once("\r\n\r\n")
-            .unwrap_or_else(|| panic!("an HTTP answer with a body: {answer:?}"));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("a status line");
-        (status, head.to_string(), payload.to_string())
+        raw_request(&self.base, method, path, body, headers)
     }
+}
+
+/// A client of a server started elsewhere (for threads: it owns no process).
+pub struct Client {
+    base: String,
+}
+
+impl Client {
+    /// Any request with raw body bytes: the status, the head and the body text.
+    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
+        raw_request(&self.base, method, path, body, "")
+    }
+}
+
+/// One HTTP/1.1 request to `base` (`http://HOST:PORT`), read to the end of the connection:
+/// the status, the head and the body text.
+fn raw_request(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &str,
+) -> (u16, String, String) {
+    let address = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).expect("connecting to the server");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
+        body.len()
+    );
+    // The server may answer (413) before reading a large body; a failed write is fine.
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body));
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let (head, payload) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("an HTTP answer with a body: {answer:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    (status, head.to_string(), payload.to_string())
 }
 
 impl Drop for ServerProcess {
@@ -193,5 +226,63 @@ fn logs_are_uncoloured_in_a_pipe_and_json_on_request() {
             !json,
             "the ready line is plain text only without --log-format json: {log:?}"
         );
+    }
+}
+
+#[test]
+fn sigterm_drains_health_turns_503_and_admitted_streams_finish() {
+    let server = ServerProcess::start(&["--shutdown-grace-secs", "60"], &[]);
+    let body = serde_json::json!({
+        "prompt": "Once upon a time",
+        "max_tokens": 240,
+        "ignore_eos": true,
+        "stream": true,
+    })
+    .to_string();
+    let streams: Vec<_> = (0..3)
+        .map(|_| {
+            let (base, body) = (server.base.clone(), body.clone());
+            std::thread::spawn(move || {
+                let client = ServerProcess::client(&base);
+                client.request("POST", "/v1/completions", body.as_bytes())
+            })
+        })
+        .collect();
+    // Wait until all three are admitted, then stop the server.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while server.get("/get_load").1.trim() != r#"{"load":3}"# {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the streams never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    // At once, and while the streams still run: the server answers, but not with work.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.get("/health").0 != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/health never turned 503"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (status, _) = server.post(
+        "/v1/completions",
+        &serde_json::json!({"prompt": "Hi", "max_tokens": 2}),
+    );
+    assert_eq!(status, 503);
+    for stream in streams {
+        let (status, _, sse) = stream.join().expect("a stream thread");
+        assert_eq!(status, 200);
+        assert!(sse.contains(r#""finish_reason":"length""#), "{sse}");
+        assert!(sse.contains("data: [DONE]"), "{sse}");
+        let tokens = sse.matches(r#""text":"#).count();
+        assert!(tokens >= 200, "a stream was cut short: {tokens} chunks");
     }
 }

@@ -125,9 +125,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves when the server should stop: on SIGINT or SIGTERM (after which requests still
-/// running get `grace` to finish before the engine cancels them), or at once when the
-/// model failed to load.
+/// Resolves when the server should stop taking connections: at once when the model failed
+/// to load; on SIGINT or SIGTERM, once the requests already admitted have finished (or
+/// `grace` ran out and the engine cancelled the rest). Meanwhile the server keeps answering,
+/// `/health` and new requests with 503, so a router in front of it sees it leaving and stops
+/// sending while its streams complete.
 async fn shutdown_signal(
     state: AppState,
     grace: Duration,
@@ -162,10 +164,13 @@ async fn shutdown_signal(
         grace.as_secs()
     ));
     state.begin_shutdown();
-    tokio::spawn(async move {
-        tokio::time::sleep(grace).await;
-        if let Some(engine) = state.started_engine() {
-            engine.shutdown();
-        }
-    });
+    let deadline = tokio::time::Instant::now() + grace;
+    while state.started_engine().is_some_and(|e| e.pending() > 0)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(engine) = state.started_engine() {
+        engine.shutdown();
+    }
 }
