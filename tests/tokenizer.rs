@@ -1,5 +1,7 @@
 //! The tokenizer rebuilt from GGUF metadata: exact round trips, special tokens matched whole,
-//! and SmolLM2's documented pre-tokenization (digits split one by one).
+//! and SmolLM2's documented pre-tokenization (digits split one by one); and the Hugging Face
+//! directory `thicket fetch` exports for clients, which the `tokenizers` Python package reads
+//! to the same ids on a few hundred strings.
 
 use crate::common::smollm2;
 
@@ -89,4 +91,100 @@ fn incremental_detokenizer_never_emits_a_broken_character() {
     }
     shown.push_str(&detokenizer.flush(tokenizer).unwrap());
     assert_eq!(shown, text);
+}
+
+/// The `tokenizers` Python package clients load the exported directory with.
+const PY_TOKENIZERS: &str = "0.23.3";
+
+/// A few hundred strings of many kinds: the fixed texts, each with prefixes, suffixes and
+/// case changes, numbers, code, whitespace runs and the models' special tokens.
+fn many_texts() -> Vec<String> {
+    let mut texts: Vec<String> = Vec::new();
+    for (i, text) in TEXTS.iter().enumerate() {
+        for variant in [
+            text.to_string(),
+            text.to_uppercase(),
+            format!(" {text}"),
+            format!("{text}\n\n{}", TEXTS[(i + 1) % TEXTS.len()]),
+            format!("Q{i}: {text}?"),
+        ] {
+            texts.push(variant);
+        }
+    }
+    for n in 0..120u64 {
+        let x = n.wrapping_mul(2654435761) % 100_000;
+        texts.push(format!(
+            "item {x}: {}{}",
+            "ab ".repeat((n % 5) as usize),
+            x * 7
+        ));
+        texts.push(format!(
+            "fn f{n}(a: u32) -> u32 {{ a + {x} }}\t// é {}",
+            "\u{00e9}".repeat((n % 3) as usize)
+        ));
+    }
+    texts.push("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n".into());
+    texts.push("<tool_call>\n{\"name\": \"f\"}\n</tool_call>".into());
+    texts
+}
+
+#[test]
+fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
+    let deps = crate::processes::python_packages(
+        &format!("tokenizers-{PY_TOKENIZERS}"),
+        &[&format!("tokenizers=={PY_TOKENIZERS}")],
+        "tokenizers",
+    );
+    let texts = many_texts();
+    assert!(texts.len() >= 200);
+    for (alias, tokenizer) in [
+        ("smollm2-135m", smollm2().tokenizer.clone()),
+        ("qwen2.5-coder-0.5b", {
+            let (content, _) = engine::gguf::read_content(&crate::common::qwen_path()).unwrap();
+            engine::ModelTokenizer::from_gguf(&content).unwrap()
+        }),
+    ] {
+        // `thicket fetch` writes the directory beside the model.
+        let fetch = crate::processes::thicket()
+            .args(["fetch", alias])
+            .output()
+            .expect("running thicket fetch");
+        assert!(fetch.status.success(), "{fetch:?}");
+        let dir = engine::fetch::models_dir().join(format!("{alias}.tokenizer"));
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["chat_template"].as_str(), tokenizer.chat_template());
+        assert!(config["eos_token"].is_string(), "{config}");
+
+        let input = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(input.path(), serde_json::to_string(&texts).unwrap()).unwrap();
+        let script = "import json, sys\n\
+            from tokenizers import Tokenizer\n\
+            tok = Tokenizer.from_file(sys.argv[1] + '/tokenizer.json')\n\
+            texts = json.load(open(sys.argv[2]))\n\
+            print(json.dumps([tok.encode(t, add_special_tokens=False).ids for t in texts]))\n";
+        let out = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&dir)
+            .arg(input.path())
+            .env("PYTHONPATH", &deps)
+            .output()
+            .expect("running python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let python: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(python.len(), texts.len());
+        for (text, ids) in texts.iter().zip(&python) {
+            assert_eq!(
+                ids,
+                &tokenizer.encode_plain(text).unwrap(),
+                "{alias}: {text:?}"
+            );
+        }
+    }
 }

@@ -206,6 +206,11 @@ fn fetch(alias: &str) -> anyhow::Result<()> {
     };
     let path = engine::fetch::fetch(model, &models_dir())?;
     println!("{}", path.display());
+    let (content, _) = engine::gguf::read_content(&path)?;
+    let tokenizer = engine::ModelTokenizer::from_gguf(&content)?;
+    let dir = models_dir().join(format!("{alias}.tokenizer"));
+    tokenizer.export_hf(&dir)?;
+    announce(&format!("tokenizer for clients: {}", dir.display()));
     Ok(())
 }
 

@@ -235,6 +235,31 @@ impl ModelTokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Writes this tokenizer as a Hugging Face tokenizer directory (`tokenizer.json` and
+    /// `tokenizer_config.json` with the chat template and the BOS/EOS tokens), so clients
+    /// without a hub (load generators, routers, `AutoTokenizer.from_pretrained(dir)`) encode
+    /// exactly as thicket does.
+    pub fn export_hf(&self, dir: &Path) -> Result<()> {
+        let failed =
+            |e: &dyn std::fmt::Display| Error::Tokenizer(format!("{}: {e}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(|e| failed(&e))?;
+        self.inner
+            .save(dir.join("tokenizer.json"), false)
+            .map_err(|e| failed(&e))?;
+        let text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
+        let config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": text(self.bos_id),
+            "eos_token": text(self.eos_ids.first().copied()),
+            "add_bos_token": self.add_bos,
+            "add_eos_token": false,
+            "clean_up_tokenization_spaces": false,
+            "chat_template": self.chat_template,
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+            .map_err(|e| failed(&e))
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
