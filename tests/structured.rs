@@ -252,59 +252,35 @@ fn speculation_under_a_format_changes_no_token() {
     assert!(accepted > 0, "no draft was accepted under a format");
 }
 
-/// A drafter whose drafts are always wrong: token 0, over and over.
-struct Wrong;
+/// A drafter that proposes `drafts` tokens, all wrong (token 0, over and over): 8 for
+/// method "wrong", none at all for "mute".
+#[derive(Clone, Copy)]
+struct Wrong {
+    name: &'static str,
+    drafts: usize,
+}
 
 impl engine::spec::Drafter for Wrong {
     fn method(&self) -> SpecMethod {
-        SpecMethod::Named("wrong")
+        SpecMethod::Named(self.name)
     }
     fn prepare(&mut self, _ctx: &engine::spec::DraftContext<'_>) -> usize {
-        8
+        self.drafts
     }
     fn draft(&mut self, ctx: &engine::spec::DraftContext<'_>, budget: usize) -> engine::TokenTree {
         let mut chain = vec![ctx.tokens[ctx.tokens.len() - 1]];
-        chain.extend(std::iter::repeat_n(0, budget.min(8)));
+        chain.extend(std::iter::repeat_n(0, budget.min(self.drafts)));
         engine::TokenTree::chain(&chain)
     }
     fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
-struct WrongSpeculator;
-
-impl engine::spec::speculator::Speculator for WrongSpeculator {
+impl engine::spec::speculator::Speculator for Wrong {
     fn method(&self) -> SpecMethod {
-        SpecMethod::Named("wrong")
+        SpecMethod::Named(self.name)
     }
     fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn engine::spec::Drafter>> {
-        Some(Box::new(Wrong))
-    }
-}
-
-/// A drafter that never has anything to propose.
-struct Mute;
-
-impl engine::spec::Drafter for Mute {
-    fn method(&self) -> SpecMethod {
-        SpecMethod::Named("mute")
-    }
-    fn prepare(&mut self, _ctx: &engine::spec::DraftContext<'_>) -> usize {
-        0
-    }
-    fn draft(&mut self, ctx: &engine::spec::DraftContext<'_>, _budget: usize) -> engine::TokenTree {
-        engine::TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
-    }
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
-}
-
-struct MuteSpeculator;
-
-impl engine::spec::speculator::Speculator for MuteSpeculator {
-    fn method(&self) -> SpecMethod {
-        SpecMethod::Named("mute")
-    }
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn engine::spec::Drafter>> {
-        Some(Box::new(Mute))
+        Some(Box::new(*self))
     }
 }
 
@@ -329,10 +305,16 @@ fn forced_tokens_are_fed_at_once_and_all_accepted() {
             max_draft_tokens: 16,
             speculators: vec![
                 engine::spec::speculator::SpeculatorFactory::new("wrong", |_| {
-                    Box::new(WrongSpeculator)
+                    Box::new(Wrong {
+                        name: "wrong",
+                        drafts: 8,
+                    })
                 }),
                 engine::spec::speculator::SpeculatorFactory::new("mute", |_| {
-                    Box::new(MuteSpeculator)
+                    Box::new(Wrong {
+                        name: "mute",
+                        drafts: 0,
+                    })
                 }),
             ],
             ..SpeculationConfig::default()

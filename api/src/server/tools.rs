@@ -422,29 +422,18 @@ impl CallReader {
         }
         if self.in_call {
             self.in_call = false;
-            let body = held.strip_prefix(TOOL_CALL_OPEN).unwrap_or(&held);
-            if parse_call(body).is_none() {
-                if let Some(call) = partial_call(body, &self.offered) {
-                    self.calls += 1;
-                    return vec![Piece::Call(call_out(call))];
-                }
-            }
             return vec![self.block(held)];
         }
         vec![Piece::Text(held)]
     }
 
-    /// A `<tool_call>...` block as a call, or as text if it does not parse.
+    /// A `<tool_call>...` block (closed, or cut off at the end of the answer) read as
+    /// [`parse_calls`] reads it: a call, or text if it holds none.
     fn block(&mut self, block: String) -> Piece {
-        let body = block
-            .strip_prefix(TOOL_CALL_OPEN)
-            .unwrap_or(&block)
-            .trim_end()
-            .trim_end_matches(TOOL_CALL_CLOSE);
-        match parse_call(body) {
+        match parse_calls(&block, &self.offered).and_then(|(_, calls)| calls.into_iter().next()) {
             Some(call) => {
                 self.calls += 1;
-                Piece::Call(call_out(call))
+                Piece::Call(call)
             }
             None => Piece::Text(block),
         }

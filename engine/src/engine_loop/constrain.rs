@@ -1,8 +1,8 @@
 //! The constraint stage, before the forward. Where a constrained sequence was granted a draft
 //! tree (the planner offers the tokens its format forces as certain, so it is granted room
 //! for them even without drafts of its own) and its format forces the next tokens (each the
-//! only one allowed), the tree becomes the chain of those tokens (jump-forward: the model's masked choice at each of them can
-//! only be the next, so every one is accepted). Otherwise the tree keeps only the nodes whose
+//! only one allowed), the tree becomes the chain of those tokens (jump-forward: the model's
+//! masked choice at each of them can only be the next, so every one is accepted). Otherwise the tree keeps only the nodes whose
 //! path the format allows (pruned nodes are never fed). Each row that will be sampled gets
 //! the mask of tokens allowed after it: one for a plain decode row, one per node of a tree,
 //! each computed from the path that leads to it. Verification then chooses every node's

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvcache::SeqId;
+use rayon::prelude::*;
 use scheduler::{ScheduledSeq, Scheduler};
 
 mod constrain;
@@ -324,19 +325,35 @@ impl Engine {
     /// with the tokens its output format forces (if it has one) offered as certain.
     fn draft_offers(&mut self) -> Option<scheduler::DraftInputs> {
         let scheduler = &self.scheduler;
-        let candidates = self.records.iter_mut().filter_map(|(&id, record)| {
-            let drafter = record.drafter.as_mut()?;
-            let seq = scheduler.seq(id)?;
+        let mut candidates = Vec::new();
+        let mut constraints = Vec::new();
+        for (&id, record) in self.records.iter_mut() {
+            let (Some(drafter), Some(seq)) = (record.drafter.as_mut(), scheduler.seq(id)) else {
+                continue;
+            };
             let ready = seq.status() == scheduler::SeqStatus::Running
                 && seq.num_computed() + 1 == seq.tokens().len()
                 && seq.pending_forks() == 0;
-            let forced = match (ready, record.constraint.as_mut()) {
-                (true, Some(constraint)) => constraint.forced_estimate(),
-                _ => 0,
-            };
-            ready.then_some((id, seq.tokens(), drafter, forced))
-        });
-        self.spec.offers(candidates)
+            if ready {
+                candidates.push((id, seq.tokens(), drafter));
+                constraints.push(record.constraint.as_mut());
+            }
+        }
+        // The look at each format's next mask runs on every core, as the constraint stage
+        // does (which then reuses the mask the constraint kept).
+        let forced: Vec<usize> = if constraints.iter().any(Option::is_some) {
+            constraints
+                .par_iter_mut()
+                .map(|c| c.as_mut().map_or(0, |c| c.forced_estimate()))
+                .collect()
+        } else {
+            vec![0; candidates.len()]
+        };
+        let offers = candidates
+            .into_iter()
+            .zip(forced)
+            .map(|((id, tokens, drafter), forced)| (id, tokens, drafter, forced));
+        self.spec.offers(offers)
     }
 
     /// Nothing could be scheduled although work is queued: with nothing running, the head

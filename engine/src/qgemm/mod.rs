@@ -266,7 +266,7 @@ impl QuantMatrix {
             )));
         }
         let m = rows.0.q.len() / self.k;
-        out.clear();
+        // Every value is written by the product; stale ones need no zeroing first.
         out.resize(m * self.n, 0.0);
         if m > 0 {
             self.product(process_isa(), &rows.0, out);
@@ -291,7 +291,7 @@ impl QuantMatrix {
                 for t in task * tiles_per_task..end {
                     let columns = n.saturating_sub(t * TILE).min(TILE);
                     let mut store = |r: usize, values: &[f32; TILE]| {
-                        debug_assert!(r < m);
+                        assert!(r < m, "a tile kernel gave row {r} of {m}");
                         // SAFETY: `r < m` and `t * TILE + columns <= n`, so the run lies inside
                         // `out` (`m * n` values, checked above); each tile belongs to one
                         // task, so no two threads write the same values, and nothing reads
