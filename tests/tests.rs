@@ -3,6 +3,7 @@
 //! built in code, against candle-transformers' reference implementations; the KV cache and
 //! the serving engine end to end.
 
+mod aiperf;
 mod batch;
 mod bench_serve;
 mod common;
@@ -19,6 +20,7 @@ mod mock_backend;
 mod openai_e2e;
 mod oracle;
 mod processes;
+mod router;
 mod security;
 mod server;
 mod serving;

@@ -163,52 +163,31 @@ impl MethodEngine {
         })
     }
 
-    /// Runs `questions` all at once (one client each) and measures each.
+    /// Runs `questions` all at once (one client each) and measures each. Every question is
+    /// submitted before any stream is read, so each round reaches the engine in the same
+    /// order and at once for every method (threads started one by one would let the engine
+    /// begin with whichever few had arrived, and the prefill order would vary by method).
     fn run(&self, questions: &[Question], max_tokens: usize) -> anyhow::Result<Vec<Measurement>> {
+        let method = self.method;
+        let submitted = questions
+            .iter()
+            .map(|q| {
+                let request = Request::greedy(q.prompt.clone(), max_tokens, Some(method));
+                Ok((q, Instant::now(), self.handle.submit(request)?))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         std::thread::scope(|scope| {
-            let workers: Vec<_> = questions
-                .iter()
-                .map(|q| scope.spawn(move || self.one(q, max_tokens)))
+            let readers: Vec<_> = submitted
+                .into_iter()
+                .map(|(q, started, stream)| scope.spawn(move || read(method, q, started, stream)))
                 .collect();
-            workers
+            readers
                 .into_iter()
                 .map(|w| {
                     w.join()
-                        .map_err(|_| anyhow::anyhow!("a bench worker panicked"))?
+                        .map_err(|_| anyhow::anyhow!("a bench reader panicked"))?
                 })
                 .collect()
-        })
-    }
-
-    fn one(&self, q: &Question, max_tokens: usize) -> anyhow::Result<Measurement> {
-        let method = self.method;
-        let request = Request::greedy(q.prompt.clone(), max_tokens, Some(method));
-        let started = Instant::now();
-        let stream = self.handle.submit(request)?;
-        let (mut first, mut tokens, mut usage) = (None, 0, None);
-        while let Some(event) = stream.recv() {
-            match event {
-                Event::Output { token_ids, .. } => {
-                    first.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                    tokens += token_ids.len();
-                }
-                Event::Finished { usage: u, .. } => usage = Some(u),
-                Event::Error(e) => bail!("question {}: {e}", q.id),
-            }
-        }
-        let usage = usage.context("the engine stopped early")?;
-        let seconds = started.elapsed().as_secs_f64();
-        let first = first.unwrap_or(seconds);
-        Ok(Measurement {
-            question_id: q.id.clone(),
-            category: q.category.clone(),
-            method: method.as_str().to_string(),
-            output_tokens: tokens,
-            seconds,
-            decode_seconds: seconds - first,
-            verify_steps: usage.spec_steps,
-            draft_tokens: usage.draft_tokens,
-            accepted_tokens: usage.accepted_tokens,
         })
     }
 
@@ -216,6 +195,40 @@ impl MethodEngine {
         self.handle.shutdown();
         let _ = self.thread.join();
     }
+}
+
+/// Reads the stream of question `q` (submitted at `started` under `method`) to its end.
+fn read(
+    method: SpecMethod,
+    q: &Question,
+    started: Instant,
+    stream: engine::RequestStream,
+) -> anyhow::Result<Measurement> {
+    let (mut first, mut tokens, mut usage) = (None, 0, None);
+    while let Some(event) = stream.recv() {
+        match event {
+            Event::Output { token_ids, .. } => {
+                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                tokens += token_ids.len();
+            }
+            Event::Finished { usage: u, .. } => usage = Some(u),
+            Event::Error(e) => bail!("question {}: {e}", q.id),
+        }
+    }
+    let usage = usage.context("the engine stopped early")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let first = first.unwrap_or(seconds);
+    Ok(Measurement {
+        question_id: q.id.clone(),
+        category: q.category.clone(),
+        method: method.as_str().to_string(),
+        output_tokens: tokens,
+        seconds,
+        decode_seconds: seconds - first,
+        verify_steps: usage.spec_steps,
+        draft_tokens: usage.draft_tokens,
+        accepted_tokens: usage.accepted_tokens,
+    })
 }
 
 /// Decoding speed: tokens after the first over the time after the first token.

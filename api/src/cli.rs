@@ -157,6 +157,16 @@ pub fn parse() -> Cli {
     Cli::parse()
 }
 
+/// Parses a command line (`argv[0]` first) without exiting on an error: for checking
+/// command lines kept elsewhere (the Kubernetes example's).
+pub fn try_parse_from<I, T>(argv: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(argv)
+}
+
 /// Runs an already parsed command line (the binary parses first, to set up logging).
 pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
