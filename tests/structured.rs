@@ -12,7 +12,7 @@
 use engine::constraint::ConstraintSpec;
 use engine::handle::EngineHandle;
 use engine::{
-    EngineConfig, FinishReason, Request, SamplingParams, SpecMethod, SpecRequest,
+    EngineConfig, Event, FinishReason, Request, SamplingParams, SpecMethod, SpecRequest,
     SpeculationConfig, StopConditions, SubmitError,
 };
 use kvcache::ManagerConfig;
@@ -484,6 +484,53 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
         }
     }
     // Nothing was queued: the engine is idle.
+    assert_eq!(handle.pending(), 0);
+}
+
+#[test]
+fn a_format_beyond_the_grammar_engines_limits_fails_its_request_as_the_formats_fault() {
+    let handle = start();
+    // Thousands of optional properties compile, and the first token (`{`) is allowed, but
+    // the mask after it would need more Earley items than llguidance allows: the request
+    // fails, marked as its format's failure (the server answers 400, not a 5xx a router
+    // would retry elsewhere), and the engine goes on.
+    let properties: serde_json::Map<String, serde_json::Value> = (0..3000)
+        .map(|i| (format!("p{i}"), json!({"type": "string", "maxLength": 8})))
+        .collect();
+    // The last one required, so that `{}` cannot end the object at once.
+    let spec = ConstraintSpec::JsonSchema(json!({
+        "type": "object", "properties": properties, "required": ["p2999"]
+    }));
+    let stream = handle
+        .submit(request(chat("Hi."), spec, SamplingParams::greedy(), 1))
+        .expect("the format compiles");
+    let failure = loop {
+        match stream.recv() {
+            Some(Event::Error(failure)) => break failure,
+            Some(Event::Finished { .. }) | None => panic!("the request did not fail"),
+            Some(Event::Output { .. }) => {}
+        }
+    };
+    assert!(failure.format, "{failure:?}");
+    assert!(
+        failure
+            .message
+            .starts_with("the output format could not be followed: "),
+        "{}",
+        failure.message
+    );
+    assert!(failure.message.contains("max is"), "{}", failure.message);
+    // A format within the limits still runs on the same engine.
+    let ok = ConstraintSpec::JsonSchema(json!({
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]
+    }));
+    let out = handle
+        .submit(request(chat("Hi."), ok, SamplingParams::greedy(), 1))
+        .unwrap()
+        .wait()
+        .unwrap()
+        .remove(0);
+    assert!(out.finish.is_some(), "{out:?}");
     assert_eq!(handle.pending(), 0);
 }
 

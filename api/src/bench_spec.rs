@@ -7,8 +7,10 @@
 //! another's prefixes from the prefix cache or its continuations from the recycling matrix,
 //! while the Token Recycling matrix still warms up over the questions as in the paper's hot
 //! start. The methods are interleaved question by question (rounds of `--concurrency`
-//! questions, the methods' order rotating), so the host's noise falls on all of them alike. `--out` writes every measurement as JSON; `--plot-dir` draws
-//! acceptance by tree depth and MAT per method.
+//! questions, the methods' order rotating), so the host's noise falls on all of them alike;
+//! `--control` adds a second `none` engine whose ratio to the first is the run's noise floor.
+//! `--out` writes every measurement as JSON; `--plot-dir` draws acceptance by tree depth and
+//! MAT per method.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -44,6 +46,11 @@ pub struct SpecBenchArgs {
         default_value = "none,recycling,ngram_trie,prompt_lookup,auto"
     )]
     pub methods: Vec<String>,
+    /// Also run a second `none` engine, reported as `none (control)`: its ratio to `none`
+    /// is the noise floor of the run (two identical setups differ only by the host's
+    /// noise and their place in each round).
+    #[arg(long)]
+    pub control: bool,
     /// Output tokens per question at most.
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
@@ -128,10 +135,15 @@ fn load_questions(args: &SpecBenchArgs, loaded: &LoadedModel) -> anyhow::Result<
 /// or its continuation in the recycling matrix.
 const WARM_UP: &str = "List the days of the week.";
 
+/// The label of the second `none` engine (`--control`).
+const CONTROL: &str = "none (control)";
+
 /// One method's own engine, alive for the whole bench so that questions can be interleaved
 /// across methods while each method still sees only its own traffic.
 struct MethodEngine {
     method: SpecMethod,
+    /// The method's name, or `none (control)` for the control engine.
+    label: String,
     handle: engine::EngineHandle,
     thread: std::thread::JoinHandle<()>,
 }
@@ -140,8 +152,9 @@ impl MethodEngine {
     fn start(
         loaded: &LoadedModel,
         args: &SpecBenchArgs,
-        method: SpecMethod,
+        (method, label): &(SpecMethod, String),
     ) -> anyhow::Result<Self> {
+        let method = *method;
         let mut engine_args = args.engine.clone();
         engine_args.spec.speculation = method;
         let config = engine_args.config(&loaded.model)?;
@@ -158,6 +171,7 @@ impl MethodEngine {
         handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
         Ok(Self {
             method,
+            label: label.clone(),
             handle,
             thread,
         })
@@ -168,7 +182,7 @@ impl MethodEngine {
     /// order and at once for every method (threads started one by one would let the engine
     /// begin with whichever few had arrived, and the prefill order would vary by method).
     fn run(&self, questions: &[Question], max_tokens: usize) -> anyhow::Result<Vec<Measurement>> {
-        let method = self.method;
+        let (method, label) = (self.method, self.label.as_str());
         let submitted = questions
             .iter()
             .map(|q| {
@@ -179,7 +193,7 @@ impl MethodEngine {
         std::thread::scope(|scope| {
             let readers: Vec<_> = submitted
                 .into_iter()
-                .map(|(q, started, stream)| scope.spawn(move || read(method, q, started, stream)))
+                .map(|(q, started, stream)| scope.spawn(move || read(label, q, started, stream)))
                 .collect();
             readers
                 .into_iter()
@@ -197,9 +211,10 @@ impl MethodEngine {
     }
 }
 
-/// Reads the stream of question `q` (submitted at `started` under `method`) to its end.
+/// Reads the stream of question `q` (submitted at `started` to the engine `label`) to its
+/// end.
 fn read(
-    method: SpecMethod,
+    label: &str,
     q: &Question,
     started: Instant,
     stream: engine::RequestStream,
@@ -221,7 +236,7 @@ fn read(
     Ok(Measurement {
         question_id: q.id.clone(),
         category: q.category.clone(),
-        method: method.as_str().to_string(),
+        method: label.to_string(),
         output_tokens: tokens,
         seconds,
         decode_seconds: seconds - first,
@@ -261,16 +276,23 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             Some(m) => methods.push(m),
         }
     }
+    let mut methods: Vec<(SpecMethod, String)> = methods
+        .into_iter()
+        .map(|m| (m, m.as_str().to_string()))
+        .collect();
+    if args.control {
+        methods.push((SpecMethod::None, CONTROL.to_string()));
+    }
     let questions = load_questions(args, loaded)?;
     let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
     let engines = methods
         .iter()
-        .map(|&m| MethodEngine::start(loaded, args, m))
+        .map(|m| MethodEngine::start(loaded, args, m))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut results: Vec<Measurement> = Vec::new();
     let mut depth: Vec<(String, charts::DepthCounts)> = methods
         .iter()
-        .map(|m| (m.as_str().to_string(), charts::DepthCounts::default()))
+        .map(|(_, label)| (label.clone(), charts::DepthCounts::default()))
         .collect();
     let mut busy = vec![0f64; methods.len()];
     // Rounds of `concurrency` questions; every method runs a round on its own engine before
@@ -291,7 +313,7 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     for (engine, seconds) in engines.into_iter().zip(&busy) {
         eprintln!(
             "{}: {} questions in {seconds:.1}s",
-            engine.method.as_str(),
+            engine.label,
             questions.len()
         );
         engine.stop();
@@ -302,10 +324,10 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
         c.dedup();
         c
     };
-    let select = |method: SpecMethod, category: Option<&str>| -> Vec<&Measurement> {
+    let select = |label: &str, category: Option<&str>| -> Vec<&Measurement> {
         results
             .iter()
-            .filter(|m| m.method == method.as_str())
+            .filter(|m| m.method == label)
             .filter(|m| category.is_none_or(|c| m.category == c))
             .collect()
     };
@@ -319,15 +341,16 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
         print!("---:|");
     }
     println!("---:|---:|---:|");
-    let base_all = tokens_per_second(&select(SpecMethod::None, None));
-    for &method in &methods {
-        print!("| {} |", method.as_str());
+    let base_all = tokens_per_second(&select(SpecMethod::None.as_str(), None));
+    for (_, label) in &methods {
+        let label = label.as_str();
+        print!("| {label} |");
         for c in &categories {
-            let base = tokens_per_second(&select(SpecMethod::None, Some(c)));
-            let rate = tokens_per_second(&select(method, Some(c)));
+            let base = tokens_per_second(&select(SpecMethod::None.as_str(), Some(c)));
+            let rate = tokens_per_second(&select(label, Some(c)));
             print!(" {:.2}x |", rate / base);
         }
-        let all = select(method, None);
+        let all = select(label, None);
         let rate = tokens_per_second(&all);
         println!(
             " {:.2} | {:.1} | {:.2}x |",
@@ -339,7 +362,7 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.plot_dir {
         let mats: Vec<(String, f64)> = methods
             .iter()
-            .map(|&m| (m.as_str().to_string(), mat(&select(m, None))))
+            .map(|(_, label)| (label.clone(), mat(&select(label, None))))
             .collect();
         charts::draw(dir, &depth, &mats)?;
         eprintln!("charts: {}", dir.display());

@@ -45,6 +45,10 @@ pub enum Error {
     /// A prompt with no tokens.
     #[error("prompt is empty: at least one token is needed")]
     EmptyPrompt,
+    /// A request's output format, compiled and followed so far, could not be followed
+    /// further (llguidance's limits on one token's mask).
+    #[error("the output format could not be followed: {0}")]
+    FormatFailed(String),
     /// A batch that breaks the `TreeBatch` invariants (a programming error upstream).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

@@ -281,7 +281,7 @@ impl RequestStream {
                     samples[index].finish = Some(reason);
                     samples[index].usage = usage;
                 }
-                Event::Error(message) => return Err(message),
+                Event::Error(failure) => return Err(failure.message),
             }
         }
         if samples.is_empty() || samples.iter().any(|s| s.finish.is_none()) {

@@ -51,7 +51,7 @@ pub use kvcache::ManagerConfig;
 pub use linear::{QuantKernel, WeightDType};
 pub use load::{load_model, LoadOptions, LoadedModel};
 pub use model::Model;
-pub use request::{Event, FinishReason, InvalidRequest, Request, StopConditions, Usage};
+pub use request::{Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage};
 pub use sampler::SamplingParams;
 pub use scheduler::{CostCurve, SchedulerConfig};
 pub use spec::{SpecMethod, SpecRequest};

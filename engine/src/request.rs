@@ -135,7 +135,42 @@ pub enum Event {
         usage: Usage,
     },
     /// The request failed; nothing follows.
-    Error(String),
+    Error(Failure),
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What went wrong.
+    pub message: String,
+    /// Whether the request's own output format failed it (a format that compiled but
+    /// exceeded the grammar engine's limits later on): the client's error, which another
+    /// try or another replica would meet again. Otherwise the engine failed it.
+    pub format: bool,
+}
+
+impl Failure {
+    /// A failure of the engine's (shutting down, no room, an internal error).
+    pub fn engine(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            format: false,
+        }
+    }
+
+    /// A failure for `error`: the output format's when it is [`crate::Error::FormatFailed`].
+    pub fn from_error(error: &crate::Error) -> Self {
+        Self {
+            message: error.to_string(),
+            format: matches!(error, crate::Error::FormatFailed(_)),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// A request the engine refuses before queueing it; the message names the field.

@@ -211,6 +211,28 @@ def structured():
         check(False, "an invalid schema was accepted")
     except openai.BadRequestError as e:
         check(e.status_code == 400 and e.body.get("param") == "response_format", f"bad schema: {e.body}")
+    # A schema that compiles but exceeds the grammar engine's limits after its first token: a
+    # 400 naming the field (a 5xx would have a router retry it elsewhere), whole or streamed.
+    wide = {f"p{i}": {"type": "string", "maxLength": 8} for i in range(3000)}
+    wide = {"type": "object", "properties": wide, "required": ["p2999"]}
+    wide = {"type": "json_schema", "json_schema": {"name": "wide", "schema": wide}}
+    try:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], response_format=wide, max_tokens=8
+        )
+        check(False, f"a format beyond the grammar engine's limits was followed: {r}")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "response_format", f"wide schema: {e.body}")
+        check("could not be followed" in e.body.get("message", ""), f"wide schema: {e.body}")
+    try:
+        for _ in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], response_format=wide, max_tokens=8,
+            stream=True,
+        ):
+            pass
+        check(False, "a streamed format beyond the grammar engine's limits was followed")
+    except openai.APIError as e:
+        check("could not be followed" in str(e.message), f"wide schema streamed: {e!r}")
 
 
 WEATHER = {

@@ -26,6 +26,8 @@ pub struct ResponseOptions {
     pub logprobs: bool,
     /// Read chat answers for tool calls.
     pub tool_calls: bool,
+    /// The field the output format came from, named when the format fails mid-way.
+    pub format_field: &'static str,
 }
 
 /// Per-request settings, before the prompt is known.
@@ -264,6 +266,7 @@ pub fn settings(
             include_usage,
             logprobs: top_logprobs.is_some(),
             tool_calls: false,
+            format_field: "structured_outputs",
         },
     })
 }

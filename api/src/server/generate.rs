@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::handle::{EngineHandle, RequestStream};
-use engine::{Event, ModelTokenizer};
+use engine::{Event, Failure, ModelTokenizer};
 
 use super::body::GenerationBody;
 use super::convert::{
@@ -44,14 +44,32 @@ pub(super) async fn completions(
     State(state): State<AppState>,
     GenerationBody(body): GenerationBody<CompletionRequest>,
 ) -> ApiResult<Response> {
-    start_completion(&state, body)?.respond().await
+    off_runtime(state, move |state| start_completion(state, body))
+        .await?
+        .respond()
+        .await
 }
 
 pub(super) async fn chat_completions(
     State(state): State<AppState>,
     GenerationBody(body): GenerationBody<ChatRequest>,
 ) -> ApiResult<Response> {
-    start_chat(&state, body)?.respond().await
+    off_runtime(state, move |state| start_chat(state, body))
+        .await?
+        .respond()
+        .await
+}
+
+/// Runs `start` on tokio's blocking pool: rendering the template, encoding the prompt and
+/// compiling an output format grow with the request (a long prompt, a large schema), and
+/// on the runtime's own threads they would hold up every other connection meanwhile.
+async fn off_runtime<T: Send + 'static>(
+    state: AppState,
+    start: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(move || start(&state))
+        .await
+        .map_err(|e| ApiError::internal(format!("request setup failed: {e}")))?
 }
 
 /// A generation request the engine accepted: everything its response needs.
@@ -72,7 +90,7 @@ impl Started {
         let mut choices = Vec::with_capacity(self.submitted.len() * n);
         let mut echoes = Vec::with_capacity(self.submitted.len());
         for s in self.submitted {
-            choices.extend(collect(&s.stream, n).await?);
+            choices.extend(collect(&s.stream, n, self.options.format_field).await?);
             echoes.push(s.echo);
         }
         Ok(full_response(
@@ -216,6 +234,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.constraint_field = "tools";
     }
     settings.options.tool_calls = tools.as_ref().is_some_and(ToolRequest::parses_calls);
+    settings.options.format_field = settings.constraint_field;
     let messages = body
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
@@ -351,7 +370,11 @@ fn submit_all(
 }
 
 /// Waits for all `n` choices of one request.
-async fn collect(stream: &RequestStream, n: usize) -> ApiResult<Vec<ChoiceState>> {
+async fn collect(
+    stream: &RequestStream,
+    n: usize,
+    format_field: &str,
+) -> ApiResult<Vec<ChoiceState>> {
     let mut choices = vec![ChoiceState::default(); n];
     let mut open = n;
     while open > 0 {
@@ -378,16 +401,22 @@ async fn collect(stream: &RequestStream, n: usize) -> ApiResult<Vec<ChoiceState>
                     open -= 1;
                 }
             }
-            Some(Event::Error(message)) => return Err(engine_failure(&message)),
-            None => return Err(engine_failure("the engine stopped")),
+            Some(Event::Error(failure)) => return Err(engine_failure(&failure, format_field)),
+            None => return Err(engine_failure(&Failure::engine("the engine stopped"), "")),
         }
     }
     Ok(choices)
 }
 
-/// A request the engine could not finish (it is shutting down, or the request cannot fit).
-pub fn engine_failure(message: &str) -> ApiError {
+/// A request the engine could not finish: a 400 naming `format_field` when its output format
+/// failed it (another try would fail alike, so it is no 5xx a router would retry), else a
+/// 503 (the engine is shutting down, the request cannot fit, an internal error).
+pub fn engine_failure(failure: &Failure, format_field: &str) -> ApiError {
+    if failure.format {
+        return ApiError::invalid(format_field, failure.message.clone());
+    }
     ApiError::unavailable(format!(
-        "the engine could not finish the request: {message}"
+        "the engine could not finish the request: {}",
+        failure.message
     ))
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::handle::RequestStream;
-use engine::{Event, ModelTokenizer};
+use engine::{Event, Failure, ModelTokenizer};
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 
 use engine::request::TokenLogprob;
@@ -161,8 +161,8 @@ impl StreamState {
                 self.choices[at].usage = usage;
                 self.open = self.open.saturating_sub(1);
             }
-            Event::Error(message) => {
-                self.push(engine_failure(&message).body());
+            Event::Error(failure) => {
+                self.push(engine_failure(&failure, self.options.format_field).body());
                 self.done = true;
             }
         }
@@ -293,7 +293,7 @@ pub fn sse_response(
                     }
                 }
                 None => {
-                    let failure = engine_failure("the engine stopped").body();
+                    let failure = engine_failure(&Failure::engine("the engine stopped"), "").body();
                     state.push(failure);
                     state.close();
                 }

@@ -81,6 +81,8 @@ impl Grammars {
         let env: toktrie::TokEnv = Arc::new(env);
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
+        // Errors reach clients: the reason, without a dump of the parser's state.
+        factory.limits_mut().verbose_errors = false;
         Ok(factory)
     }
 
@@ -116,11 +118,24 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(Error::Format(e));
         }
-        Ok(Box::new(GuidanceConstraint {
+        let mut constraint = GuidanceConstraint {
             matcher,
             vocab: self.vocab,
             next: None,
-        }))
+        };
+        // The first mask, here rather than in the engine's first step (which then reuses
+        // it): a format that exceeds llguidance's limits on its first token (thousands of
+        // optional properties) is the client's error, not a failed request later.
+        match constraint.compute_mask() {
+            Ok(mask) => constraint.next = Some(mask),
+            Err(Error::FormatFailed(reason)) => {
+                return Err(Error::Format(format!(
+                    "the grammar engine cannot compute its first token ({reason})"
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(Box::new(constraint))
     }
 }
 
@@ -141,6 +156,13 @@ fn depth(value: &serde_json::Value) -> usize {
         }
     }
     deepest
+}
+
+/// The first line of llguidance's error: the reason (what follows is a placeholder for the
+/// parser's state, which is not shown to clients).
+fn first_line(error: impl std::fmt::Display) -> String {
+    let text = error.to_string();
+    text.lines().next().unwrap_or_default().to_string()
 }
 
 /// `text` as a regular expression that matches it literally.
@@ -191,11 +213,11 @@ pub struct GuidanceConstraint {
 
 impl GuidanceConstraint {
     fn failed(&self, what: &str) -> Error {
-        Error::InvalidBatch(format!(
-            "the output constraint failed ({what}): {}",
+        Error::FormatFailed(format!(
+            "{what}: {}",
             self.matcher
                 .get_error()
-                .unwrap_or_else(|| "no reason given".into())
+                .map_or_else(|| "no reason given".into(), first_line)
         ))
     }
 }
@@ -206,7 +228,7 @@ impl GuidanceConstraint {
         let vob = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))?;
+            .map_err(|e| Error::FormatFailed(first_line(&e)))?;
         let mask = TokenMask::from_words(self.vocab, vob.as_slice());
         if mask.count() == 0 {
             return Err(self.failed("no token is allowed"));
@@ -234,21 +256,20 @@ impl Constraint for GuidanceConstraint {
         self.next = None;
         self.matcher
             .consume_token(token)
-            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
+            .map_err(|e| Error::FormatFailed(first_line(&e)))
     }
 
     fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
         self.matcher
             .validate_tokens(tokens)
-            .map_err(|e| Error::InvalidBatch(format!("the output constraint failed: {e}")))
+            .map_err(|e| Error::FormatFailed(first_line(&e)))
     }
 
     fn mask_after(&mut self, tokens: &[u32]) -> Result<TokenMask> {
         if tokens.is_empty() {
             return self.mask();
         }
-        let failed =
-            |e: anyhow::Error| Error::InvalidBatch(format!("the output constraint failed: {e}"));
+        let failed = |e: anyhow::Error| Error::FormatFailed(first_line(&e));
         self.matcher.consume_tokens(tokens).map_err(failed)?;
         let mask = self.compute_mask();
         self.matcher.rollback(tokens.len()).map_err(failed)?;

@@ -17,6 +17,7 @@ use scheduler::ScheduledSeq;
 
 use super::Engine;
 use crate::constraint::{Constraint, TokenMask};
+use crate::request::Failure;
 use crate::tree::TokenTree;
 use crate::Result;
 
@@ -82,7 +83,7 @@ impl Engine {
                 Ok(m) => {
                     masks.insert(seq, m);
                 }
-                Err(e) => self.fail_request(request, &e.to_string()),
+                Err(e) => self.fail_request_with(request, Failure::from_error(&e)),
             }
         }
         metrics::histogram!(crate::metrics::CONSTRAINT_DURATION)

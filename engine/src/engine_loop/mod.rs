@@ -40,7 +40,7 @@ use crate::backend::Backend;
 use crate::batch::{LogitRows, TreeBatch};
 use crate::constraint::{Constraint, TokenMask};
 use crate::metrics as names;
-use crate::request::{Event, Request};
+use crate::request::{Event, Failure, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::speculation::Speculation;
 use crate::tokenizer::ModelTokenizer;
@@ -208,7 +208,7 @@ impl Engine {
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         if let Err(e) = self.scheduler.add(seq, request.prompt.clone(), request.n) {
-            let _ = events.send(Event::Error(e.to_string()));
+            let _ = events.send(Event::Error(Failure::from_error(&e.into())));
             self.pending.fetch_sub(1, Ordering::SeqCst);
             return;
         }
@@ -272,8 +272,12 @@ impl Engine {
     }
 
     fn fail_request(&mut self, id: u64, message: &str) {
+        self.fail_request_with(id, Failure::engine(message));
+    }
+
+    fn fail_request_with(&mut self, id: u64, failure: Failure) {
         if let Some(request) = self.requests.get(&id) {
-            let _ = request.events.send(Event::Error(message.to_string()));
+            let _ = request.events.send(Event::Error(failure));
         }
         self.remove_request(id);
     }

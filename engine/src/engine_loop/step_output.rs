@@ -12,6 +12,7 @@ use super::constrain::Masks;
 use super::record::SeqRecord;
 use super::{missing, Engine};
 use crate::constraint::TokenMask;
+use crate::request::Failure;
 use crate::sampler::Sampled;
 use crate::spec::verify::{verify, Verified};
 use crate::tree::TokenTree;
@@ -194,7 +195,7 @@ impl Engine {
         for &token in &new {
             if let Err(e) = self.advance_constraint(seq_id, token) {
                 if let Some(id) = self.records.get(&seq_id).map(|r| r.request) {
-                    self.fail_request(id, &e.to_string());
+                    self.fail_request_with(id, Failure::from_error(&e));
                 }
                 return Ok(());
             }
@@ -272,7 +273,7 @@ impl Engine {
             _ => None,
         };
         if let Err(e) = self.advance_constraint(seq_id, first) {
-            self.fail_request(request_id, &e.to_string());
+            self.fail_request_with(request_id, Failure::from_error(&e));
             return Ok(());
         }
         self.scheduler.commit(seq_id, Progress::Chain, &[first])?;
@@ -302,7 +303,7 @@ impl Engine {
                     if let Err(e) = c.advance(sampled.token_id) {
                         // The sibling's token was allowed by the same mask; should its
                         // constraint fail anyway, its request fails, not the step.
-                        self.fail_request(request_id, &e.to_string());
+                        self.fail_request_with(request_id, Failure::from_error(&e));
                         return Ok(());
                     }
                 }
