@@ -19,6 +19,10 @@ use serde_json::Value;
 /// `target/e2e-python/<folder>` with pip; returns the folder for `PYTHONPATH`.
 /// `marker` is a directory the installation creates (to tell it is done).
 pub fn python_packages(folder: &str, specs: &[&str], marker: &str) -> PathBuf {
+    // Tests run on several threads and some share a folder: one pip at a time, so that two
+    // never install into the same folder at once.
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/e2e-python")
         .join(folder);

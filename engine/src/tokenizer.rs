@@ -243,9 +243,15 @@ impl ModelTokenizer {
         let failed =
             |e: &dyn std::fmt::Display| Error::Tokenizer(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(|e| failed(&e))?;
+        // Each file is written aside and renamed into place, so a client (or another
+        // `thicket fetch`) reading the directory meanwhile never sees half a file.
+        let partial = |name: &str| dir.join(format!("{name}.partial-{}", std::process::id()));
+        let place =
+            |name: &str| std::fs::rename(partial(name), dir.join(name)).map_err(|e| failed(&e));
         self.inner
-            .save(dir.join("tokenizer.json"), false)
+            .save(partial("tokenizer.json"), false)
             .map_err(|e| failed(&e))?;
+        place("tokenizer.json")?;
         let text = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
         let config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -256,8 +262,9 @@ impl ModelTokenizer {
             "clean_up_tokenization_spaces": false,
             "chat_template": self.chat_template,
         });
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
-            .map_err(|e| failed(&e))
+        std::fs::write(partial("tokenizer_config.json"), config.to_string())
+            .map_err(|e| failed(&e))?;
+        place("tokenizer_config.json")
     }
 
     /// Vocabulary size including added tokens.
