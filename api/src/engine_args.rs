@@ -191,9 +191,10 @@ impl EngineArgs {
     }
 }
 
-/// Bumped whenever the forward's code changes its cost, so curves cached by an older build are
-/// measured anew.
-const COST_CURVE_VERSION: u32 = 4;
+/// Bumped whenever the forward's code changes its cost, or the way the curve is measured, so
+/// curves cached by an older build are measured anew (5: sizes measured in interleaved
+/// rounds, nine of them).
+const COST_CURVE_VERSION: u32 = 5;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
@@ -224,7 +225,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     }
     let started = std::time::Instant::now();
     let sizes = [1, 2, 4, 8, 16, 32, 64];
-    let points = engine::bench::forward_cost(model, 64, &sizes, 3)?;
+    let points = engine::bench::forward_cost(model, 64, &sizes, 9)?;
     let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
         .context("the measured forward cost is not usable")?;
     tracing::info!(

@@ -88,32 +88,43 @@ pub fn forward_costs(
         })
         .collect();
     let repeats = repeats.max(1);
-    for &n in sizes {
-        let tokens: Vec<u32> = (context_len..context_len + n).map(token).collect();
-        let mut batch = TreeBatch::new(block_size);
-        batch.push(
-            context_len,
-            &table,
-            &TokenTree::chain(&tokens),
-            LogitRows::All,
-        )?;
-        let mut times = vec![Vec::with_capacity(repeats); models.len()];
-        let mut parts = vec![ForwardProfile::default(); models.len()];
-        for repeat in 0..=repeats {
+    let batches = sizes
+        .iter()
+        .map(|&n| {
+            let tokens: Vec<u32> = (context_len..context_len + n).map(token).collect();
+            let mut batch = TreeBatch::new(block_size);
+            batch.push(
+                context_len,
+                &table,
+                &TokenTree::chain(&tokens),
+                LogitRows::All,
+            )?;
+            Ok(batch)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // times[size][model], parts[size][model]. Rounds go over every size, so a burst of the
+    // host's noise falls on one round of every size rather than on every round of one size
+    // (which would skew the curve's shape, not only its level).
+    let mut times = vec![vec![Vec::with_capacity(repeats); models.len()]; sizes.len()];
+    let mut parts = vec![vec![ForwardProfile::default(); models.len()]; sizes.len()];
+    for repeat in 0..=repeats {
+        for (s, batch) in batches.iter().enumerate() {
             for (i, backend) in backends.iter_mut().enumerate() {
                 // The first round warms up, untimed.
                 let timed = repeat > 0;
                 fused::profile(timed && backend.profiles_parts());
                 let t = Instant::now();
-                backend.forward(&batch)?;
+                backend.forward(batch)?;
                 let elapsed = t.elapsed().as_secs_f64();
                 let part = fused::profile(false);
                 if timed {
-                    times[i].push(elapsed);
-                    parts[i].add(&part);
+                    times[s][i].push(elapsed);
+                    parts[s][i].add(&part);
                 }
             }
         }
+    }
+    for ((&n, times), parts) in sizes.iter().zip(times).zip(parts) {
         for (i, (curve, mut times)) in curves.iter_mut().zip(times).enumerate() {
             times.sort_by(f64::total_cmp);
             curve.points.push(CostPoint {
