@@ -29,8 +29,9 @@ pub const QUEUE_TIME: &str = "thicket_request_queue_time_seconds";
 pub const GENERATED_TOKENS: &str = "thicket_generation_tokens_total";
 /// Counter: prompt tokens admitted.
 pub const PROMPT_TOKENS: &str = "thicket_prompt_tokens_total";
-/// Histogram: wall time of one step's constraint stage (draft pruning and token masks of
-/// every constrained sequence), recorded on steps that have one.
+/// Histogram: wall time of each part of a step's constraint stage, recorded on steps that
+/// have one: the part before the forward (forced tokens, draft pruning) and the token masks
+/// computed beside the forward.
 pub const CONSTRAINT_DURATION: &str = "thicket_engine_constraint_duration_seconds";
 
 /// Speculation metrics.

@@ -7,11 +7,12 @@
 //!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
 //!             draft budget for each decoding sequence that offered one
 //!  batch      speculation drafts every granted sequence's tree (each method's speculator
-//!             runs its batched work first); constrained sequences' trees keep only what
-//!             their format allows, and their masks are computed (constrain.rs); ONE
+//!             runs its batched work first); constrained sequences' trees become their
+//!             format's forced tokens or keep only what it allows (constrain.rs); ONE
 //!             TreeBatch for every scheduled sequence: prefill chunks, plain decodes and
 //!             draft trees mixed
-//!  forward    the backend runs it; every speculator sees every computed row
+//!  forward    the backend runs it while another thread computes the token masks of the
+//!             constrained rows; every speculator sees every computed row
 //!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
 //!             or the accepted path of its tree; no state changes (step_output.rs)
 //!  update     scheduler commits, KV compaction, forks for n > 1, drafters observe
@@ -376,7 +377,7 @@ impl Engine {
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.backend.move_kv(copies)?;
         let mut trees = self.draft_trees(scheduled)?;
-        let masks = self.constrain(scheduled, &mut trees);
+        let (mut masks, deferred) = self.constrain(scheduled, &mut trees);
         // A sequence whose constraint failed has left: the step goes on without it.
         let (scheduled, trees): (Vec<ScheduledSeq>, Vec<Option<TokenTree>>) = scheduled
             .iter()
@@ -426,17 +427,30 @@ impl Engine {
         for row in self.spec.learning_rows(&prompt_rows) {
             batch.request_logits(row)?;
         }
-        let forward_started = Instant::now();
-        let logits = self.backend.forward(&batch)?;
+        // The masks sampling needs are computed beside the forward, which does not need them.
+        let jobs = constrain::deferred_jobs(&mut self.records, deferred);
+        let backend = &mut self.backend;
+        let (logits, forward_seconds, computed) = std::thread::scope(|scope| {
+            let masks = (!jobs.is_empty()).then(|| scope.spawn(|| constrain::deferred_masks(jobs)));
+            let forward_started = Instant::now();
+            let logits = backend.forward(&batch);
+            let seconds = forward_started.elapsed().as_secs_f64();
+            let computed = match masks {
+                Some(thread) => thread.join().map_err(|_| {
+                    crate::Error::InvalidBatch("the constraint stage panicked".into())
+                }),
+                None => Ok(Vec::new()),
+            };
+            (logits, seconds, computed)
+        });
+        let logits = logits?;
+        self.merge_masks(&mut masks, computed?);
         let computed = logits
             .iter()
             .zip(&batch.logit_rows)
             .map(|(row, &at)| (batch.token_ids[at], row.as_slice()));
-        self.spec.observe_forward(
-            batch.num_rows(),
-            forward_started.elapsed().as_secs_f64(),
-            computed,
-        );
+        self.spec
+            .observe_forward(batch.num_rows(), forward_seconds, computed);
         let output = self.decide(scheduled, trees, logits, &masks)?;
         let emissions = self.update(scheduled, output)?;
         for (seq, tokens) in emissions {

@@ -69,6 +69,11 @@ impl Engine {
                     if tree_rows.len() != tree.len() {
                         return Err(missing(s.seq));
                     }
+                    // Its request failed during the forward (its format's masks did).
+                    if !self.records.contains_key(&s.seq) {
+                        outcomes.push(SeqOutcome::Gone);
+                        continue;
+                    }
                     let seq_masks = masks.get(&s.seq);
                     let verified =
                         self.verify_tree(s.seq, &tree, &tree_rows, seq_masks.map(|m| &m.rows))?;
