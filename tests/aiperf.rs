@@ -10,7 +10,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::common::smollm2_path;
-use crate::processes::{python_packages, thicket, ServerProcess};
+use crate::processes::{python_packages, run_ok, thicket, ServerProcess};
 
 /// The aiperf version the test runs with.
 const AIPERF_VERSION: &str = "0.13.0";
@@ -49,39 +49,34 @@ fn aiperf_profiles_thicket_with_the_exported_tokenizer() {
     );
     let artifacts = tempfile::tempdir().expect("a temporary directory");
     let home = tempfile::tempdir().expect("a temporary directory");
-    let output = Command::new("python3")
-        .args(["-m", "aiperf", "profile", "--model", "smollm2"])
-        .args(["--url", &server.base])
-        .args(["--endpoint-type", "completions", "--streaming"])
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .args(["--concurrency", "4"])
-        .args(["--request-count", &REQUESTS.to_string()])
-        .args(["--synthetic-input-tokens-mean", "100"])
-        .args(["--synthetic-input-tokens-stddev", "0"])
-        .args(["--output-tokens-mean", &OUTPUT_TOKENS.to_string()])
-        .args(["--output-tokens-stddev", "0"])
-        .args(["--extra-inputs", "ignore_eos:true"])
-        .args(["--ui-type", "none"])
-        .arg("--artifact-dir")
-        .arg(artifacts.path())
-        .env("PYTHONPATH", &deps)
-        // No hub: anything it tried to fetch would fail. (aiperf's offline mode looks a local
-        // directory up in the hub's cache, so it is left off.)
-        .env("HF_ENDPOINT", "http://127.0.0.1:9")
-        .env("HF_HOME", home.path())
-        .output()
-        .expect("running aiperf");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "aiperf failed:\n{stdout}\n{stderr}"
+    let stdout = run_ok(
+        Command::new("python3")
+            .args(["-m", "aiperf", "profile", "--model", "smollm2"])
+            .args(["--url", &server.base])
+            .args(["--endpoint-type", "completions", "--streaming"])
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .args(["--concurrency", "4"])
+            .args(["--request-count", &REQUESTS.to_string()])
+            .args(["--synthetic-input-tokens-mean", "100"])
+            .args(["--synthetic-input-tokens-stddev", "0"])
+            .args(["--output-tokens-mean", &OUTPUT_TOKENS.to_string()])
+            .args(["--output-tokens-stddev", "0"])
+            .args(["--extra-inputs", "ignore_eos:true"])
+            .args(["--ui-type", "none"])
+            .arg("--artifact-dir")
+            .arg(artifacts.path())
+            .env("PYTHONPATH", &deps)
+            // No hub: anything it tried to fetch would fail. (aiperf's offline mode looks a local
+            // directory up in the hub's cache, so it is left off.)
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            .env("HF_HOME", home.path()),
+        "aiperf",
     );
     let report = artifacts.path().join("profile_export_aiperf.json");
     let report: Value = serde_json::from_str(
         &std::fs::read_to_string(&report)
-            .unwrap_or_else(|e| panic!("no aiperf report ({e}):\n{stdout}\n{stderr}")),
+            .unwrap_or_else(|e| panic!("no aiperf report ({e}):\n{stdout}")),
     )
     .expect("the report is JSON");
     let avg = |metric: &str| {

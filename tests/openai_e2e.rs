@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::smollm2_path;
-use crate::processes::{python_packages, ServerProcess};
+use crate::processes::{python_packages, run_ok, ServerProcess};
 
 /// The `openai` client version the test runs with.
 const OPENAI_VERSION: &str = "3.54.0";
@@ -49,36 +49,18 @@ fn the_openai_client_works_against_the_real_server() {
         &[("THICKET_API_KEY", key)],
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/openai_client.py");
-    let output = Command::new("python3")
-        .arg(&script)
-        .args([&server.base, key, "smollm2"])
-        .env("PYTHONPATH", &deps)
-        .output()
-        .expect("running the openai client script");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "openai client failed:\n{stdout}\n{stderr}"
+    let stdout = run_ok(
+        Command::new("python3")
+            .arg(&script)
+            .args([&server.base, key, "smollm2"])
+            .env("PYTHONPATH", &deps),
+        "the openai client script",
     );
     assert!(stdout.contains("checks passed"), "{stdout}");
     eprintln!("{stdout}");
 
     // SIGTERM: the server stops on its own, successfully.
-    let pid = server.child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let mut exited = None;
-    for _ in 0..300 {
-        if let Some(s) = server.child.try_wait().expect("waiting for the server") {
-            exited = Some(s);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let exited = exited.expect("the server did not exit within 30 s of SIGTERM");
+    server.terminate();
+    let exited = server.exit_within(Duration::from_secs(30));
     assert!(exited.success(), "the server exited with {exited}");
 }

@@ -46,6 +46,21 @@ pub fn python_packages(folder: &str, specs: &[&str], marker: &str) -> PathBuf {
     dir
 }
 
+/// Runs `command` to its end and returns its stdout; fails the test, showing both outputs,
+/// when it does not succeed. `what` names it in messages.
+pub fn run_ok(command: &mut Command, what: &str) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
 /// The `thicket` binary under test.
 pub fn thicket() -> Command {
     Command::new(env!("CARGO_BIN_EXE_thicket"))
@@ -109,6 +124,31 @@ impl ServerProcess {
         }
         assert!(server.base.starts_with("http://"), "no address printed");
         server
+    }
+
+    /// Sends the server SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(
+            sent.as_ref().is_ok_and(|s| s.success()),
+            "kill -TERM {pid}: {sent:?}"
+        );
+    }
+
+    /// Waits up to `limit` for the server to exit on its own; its exit status.
+    pub fn exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the server") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// A handle that talks to the server at `base` (for client threads); it owns no process.
@@ -261,12 +301,7 @@ fn sigterm_drains_health_turns_503_and_admitted_streams_finish() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    server.terminate();
     // At once, and while the streams still run: the server answers, but not with work.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while server.get("/health").0 != 503 {

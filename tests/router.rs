@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::common::smollm2_path;
-use crate::processes::{python_packages, ServerProcess};
+use crate::processes::{python_packages, run_ok, ServerProcess};
 
 /// The router version the tests run with.
 const VLLM_ROUTER_VERSION: &str = "0.1.17";
@@ -100,36 +100,23 @@ fn two_replicas_behind_vllm_router_serve_and_one_drains() {
         .expect("starting vllm-router");
     let _router = Router(router);
     let victim = b.child.id().to_string();
-    let output = Command::new("python3")
-        .arg(repo("tests/e2e/router_client.py"))
-        .args([
-            &format!("http://127.0.0.1:{port}"),
-            &a.base,
-            &b.base,
-            &victim,
-            "smollm2",
-        ])
-        .env("PYTHONPATH", &deps)
-        .output()
-        .expect("running the router client script");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        output.status.success(),
-        "router client failed:\n{stdout}\n{stderr}"
+    let stdout = run_ok(
+        Command::new("python3")
+            .arg(repo("tests/e2e/router_client.py"))
+            .args([
+                &format!("http://127.0.0.1:{port}"),
+                &a.base,
+                &b.base,
+                &victim,
+                "smollm2",
+            ])
+            .env("PYTHONPATH", &deps),
+        "the router client script",
     );
+    eprintln!("{stdout}");
     assert!(stdout.contains("router checks passed"), "{stdout}");
     // The drained replica exits on its own, successfully, once its streams are done.
-    let mut exited = None;
-    for _ in 0..300 {
-        if let Some(status) = b.child.try_wait().expect("waiting for the replica") {
-            exited = Some(status);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let status = exited.expect("the drained replica did not exit within 30 s");
+    let status = b.exit_within(Duration::from_secs(30));
     assert!(status.success(), "the drained replica exited with {status}");
     // The other one still serves.
     assert_eq!(a.get("/health").0, 200);
@@ -138,17 +125,12 @@ fn two_replicas_behind_vllm_router_serve_and_one_drains() {
 #[test]
 fn the_kubernetes_example_is_valid_and_its_commands_parse() {
     let deps = python_deps();
-    let output = Command::new("python3")
-        .arg(repo("tests/e2e/check_kubernetes.py"))
-        .arg(repo("examples/kubernetes.yaml"))
-        .env("PYTHONPATH", &deps)
-        .output()
-        .expect("running the Kubernetes check");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the Kubernetes example is not valid:\n{stdout}\n{stderr}"
+    let stdout = run_ok(
+        Command::new("python3")
+            .arg(repo("tests/e2e/check_kubernetes.py"))
+            .arg(repo("examples/kubernetes.yaml"))
+            .env("PYTHONPATH", &deps),
+        "the Kubernetes check",
     );
     assert!(stdout.contains("checks passed"), "{stdout}");
     let args: Vec<String> = stdout

@@ -220,9 +220,7 @@ impl GuidanceConstraint {
                 .map_or_else(|| "no reason given".into(), first_line)
         ))
     }
-}
 
-impl GuidanceConstraint {
     /// The matcher's mask now, computed afresh.
     fn compute_mask(&mut self) -> Result<TokenMask> {
         let vob = self

@@ -69,33 +69,36 @@ impl Engine {
             .collect();
         let mut slots: Vec<Option<&mut Option<TokenTree>>> = trees.iter_mut().map(Some).collect();
         let mut jobs = Vec::new();
+        // A plain row has nothing to settle: its mask alone waits for the forward.
+        let mut deferred = Vec::new();
         for (&seq, record) in self.records.iter_mut() {
             let (Some(&(at, budget)), Some(constraint)) =
                 (sampling.get(&seq), record.constraint.as_mut())
             else {
                 continue;
             };
-            if let Some(tree) = slots[at].take() {
-                jobs.push((seq, record.request, constraint, tree, budget));
+            match slots[at].take() {
+                Some(Some(tree)) => jobs.push((seq, record.request, constraint, tree, budget)),
+                Some(None) => deferred.push((seq, record.request, None)),
+                None => {}
             }
         }
-        if jobs.is_empty() {
-            return (HashMap::new(), Vec::new());
+        if jobs.is_empty() && deferred.is_empty() {
+            return (HashMap::new(), deferred);
         }
         // Sequences are independent: their trees are settled on every core.
         let eos = &self.eos_ids;
         let outcomes: Vec<(SeqId, u64, Result<Before>)> = jobs
             .into_par_iter()
             .map(|(seq, request, constraint, tree, budget)| {
-                let outcome = match tree {
-                    Some(tree) => settle_tree(constraint.as_mut(), tree, budget, eos),
-                    None => Ok(Before::Later(None)),
-                };
-                (seq, request, outcome)
+                (
+                    seq,
+                    request,
+                    settle_tree(constraint.as_mut(), tree, budget, eos),
+                )
             })
             .collect();
         let mut masks = HashMap::new();
-        let mut deferred = Vec::new();
         for (seq, request, outcome) in outcomes {
             match outcome {
                 Ok(Before::Ready(m)) => {
