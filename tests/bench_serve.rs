@@ -254,3 +254,43 @@ fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
         assert_eq!(pair[0]["output_tokens"], pair[1]["output_tokens"]);
     }
 }
+
+#[test]
+fn bench_spec_control_is_a_second_plain_engine_in_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spec.json");
+    let model = smollm2_path();
+    let output = run(&[
+        "bench",
+        "spec",
+        "--model",
+        model.to_str().unwrap(),
+        "--per-category",
+        "1",
+        "--max-tokens",
+        "4",
+        "--methods",
+        "none",
+        "--control",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("| none (control) |"), "{table}");
+    let report = read_json(&out);
+    let ms = report["measurements"].as_array().expect("measurements");
+    assert_eq!(ms.len(), 2 * 13, "13 questions, two engines");
+    for pair in ms.chunks(2) {
+        // Each question on both engines: the control decodes exactly as `none` does.
+        assert_eq!(pair[0]["question_id"], pair[1]["question_id"], "{pair:?}");
+        let labels = [&pair[0]["method"], &pair[1]["method"]];
+        assert!(labels.contains(&&serde_json::json!("none")), "{pair:?}");
+        assert!(
+            labels.contains(&&serde_json::json!("none (control)")),
+            "{pair:?}"
+        );
+        assert_eq!(pair[0]["output_tokens"], pair[1]["output_tokens"]);
+        assert_eq!(pair[0]["verify_steps"], 0);
+        assert_eq!(pair[1]["verify_steps"], 0);
+    }
+}
