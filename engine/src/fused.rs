@@ -23,7 +23,7 @@ use crate::config::{ModelConfig, RopeStyle};
 use crate::kv_store::PagedKvStore;
 use crate::linear::Linear;
 use crate::model::ModelWeights;
-use crate::qgemm::{Activations, QuantMatrix};
+use crate::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
 use crate::{Error, Result};
 
 /// One projection: thicket's quantized matrix and its bias, or (weights in a format or dtype
@@ -60,35 +60,54 @@ impl Projection {
 }
 
 /// Projects the `rows` rows of `x` through each projection into its buffer. `x` is quantized
-/// once for each kind of activations the packed projections read, in `acts`.
+/// once for each kind of activations the packed projections read, in `acts`, and the packed
+/// projections that read the same activations run as one parallel product.
 fn project(
     x: &[f32],
     rows: usize,
     outputs: &mut [(&Projection, &mut Vec<f32>)],
     acts: &mut Activations,
 ) -> Result<()> {
-    let mut held: Option<&Projection> = None;
-    for (projection, out) in outputs.iter_mut() {
-        match projection {
-            Projection::Packed { weight, bias } => {
-                if !held.is_some_and(|h| projection.shares_activations(h)) {
-                    weight.quantize(x, acts);
-                    held = Some(projection);
-                }
-                weight.matmul_quantized(acts, out)?;
-                if let Some(bias) = bias {
-                    for row in out.chunks_exact_mut(bias.len()) {
-                        for (y, b) in row.iter_mut().zip(bias) {
-                            *y += *b;
+    let mut start = 0;
+    while start < outputs.len() {
+        let (first, rest) = outputs[start..].split_first_mut().expect("start < len");
+        match first.0 {
+            Projection::Packed { weight, .. } => {
+                weight.quantize(x, acts);
+                // The following packed projections that read these activations join it.
+                let run = 1 + rest
+                    .iter()
+                    .take_while(|(p, _)| p.shares_activations(first.0))
+                    .count();
+                let group = &mut outputs[start..start + run];
+                let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> = group
+                    .iter_mut()
+                    .filter_map(|(p, out)| match p {
+                        Projection::Packed { weight, .. } => Some((&**weight, &mut **out)),
+                        Projection::Candle(_) => None,
+                    })
+                    .collect();
+                matmul_quantized_all(acts, &mut products)?;
+                for (projection, out) in group.iter_mut() {
+                    if let Projection::Packed {
+                        bias: Some(bias), ..
+                    } = projection
+                    {
+                        for row in out.chunks_exact_mut(bias.len()) {
+                            for (y, b) in row.iter_mut().zip(bias) {
+                                *y += *b;
+                            }
                         }
                     }
                 }
+                start += run;
             }
             Projection::Candle(linear) => {
                 let input = Tensor::from_slice(x, (rows, x.len() / rows.max(1)), &Device::Cpu)?;
                 let y = linear.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
-                out.clear();
-                out.extend_from_slice(&y);
+                first.1.clear();
+                first.1.extend_from_slice(&y);
+                start += 1;
             }
         }
     }

@@ -253,9 +253,8 @@ impl QuantMatrix {
             && self.format.q8_1_sums() == other.format.q8_1_sums()
     }
 
-    /// `out = x W^T` (`[m][n]`) for activations quantized by `quantize` of a matrix with the
-    /// same activations. Allocates nothing once `out` has grown.
-    pub(crate) fn matmul_quantized(&self, rows: &Activations, out: &mut Vec<f32>) -> Result<()> {
+    /// Whether `rows` were quantized for a matrix with this one's activations.
+    fn check(&self, rows: &Activations) -> Result<()> {
         let fits = rows.1.is_some_and(|f| {
             f.shape() == self.format.shape() && f.q8_1_sums() == self.format.q8_1_sums()
         });
@@ -265,48 +264,52 @@ impl QuantMatrix {
                 self.format, self.n, self.k
             )));
         }
-        let m = rows.0.q.len() / self.k;
-        // Every value is written by the product; stale ones need no zeroing first.
-        out.resize(m * self.n, 0.0);
-        if m > 0 {
-            self.product(process_isa(), &rows.0, out);
-        }
         Ok(())
     }
 
-    /// The product of quantized rows into `out` (`[m][n]`): tasks of whole tiles, each
-    /// writing its tiles' columns of every row in place.
-    fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
-        let m = rows.q.len() / self.k;
-        let n = self.n;
-        assert!(out.len() >= m * n);
-        let tiles = n.div_ceil(TILE);
+    /// How the product's tiles are split into tasks: `(tasks, tiles per task)`. Each task is
+    /// a run of neighbouring tiles, so a thread streams contiguous weights.
+    fn split(&self) -> (usize, usize) {
+        let tiles = self.n.div_ceil(TILE);
         let tasks = tiles.min(rayon::current_num_threads() * 8).max(1);
-        let tiles_per_task = tiles.div_ceil(tasks);
-        let result = SharedRows(out.as_mut_ptr());
-        (0..tasks).into_par_iter().for_each(|task| {
-            SCRATCH.with(|scratch| {
-                let mut scratch = scratch.borrow_mut();
-                let end = ((task + 1) * tiles_per_task).min(tiles);
-                for t in task * tiles_per_task..end {
-                    let columns = n.saturating_sub(t * TILE).min(TILE);
-                    let mut store = |r: usize, values: &[f32; TILE]| {
-                        assert!(r < m, "a tile kernel gave row {r} of {m}");
-                        // SAFETY: `r < m` and `t * TILE + columns <= n`, so the run lies inside
-                        // `out` (`m * n` values, checked above); each tile belongs to one
-                        // task, so no two threads write the same values, and nothing reads
-                        // `out` until every task is done.
-                        unsafe { result.run(r * n + t * TILE, columns) }
-                            .copy_from_slice(&values[..columns]);
-                    };
-                    self.tile(isa, t, rows, &mut scratch, &mut store);
-                }
-            })
-        });
+        (tasks, tiles.div_ceil(tasks))
     }
 
-    /// Decodes tile `t`'s weight rows (zeros past the last) and computes `out[c][r]` for every
-    /// activation row `r`.
+    fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
+        let m = rows.q.len() / self.k;
+        assert!(out.len() >= m * self.n);
+        let result = SharedRows(out.as_mut_ptr());
+        (0..self.split().0)
+            .into_par_iter()
+            .for_each(|task| self.task(isa, rows, task, result));
+    }
+
+    /// Task `task` of the product (see `split`): its tiles' results into `result`, which
+    /// holds `m * n` values.
+    fn task(&self, isa: Isa, rows: &QuantizedRows, task: usize, result: SharedRows) {
+        let m = rows.q.len() / self.k;
+        let n = self.n;
+        let tiles = n.div_ceil(TILE);
+        let per_task = self.split().1;
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let end = ((task + 1) * per_task).min(tiles);
+            for t in task * per_task..end {
+                let columns = n.saturating_sub(t * TILE).min(TILE);
+                let mut store = |r: usize, values: &[f32; TILE]| {
+                    assert!(r < m, "a tile kernel gave row {r} of {m}");
+                    // SAFETY: `r < m` and `t * TILE + columns <= n`, so the run lies inside
+                    // the result (`m * n` values, checked by the callers); each tile belongs
+                    // to one task, so no two threads write the same values, and nothing
+                    // reads the result until every task is done.
+                    unsafe { result.run(r * n + t * TILE, columns) }
+                        .copy_from_slice(&values[..columns]);
+                };
+                self.tile(isa, t, rows, &mut scratch, &mut store);
+            }
+        })
+    }
+
     fn tile(
         &self,
         isa: Isa,
@@ -419,6 +422,41 @@ impl QuantMatrix {
             store(r, &dots);
         }
     }
+}
+
+/// `out = x W^T` for every `(W, out)` of `products`, all reading the activations `rows`
+/// (quantized by `quantize` of a matrix with the same activations as each), in one parallel
+/// loop over all their tasks: one fork and join of the pool instead of one per matrix. Each
+/// value is computed exactly as the matrix's product alone computes it. Allocates nothing
+/// once the outputs have grown.
+pub(crate) fn matmul_quantized_all(
+    rows: &Activations,
+    products: &mut [(&QuantMatrix, &mut Vec<f32>)],
+) -> Result<()> {
+    let mut m = 0;
+    for (weight, out) in products.iter_mut() {
+        weight.check(rows)?;
+        m = rows.0.q.len() / weight.k;
+        // Every value is written by the product; stale ones need no zeroing first.
+        out.resize(m * weight.n, 0.0);
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let isa = process_isa();
+    let jobs: Vec<(usize, usize)> = products
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (weight, _))| (0..weight.split().0).map(move |task| (p, task)))
+        .collect();
+    let weights: Vec<&QuantMatrix> = products.iter().map(|(weight, _)| *weight).collect();
+    let results: Vec<SharedRows> = products
+        .iter_mut()
+        .map(|(_, out)| SharedRows(out.as_mut_ptr()))
+        .collect();
+    jobs.par_iter()
+        .for_each(|&(p, task)| weights[p].task(isa, &rows.0, task, results[p]));
+    Ok(())
 }
 
 #[cfg(test)]

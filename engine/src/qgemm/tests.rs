@@ -243,3 +243,54 @@ fn amx_tiles_give_the_vnni_kernels_bits_for_every_row_count() {
         }
     }
 }
+
+#[test]
+fn products_run_together_give_each_matrix_its_own_bits() {
+    // Three matrices over the same activations (as q, k and v are), of different widths,
+    // one ragged: run as one product, each output equals its matrix's own product.
+    for format in [QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q4K] {
+        let k = 256;
+        let cases = [
+            case(format, 72, k),
+            case(format, 24, k),
+            case(format, 37, k),
+        ];
+        for m in [1, 3, 9] {
+            let x = values(m * k, m as u32 + 7);
+            let mut acts = super::Activations::default();
+            cases[0].ours.quantize(&x, &mut acts);
+            let alone: Vec<Vec<f32>> = cases
+                .iter()
+                .map(|c| {
+                    let mut out = Vec::new();
+                    super::matmul_quantized_all(&acts, &mut [(&c.ours, &mut out)]).unwrap();
+                    out
+                })
+                .collect();
+            let mut outs = vec![vec![f32::NAN; 5]; 3];
+            let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> =
+                cases.iter().map(|c| &c.ours).zip(outs.iter_mut()).collect();
+            super::matmul_quantized_all(&acts, &mut products).unwrap();
+            for (i, (together, alone)) in outs.iter().zip(&alone).enumerate() {
+                assert_eq!(
+                    together.len(),
+                    m * cases[i].n,
+                    "{format:?} m {m} matrix {i}"
+                );
+                let same = together
+                    .iter()
+                    .zip(alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format:?} m {m} matrix {i}: outputs differ");
+            }
+            // Activations quantized for another width are refused, not misread.
+            let mut other = super::Activations::default();
+            case(format, 8, 2 * k)
+                .ours
+                .quantize(&values(2 * k, 1), &mut other);
+            let mut out = Vec::new();
+            let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> = vec![(&cases[0].ours, &mut out)];
+            assert!(super::matmul_quantized_all(&other, &mut products).is_err());
+        }
+    }
+}
