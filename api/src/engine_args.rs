@@ -193,8 +193,8 @@ impl EngineArgs {
 
 /// Bumped whenever the forward's code changes its cost, or the way the curve is measured, so
 /// curves cached by an older build are measured anew (5: sizes measured in interleaved
-/// rounds, nine of them).
-const COST_CURVE_VERSION: u32 = 5;
+/// rounds, nine of them; 6: the kernel prefetches, which made few-row forwards cheaper).
+const COST_CURVE_VERSION: u32 = 6;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
