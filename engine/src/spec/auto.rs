@@ -1,8 +1,11 @@
 //! `auto`: per request, the method that has been accepting best lately. The request's
 //! context-based drafters (n-gram trie, prompt lookup) and Token Recycling all keep up with
-//! the sequence; each step the method with the best recent accepted tokens per verification
-//! (plus an exploration bonus that fades with tries) drafts, falling back to the next one
-//! when it has nothing to propose.
+//! the sequence. Each step the context drafters come first: they propose only where the
+//! context repeats, and then more precisely than Token Recycling's guess from the shared
+//! matrix (on fresh Spec-Bench traffic each of them alone gained 1.11-1.16x at one client
+//! where recycling gained 1.04x). Between the two, the one with the best recent accepted
+//! tokens per verification (plus an exploration bonus that fades with tries) drafts;
+//! Token Recycling drafts when neither has anything to propose.
 
 use std::sync::Arc;
 
@@ -30,8 +33,8 @@ impl AutoDrafter {
     pub fn new(tokens: &[u32], matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
         let drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(NgramTrie::from_tokens(tokens)),
-            Box::new(TokenRecycling::new(matrix, tree)),
             Box::new(PromptLookup::new()),
+            Box::new(TokenRecycling::new(matrix, tree)),
         ];
         let n = drafters.len();
         Self {
@@ -42,10 +45,13 @@ impl AutoDrafter {
         }
     }
 
+    /// The drafters in the order they are asked: the context drafters by score, then Token
+    /// Recycling.
     fn ranked(&self) -> Vec<usize> {
         let value = |i: usize| self.scores[i] + 1.0 / (1.0 + self.tries[i] as f32);
+        let tier = |i: usize| usize::from(self.drafters[i].method() == SpecMethod::Recycling);
         let mut order: Vec<usize> = (0..self.drafters.len()).collect();
-        order.sort_by(|&a, &b| value(b).total_cmp(&value(a)));
+        order.sort_by(|&a, &b| tier(a).cmp(&tier(b)).then(value(b).total_cmp(&value(a))));
         order
     }
 }
@@ -141,5 +147,32 @@ mod tests {
         }
         auto.prepare(&ctx);
         assert_eq!(auto.method(), SpecMethod::PromptLookup);
+    }
+
+    #[test]
+    fn context_drafters_go_first_and_recycling_fills_in() {
+        let matrix = Arc::new(RecyclingMatrix::new(16, 8));
+        let mut logits = vec![0.0f32; 16];
+        logits[3] = 1.0;
+        for token in 0..16 {
+            matrix.update(token, &logits);
+        }
+        // A context that repeats: the context drafters propose, and recycling's
+        // successes do not move them aside.
+        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let ctx = DraftContext { tokens: &tokens };
+        let mut auto =
+            AutoDrafter::new(&tokens, Arc::clone(&matrix), Arc::new(StaticTree::paper()));
+        for _ in 0..10 {
+            assert!(auto.prepare(&ctx) > 0);
+            assert_ne!(auto.method(), SpecMethod::Recycling);
+            auto.record(4, 0);
+        }
+        // A context that never repeats: only recycling has something to propose.
+        let fresh: Vec<u32> = (0..12).collect();
+        let ctx = DraftContext { tokens: &fresh };
+        let mut auto = AutoDrafter::new(&fresh, matrix, Arc::new(StaticTree::paper()));
+        assert!(auto.prepare(&ctx) > 0);
+        assert_eq!(auto.method(), SpecMethod::Recycling);
     }
 }
