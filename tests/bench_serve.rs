@@ -30,6 +30,20 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).expect("the report is JSON")
 }
 
+/// `thicket bench spec` on SmolLM2 with one question per category and `args`: its table
+/// (stdout) and its JSON report.
+fn bench_spec(args: &[&str]) -> (String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spec.json");
+    let model = smollm2_path();
+    let mut all = vec!["bench", "spec", "--model", model.to_str().unwrap()];
+    all.extend(["--per-category", "1", "--out", out.to_str().unwrap()]);
+    all.extend(args);
+    let output = run(&all);
+    let table = String::from_utf8_lossy(&output.stdout).into_owned();
+    (table, read_json(&out))
+}
+
 fn assert_svg(path: &Path) {
     let text = std::fs::read_to_string(path).expect("a chart was written");
     assert!(
@@ -218,26 +232,8 @@ fn load_benchmarks_report_every_metric_against_thicket_serve() {
 
 #[test]
 fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("spec.json");
-    let model = smollm2_path();
-    let output = run(&[
-        "bench",
-        "spec",
-        "--model",
-        model.to_str().unwrap(),
-        "--per-category",
-        "1",
-        "--max-tokens",
-        "6",
-        "--methods",
-        "prompt_lookup",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let table = String::from_utf8_lossy(&output.stdout);
+    let (table, report) = bench_spec(&["--max-tokens", "6", "--methods", "prompt_lookup"]);
     assert!(table.contains("| prompt_lookup |"), "{table}");
-    let report = read_json(&out);
     let ms = report["measurements"].as_array().expect("measurements");
     assert_eq!(ms.len(), 2 * 13, "13 questions, two methods");
     for (round, pair) in ms.chunks(2).enumerate() {
@@ -257,27 +253,8 @@ fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
 
 #[test]
 fn bench_spec_control_is_a_second_plain_engine_in_the_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("spec.json");
-    let model = smollm2_path();
-    let output = run(&[
-        "bench",
-        "spec",
-        "--model",
-        model.to_str().unwrap(),
-        "--per-category",
-        "1",
-        "--max-tokens",
-        "4",
-        "--methods",
-        "none",
-        "--control",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    let table = String::from_utf8_lossy(&output.stdout);
+    let (table, report) = bench_spec(&["--max-tokens", "4", "--methods", "none", "--control"]);
     assert!(table.contains("| none (control) |"), "{table}");
-    let report = read_json(&out);
     let ms = report["measurements"].as_array().expect("measurements");
     assert_eq!(ms.len(), 2 * 13, "13 questions, two engines");
     for pair in ms.chunks(2) {

@@ -80,14 +80,11 @@ fn project(
                     .take_while(|(p, _)| p.shares_activations(first.0))
                     .count();
                 let group = &mut outputs[start..start + run];
-                let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> = group
-                    .iter_mut()
-                    .filter_map(|(p, out)| match p {
-                        Projection::Packed { weight, .. } => Some((&**weight, &mut **out)),
-                        Projection::Candle(_) => None,
-                    })
-                    .collect();
-                matmul_quantized_all(acts, &mut products)?;
+                let products = group.iter_mut().filter_map(|(p, out)| match p {
+                    Projection::Packed { weight, .. } => Some((&**weight, &mut **out)),
+                    Projection::Candle(_) => None,
+                });
+                matmul_quantized_all(acts, products)?;
                 for (projection, out) in group.iter_mut() {
                     if let Projection::Packed {
                         bias: Some(bias), ..

@@ -424,39 +424,58 @@ impl QuantMatrix {
     }
 }
 
+/// Products that `matmul_quantized_all` runs in one parallel loop at most (q, k and v are
+/// three); more run in loops of this many.
+const TOGETHER: usize = 4;
+
 /// `out = x W^T` for every `(W, out)` of `products`, all reading the activations `rows`
 /// (quantized by `quantize` of a matrix with the same activations as each), in one parallel
 /// loop over all their tasks: one fork and join of the pool instead of one per matrix. Each
 /// value is computed exactly as the matrix's product alone computes it. Allocates nothing
 /// once the outputs have grown.
-pub(crate) fn matmul_quantized_all(
+pub(crate) fn matmul_quantized_all<'a>(
     rows: &Activations,
-    products: &mut [(&QuantMatrix, &mut Vec<f32>)],
+    products: impl IntoIterator<Item = (&'a QuantMatrix, &'a mut Vec<f32>)>,
 ) -> Result<()> {
-    let mut m = 0;
-    for (weight, out) in products.iter_mut() {
+    let none = (None, 0, SharedRows(std::ptr::null_mut()));
+    let mut batch: [(Option<&QuantMatrix>, usize, SharedRows); TOGETHER] = [none; TOGETHER];
+    let mut filled = 0;
+    for (weight, out) in products {
         weight.check(rows)?;
-        m = rows.0.q.len() / weight.k;
+        let m = rows.0.q.len() / weight.k;
         // Every value is written by the product; stale ones need no zeroing first.
         out.resize(m * weight.n, 0.0);
+        let tasks = if m == 0 { 0 } else { weight.split().0 };
+        batch[filled] = (Some(weight), tasks, SharedRows(out.as_mut_ptr()));
+        filled += 1;
+        if filled == TOGETHER {
+            run_together(&rows.0, &batch);
+            filled = 0;
+        }
     }
-    if m == 0 {
-        return Ok(());
+    run_together(&rows.0, &batch[..filled]);
+    Ok(())
+}
+
+/// The tasks of every `(matrix, its task count, its output)` of `batch`, in one parallel
+/// loop; each output holds `m * n` values.
+fn run_together(rows: &QuantizedRows, batch: &[(Option<&QuantMatrix>, usize, SharedRows)]) {
+    let total: usize = batch.iter().map(|b| b.1).sum();
+    if total == 0 {
+        return;
     }
     let isa = process_isa();
-    let jobs: Vec<(usize, usize)> = products
-        .iter()
-        .enumerate()
-        .flat_map(|(p, (weight, _))| (0..weight.split().0).map(move |task| (p, task)))
-        .collect();
-    let weights: Vec<&QuantMatrix> = products.iter().map(|(weight, _)| *weight).collect();
-    let results: Vec<SharedRows> = products
-        .iter_mut()
-        .map(|(_, out)| SharedRows(out.as_mut_ptr()))
-        .collect();
-    jobs.par_iter()
-        .for_each(|&(p, task)| weights[p].task(isa, &rows.0, task, results[p]));
-    Ok(())
+    (0..total).into_par_iter().for_each(|mut job| {
+        for &(weight, tasks, result) in batch {
+            if job < tasks {
+                if let Some(weight) = weight {
+                    weight.task(isa, rows, job, result);
+                }
+                return;
+            }
+            job -= tasks;
+        }
+    });
 }
 
 #[cfg(test)]

@@ -246,14 +246,17 @@ fn amx_tiles_give_the_vnni_kernels_bits_for_every_row_count() {
 
 #[test]
 fn products_run_together_give_each_matrix_its_own_bits() {
-    // Three matrices over the same activations (as q, k and v are), of different widths,
-    // one ragged: run as one product, each output equals its matrix's own product.
+    // Five matrices over the same activations (as q, k and v are), of different widths,
+    // some ragged: run together (a loop of four, then one), each output equals its
+    // matrix's own product.
     for format in [QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q4K] {
         let k = 256;
         let cases = [
             case(format, 72, k),
             case(format, 24, k),
             case(format, 37, k),
+            case(format, 16, k),
+            case(format, 9, k),
         ];
         for m in [1, 3, 9] {
             let x = values(m * k, m as u32 + 7);
@@ -263,14 +266,13 @@ fn products_run_together_give_each_matrix_its_own_bits() {
                 .iter()
                 .map(|c| {
                     let mut out = Vec::new();
-                    super::matmul_quantized_all(&acts, &mut [(&c.ours, &mut out)]).unwrap();
+                    super::matmul_quantized_all(&acts, [(&c.ours, &mut out)]).unwrap();
                     out
                 })
                 .collect();
-            let mut outs = vec![vec![f32::NAN; 5]; 3];
-            let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> =
-                cases.iter().map(|c| &c.ours).zip(outs.iter_mut()).collect();
-            super::matmul_quantized_all(&acts, &mut products).unwrap();
+            let mut outs = vec![vec![f32::NAN; 5]; cases.len()];
+            let products = cases.iter().map(|c| &c.ours).zip(outs.iter_mut());
+            super::matmul_quantized_all(&acts, products).unwrap();
             for (i, (together, alone)) in outs.iter().zip(&alone).enumerate() {
                 assert_eq!(
                     together.len(),
@@ -289,8 +291,8 @@ fn products_run_together_give_each_matrix_its_own_bits() {
                 .ours
                 .quantize(&values(2 * k, 1), &mut other);
             let mut out = Vec::new();
-            let mut products: Vec<(&QuantMatrix, &mut Vec<f32>)> = vec![(&cases[0].ours, &mut out)];
-            assert!(super::matmul_quantized_all(&other, &mut products).is_err());
+            let products = [(&cases[0].ours, &mut out)];
+            assert!(super::matmul_quantized_all(&other, products).is_err());
         }
     }
 }
