@@ -193,8 +193,10 @@ impl EngineArgs {
 
 /// Bumped whenever the forward's code changes its cost, or the way the curve is measured, so
 /// curves cached by an older build are measured anew (5: sizes measured in interleaved
-/// rounds, nine of them; 6: the kernel prefetches, which made few-row forwards cheaper).
-const COST_CURVE_VERSION: u32 = 6;
+/// rounds, nine of them; 6: the kernel prefetches, which made few-row forwards cheaper; 7:
+/// knots at 3 and 5 rows too, where small trees are decided, and 25 rounds: with nine, one
+/// noisy round moved the small sizes by a tenth).
+const COST_CURVE_VERSION: u32 = 7;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
@@ -224,8 +226,10 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
         }
     }
     let started = std::time::Instant::now();
-    let sizes = [1, 2, 4, 8, 16, 32, 64];
-    let points = engine::bench::forward_cost(model, 64, &sizes, 9)?;
+    // Every size up to 5 rows (small trees are decided there, and 5 rows start a second
+    // group of the kernel's rows), then doublings.
+    let sizes = [1, 2, 3, 4, 5, 8, 16, 32, 64];
+    let points = engine::bench::forward_cost(model, 64, &sizes, 25)?;
     let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
         .context("the measured forward cost is not usable")?;
     tracing::info!(

@@ -113,7 +113,8 @@ pub struct SpecTotals {
 pub(crate) struct Speculation {
     config: SpeculationConfig,
     speculators: Vec<Box<dyn Speculator>>,
-    stats: HashMap<SpecMethod, AcceptanceStats>,
+    /// Per method and evidence level (`Drafter::evidence`).
+    stats: HashMap<(SpecMethod, u8), AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
     /// Per speculator that prepares (`Speculator::prepares`): measured seconds its batched
@@ -253,8 +254,8 @@ impl Speculation {
             // what drafting needs would never rise again: it drifts back towards the
             // method's average, and the sequence tries a small tree now and then.
             state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
-            let method = state.drafter.method();
-            let stats = self.stats.entry(method).or_default();
+            let key = (state.drafter.method(), state.drafter.evidence());
+            let stats = self.stats.entry(key).or_default();
             let mut expected_accepted: Vec<f32> = stats
                 .curve(state.available)
                 .into_iter()
@@ -394,7 +395,8 @@ impl Speculation {
         }
         let accepted_drafts = accepted.len().saturating_sub(1);
         let method = state.drafter.method();
-        let stats = self.stats.entry(method).or_default();
+        let evidence = state.drafter.evidence();
+        let stats = self.stats.entry((method, evidence)).or_default();
         let expected = stats
             .curve(drafted)
             .last()
@@ -402,7 +404,10 @@ impl Speculation {
             .unwrap_or(0.0)
             .max(0.05);
         let ratio = (accepted_drafts as f32 / expected).clamp(0.05, 3.0);
-        state.ratio += 0.2 * (ratio - state.ratio);
+        // A tree expected to accept little says little about the sequence (with a weak
+        // proposal, nothing accepted is what was expected): its outcome weighs in as much
+        // as a token is expected.
+        state.ratio += 0.2 * expected.min(1.0) * (ratio - state.ratio);
         stats.record(drafted, accepted_drafts);
         state.drafter.record(drafted, accepted_drafts);
         let totals = &mut state.totals;
@@ -425,5 +430,86 @@ impl Speculation {
         for speculator in &self.speculators {
             speculator.save();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Proposes four nodes; its evidence is 2 after an odd token and 1 after an even one.
+    struct Parity {
+        last: u32,
+    }
+
+    impl Drafter for Parity {
+        fn method(&self) -> SpecMethod {
+            SpecMethod::Named("parity")
+        }
+        fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+            self.last = ctx.tokens.last().copied().unwrap_or(0);
+            4
+        }
+        fn evidence(&self) -> u8 {
+            1 + (self.last % 2) as u8
+        }
+        fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+            TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+        }
+        fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+    }
+
+    struct ParitySpeculator;
+
+    impl Speculator for ParitySpeculator {
+        fn method(&self) -> SpecMethod {
+            SpecMethod::Named("parity")
+        }
+        fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+            Some(Box::new(Parity { last: 0 }))
+        }
+    }
+
+    #[test]
+    fn acceptance_is_learnt_per_evidence_level() {
+        let config = SpeculationConfig {
+            speculators: vec![SpeculatorFactory::new("parity", |_| {
+                Box::new(ParitySpeculator)
+            })],
+            ..SpeculationConfig::default()
+        };
+        let mut speculation = Speculation::new(config, 16).expect("a new method name");
+        let request = SpecRequest {
+            method: SpecMethod::Named("parity"),
+            max_draft_tokens: None,
+        };
+        let seq = SeqId(1);
+        let mut state = speculation
+            .drafter_for(Some(request), &[0])
+            .expect("parity drafts");
+        let tree = TokenTree::chain(&[0, 1, 2, 3, 4]);
+        // After odd tokens every node is accepted, after even ones none.
+        for step in 0..200u32 {
+            let tokens = [step];
+            let offered = speculation.offers(std::iter::once((seq, &tokens[..], &mut state, 0)));
+            assert!(offered.is_some());
+            let accepted: Vec<usize> = if step % 2 == 1 {
+                (0..5).collect()
+            } else {
+                vec![0]
+            };
+            speculation.verified(&mut state, &tree, &accepted);
+        }
+        let mut expected = |token: u32| {
+            let tokens = [token];
+            let inputs = speculation
+                .offers(std::iter::once((seq, &tokens[..], &mut state, 0)))
+                .expect("an offer");
+            inputs.offers[&seq].expected_accepted.clone()
+        };
+        let strong = expected(7);
+        let weak = expected(8);
+        assert!(strong[3] > 3.0, "{strong:?}");
+        assert!(weak[3] < 0.5, "{weak:?}");
     }
 }

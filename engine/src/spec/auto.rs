@@ -1,13 +1,15 @@
-//! `auto`: per request, the method that has been accepting best lately. The request's
-//! context-based drafters (n-gram trie, prompt lookup) and Token Recycling all keep up with
-//! the sequence. Each step the context drafters come first: they propose only where the
-//! context repeats, and then more precisely than Token Recycling's guess from the shared
-//! matrix (on fresh Spec-Bench traffic each of them alone gained 1.11-1.16x at one client
-//! where recycling gained 1.04x). Between the two, the one with the best recent accepted
-//! tokens per verification (plus an exploration bonus that fades with tries) drafts;
-//! Token Recycling drafts when neither has anything to propose.
+//! `auto`: per request, the method whose proposal is most likely to be accepted. The
+//! request's context-based drafters (n-gram trie, prompt lookup) and Token Recycling all
+//! keep up with the sequence. Each step the context drafters come first: they propose only
+//! where the context repeats, and then more precisely than Token Recycling's guess from the
+//! shared matrix. Each proposal comes with its drafter's evidence (the length of the match,
+//! and for the trie whether one continuation dominates), and the tokens such proposals had
+//! accepted are learnt engine-wide per drafter and evidence level ([`Choices`]): the
+//! proposal with the best record (plus an exploration bonus that fades with tries) drafts.
+//! (Counting accepted tokens rather than first nodes favours a long match's deep chain.)
+//! Token Recycling drafts when no context drafter has anything to propose.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::ngram_trie::NgramTrie;
 use super::prompt_lookup::PromptLookup;
@@ -16,45 +18,91 @@ use super::speculator::Speculator;
 use super::{DraftContext, Drafter, SpecMethod};
 use crate::tree::TokenTree;
 
-/// Weight of a new outcome in a method's score.
-const ALPHA: f32 = 0.2;
+/// Evidence levels told apart (higher ones count as the highest).
+const LEVELS: usize = 16;
+/// Accepted tokens expected of a proposal without a record.
+const PRIOR: f32 = 0.5;
+/// Weight of a new outcome once a record has many.
+const ALPHA: f32 = 0.05;
+/// Exploration bonus of a record without outcomes, shrinking as one over the square root of
+/// its outcomes.
+const EXPLORATION: f32 = 0.2;
+
+/// Accepted tokens per verified proposal (a moving average), per drafter and evidence
+/// level, over every sequence drafting with `auto` of one engine (the engine thread alone
+/// reads and writes it; the lock is never contended).
+#[derive(Debug)]
+pub struct Choices {
+    /// `(accepted tokens, outcomes)` per drafter and level.
+    records: Mutex<Vec<(f32, u32)>>,
+}
+
+impl Choices {
+    fn new(drafters: usize) -> Self {
+        Self {
+            records: Mutex::new(vec![(PRIOR, 0); drafters * LEVELS]),
+        }
+    }
+
+    fn index(drafter: usize, evidence: u8) -> usize {
+        drafter * LEVELS + usize::from(evidence).min(LEVELS - 1)
+    }
+
+    /// The value of a proposal by `drafter` with `evidence`: its record plus the bonus.
+    fn value(&self, drafter: usize, evidence: u8) -> f32 {
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        records
+            .get(Self::index(drafter, evidence))
+            .map_or(PRIOR, |&(p, n)| p + EXPLORATION / (1.0 + n as f32).sqrt())
+    }
+
+    /// A proposal by `drafter` with `evidence` had `accepted` nodes accepted.
+    fn record(&self, drafter: usize, evidence: u8, accepted: usize) {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, n)) = records.get_mut(Self::index(drafter, evidence)) {
+            let alpha = ALPHA.max(1.0 / (*n as f32 + 2.0));
+            *p += alpha * (accepted as f32 - *p);
+            *n = n.saturating_add(1);
+        }
+    }
+}
 
 /// The `auto` drafter.
 pub struct AutoDrafter {
     drafters: Vec<Box<dyn Drafter>>,
-    scores: Vec<f32>,
-    tries: Vec<u32>,
+    choices: Arc<Choices>,
     current: usize,
 }
 
 impl AutoDrafter {
     /// Drafters for a sequence whose known tokens are `tokens`; Token Recycling walks
-    /// `tree` over the shared `matrix`.
-    pub fn new(tokens: &[u32], matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
+    /// `tree` over the shared `matrix`; `choices` is the engine-wide record.
+    fn with_choices(
+        tokens: &[u32],
+        matrix: Arc<RecyclingMatrix>,
+        tree: Arc<StaticTree>,
+        choices: Arc<Choices>,
+    ) -> Self {
         let drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(NgramTrie::from_tokens(tokens)),
             Box::new(PromptLookup::new()),
             Box::new(TokenRecycling::new(matrix, tree)),
         ];
-        let n = drafters.len();
         Self {
             drafters,
-            scores: vec![0.0; n],
-            tries: vec![0; n],
+            choices,
             current: 0,
         }
     }
 
-    /// The drafters in the order they are asked: the context drafters by score, then Token
-    /// Recycling.
-    fn ranked(&self) -> Vec<usize> {
-        let value = |i: usize| self.scores[i] + 1.0 / (1.0 + self.tries[i] as f32);
-        let tier = |i: usize| usize::from(self.drafters[i].method() == SpecMethod::Recycling);
-        let mut order: Vec<usize> = (0..self.drafters.len()).collect();
-        order.sort_by(|&a, &b| tier(a).cmp(&tier(b)).then(value(b).total_cmp(&value(a))));
-        order
+    /// Drafters for a sequence whose known tokens are `tokens`, with a record of its own.
+    pub fn new(tokens: &[u32], matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
+        Self::with_choices(tokens, matrix, tree, Arc::new(Choices::new(DRAFTERS)))
     }
 }
+
+/// Drafters `auto` chooses among.
+const DRAFTERS: usize = 3;
 
 impl Drafter for AutoDrafter {
     fn method(&self) -> SpecMethod {
@@ -62,14 +110,39 @@ impl Drafter for AutoDrafter {
     }
 
     fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
-        for i in self.ranked() {
-            let available = self.drafters[i].prepare(ctx);
-            if available > 0 {
-                self.current = i;
-                return available;
+        // Every context drafter prepares; the proposal with the best record drafts. Token
+        // Recycling only when none proposes.
+        let mut best: Option<(f32, usize, usize)> = None;
+        let mut recycling = None;
+        for (i, drafter) in self.drafters.iter_mut().enumerate() {
+            if drafter.method() == SpecMethod::Recycling {
+                recycling = Some(i);
+                continue;
+            }
+            let available = drafter.prepare(ctx);
+            if available == 0 {
+                continue;
+            }
+            let value = self.choices.value(i, drafter.evidence());
+            if best.is_none_or(|(v, _, _)| value > v) {
+                best = Some((value, i, available));
             }
         }
-        0
+        if let Some((_, i, available)) = best {
+            self.current = i;
+            return available;
+        }
+        match recycling {
+            Some(i) => {
+                self.current = i;
+                self.drafters[i].prepare(ctx)
+            }
+            None => 0,
+        }
+    }
+
+    fn evidence(&self) -> u8 {
+        self.drafters[self.current].evidence()
     }
 
     fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
@@ -87,8 +160,8 @@ impl Drafter for AutoDrafter {
             return;
         }
         let i = self.current;
-        self.tries[i] = self.tries[i].saturating_add(1);
-        self.scores[i] += ALPHA * (accepted as f32 - self.scores[i]);
+        self.choices
+            .record(i, self.drafters[i].evidence(), accepted);
         self.drafters[i].record(drafted, accepted);
     }
 }
@@ -98,12 +171,17 @@ impl Drafter for AutoDrafter {
 pub struct AutoSpeculator {
     matrix: Arc<RecyclingMatrix>,
     tree: Arc<StaticTree>,
+    choices: Arc<Choices>,
 }
 
 impl AutoSpeculator {
     /// Drafters that walk `tree` over the shared `matrix` among the others.
     pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
-        Self { matrix, tree }
+        Self {
+            matrix,
+            tree,
+            choices: Arc::new(Choices::new(DRAFTERS)),
+        }
     }
 }
 
@@ -113,10 +191,11 @@ impl Speculator for AutoSpeculator {
     }
 
     fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>> {
-        Some(Box::new(AutoDrafter::new(
+        Some(Box::new(AutoDrafter::with_choices(
             tokens,
             Arc::clone(&self.matrix),
             Arc::clone(&self.tree),
+            Arc::clone(&self.choices),
         )))
     }
 
@@ -174,5 +253,37 @@ mod tests {
         let mut auto = AutoDrafter::new(&fresh, matrix, Arc::new(StaticTree::paper()));
         assert!(auto.prepare(&ctx) > 0);
         assert_eq!(auto.method(), SpecMethod::Recycling);
+    }
+
+    #[test]
+    fn what_one_sequence_learns_the_next_one_uses() {
+        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let ctx = DraftContext { tokens: &tokens };
+        let speculator = || {
+            AutoSpeculator::new(
+                Arc::new(RecyclingMatrix::new(16, 8)),
+                Arc::new(StaticTree::paper()),
+            )
+        };
+        let shared = speculator();
+        let mut first = shared.drafter(&tokens).expect("auto drafts");
+        for _ in 0..20 {
+            assert!(first.prepare(&ctx) > 0);
+            let accepted = if first.method() == SpecMethod::PromptLookup {
+                4
+            } else {
+                0
+            };
+            first.record(4, accepted);
+        }
+        // Both context drafters propose with their strongest evidence here; a new
+        // sequence of the same engine starts with the one that was accepted.
+        let mut next = shared.drafter(&tokens).expect("auto drafts");
+        assert!(next.prepare(&ctx) > 0);
+        assert_eq!(next.method(), SpecMethod::PromptLookup);
+        // Another engine has no record: it starts with the first drafter, the trie.
+        let mut other = speculator().drafter(&tokens).expect("auto drafts");
+        assert!(other.prepare(&ctx) > 0);
+        assert_eq!(other.method(), SpecMethod::NgramTrie);
     }
 }

@@ -94,6 +94,13 @@ pub trait Drafter: Send {
     fn method(&self) -> SpecMethod;
     /// Computes this step's candidates; returns how many nodes it could draft.
     fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize;
+    /// How strong the evidence behind this step's candidates is, on the drafter's own
+    /// scale (prompt lookup: the length of the matched n-gram). The engine learns
+    /// acceptance per method and evidence level, so a proposal backed by a long match is
+    /// trusted with more nodes than one backed by a single token.
+    fn evidence(&self) -> u8 {
+        0
+    }
     /// The draft tree for at most `budget` nodes under the pending token (root = node 0).
     fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree;
     /// `tokens` grew by its last `appended` tokens (accepted drafts and the new pending one).

@@ -1,4 +1,4 @@
-//! Online acceptance statistics: for one method, the expected number of accepted draft
+//! Online acceptance statistics: for one method and evidence level, the expected number of accepted draft
 //! tokens as a function of the tree size, learnt from verification outcomes (an exponential
 //! moving average per size bucket, starting from a pessimistic prior: below what the
 //! drafters were measured to accept on Spec-Bench, so a method without evidence gets small
@@ -11,8 +11,16 @@ const BUCKET_UPPER: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, usize::MAX];
 /// 0.35-0.5 tokens from 2-node trees, 0.45-0.65 from 4, 0.55-0.7 from 8 and 0.65-0.8 from
 /// 16: `benches/README.md`).
 const PRIOR: [f32; 8] = [0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
-/// Weight of a new observation.
+/// Weight of a new observation once a bucket has many.
 const ALPHA: f32 = 0.05;
+/// The prior counts as this many observations: a bucket's first observations move it
+/// as a mean would (weight `1 / (seen + PRIOR_WEIGHT)`), later ones as the moving average.
+const PRIOR_WEIGHT: f32 = 3.0;
+/// A size bucket never tried is expected to add, per node beyond the last tried bucket,
+/// this share of what each node of that bucket added (a chain's deeper nodes accept less
+/// than its first ones). Without it a method whose 2-node trees accept 1.4 tokens would be
+/// expected to gain nothing from a third or fourth node, and would never learn otherwise.
+const EXTRAPOLATION: f32 = 0.8;
 /// Exploration bonus of a size bucket without observations, shrinking as one over the
 /// square root of its observations (an upper confidence bound). With a pessimistic prior
 /// alone a method whose small trees would pay never drafts, and so never shows that they
@@ -62,7 +70,8 @@ impl AcceptanceStats {
             .take(last + 1)
         {
             let got = accepted.min(upper) as f32;
-            *expected += ALPHA * (got - *expected);
+            let alpha = ALPHA.max(1.0 / (*seen as f32 + PRIOR_WEIGHT));
+            *expected += alpha * (got - *expected);
             *seen = seen.saturating_add(1);
         }
         self.observations += 1;
@@ -75,7 +84,8 @@ impl AcceptanceStats {
 
     /// Expected accepted tokens for 1..=`max_nodes` nodes, with each bucket's exploration
     /// bonus: linear between the buckets' upper sizes, non-decreasing, never above the
-    /// number of nodes.
+    /// number of nodes. A bucket never tried expects at least what the last two buckets'
+    /// slope, damped by [`EXTRAPOLATION`], reaches.
     pub fn curve(&self, max_nodes: usize) -> Vec<f32> {
         let mut knots: Vec<(f32, f32)> = vec![(0.0, 0.0)];
         for (b, &upper) in BUCKET_UPPER.iter().enumerate() {
@@ -84,8 +94,15 @@ impl AcceptanceStats {
             } else {
                 upper as f32
             };
+            let mut value = self.expected[b];
+            if self.seen[b] == 0 && b > 0 && self.seen[b - 1] > 0 {
+                let (x1, y1) = knots[knots.len() - 1];
+                let (x0, y0) = knots[knots.len() - 2];
+                let slope = (y1 - y0) / (x1 - x0);
+                value = value.max(y1 + EXTRAPOLATION * slope.max(0.0) * (x - x1));
+            }
             let bonus = EXPLORATION / (1.0 + self.seen[b] as f32).sqrt();
-            knots.push((x, self.expected[b] + bonus));
+            knots.push((x, value.min(x) + bonus));
         }
         let mut best = 0.0f32;
         (1..=max_nodes)
@@ -136,5 +153,38 @@ mod tests {
         }
         // After a hundred failures one node is expected to accept almost nothing.
         assert!(s.curve(1)[0] < 0.05, "{:?}", s.curve(1));
+    }
+
+    #[test]
+    fn first_observations_count_like_a_mean() {
+        let mut s = AcceptanceStats::default();
+        for _ in 0..3 {
+            s.record(2, 2);
+        }
+        // A moving average alone (weight 0.05) would still be near the prior of 0.35.
+        let two = s.curve(2)[1];
+        assert!(two > 1.4, "{two}");
+    }
+
+    #[test]
+    fn a_size_never_tried_is_extrapolated_then_learnt() {
+        let mut s = AcceptanceStats::default();
+        for _ in 0..200 {
+            s.record(1, 1);
+            s.record(2, 2);
+        }
+        // One and two nodes are always accepted: four nodes, never tried, are expected to
+        // add most of what the second node added, not to fall back to the prior.
+        let c = s.curve(4);
+        assert!(c[3] > 3.0, "{c:?}");
+        assert!(c[3] <= 4.0, "{c:?}");
+        // Eight nodes are two buckets away from any evidence: still the prior.
+        assert!(s.curve(8)[7] < c[3] + 0.2, "{:?}", s.curve(8));
+        // Tried, four nodes turn out to accept no more than two.
+        for _ in 0..200 {
+            s.record(4, 2);
+        }
+        let c = s.curve(4);
+        assert!((c[3] - 2.0).abs() < 0.1, "{c:?}");
     }
 }
