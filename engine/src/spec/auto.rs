@@ -101,8 +101,10 @@ impl AutoDrafter {
     }
 }
 
-/// Drafters `auto` chooses among.
+/// Drafters `auto` chooses among: the context drafters, then Token Recycling.
 const DRAFTERS: usize = 3;
+/// Index of Token Recycling, the fallback, among them.
+const RECYCLING: usize = 2;
 
 impl Drafter for AutoDrafter {
     fn method(&self) -> SpecMethod {
@@ -113,12 +115,7 @@ impl Drafter for AutoDrafter {
         // Every context drafter prepares; the proposal with the best record drafts. Token
         // Recycling only when none proposes.
         let mut best: Option<(f32, usize, usize)> = None;
-        let mut recycling = None;
-        for (i, drafter) in self.drafters.iter_mut().enumerate() {
-            if drafter.method() == SpecMethod::Recycling {
-                recycling = Some(i);
-                continue;
-            }
+        for (i, drafter) in self.drafters[..RECYCLING].iter_mut().enumerate() {
             let available = drafter.prepare(ctx);
             if available == 0 {
                 continue;
@@ -128,16 +125,15 @@ impl Drafter for AutoDrafter {
                 best = Some((value, i, available));
             }
         }
-        if let Some((_, i, available)) = best {
-            self.current = i;
-            return available;
-        }
-        match recycling {
-            Some(i) => {
+        match best {
+            Some((_, i, available)) => {
                 self.current = i;
-                self.drafters[i].prepare(ctx)
+                available
             }
-            None => 0,
+            None => {
+                self.current = RECYCLING;
+                self.drafters[RECYCLING].prepare(ctx)
+            }
         }
     }
 

@@ -245,31 +245,29 @@ mod tests {
         assert_eq!(empty.evidence(), 0);
     }
 
+    /// The evidence of the trie over `tokens` drafting after them.
+    fn evidence_after(tokens: &[u32]) -> u8 {
+        let mut trie = NgramTrie::from_tokens(tokens);
+        let ctx = DraftContext { tokens };
+        assert!(trie.prepare(&ctx) > 0);
+        trie.evidence()
+    }
+
     #[test]
     fn evidence_grows_with_the_match_and_a_dominant_continuation() {
         // After "5 6 7": 1 three times, 3 once -> three tokens matched, one continuation
         // dominant. (Each occurrence counts once per sub-prefix that reaches it, so none
         // sits at the very start.)
-        let tokens = [
+        let dominant = [
             2, 2, 5, 6, 7, 1, 9, 5, 6, 7, 1, 8, 5, 6, 7, 3, 4, 5, 6, 7, 1, 0, 5, 6, 7,
         ];
-        let mut trie = NgramTrie::from_tokens(&tokens);
-        let ctx = DraftContext { tokens: &tokens };
-        assert!(trie.prepare(&ctx) > 0);
-        assert_eq!(trie.evidence(), 6);
+        assert_eq!(evidence_after(&dominant), 6);
         // After "5 6 7": 1 twice, 3 twice -> contested.
-        let tokens = [
+        let contested = [
             2, 2, 5, 6, 7, 1, 9, 5, 6, 7, 3, 8, 5, 6, 7, 3, 4, 5, 6, 7, 1, 0, 5, 6, 7,
         ];
-        let mut trie = NgramTrie::from_tokens(&tokens);
-        let ctx = DraftContext { tokens: &tokens };
-        assert!(trie.prepare(&ctx) > 0);
-        assert_eq!(trie.evidence(), 5);
+        assert_eq!(evidence_after(&contested), 5);
         // Only the last token was seen before: one token matched.
-        let tokens = [5, 6, 7, 1, 9, 2, 7];
-        let mut trie = NgramTrie::from_tokens(&tokens);
-        let ctx = DraftContext { tokens: &tokens };
-        assert!(trie.prepare(&ctx) > 0);
-        assert_eq!(trie.evidence(), 2);
+        assert_eq!(evidence_after(&[5, 6, 7, 1, 9, 2, 7]), 2);
     }
 }
