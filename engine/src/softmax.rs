@@ -15,8 +15,13 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const FLOOR: f32 = -87.0;
+    // Adding 1.5 * 2^23 rounds to an integer (ties to even) that then sits in the low bits
+    // of the sum's mantissa: `n` and its integer come without a float-to-int conversion,
+    // which Rust's saturating `as` would keep from vectorising.
+    const SHIFTER: f32 = 12_582_912.0;
     let clamped = x.max(FLOOR);
-    let n = (clamped * LOG2E).round_ties_even();
+    let shifted = clamped * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
     let r = clamped - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -25,7 +30,11 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * (r * r) + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let exponent = shifted
+        .to_bits()
+        .wrapping_sub(SHIFTER.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(exponent << 23);
     if x < FLOOR {
         0.0
     } else {
