@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{Device, Storage, Tensor};
-use rayon::prelude::*;
 
 use crate::attention::{paged_tree_attention, HeadShape};
 use crate::batch::TreeBatch;
@@ -182,6 +181,8 @@ struct Workspace {
     k: Vec<f32>,
     v: Vec<f32>,
     q_heads: Vec<f32>,
+    /// One head's values split into the halves RoPE rotates together.
+    pair: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
@@ -298,17 +299,18 @@ impl FusedWeights {
                 &mut w.rows,
             )?;
             clock.lap(|p| &mut p.matmul);
+            let positions = &batch.positions;
+            let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
             self.rotate(
                 cfg,
-                &batch.positions,
+                positions,
                 &w.q,
-                cfg.num_heads,
+                heads,
                 &mut w.q_heads,
                 true,
+                &mut w.pair,
             );
-            let mut k = std::mem::take(&mut w.k);
-            self.rotate(cfg, &batch.positions, &[], cfg.num_kv_heads, &mut k, false);
-            w.k = k;
+            self.rotate(cfg, positions, &[], kv_heads, &mut w.k, false, &mut w.pair);
             clock.lap(|p| &mut p.other);
             kv.write(index, &batch.slots, &w.k, &w.v)?;
             let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
@@ -325,7 +327,7 @@ impl FusedWeights {
                 &mut w.rows,
             )?;
             clock.lap(|p| &mut p.matmul);
-            swiglu(&mut w.gate, &w.up);
+            crate::silu::swiglu(&mut w.gate, &w.up);
             clock.lap(|p| &mut p.other);
             project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
             clock.lap(|p| &mut p.matmul);
@@ -361,7 +363,9 @@ impl FusedWeights {
 
     /// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
     /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
-    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
+    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept). `pair` is
+    /// scratch space.
+    #[allow(clippy::too_many_arguments)]
     fn rotate(
         &self,
         cfg: &ModelConfig,
@@ -370,6 +374,7 @@ impl FusedWeights {
         heads: usize,
         dst: &mut Vec<f32>,
         head_major: bool,
+        pair: &mut Vec<f32>,
     ) {
         let d = cfg.head_dim;
         let half = d / 2;
@@ -377,24 +382,46 @@ impl FusedWeights {
         if head_major {
             dst.resize(rows * heads * d, 0.0);
         }
+        pair.resize(d, 0.0);
         for (r, &pos) in positions.iter().enumerate() {
             let cos = &self.rope_cos[pos as usize * half..][..half];
             let sin = &self.rope_sin[pos as usize * half..][..half];
             for h in 0..heads {
                 let from = (r * heads + h) * d;
                 let to = if head_major { (h * rows + r) * d } else { from };
-                for i in 0..half {
-                    let (ia, ib) = match cfg.rope_style {
-                        RopeStyle::Halves => (i, i + half),
-                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    };
-                    let (a, b) = if src.is_empty() {
-                        (dst[from + ia], dst[from + ib])
-                    } else {
-                        (src[from + ia], src[from + ib])
-                    };
-                    dst[to + ia] = a * cos[i] - b * sin[i];
-                    dst[to + ib] = a * sin[i] + b * cos[i];
+                // The head's values as (a, b) halves: the pairs rotated together.
+                let (a, b) = pair.split_at_mut(half);
+                let head = if src.is_empty() {
+                    &dst[from..from + d]
+                } else {
+                    &src[from..from + d]
+                };
+                match cfg.rope_style {
+                    RopeStyle::Halves => {
+                        a.copy_from_slice(&head[..half]);
+                        b.copy_from_slice(&head[half..]);
+                    }
+                    RopeStyle::Interleaved => {
+                        for ((a, b), two) in a.iter_mut().zip(b.iter_mut()).zip(head.chunks(2)) {
+                            (*a, *b) = (two[0], two[1]);
+                        }
+                    }
+                }
+                let out = &mut dst[to..to + d];
+                match cfg.rope_style {
+                    RopeStyle::Halves => {
+                        let (lo, hi) = out.split_at_mut(half);
+                        for i in 0..half {
+                            lo[i] = a[i] * cos[i] - b[i] * sin[i];
+                            hi[i] = a[i] * sin[i] + b[i] * cos[i];
+                        }
+                    }
+                    RopeStyle::Interleaved => {
+                        for (i, two) in out.chunks_exact_mut(2).enumerate() {
+                            two[0] = a[i] * cos[i] - b[i] * sin[i];
+                            two[1] = a[i] * sin[i] + b[i] * cos[i];
+                        }
+                    }
                 }
             }
         }
@@ -451,23 +478,34 @@ fn embed(embedding: &Tensor, ids: &[u32], hidden: usize, x: &mut Vec<f32>) -> Re
     Ok(())
 }
 
-/// Rows of `x` past which the row-wise ops split over the pool.
-const PARALLEL_ROWS: usize = 8;
+/// Rows whose RMSNorm sums run side by side.
+const NORM_ROWS: usize = 8;
 
-/// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`.
+/// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`. Each row's sum of
+/// squares adds its values in order, as candle's does, but up to eight rows' sums advance
+/// together, so their chains of dependent adds overlap instead of waiting on each other.
 fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
     let n = alpha.len();
-    let row = |(src, dst): (&[f32], &mut [f32])| {
-        let sum2 = src.iter().map(|&v| v * v).sum::<f32>();
-        let m = (sum2 / n as f32 + eps).sqrt();
-        for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
-            *d = *s / m * *a;
+    for (src, dst) in x.chunks(NORM_ROWS * n).zip(out.chunks_mut(NORM_ROWS * n)) {
+        let mut sums = [0f32; NORM_ROWS];
+        if src.len() == NORM_ROWS * n {
+            for i in 0..n {
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let v = src[r * n + i];
+                    *sum += v * v;
+                }
+            }
+        } else {
+            for (sum, row) in sums.iter_mut().zip(src.chunks_exact(n)) {
+                *sum = row.iter().map(|&v| v * v).sum::<f32>();
+            }
         }
-    };
-    if x.len() / n > PARALLEL_ROWS {
-        x.par_chunks(n).zip(out.par_chunks_mut(n)).for_each(row);
-    } else {
-        x.chunks(n).zip(out.chunks_mut(n)).for_each(row);
+        for ((src, dst), sum2) in src.chunks_exact(n).zip(dst.chunks_exact_mut(n)).zip(sums) {
+            let m = (sum2 / n as f32 + eps).sqrt();
+            for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
+                *d = *s / m * *a;
+            }
+        }
     }
 }
 
@@ -475,18 +513,5 @@ fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
 fn add_into(y: &[f32], x: &mut [f32]) {
     for (x, y) in x.iter_mut().zip(y) {
         *x += *y;
-    }
-}
-
-/// `gate = silu(gate) * up`, candle's `silu` (`v / (1 + exp(-v))`).
-fn swiglu(gate: &mut [f32], up: &[f32]) {
-    let op = |(g, u): (&mut f32, &f32)| {
-        let v = *g;
-        *g = v / (1.0 + (-v).exp()) * *u;
-    };
-    if gate.len() > 4096 {
-        gate.par_iter_mut().zip(up).for_each(op);
-    } else {
-        gate.iter_mut().zip(up).for_each(op);
     }
 }

@@ -32,6 +32,7 @@ pub mod qgemm;
 mod reduce;
 pub mod request;
 pub mod sampler;
+pub mod silu;
 pub mod softmax;
 pub mod spec;
 pub mod speculation;

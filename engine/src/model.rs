@@ -249,8 +249,7 @@ impl Model {
             x = (layer.o.forward(&attn)? + x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-            let gated =
-                (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+            let gated = (self.silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
             x = (layer.down.forward(&gated)? + x)?;
         }
         if batch.logit_rows.is_empty() {
@@ -268,6 +267,22 @@ impl Model {
     }
 
     /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
+    /// SiLU: thicket's own (`silu`, what the fused pass computes) on the CPU with thicket's
+    /// attention, candle's where the arithmetic is the reference's or off the CPU.
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        if self.attention == AttentionKernel::Fused
+            && x.device().is_cpu()
+            && x.dtype() == DType::F32
+        {
+            let mut values = x.flatten_all()?.to_vec1::<f32>()?;
+            for v in &mut values {
+                *v = crate::silu::silu(*v);
+            }
+            return Ok(Tensor::from_vec(values, x.shape(), x.device())?);
+        }
+        Ok(candle_nn::ops::silu(x)?)
+    }
+
     fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let x = x

@@ -1,0 +1,81 @@
+//! SiLU (`x / (1 + e^-x)`, the gate of SwiGLU) as thicket computes it on the CPU: with
+//! `softmax::exp`'s plain multiplies and adds, so a whole row of gates vectorises, where the
+//! library `exp` is a call per value. The fused CPU pass and the candle-ops forward with
+//! thicket's attention both use it (their logits stay bit-identical); the reference
+//! arithmetic (`--attention reference`) keeps candle's own `silu`.
+
+use rayon::prelude::*;
+
+use crate::softmax::exp;
+
+/// Above this, `e^x` is taken as infinite (the true value nears f32's largest; the gate's
+/// output is then a vanishing fraction of a tiny number either way).
+const EXP_CEILING: f32 = 88.0;
+
+/// `v / (1 + e^-v)`, within a few ulp of the exact value.
+#[inline(always)]
+pub fn silu(v: f32) -> f32 {
+    let x = -v;
+    let e = if x > EXP_CEILING {
+        f32::INFINITY
+    } else {
+        exp(x)
+    };
+    v / (1.0 + e)
+}
+
+/// Values past which `swiglu` splits over the pool.
+const PARALLEL_VALUES: usize = 1 << 16;
+
+/// `gate = silu(gate) * up`, element by element.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let op = |(g, u): (&mut f32, &f32)| *g = silu(*g) * *u;
+    if gate.len() > PARALLEL_VALUES {
+        gate.par_iter_mut().zip(up).for_each(op);
+    } else {
+        gate.iter_mut().zip(up).for_each(op);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silu_matches_the_definition_over_its_range() {
+        let mut worst = 0f64;
+        for i in 0..=400_000 {
+            let v = -120.0 + 240.0 * i as f32 / 400_000.0;
+            let exact = v as f64 / (1.0 + (-(v as f64)).exp());
+            let got = silu(v) as f64;
+            // Relative where the value is normal, absolute near the tiny tail.
+            let err = (got - exact).abs() / exact.abs().max(1e-30);
+            assert!(
+                err < 4e-7 || (got - exact).abs() < 1e-35,
+                "silu({v}) = {got} vs {exact}"
+            );
+            worst = worst.max(if exact.abs() > 1e-30 { err } else { 0.0 });
+        }
+        assert_eq!(silu(0.0), 0.0);
+        assert_eq!(silu(f32::INFINITY), f32::INFINITY);
+        assert_eq!(silu(-1000.0), 0.0);
+        assert!(silu(f32::NAN).is_nan());
+        eprintln!("worst relative error {worst:e}");
+    }
+
+    #[test]
+    fn swiglu_gives_the_same_bits_split_or_not() {
+        let n = PARALLEL_VALUES + 77;
+        let gate: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 2003) as f32 / 50.0 - 20.0)
+            .collect();
+        let up: Vec<f32> = (0..n)
+            .map(|i| ((i * 104_729) % 997) as f32 / 100.0 - 5.0)
+            .collect();
+        let mut split = gate.clone();
+        swiglu(&mut split, &up);
+        for (i, (s, (g, u))) in split.iter().zip(gate.iter().zip(&up)).enumerate() {
+            assert_eq!(s.to_bits(), (silu(*g) * *u).to_bits(), "value {i}");
+        }
+    }
+}
