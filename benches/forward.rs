@@ -1,10 +1,12 @@
 //! Criterion micro-bench of the two attention kernels on synthetic data (no model needed):
-//! one sequence, 512 cached positions, a chain of N new rows, SmolLM2's head shape. The
+//! one sequence, 512 cached positions, a chain of N new rows, SmolLM2's head shape; the
+//! fused kernel over an f16 and an f32 store, the reference over f32. The
 //! end-to-end forward-cost curve on the real model is `thicket bench forward`.
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use engine::attention::{gathered_tree_attention, paged_tree_attention, HeadShape};
+use engine::kv_store::KvDtype;
 use engine::{LogitRows, PagedKvStore, TokenTree, TreeBatch};
 use kvcache::{BlockPool, BlockTable, Slot};
 
@@ -21,12 +23,16 @@ fn attention(c: &mut Criterion) {
         let mut table = BlockTable::new();
         assert!(table.ensure_capacity(context + n, &mut pool));
         let width = shape.num_kv_heads * shape.head_dim;
-        let mut store = PagedKvStore::new(1, pool.num_slots(), width);
         let slots: Vec<Slot> = (0..pool.num_slots() as u32).map(Slot).collect();
         let fill: Vec<f32> = (0..slots.len() * width)
             .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
             .collect();
-        store.write(0, &slots, &fill, &fill).expect("fill store");
+        let store = |dtype| {
+            let mut store = PagedKvStore::new(1, pool.num_slots(), width, dtype);
+            store.write(0, &slots, &fill, &fill).expect("fill store");
+            store
+        };
+        let (halves, singles) = (store(KvDtype::F16), store(KvDtype::F32));
         let mut batch = TreeBatch::new(bs);
         let tokens: Vec<u32> = (0..n as u32).collect();
         batch
@@ -41,12 +47,15 @@ fn attention(c: &mut Criterion) {
             &Device::Cpu,
         )
         .expect("q");
-        group.bench_with_input(BenchmarkId::new("fused", n), &n, |b, _| {
-            b.iter(|| paged_tree_attention(&q, store.layer(0), &batch, shape))
+        group.bench_with_input(BenchmarkId::new("fused f16", n), &n, |b, _| {
+            b.iter(|| paged_tree_attention(&q, halves.layer(0), &batch, shape))
+        });
+        group.bench_with_input(BenchmarkId::new("fused f32", n), &n, |b, _| {
+            b.iter(|| paged_tree_attention(&q, singles.layer(0), &batch, shape))
         });
         group.bench_with_input(BenchmarkId::new("reference", n), &n, |b, _| {
             b.iter(|| {
-                gathered_tree_attention(&q_tensor, store.layer(0), &batch, shape, &Device::Cpu)
+                gathered_tree_attention(&q_tensor, singles.layer(0), &batch, shape, &Device::Cpu)
                     .expect("attention")
             })
         });

@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
+use engine::kv_store::KvDtype;
 use engine::QuantKernel;
 use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
 
@@ -93,6 +94,10 @@ pub struct ModelArgs {
     /// CPU kernel for quantized weights: thicket (weights streamed once for all rows) | candle.
     #[arg(long, default_value = "thicket", value_parser = parse_matmul)]
     pub matmul: QuantKernel,
+    /// How the KV cache keeps keys and values: f16 (half the memory of f32) | f32. Default:
+    /// f16 with the fused attention, f32 with the reference.
+    #[arg(long, value_parser = parse_kv_dtype)]
+    pub kv_cache_dtype: Option<KvDtype>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +142,10 @@ enum BenchCommand {
 fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
     AttentionKernel::parse(s)
         .ok_or_else(|| format!("unknown attention kernel '{s}' (fused, reference)"))
+}
+
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    KvDtype::parse(s).ok_or_else(|| format!("unknown KV cache dtype '{s}' (f16, f32)"))
 }
 
 fn parse_matmul(s: &str) -> Result<QuantKernel, String> {
@@ -233,6 +242,7 @@ pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
             dtype: args.dtype,
             attention: args.attention,
             matmul: args.matmul,
+            kv_dtype: args.kv_cache_dtype,
         },
     )
     .with_context(|| format!("loading model '{}'", args.model))?;

@@ -195,8 +195,9 @@ impl EngineArgs {
 /// curves cached by an older build are measured anew (5: sizes measured in interleaved
 /// rounds, nine of them; 6: the kernel prefetches, which made few-row forwards cheaper; 7:
 /// knots at 3 and 5 rows too, where small trees are decided, and 25 rounds: with nine, one
-/// noisy round moved the small sizes by a tenth).
-const COST_CURVE_VERSION: u32 = 7;
+/// noisy round moved the small sizes by a tenth; 8: the KV store's value type is in the
+/// name, and f16 stores made attention cheaper).
+const COST_CURVE_VERSION: u32 = 8;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
@@ -205,7 +206,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     // Everything that changes the cost is in the name: the model's shape and weights, the
     // kernels and the instruction set they run in, and the version of the forward's code.
     let name = format!(
-        "cost-v{COST_CURVE_VERSION}-{}-{}x{}-{}b-{:?}-{}-{}-{}.json",
+        "cost-v{COST_CURVE_VERSION}-{}-{}x{}-{}b-{:?}-{}-{}-{}-kv{}.json",
         c.architecture.as_str(),
         c.num_layers,
         c.hidden_size,
@@ -216,7 +217,8 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
             None => "dense".into(),
         },
         engine::qgemm::process_isa().name(),
-        if model.is_fused() { "fused" } else { "ops" }
+        if model.is_fused() { "fused" } else { "ops" },
+        model.kv_dtype().name()
     );
     let path = engine::fetch::models_dir().join(name);
     if let Ok(text) = std::fs::read_to_string(&path) {

@@ -14,8 +14,9 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::attention_kernels as kernels;
+use crate::attention_kernels::KvValue;
 use crate::batch::{SeqEntry, TreeBatch};
-use crate::kv_store::LayerKv;
+use crate::kv_store::{KvRows, LayerKv};
 use crate::softmax::softmax_in_place;
 use crate::Result;
 
@@ -62,6 +63,19 @@ pub struct HeadShape {
 pub fn paged_tree_attention(
     q: &[f32],
     kv: &LayerKv,
+    batch: &TreeBatch,
+    shape: HeadShape,
+) -> Vec<f32> {
+    match kv {
+        LayerKv::F16(kv) => paged_in(q, kv, batch, shape),
+        LayerKv::F32(kv) => paged_in(q, kv, batch, shape),
+    }
+}
+
+/// `paged_tree_attention` over rows of one value type.
+fn paged_in<T: KvValue>(
+    q: &[f32],
+    kv: &KvRows<T>,
     batch: &TreeBatch,
     shape: HeadShape,
 ) -> Vec<f32> {
@@ -127,9 +141,9 @@ pub fn paged_tree_attention(
 /// heads of the group; per head and row, the arithmetic is the fixed-order `dot`, softmax and
 /// accumulation over the row's visible keys.
 #[allow(clippy::too_many_arguments)]
-fn attend_group(
+fn attend_group<T: KvValue>(
     q: &[f32],
-    kv: &LayerKv,
+    kv: &KvRows<T>,
     batch: &TreeBatch,
     seq: &SeqEntry,
     kh: usize,
@@ -252,17 +266,18 @@ pub fn gathered_tree_attention(
             })
             .chain(seq.rows.clone().map(|r| batch.slots[r].index() * row_width))
             .collect();
-        let gather = |store: &[f32]| -> Vec<f32> {
-            let mut out = Vec::with_capacity(shape.num_kv_heads * len * hd);
-            for kh in 0..shape.num_kv_heads {
-                for &at in &offsets {
-                    out.extend_from_slice(&store[at + kh * hd..at + (kh + 1) * hd]);
-                }
-            }
-            out
+        let (k, v) = match kv {
+            LayerKv::F16(kv) => (
+                gather(&kv.k, &offsets, shape),
+                gather(&kv.v, &offsets, shape),
+            ),
+            LayerKv::F32(kv) => (
+                gather(&kv.k, &offsets, shape),
+                gather(&kv.v, &offsets, shape),
+            ),
         };
-        let k = Tensor::from_vec(gather(&kv.k), (1, shape.num_kv_heads, len, hd), device)?;
-        let v = Tensor::from_vec(gather(&kv.v), (1, shape.num_kv_heads, len, hd), device)?;
+        let k = Tensor::from_vec(k, (1, shape.num_kv_heads, len, hd), device)?;
+        let v = Tensor::from_vec(v, (1, shape.num_kv_heads, len, hd), device)?;
         let k = repeat_kv(k, group)?;
         let v = repeat_kv(v, group)?;
         let q = q.narrow(2, seq.rows.start, n)?.contiguous()?;
@@ -288,6 +303,22 @@ pub fn gathered_tree_attention(
     Ok(Tensor::cat(&outputs, 0)?.to_dtype(DType::F32)?)
 }
 
+/// The rows at `offsets` of `store`, as f32 laid out `[kv_head][offset][dim]`.
+fn gather<T: KvValue>(store: &[T], offsets: &[usize], shape: HeadShape) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let mut out = Vec::with_capacity(shape.num_kv_heads * offsets.len() * hd);
+    for kh in 0..shape.num_kv_heads {
+        for &at in offsets {
+            out.extend(
+                store[at + kh * hd..at + (kh + 1) * hd]
+                    .iter()
+                    .map(|x| x.to_f32()),
+            );
+        }
+    }
+    out
+}
+
 /// `[b, kv_heads, len, d]` -> `[b, kv_heads * n_rep, len, d]`, query head h reading KV head
 /// h / n_rep (the reference's layout, built the reference's way).
 fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
@@ -302,7 +333,7 @@ fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
 mod tests {
     use super::*;
     use crate::batch::LogitRows;
-    use crate::kv_store::PagedKvStore;
+    use crate::kv_store::{KvDtype, PagedKvStore};
     use crate::tree::TokenTree;
     use kvcache::{BlockId, BlockTable};
 
@@ -329,11 +360,13 @@ mod tests {
     fn matches_naive_attention_over_context_and_ancestors() {
         // 8: the generic path; 64 and 128: the widths with kernels specialised at compile time.
         for head_dim in [8, 64, 128] {
-            check_against_naive(head_dim);
+            for dtype in [KvDtype::F16, KvDtype::F32] {
+                check_against_naive(head_dim, dtype);
+            }
         }
     }
 
-    fn check_against_naive(head_dim: usize) {
+    fn check_against_naive(head_dim: usize, dtype: KvDtype) {
         let shape = HeadShape {
             num_heads: 4,
             num_kv_heads: 2,
@@ -341,7 +374,7 @@ mod tests {
         };
         let hd = head_dim;
         let row_width = 2 * hd;
-        let mut store = PagedKvStore::new(1, 32, row_width);
+        let mut store = PagedKvStore::new(1, 32, row_width, dtype);
         let mut seed = 1u32;
         let mut rnd = move || {
             seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
@@ -352,6 +385,8 @@ mod tests {
         let k: Vec<f32> = (0..32 * row_width).map(|_| rnd()).collect();
         let v: Vec<f32> = (0..32 * row_width).map(|_| rnd()).collect();
         store.write(0, &slots, &k, &v).unwrap();
+        // What the store holds (f16: rounded) is what attention must attend over.
+        let (k, v) = store.layer(0).to_f32();
 
         // Context of 6 in blocks [5, 2] (block size 4), tree 0 -> {1, 2}, 2 -> 3.
         let table = BlockTable::from_blocks(vec![BlockId(5), BlockId(2), BlockId(7)]);
@@ -377,7 +412,7 @@ mod tests {
                 for (a, b) in want.iter().zip(got) {
                     assert!(
                         (a - b).abs() < 1e-5,
-                        "head dim {hd} node {node} head {head}: {a} vs {b}"
+                        "{dtype:?} head dim {hd} node {node} head {head}: {a} vs {b}"
                     );
                 }
             }

@@ -8,7 +8,49 @@
 //! `reduce::dot` and separate multiplies and adds. Every sum runs over one row's keys in one
 //! order, so a row's result never depends on the other rows of the batch.
 
+use half::f16;
+
 use crate::reduce::{combine8, dot};
+
+/// A stored key or value as the kernels read it.
+pub trait KvValue: Copy + Send + Sync {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+
+    /// Sixteen values from `at`, as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, and sixteen values must be readable from `at`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KvValue for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(at)
+    }
+}
+
+impl KvValue for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
+    }
+}
 
 /// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
 /// unchecked loops may read them).
@@ -73,9 +115,9 @@ fn values_at_once(ch: usize) -> usize {
 /// `scores[g * stride + j] = score(queries[g], k[keys[j]..]) * scale` for every query `g`
 /// (the query heads of the rows that share one KV head and these keys): each key is read once
 /// for all of them.
-pub fn key_scores(
+pub fn key_scores<T: KvValue>(
     queries: &[&[f32]],
-    k: &[f32],
+    k: &[T],
     keys: Rows<'_>,
     scale: f32,
     scores: &mut [f32],
@@ -106,12 +148,12 @@ pub fn key_scores(
                 // `j + 16 / q <= len <= stride`.
                 unsafe {
                     match (ch, q) {
-                        (4, 1) => x86::score_block::<4, 1>(qs, k, at, scale, out, stride),
-                        (4, 2) => x86::score_block::<4, 2>(qs, k, at, scale, out, stride),
-                        (4, _) => x86::score_block::<4, 4>(qs, k, at, scale, out, stride),
-                        (_, 1) => x86::score_block::<8, 1>(qs, k, at, scale, out, stride),
-                        (_, 2) => x86::score_block::<8, 2>(qs, k, at, scale, out, stride),
-                        (_, _) => x86::score_block::<8, 4>(qs, k, at, scale, out, stride),
+                        (4, 1) => x86::score_block::<4, 1, T>(qs, k, at, scale, out, stride),
+                        (4, 2) => x86::score_block::<4, 2, T>(qs, k, at, scale, out, stride),
+                        (4, _) => x86::score_block::<4, 4, T>(qs, k, at, scale, out, stride),
+                        (_, 1) => x86::score_block::<8, 1, T>(qs, k, at, scale, out, stride),
+                        (_, 2) => x86::score_block::<8, 2, T>(qs, k, at, scale, out, stride),
+                        (_, _) => x86::score_block::<8, 4, T>(qs, k, at, scale, out, stride),
                     }
                 }
             }
@@ -130,31 +172,36 @@ pub fn key_scores(
             unsafe {
                 let (at, out) = (keys.at, scores);
                 match (ch, qs.len()) {
-                    (4, 1) => x86::key_scores::<4, 1>(qs, k, at, scale, out, stride),
-                    (4, 2) => x86::key_scores::<4, 2>(qs, k, at, scale, out, stride),
-                    (4, 3) => x86::key_scores::<4, 3>(qs, k, at, scale, out, stride),
-                    (4, 4) => x86::key_scores::<4, 4>(qs, k, at, scale, out, stride),
-                    (4, 5) => x86::key_scores::<4, 5>(qs, k, at, scale, out, stride),
-                    (4, 6) => x86::key_scores::<4, 6>(qs, k, at, scale, out, stride),
-                    (4, 7) => x86::key_scores::<4, 7>(qs, k, at, scale, out, stride),
-                    (4, _) => x86::key_scores::<4, 8>(qs, k, at, scale, out, stride),
-                    (_, 1) => x86::key_scores::<8, 1>(qs, k, at, scale, out, stride),
-                    (_, 2) => x86::key_scores::<8, 2>(qs, k, at, scale, out, stride),
-                    (_, 3) => x86::key_scores::<8, 3>(qs, k, at, scale, out, stride),
-                    (_, _) => x86::key_scores::<8, 4>(qs, k, at, scale, out, stride),
+                    (4, 1) => x86::key_scores::<4, 1, T>(qs, k, at, scale, out, stride),
+                    (4, 2) => x86::key_scores::<4, 2, T>(qs, k, at, scale, out, stride),
+                    (4, 3) => x86::key_scores::<4, 3, T>(qs, k, at, scale, out, stride),
+                    (4, 4) => x86::key_scores::<4, 4, T>(qs, k, at, scale, out, stride),
+                    (4, 5) => x86::key_scores::<4, 5, T>(qs, k, at, scale, out, stride),
+                    (4, 6) => x86::key_scores::<4, 6, T>(qs, k, at, scale, out, stride),
+                    (4, 7) => x86::key_scores::<4, 7, T>(qs, k, at, scale, out, stride),
+                    (4, _) => x86::key_scores::<4, 8, T>(qs, k, at, scale, out, stride),
+                    (_, 1) => x86::key_scores::<8, 1, T>(qs, k, at, scale, out, stride),
+                    (_, 2) => x86::key_scores::<8, 2, T>(qs, k, at, scale, out, stride),
+                    (_, 3) => x86::key_scores::<8, 3, T>(qs, k, at, scale, out, stride),
+                    (_, _) => x86::key_scores::<8, 4, T>(qs, k, at, scale, out, stride),
                 }
             }
         }
         return;
     }
     let _ = avx512;
+    let mut widened = Vec::new();
     for (g, query) in queries.iter().enumerate() {
         let key = |at: usize| &k[at..at + hd];
         for (s, &at) in scores[g * stride..][..len].iter_mut().zip(keys.at) {
             *s = match hd {
-                64 => score::<64>(query, key(at)),
-                128 => score::<128>(query, key(at)),
-                _ => dot(query, key(at)),
+                64 => score::<64, T>(query, key(at)),
+                128 => score::<128, T>(query, key(at)),
+                _ => {
+                    widened.clear();
+                    widened.extend(key(at).iter().map(|x| x.to_f32()));
+                    dot(query, &widened)
+                }
             } * scale;
         }
     }
@@ -162,7 +209,13 @@ pub fn key_scores(
 
 /// `dst[g * hd..][..hd] += sum_j p[g * stride + j] * v[keys[j]..]` for every query `g`, in
 /// key order; each value row is read once for all of them.
-pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst: &mut [f32]) {
+pub fn weighted_values<T: KvValue>(
+    p: &[f32],
+    stride: usize,
+    v: &[T],
+    keys: Rows<'_>,
+    dst: &mut [f32],
+) {
     let (hd, len) = (keys.width, keys.at.len());
     let nq = dst.len() / hd;
     assert!(dst.len() == nq * hd && len <= stride && keys.store <= v.len());
@@ -177,15 +230,15 @@ pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst:
             // SAFETY: as in `key_scores`, for the value rows.
             unsafe {
                 match (ch, dst.len() / hd) {
-                    (4, 1) => x86::weighted_values::<4, 1>(p, stride, v, at, dst),
-                    (4, 2) => x86::weighted_values::<4, 2>(p, stride, v, at, dst),
-                    (4, 3) => x86::weighted_values::<4, 3>(p, stride, v, at, dst),
-                    (4, 4) => x86::weighted_values::<4, 4>(p, stride, v, at, dst),
-                    (4, 5) => x86::weighted_values::<4, 5>(p, stride, v, at, dst),
-                    (4, _) => x86::weighted_values::<4, 6>(p, stride, v, at, dst),
-                    (_, 1) => x86::weighted_values::<8, 1>(p, stride, v, at, dst),
-                    (_, 2) => x86::weighted_values::<8, 2>(p, stride, v, at, dst),
-                    (_, _) => x86::weighted_values::<8, 3>(p, stride, v, at, dst),
+                    (4, 1) => x86::weighted_values::<4, 1, T>(p, stride, v, at, dst),
+                    (4, 2) => x86::weighted_values::<4, 2, T>(p, stride, v, at, dst),
+                    (4, 3) => x86::weighted_values::<4, 3, T>(p, stride, v, at, dst),
+                    (4, 4) => x86::weighted_values::<4, 4, T>(p, stride, v, at, dst),
+                    (4, 5) => x86::weighted_values::<4, 5, T>(p, stride, v, at, dst),
+                    (4, _) => x86::weighted_values::<4, 6, T>(p, stride, v, at, dst),
+                    (_, 1) => x86::weighted_values::<8, 1, T>(p, stride, v, at, dst),
+                    (_, 2) => x86::weighted_values::<8, 2, T>(p, stride, v, at, dst),
+                    (_, _) => x86::weighted_values::<8, 3, T>(p, stride, v, at, dst),
                 }
             }
         }
@@ -194,12 +247,12 @@ pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst:
     for (g, dst) in dst.chunks_mut(hd).enumerate() {
         let p = &p[g * stride..][..len];
         match hd {
-            64 => fused_sum::<64>(p, v, keys.at, dst),
-            128 => fused_sum::<128>(p, v, keys.at, dst),
+            64 => fused_sum::<64, T>(p, v, keys.at, dst),
+            128 => fused_sum::<128, T>(p, v, keys.at, dst),
             _ => {
                 for (&p, &at) in p.iter().zip(keys.at) {
                     for (y, x) in dst.iter_mut().zip(&v[at..at + hd]) {
-                        *y += p * x;
+                        *y += p * x.to_f32();
                     }
                 }
             }
@@ -209,15 +262,15 @@ pub fn weighted_values(p: &[f32], stride: usize, v: &[f32], keys: Rows<'_>, dst:
 
 /// A score in sixteen fused lanes (see the module doc), `HD` a multiple of 16.
 #[inline(always)]
-fn score<const HD: usize>(q: &[f32], k: &[f32]) -> f32 {
-    let (q, k): (&[f32; HD], &[f32; HD]) = (
+fn score<const HD: usize, T: KvValue>(q: &[f32], k: &[T]) -> f32 {
+    let (q, k): (&[f32; HD], &[T; HD]) = (
         q.try_into().expect("invariant: query row of HD values"),
         k.try_into().expect("invariant: key row of HD values"),
     );
     let mut acc = [0.0f32; 16];
     for c in 0..HD / 16 {
         for l in 0..16 {
-            acc[l] = q[c * 16 + l].mul_add(k[c * 16 + l], acc[l]);
+            acc[l] = q[c * 16 + l].mul_add(k[c * 16 + l].to_f32(), acc[l]);
         }
     }
     combine8(&std::array::from_fn(|l| acc[l] + acc[l + 8]))
@@ -225,14 +278,14 @@ fn score<const HD: usize>(q: &[f32], k: &[f32]) -> f32 {
 
 /// The value sum in fused multiply-adds, the row held in registers across the keys.
 #[inline(always)]
-fn fused_sum<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f32]) {
+fn fused_sum<const HD: usize, T: KvValue>(p: &[f32], v: &[T], keys: &[usize], dst: &mut [f32]) {
     let mut acc: [f32; HD] = dst.try_into().expect("invariant: output row of HD values");
     for (&p, &at) in p.iter().zip(keys) {
-        let value: &[f32; HD] = v[at..at + HD]
+        let value: &[T; HD] = v[at..at + HD]
             .try_into()
             .expect("invariant: value row of HD values");
         for d in 0..HD {
-            acc[d] = p.mul_add(value[d], acc[d]);
+            acc[d] = p.mul_add(value[d].to_f32(), acc[d]);
         }
     }
     dst.copy_from_slice(&acc);
@@ -241,6 +294,8 @@ fn fused_sum<const HD: usize>(p: &[f32], v: &[f32], keys: &[usize], dst: &mut [f
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use super::KvValue;
 
     /// `combine8` of lanes `l` plus `l + 8` of a sixteen-lane sum.
     #[inline]
@@ -300,9 +355,9 @@ mod x86 {
     /// As `key_scores`, with `Q` queries, `16 / Q` keys, and `scores` holding
     /// `(Q - 1) * stride + 16 / Q` values.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn score_block<const CH: usize, const Q: usize>(
+    pub unsafe fn score_block<const CH: usize, const Q: usize, T: KvValue>(
         queries: &[&[f32]],
-        k: &[f32],
+        k: &[T],
         keys: &[usize],
         scale: f32,
         scores: &mut [f32],
@@ -311,7 +366,7 @@ mod x86 {
         let per = 16 / Q;
         debug_assert!(queries.len() == Q && keys.len() == per);
         let q: [*const f32; Q] = std::array::from_fn(|g| queries[g].as_ptr());
-        let rows: [*const f32; 16] =
+        let rows: [*const T; 16] =
             std::array::from_fn(|j| k.as_ptr().add(*keys.get_unchecked(j % per)));
         let rows = &rows[..per];
         // Register `i` holds lane `p = 4 * (i % 4) + i / 4` of the result: query `p / per`
@@ -319,7 +374,7 @@ mod x86 {
         let mut acc = [_mm512_setzero_ps(); 16];
         for c in 0..CH {
             for (j, row) in rows.iter().enumerate() {
-                let key = _mm512_loadu_ps(row.add(16 * c));
+                let key = T::load16(row.add(16 * c));
                 for (g, q) in q.iter().enumerate() {
                     let p = g * per + j;
                     let i = 4 * (p % 4) + p / 4;
@@ -346,9 +401,9 @@ mod x86 {
     /// The CPU must have AVX-512F and FMA; every query holds `16 * CH` values, every
     /// `keys[j] + 16 * CH <= k.len()` and `scores` holds `(NQ - 1) * stride + keys.len()`.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn key_scores<const CH: usize, const NQ: usize>(
+    pub unsafe fn key_scores<const CH: usize, const NQ: usize, T: KvValue>(
         queries: &[&[f32]],
-        k: &[f32],
+        k: &[T],
         keys: &[usize],
         scale: f32,
         scores: &mut [f32],
@@ -363,8 +418,8 @@ mod x86 {
             let mut acc = [[_mm512_setzero_ps(); NQ]; 2];
             for c in 0..CH {
                 let key = [
-                    _mm512_loadu_ps(rows[0].add(16 * c)),
-                    _mm512_loadu_ps(rows[1].add(16 * c)),
+                    T::load16(rows[0].add(16 * c)),
+                    T::load16(rows[1].add(16 * c)),
                 ];
                 for g in 0..NQ {
                     let q = _mm512_loadu_ps(q[g].add(16 * c));
@@ -383,7 +438,7 @@ mod x86 {
             let row = base.add(keys[j]);
             let mut acc = [_mm512_setzero_ps(); NQ];
             for c in 0..CH {
-                let key = _mm512_loadu_ps(row.add(16 * c));
+                let key = T::load16(row.add(16 * c));
                 for g in 0..NQ {
                     acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g].add(16 * c)), key, acc[g]);
                 }
@@ -400,10 +455,10 @@ mod x86 {
     /// As `key_scores`, with `dst` of `NQ * 16 * CH` values and `p` of
     /// `(NQ - 1) * stride + keys.len()`.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn weighted_values<const CH: usize, const NQ: usize>(
+    pub unsafe fn weighted_values<const CH: usize, const NQ: usize, T: KvValue>(
         p: &[f32],
         stride: usize,
-        v: &[f32],
+        v: &[T],
         keys: &[usize],
         dst: &mut [f32],
     ) {
@@ -413,7 +468,7 @@ mod x86 {
         let base = v.as_ptr();
         for (j, &at) in keys.iter().enumerate() {
             let row = base.add(at);
-            let value: [__m512; CH] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+            let value: [__m512; CH] = std::array::from_fn(|c| T::load16(row.add(16 * c)));
             for (g, acc) in acc.iter_mut().enumerate() {
                 let p = _mm512_set1_ps(*p.get_unchecked(g * stride + j));
                 for (acc, value) in acc.iter_mut().zip(&value) {
@@ -444,10 +499,10 @@ mod tests {
     }
 
     /// The portable loops, whatever this CPU has.
-    fn portable(
+    fn portable<T: KvValue>(
         hd: usize,
         q: &[f32],
-        k: &[f32],
+        k: &[T],
         keys: &[usize],
         p: &[f32],
     ) -> (Vec<f32>, Vec<f32>) {
@@ -455,16 +510,16 @@ mod tests {
             .iter()
             .map(|&at| {
                 let s = match hd {
-                    64 => score::<64>(q, &k[at..at + hd]),
-                    _ => score::<128>(q, &k[at..at + hd]),
+                    64 => score::<64, T>(q, &k[at..at + hd]),
+                    _ => score::<128, T>(q, &k[at..at + hd]),
                 };
                 s * 0.125
             })
             .collect();
         let mut out = vec![0.0; hd];
         match hd {
-            64 => fused_sum::<64>(p, k, keys, &mut out),
-            _ => fused_sum::<128>(p, k, keys, &mut out),
+            64 => fused_sum::<64, T>(p, k, keys, &mut out),
+            _ => fused_sum::<128, T>(p, k, keys, &mut out),
         }
         (scores, out)
     }
@@ -473,41 +528,50 @@ mod tests {
     fn the_fast_loops_give_the_portable_bits_and_track_f64() {
         for hd in [64, 128] {
             let store = values(40 * hd, hd as u32);
-            let keys: Vec<usize> = (0..37).map(|i| (i * 13 % 40) * hd).collect();
-            let q = values(hd, 3);
-            let rows = Rows::new(&keys, hd, store.len()).unwrap();
-            for nq in 1..=9 {
-                let qs: Vec<Vec<f32>> = (0..nq).map(|g| values(hd, 3 + g as u32)).collect();
-                let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
-                let ps: Vec<f32> = (0..nq)
-                    .flat_map(|g| values(keys.len(), 9 + g as u32))
-                    .collect();
-                let mut scores = vec![0.0; nq * keys.len()];
-                key_scores(&q_refs, &store, rows, 0.125, &mut scores, keys.len());
-                let mut out = vec![0.0; nq * hd];
-                weighted_values(&ps, keys.len(), &store, rows, &mut out);
-                for g in 0..nq {
-                    let p_g = &ps[g * keys.len()..(g + 1) * keys.len()];
-                    let (want_scores, want_out) = portable(hd, &qs[g], &store, &keys, p_g);
-                    assert_eq!(
-                        &scores[g * keys.len()..][..keys.len()],
-                        &want_scores[..],
-                        "hd {hd}, {nq} queries, query {g}: scores"
-                    );
-                    assert_eq!(
-                        &out[g * hd..][..hd],
-                        &want_out[..],
-                        "hd {hd}, {nq} queries, query {g}: values"
-                    );
-                }
-            }
-            let mut scores = vec![0.0; keys.len()];
-            key_scores(&[&q], &store, rows, 0.125, &mut scores, keys.len());
-            for (j, &at) in keys.iter().enumerate() {
-                let exact: f64 = (0..hd).map(|i| q[i] as f64 * store[at + i] as f64).sum();
-                assert!((scores[j] as f64 - exact * 0.125).abs() < 1e-5);
-            }
+            let halves: Vec<f16> = store.iter().map(|&x| f16::from_f32(x)).collect();
+            check_store(hd, &store);
+            check_store(hd, &halves);
         }
         assert!(Rows::new(&[10], 64, 73).is_none());
+    }
+
+    fn check_store<T: KvValue>(hd: usize, store: &[T]) {
+        let keys: Vec<usize> = (0..37).map(|i| (i * 13 % 40) * hd).collect();
+        let q = values(hd, 3);
+        let rows = Rows::new(&keys, hd, store.len()).unwrap();
+        let kind = std::any::type_name::<T>();
+        for nq in 1..=9 {
+            let qs: Vec<Vec<f32>> = (0..nq).map(|g| values(hd, 3 + g as u32)).collect();
+            let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+            let ps: Vec<f32> = (0..nq)
+                .flat_map(|g| values(keys.len(), 9 + g as u32))
+                .collect();
+            let mut scores = vec![0.0; nq * keys.len()];
+            key_scores(&q_refs, store, rows, 0.125, &mut scores, keys.len());
+            let mut out = vec![0.0; nq * hd];
+            weighted_values(&ps, keys.len(), store, rows, &mut out);
+            for g in 0..nq {
+                let p_g = &ps[g * keys.len()..(g + 1) * keys.len()];
+                let (want_scores, want_out) = portable(hd, &qs[g], store, &keys, p_g);
+                assert_eq!(
+                    &scores[g * keys.len()..][..keys.len()],
+                    &want_scores[..],
+                    "{kind}, hd {hd}, {nq} queries, query {g}: scores"
+                );
+                assert_eq!(
+                    &out[g * hd..][..hd],
+                    &want_out[..],
+                    "{kind}, hd {hd}, {nq} queries, query {g}: values"
+                );
+            }
+        }
+        let mut scores = vec![0.0; keys.len()];
+        key_scores(&[&q], store, rows, 0.125, &mut scores, keys.len());
+        for (j, &at) in keys.iter().enumerate() {
+            let exact: f64 = (0..hd)
+                .map(|i| q[i] as f64 * store[at + i].to_f32() as f64)
+                .sum();
+            assert!((scores[j] as f64 - exact * 0.125).abs() < 1e-5, "{kind}");
+        }
     }
 }

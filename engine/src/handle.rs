@@ -38,8 +38,7 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// Blocks of `block_size` positions that fit in `bytes` of KV for `model`.
     pub fn kv_blocks_for(model: &Model, bytes: usize, block_size: usize) -> usize {
-        let per_position = model.config().num_layers * 2 * model.config().kv_row_width() * 4;
-        bytes / (per_position * block_size).max(1)
+        bytes / (model.kv_bytes_per_position() * block_size).max(1)
     }
 }
 

@@ -1,20 +1,97 @@
 //! `PagedKvStore`: the K and V rows of every layer, addressed by `kvcache::Slot`. One row is
-//! `num_kv_heads * head_dim` f32 values, laid out `[slot][kv_head][dim]`, so a block of B
-//! slots is B consecutive rows and the attention kernel reads a sequence's context straight
-//! from its blocks with no gather copy. Which slots belong to whom is `kvcache`'s business;
-//! this type only stores rows and copies them for compaction.
+//! `num_kv_heads * head_dim` values, laid out `[slot][kv_head][dim]`, so a block of B slots
+//! is B consecutive rows and the attention kernel reads a sequence's context straight from
+//! its blocks with no gather copy. Values are stored as f16 (the default: half the memory
+//! and half the bytes attention streams per step; rounded to nearest on write, and clamped
+//! to f16's range so that nothing overflows to infinity) or as f32 (the reference
+//! arithmetic's choice). Which slots belong to whom is `kvcache`'s business; this type only
+//! stores rows and copies them for compaction.
 
+use half::f16;
 use kvcache::{KvMove, Slot};
 
 use crate::{Error, Result};
 
-/// K and V rows of one layer.
+/// How K and V values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// IEEE half precision: 11 significant bits, values up to 65504.
+    #[default]
+    F16,
+    /// Single precision, exactly the values the forward computed.
+    F32,
+}
+
+impl KvDtype {
+    /// Parses `--kv-cache-dtype`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f16" => Some(Self::F16),
+            "f32" => Some(Self::F32),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "f16",
+            Self::F32 => "f32",
+        }
+    }
+
+    /// Bytes per value.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F16 => 2,
+            Self::F32 => 4,
+        }
+    }
+}
+
+/// One layer's K and V rows of one value type, each `[num_slots][row_width]`.
 #[derive(Debug, Clone)]
-pub struct LayerKv {
-    /// `[num_slots][row_width]`.
-    pub k: Vec<f32>,
-    /// `[num_slots][row_width]`.
-    pub v: Vec<f32>,
+pub struct KvRows<T> {
+    /// Keys.
+    pub k: Vec<T>,
+    /// Values.
+    pub v: Vec<T>,
+}
+
+impl<T: Copy> KvRows<T> {
+    fn zeroed(len: usize, zero: T) -> Self {
+        Self {
+            k: vec![zero; len],
+            v: vec![zero; len],
+        }
+    }
+
+    fn copy_row(&mut self, from: usize, to: usize, w: usize) {
+        self.k.copy_within(from..from + w, to);
+        self.v.copy_within(from..from + w, to);
+    }
+}
+
+/// K and V rows of one layer, in the store's value type.
+#[derive(Debug, Clone)]
+pub enum LayerKv {
+    /// Stored as f16.
+    F16(KvRows<f16>),
+    /// Stored as f32.
+    F32(KvRows<f32>),
+}
+
+impl LayerKv {
+    /// Every key and value as f32 (`[num_slots][row_width]` each): what attention reads.
+    pub fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
+        match self {
+            Self::F16(rows) => (
+                rows.k.iter().map(|x| x.to_f32()).collect(),
+                rows.v.iter().map(|x| x.to_f32()).collect(),
+            ),
+            Self::F32(rows) => (rows.k.clone(), rows.v.clone()),
+        }
+    }
 }
 
 /// K/V storage for all layers of one model.
@@ -22,24 +99,27 @@ pub struct LayerKv {
 pub struct PagedKvStore {
     num_slots: usize,
     row_width: usize,
+    dtype: KvDtype,
     layers: Vec<LayerKv>,
 }
 
 impl PagedKvStore {
     /// Zeroed storage for `num_slots` rows of `row_width` values in each of `num_layers`.
-    pub fn new(num_layers: usize, num_slots: usize, row_width: usize) -> Self {
+    pub fn new(num_layers: usize, num_slots: usize, row_width: usize, dtype: KvDtype) -> Self {
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
         // multi-GiB pool.
+        let len = num_slots * row_width;
         let layers = (0..num_layers)
-            .map(|_| LayerKv {
-                k: vec![0.0; num_slots * row_width],
-                v: vec![0.0; num_slots * row_width],
+            .map(|_| match dtype {
+                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(len, f16::ZERO)),
+                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(len, 0.0)),
             })
             .collect();
         Self {
             num_slots,
             row_width,
+            dtype,
             layers,
         }
     }
@@ -54,9 +134,14 @@ impl PagedKvStore {
         self.row_width
     }
 
+    /// How values are stored.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.num_slots * self.row_width * std::mem::size_of::<f32>()
+        self.layers.len() * 2 * self.num_slots * self.row_width * self.dtype.size()
     }
 
     /// One layer's rows.
@@ -76,11 +161,18 @@ impl PagedKvStore {
             )));
         }
         self.check_slots(slots.iter().copied())?;
-        let dst = &mut self.layers[layer];
         for (row, slot) in slots.iter().enumerate() {
-            let at = slot.index() * w;
-            dst.k[at..at + w].copy_from_slice(&k[row * w..(row + 1) * w]);
-            dst.v[at..at + w].copy_from_slice(&v[row * w..(row + 1) * w]);
+            let (at, src) = (slot.index() * w, row * w..(row + 1) * w);
+            match &mut self.layers[layer] {
+                LayerKv::F16(dst) => {
+                    to_f16(&k[src.clone()], &mut dst.k[at..at + w]);
+                    to_f16(&v[src], &mut dst.v[at..at + w]);
+                }
+                LayerKv::F32(dst) => {
+                    dst.k[at..at + w].copy_from_slice(&k[src.clone()]);
+                    dst.v[at..at + w].copy_from_slice(&v[src]);
+                }
+            }
         }
         Ok(())
     }
@@ -93,8 +185,10 @@ impl PagedKvStore {
         for layer in &mut self.layers {
             for m in moves {
                 let (from, to) = (m.from.index() * w, m.to.index() * w);
-                layer.k.copy_within(from..from + w, to);
-                layer.v.copy_within(from..from + w, to);
+                match layer {
+                    LayerKv::F16(rows) => rows.copy_row(from, to, w),
+                    LayerKv::F32(rows) => rows.copy_row(from, to, w),
+                }
             }
         }
         Ok(())
@@ -112,30 +206,120 @@ impl PagedKvStore {
     }
 }
 
+/// f16's largest finite value: writes clamp to it, so an outlier stays finite.
+const F16_MAX: f32 = 65504.0;
+
+/// `dst[i] = src[i]` clamped to f16's range and rounded to the nearest f16 (ties to even);
+/// NaN stays NaN. The F16C conversion and the portable one give the same bits.
+fn to_f16(src: &[f32], dst: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: F16C and AVX were detected.
+        unsafe { x86_to_f16(src, dst) };
+        return;
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(s.clamp(-F16_MAX, F16_MAX));
+    }
+}
+
+/// `to_f16` eight values at a time.
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn x86_to_f16(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let (hi, lo) = (_mm256_set1_ps(F16_MAX), _mm256_set1_ps(-F16_MAX));
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = _mm256_loadu_ps(src.as_ptr().add(i));
+        // The bound first: `min`/`max` return their second operand when one is NaN.
+        let x = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+        _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+        i += 8;
+    }
+    for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
+        *d = f16::from_f32(s.clamp(-F16_MAX, F16_MAX));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn write_then_move_keeps_rows_intact() {
-        let mut store = PagedKvStore::new(2, 8, 3);
-        store
-            .write(
-                1,
-                &[Slot(5), Slot(2)],
-                &[1., 2., 3., 4., 5., 6.],
-                &[7., 8., 9., 10., 11., 12.],
-            )
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let mut store = PagedKvStore::new(2, 8, 3, dtype);
+            store
+                .write(
+                    1,
+                    &[Slot(5), Slot(2)],
+                    &[1., 2., 3., 4., 5., 6.],
+                    &[7., 8., 9., 10., 11., 12.],
+                )
+                .unwrap();
+            let (k, v) = store.layer(1).to_f32();
+            assert_eq!(&k[15..18], &[1., 2., 3.]);
+            assert_eq!(&v[6..9], &[10., 11., 12.]);
+            store
+                .apply_moves(&[KvMove {
+                    from: Slot(5),
+                    to: Slot(0),
+                }])
+                .unwrap();
+            let (k, _) = store.layer(1).to_f32();
+            assert_eq!(&k[0..3], &[1., 2., 3.]);
+            assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
+            assert_eq!(store.bytes(), 2 * 2 * 8 * 3 * dtype.size());
+        }
+    }
+
+    #[test]
+    fn f16_writes_round_to_nearest_and_stay_finite() {
+        // Values across f16's range (subnormals, ties, the largest finite, beyond), each
+        // stored the way the portable conversion stores it, whichever path this CPU takes.
+        let mut values: Vec<f32> = (0..4000)
+            .map(|i| {
+                let x = (i as f32 * 0.37).sin() * 10f32.powi(i % 13 - 8);
+                if i % 2 == 0 {
+                    x
+                } else {
+                    -x
+                }
+            })
+            .collect();
+        values.extend([
+            1.0 + 1.0 / 2048.0, // a tie between two f16s: rounds to even (1.0)
+            65504.0,
+            65519.0,
+            1e9,
+            -1e9,
+            f32::INFINITY,
+            6e-8,
+            0.0,
+            -0.0,
+        ]);
+        let n = values.len();
+        let mut store = PagedKvStore::new(1, n, 1, KvDtype::F16);
+        let slots: Vec<Slot> = (0..n as u32).map(Slot).collect();
+        store.write(0, &slots, &values, &values).unwrap();
+        let (k, _) = store.layer(0).to_f32();
+        for (got, x) in k.iter().zip(&values) {
+            let want = f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
+            assert_eq!(got.to_bits(), want.to_bits(), "{x}");
+            assert!(got.is_finite(), "{x} stored as {got}");
+            assert!((got - x.clamp(-F16_MAX, F16_MAX)).abs() <= x.abs() / 2048.0 + 6e-8);
+        }
+        assert_eq!(k[n - 9], 1.0);
+        assert_eq!(k[n - 7], 65504.0);
+        let mut nan = PagedKvStore::new(1, 8, 1, KvDtype::F16);
+        nan.write(0, &slots[..8], &[f32::NAN; 8], &[0.0; 8])
             .unwrap();
-        assert_eq!(&store.layer(1).k[15..18], &[1., 2., 3.]);
-        assert_eq!(&store.layer(1).v[6..9], &[10., 11., 12.]);
-        store
-            .apply_moves(&[KvMove {
-                from: Slot(5),
-                to: Slot(0),
-            }])
-            .unwrap();
-        assert_eq!(&store.layer(1).k[0..3], &[1., 2., 3.]);
-        assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
+        assert!(nan.layer(0).to_f32().0.iter().all(|x| x.is_nan()));
     }
 }

@@ -9,6 +9,7 @@ use candle_core::{DType, Device};
 
 use crate::attention::AttentionKernel;
 use crate::fetch::{resolve_model, ModelSource};
+use crate::kv_store::KvDtype;
 use crate::linear::{QuantKernel, WeightDType};
 use crate::model::Model;
 use crate::tokenizer::ModelTokenizer;
@@ -23,6 +24,9 @@ pub struct LoadOptions {
     pub attention: AttentionKernel,
     /// CPU kernel for quantized weights.
     pub matmul: QuantKernel,
+    /// How KV stores keep values (`None`: the attention kernel's choice, see
+    /// `Model::kv_dtype`).
+    pub kv_dtype: Option<KvDtype>,
 }
 
 /// A model and everything needed to talk to it.
@@ -68,10 +72,14 @@ pub fn load_source(source: ModelSource, options: &LoadOptions) -> Result<LoadedM
             (model.0, tokenizer)
         }
     };
+    let model = model
+        .with_attention(options.attention)
+        .with_quant_kernel(options.matmul)?;
     Ok(LoadedModel {
-        model: model
-            .with_attention(options.attention)
-            .with_quant_kernel(options.matmul)?,
+        model: match options.kv_dtype {
+            Some(dtype) => model.with_kv_dtype(dtype),
+            None => model,
+        },
         tokenizer,
         source,
     })

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::batch::TreeBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::fused::FusedWeights;
-use crate::kv_store::PagedKvStore;
+use crate::kv_store::{KvDtype, PagedKvStore};
 use crate::linear::{Linear, QuantKernel};
 use crate::{Error, Result};
 
@@ -67,6 +67,8 @@ pub struct Model {
     rope_sin: Tensor,
     device: Device,
     attention: AttentionKernel,
+    /// How KV stores keep values (`None`: see `kv_dtype`).
+    kv_dtype: Option<KvDtype>,
     /// The fused CPU pass's view of the weights, where it applies.
     fused: Option<Arc<FusedWeights>>,
 }
@@ -90,6 +92,7 @@ impl Model {
             rope_sin,
             device,
             attention: AttentionKernel::default(),
+            kv_dtype: None,
             fused: None,
         };
         model.rebuild_fused()?;
@@ -111,6 +114,26 @@ impl Model {
     pub fn with_attention(mut self, kernel: AttentionKernel) -> Self {
         self.attention = kernel;
         self
+    }
+
+    /// The same model keeping K and V as `dtype` in the stores it makes.
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = Some(dtype);
+        self
+    }
+
+    /// How the KV stores this model makes keep values: as set, else f16 with thicket's
+    /// attention and f32 with the reference arithmetic (whose K/V are the reference's f32).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype.unwrap_or(match self.attention {
+            AttentionKernel::Fused => KvDtype::F16,
+            AttentionKernel::Reference => KvDtype::F32,
+        })
+    }
+
+    /// Bytes of K and V one position takes in every layer.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.config.num_layers * 2 * self.config.kv_row_width() * self.kv_dtype().size()
     }
 
     /// The same model multiplying its quantized weights with `kernel`.
@@ -175,6 +198,7 @@ impl Model {
             self.config.num_layers,
             num_slots,
             self.config.kv_row_width(),
+            self.kv_dtype(),
         )
     }
 

@@ -90,7 +90,8 @@ impl Backend for CandleBackend {
             Some(crate::linear::QuantKernel::Candle) => "candle kernel".to_string(),
             None => "dense weights".to_string(),
         };
-        format!("{device}, {path}, {kernel}, host KV")
+        let kv = self.model.kv_dtype().name();
+        format!("{device}, {path}, {kernel}, host KV ({kv})")
     }
 
     fn profiles_parts(&self) -> bool {
