@@ -156,13 +156,11 @@ fn attend_group<T: KvValue>(
     let total_rows = batch.num_rows();
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     // Offsets of this head's K/V in the store: context first, then the tree's own rows.
-    let context: Vec<usize> = (0..seq.context_len)
-        .map(|p| {
-            let slot = batch
-                .context_slot(seq, p)
-                .expect("invariant: batch validated the block table covers the context");
-            slot.index() * row_width + kh * hd
-        })
+    let context: Vec<usize> = batch
+        .context_slots(seq)
+        .expect("invariant: batch validated the block table covers the context")
+        .into_iter()
+        .map(|slot| slot.index() * row_width + kh * hd)
         .collect();
     let tree: Vec<usize> = seq
         .rows

@@ -136,12 +136,42 @@ impl TreeBatch {
     pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
         seq.block_table.slot(position, self.block_size)
     }
+
+    /// The slots of `seq`'s whole context, in position order: a block's positions are
+    /// consecutive slots, so this looks up each block once (no division per position).
+    /// `None` where the block table does not cover the context.
+    pub fn context_slots(&self, seq: &SeqEntry) -> Option<Vec<Slot>> {
+        let bs = self.block_size.max(1);
+        let mut slots = Vec::with_capacity(seq.context_len);
+        for start in (0..seq.context_len).step_by(bs) {
+            let first = seq.block_table.slot(start, bs)?;
+            let len = bs.min(seq.context_len - start);
+            slots.extend((first.0..).take(len).map(Slot));
+        }
+        Some(slots)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kvcache::BlockId;
+
+    #[test]
+    fn context_slots_are_each_positions_slot() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(3), BlockId(1), BlockId(6)]);
+        batch
+            .push(10, &table, &TokenTree::chain(&[5]), LogitRows::All)
+            .unwrap();
+        let seq = &batch.seqs[0];
+        let each: Vec<Slot> = (0..10)
+            .map(|p| batch.context_slot(seq, p).unwrap())
+            .collect();
+        assert_eq!(batch.context_slots(seq).unwrap(), each);
+        assert_eq!(each[4], Slot(4));
+        assert_eq!(each[9], Slot(25));
+    }
 
     #[test]
     fn rows_positions_and_slots_follow_the_diagram() {
