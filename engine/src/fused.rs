@@ -6,9 +6,10 @@
 //! (the default for GGUF's 32-value formats) there is no candle op dispatch and no tensor
 //! allocation per layer, and the matmuls and attention still spread over the thread pool the
 //! forward runs on. Projections thicket's kernel does not take (Q4_K/Q6_K, dense weights) run
-//! through their candle `Linear` inside the same pass. Every operation repeats candle's arithmetic for the
-//! same op (same expressions, same order), so the logits are bit-identical to the candle path
-//! in `Model::forward` (tested), and a row's result still never depends on the other rows.
+//! through their candle `Linear` inside the same pass. Every operation repeats the arithmetic
+//! of the candle-ops forward in `Model::forward` (candle's expressions and order; SwiGLU's
+//! gate is thicket's `silu` in both), so the logits are bit-identical to it (tested), and a
+//! row's result still never depends on the other rows.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};

@@ -4,11 +4,13 @@
 //! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
 //!
 //! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
-//! per-row arithmetic does not depend on the row count for the quantized formats we load);
+//! per-row arithmetic does not depend on the row count for the quantized formats we load;
+//! SiLU is thicket's own `silu` on the CPU with thicket's attention, candle's otherwise);
 //! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
 //! `attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU the
 //! same forward runs as the fused pass of `fused` instead (bit-identical; no candle op per
-//! layer where every projection runs on thicket's quantized kernel).
+//! layer where every projection runs on thicket's quantized kernel). The KV stores it makes
+//! keep f16 with thicket's attention and f32 with the reference's, unless told otherwise.
 
 use candle_core::{DType, Device, Tensor};
 
