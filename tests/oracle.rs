@@ -124,15 +124,7 @@ fn smollm2_f32_logits_match_candle_dequantized_llama() {
             .encode("Crisp leaves drift down, golden light on quiet paths")
             .unwrap(),
     );
-    let bs = 16;
-    let logits = |model: &engine::Model| {
-        let (table, mut kv) = one_sequence(model, tokens.len(), bs);
-        let mut batch = TreeBatch::new(bs);
-        batch
-            .push(0, &table, &TokenTree::chain(&tokens), LogitRows::All)
-            .unwrap();
-        model.forward(&batch, &mut kv).unwrap()
-    };
+    let logits = |model: &engine::Model| chain_logits(model, &tokens);
     let singles = logits(&ours.model.clone().with_kv_dtype(KvDtype::F32));
     let halves = logits(&ours.model);
 
@@ -180,15 +172,7 @@ fn thicket_matmul_logits_track_candle_qmatmul() {
     for prompt in PROMPTS {
         tokens.extend(loaded.tokenizer.encode(prompt).unwrap());
     }
-    let bs = 16;
-    let logits = |model: &engine::Model| {
-        let (table, mut kv) = one_sequence(model, tokens.len(), bs);
-        let mut batch = TreeBatch::new(bs);
-        batch
-            .push(0, &table, &TokenTree::chain(&tokens), LogitRows::All)
-            .unwrap();
-        model.forward(&batch, &mut kv).unwrap()
-    };
+    let logits = |model: &engine::Model| chain_logits(model, &tokens);
     let (ours, theirs) = (logits(&loaded.model), logits(&candle));
     let exact = logits(&smollm2_f32().model.clone().with_kv_dtype(KvDtype::F32));
     let ours_f32_kv = logits(&loaded.model.clone().with_kv_dtype(KvDtype::F32));
@@ -242,6 +226,17 @@ fn thicket_matmul_logits_track_candle_qmatmul() {
         same_argmax * 20 >= tokens.len() * 19,
         "argmax equal at {same_argmax}"
     );
+}
+
+/// The logits of every position of `tokens`, fed as one chain in one forward.
+fn chain_logits(model: &engine::Model, tokens: &[u32]) -> Tensor {
+    let bs = 16;
+    let (table, mut kv) = one_sequence(model, tokens.len(), bs);
+    let mut batch = TreeBatch::new(bs);
+    batch
+        .push(0, &table, &TokenTree::chain(tokens), LogitRows::All)
+        .unwrap();
+    model.forward(&batch, &mut kv).unwrap()
 }
 
 /// Logits are O(10) here; summation-order differences over 30 layers stay far below this.
