@@ -28,7 +28,8 @@ fn attention(c: &mut Criterion) {
             .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
             .collect();
         let store = |dtype| {
-            let mut store = PagedKvStore::new(1, pool.num_slots(), width, dtype);
+            let heads = (shape.num_kv_heads, shape.head_dim);
+            let mut store = PagedKvStore::new(1, pool.num_slots(), heads, dtype);
             store.write(0, &slots, &fill, &fill).expect("fill store");
             store
         };

@@ -152,7 +152,8 @@ fn attend_group<T: KvValue>(
     shape: HeadShape,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let row_width = shape.num_kv_heads * hd;
+    // This head's rows in the store: `[kv_head][slot][dim]`.
+    let head_base = kh * (kv.k.len() / shape.num_kv_heads.max(1));
     let total_rows = batch.num_rows();
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     // Offsets of this head's K/V in the store: context first, then the tree's own rows.
@@ -160,12 +161,12 @@ fn attend_group<T: KvValue>(
         .context_slots(seq)
         .expect("invariant: batch validated the block table covers the context")
         .into_iter()
-        .map(|slot| slot.index() * row_width + kh * hd)
+        .map(|slot| head_base + slot.index() * hd)
         .collect();
     let tree: Vec<usize> = seq
         .rows
         .clone()
-        .map(|r| batch.slots[r].index() * row_width + kh * hd)
+        .map(|r| head_base + batch.slots[r].index() * hd)
         .collect();
 
     let n = part.len();
@@ -249,7 +250,6 @@ pub fn gathered_tree_attention(
 ) -> Result<Tensor> {
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
-    let row_width = shape.num_kv_heads * hd;
     let mut outputs = Vec::with_capacity(batch.seqs.len());
     for seq in &batch.seqs {
         let n = seq.rows.len();
@@ -260,9 +260,9 @@ pub fn gathered_tree_attention(
                     .context_slot(seq, p)
                     .expect("invariant: batch validated the block table covers the context")
                     .index()
-                    * row_width
+                    * hd
             })
-            .chain(seq.rows.clone().map(|r| batch.slots[r].index() * row_width))
+            .chain(seq.rows.clone().map(|r| batch.slots[r].index() * hd))
             .collect();
         let (k, v) = match kv {
             LayerKv::F16(kv) => (
@@ -301,17 +301,16 @@ pub fn gathered_tree_attention(
     Ok(Tensor::cat(&outputs, 0)?.to_dtype(DType::F32)?)
 }
 
-/// The rows at `offsets` of `store`, as f32 laid out `[kv_head][offset][dim]`.
+/// The head rows at `offsets` (within one KV head's rows) of every KV head of `store`
+/// (`[kv_head][slot][dim]`), as f32 laid out `[kv_head][offset][dim]`.
 fn gather<T: KvValue>(store: &[T], offsets: &[usize], shape: HeadShape) -> Vec<f32> {
     let hd = shape.head_dim;
+    let plane = store.len() / shape.num_kv_heads.max(1);
     let mut out = Vec::with_capacity(shape.num_kv_heads * offsets.len() * hd);
     for kh in 0..shape.num_kv_heads {
         for &at in offsets {
-            out.extend(
-                store[at + kh * hd..at + (kh + 1) * hd]
-                    .iter()
-                    .map(|x| x.to_f32()),
-            );
+            let at = kh * plane + at;
+            out.extend(store[at..at + hd].iter().map(|x| x.to_f32()));
         }
     }
     out
@@ -372,7 +371,7 @@ mod tests {
         };
         let hd = head_dim;
         let row_width = 2 * hd;
-        let mut store = PagedKvStore::new(1, 32, row_width, dtype);
+        let mut store = PagedKvStore::new(1, 32, (2, hd), dtype);
         let mut seed = 1u32;
         let mut rnd = move || {
             seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
@@ -400,8 +399,9 @@ mod tests {
             visible.extend(tree.path_to(node).iter().map(|&j| batch.slots[j].index()));
             for head in 0..4 {
                 let kh = head / 2;
-                let key = |s: usize| &k[s * row_width + kh * hd..s * row_width + kh * hd + hd];
-                let val = |s: usize| &v[s * row_width + kh * hd..s * row_width + kh * hd + hd];
+                // The store's layout: `[kv_head][slot][dim]`.
+                let key = |s: usize| &k[(kh * 32 + s) * hd..(kh * 32 + s + 1) * hd];
+                let val = |s: usize| &v[(kh * 32 + s) * hd..(kh * 32 + s + 1) * hd];
                 let keys: Vec<&[f32]> = visible.iter().map(|&s| key(s)).collect();
                 let vals: Vec<&[f32]> = visible.iter().map(|&s| val(s)).collect();
                 let qrow = &q[(head * 4 + node) * hd..(head * 4 + node + 1) * hd];

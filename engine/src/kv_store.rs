@@ -1,7 +1,8 @@
 //! `PagedKvStore`: the K and V rows of every layer, addressed by `kvcache::Slot`. One row is
-//! `num_kv_heads * head_dim` values, laid out `[slot][kv_head][dim]`, so a block of B slots
-//! is B consecutive rows and the attention kernel reads a sequence's context straight from
-//! its blocks with no gather copy. Values are stored as f16 (the default: half the memory
+//! `num_kv_heads * head_dim` values; a layer keeps each KV head's values apart, laid out
+//! `[kv_head][slot][dim]`, so a block of B slots is B consecutive head rows and the attention
+//! kernel, which works on one KV head at a time, reads a sequence's context straight from
+//! its blocks, contiguously, with no gather copy. Values are stored as f16 (the default: half the memory
 //! and half the bytes attention streams per step; rounded to nearest on write, and clamped
 //! to f16's range so that nothing overflows to infinity) or as f32 (the reference
 //! arithmetic's choice). Which slots belong to whom is `kvcache`'s business; this type only
@@ -49,7 +50,7 @@ impl KvDtype {
     }
 }
 
-/// One layer's K and V rows of one value type, each `[num_slots][row_width]`.
+/// One layer's K and V rows of one value type, each `[num_kv_heads][num_slots][head_dim]`.
 #[derive(Debug, Clone)]
 pub struct KvRows<T> {
     /// Keys.
@@ -82,7 +83,8 @@ pub enum LayerKv {
 }
 
 impl LayerKv {
-    /// Every key and value as f32 (`[num_slots][row_width]` each): what attention reads.
+    /// Every key and value as f32 (`[num_kv_heads][num_slots][head_dim]` each): what
+    /// attention reads.
     pub fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
         match self {
             Self::F16(rows) => (
@@ -98,18 +100,25 @@ impl LayerKv {
 #[derive(Debug, Clone)]
 pub struct PagedKvStore {
     num_slots: usize,
-    row_width: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
     dtype: KvDtype,
     layers: Vec<LayerKv>,
 }
 
 impl PagedKvStore {
-    /// Zeroed storage for `num_slots` rows of `row_width` values in each of `num_layers`.
-    pub fn new(num_layers: usize, num_slots: usize, row_width: usize, dtype: KvDtype) -> Self {
+    /// Zeroed storage for `num_slots` rows of `num_kv_heads` heads of `head_dim` values in
+    /// each of `num_layers`.
+    pub fn new(
+        num_layers: usize,
+        num_slots: usize,
+        (num_kv_heads, head_dim): (usize, usize),
+        dtype: KvDtype,
+    ) -> Self {
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
         // multi-GiB pool.
-        let len = num_slots * row_width;
+        let len = num_slots * num_kv_heads * head_dim;
         let layers = (0..num_layers)
             .map(|_| match dtype {
                 KvDtype::F16 => LayerKv::F16(KvRows::zeroed(len, f16::ZERO)),
@@ -118,7 +127,8 @@ impl PagedKvStore {
             .collect();
         Self {
             num_slots,
-            row_width,
+            num_kv_heads,
+            head_dim,
             dtype,
             layers,
         }
@@ -129,9 +139,9 @@ impl PagedKvStore {
         self.num_slots
     }
 
-    /// Values per row.
+    /// Values per row (every KV head's).
     pub fn row_width(&self) -> usize {
-        self.row_width
+        self.num_kv_heads * self.head_dim
     }
 
     /// How values are stored.
@@ -141,7 +151,7 @@ impl PagedKvStore {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.num_slots * self.row_width * self.dtype.size()
+        self.layers.len() * 2 * self.num_slots * self.row_width() * self.dtype.size()
     }
 
     /// One layer's rows.
@@ -151,7 +161,7 @@ impl PagedKvStore {
 
     /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots`.
     pub fn write(&mut self, layer: usize, slots: &[Slot], k: &[f32], v: &[f32]) -> Result<()> {
-        let w = self.row_width;
+        let w = self.row_width();
         if k.len() != slots.len() * w || v.len() != slots.len() * w {
             return Err(Error::InvalidBatch(format!(
                 "kv write of {} rows with {} / {} values (row width {w})",
@@ -161,16 +171,20 @@ impl PagedKvStore {
             )));
         }
         self.check_slots(slots.iter().copied())?;
+        let (d, plane) = (self.head_dim, self.num_slots * self.head_dim);
         for (row, slot) in slots.iter().enumerate() {
-            let (at, src) = (slot.index() * w, row * w..(row + 1) * w);
-            match &mut self.layers[layer] {
-                LayerKv::F16(dst) => {
-                    to_f16(&k[src.clone()], &mut dst.k[at..at + w]);
-                    to_f16(&v[src], &mut dst.v[at..at + w]);
-                }
-                LayerKv::F32(dst) => {
-                    dst.k[at..at + w].copy_from_slice(&k[src.clone()]);
-                    dst.v[at..at + w].copy_from_slice(&v[src]);
+            for h in 0..self.num_kv_heads {
+                let at = h * plane + slot.index() * d;
+                let src = row * w + h * d..row * w + (h + 1) * d;
+                match &mut self.layers[layer] {
+                    LayerKv::F16(dst) => {
+                        to_f16(&k[src.clone()], &mut dst.k[at..at + d]);
+                        to_f16(&v[src], &mut dst.v[at..at + d]);
+                    }
+                    LayerKv::F32(dst) => {
+                        dst.k[at..at + d].copy_from_slice(&k[src.clone()]);
+                        dst.v[at..at + d].copy_from_slice(&v[src]);
+                    }
                 }
             }
         }
@@ -181,13 +195,15 @@ impl PagedKvStore {
     /// caller orders moves so that no source is overwritten before it is read).
     pub fn apply_moves(&mut self, moves: &[KvMove]) -> Result<()> {
         self.check_slots(moves.iter().flat_map(|m| [m.from, m.to]))?;
-        let w = self.row_width;
+        let (d, plane) = (self.head_dim, self.num_slots * self.head_dim);
         for layer in &mut self.layers {
             for m in moves {
-                let (from, to) = (m.from.index() * w, m.to.index() * w);
-                match layer {
-                    LayerKv::F16(rows) => rows.copy_row(from, to, w),
-                    LayerKv::F32(rows) => rows.copy_row(from, to, w),
+                for h in 0..self.num_kv_heads {
+                    let (from, to) = (h * plane + m.from.index() * d, h * plane + m.to.index() * d);
+                    match layer {
+                        LayerKv::F16(rows) => rows.copy_row(from, to, d),
+                        LayerKv::F32(rows) => rows.copy_row(from, to, d),
+                    }
                 }
             }
         }
@@ -254,7 +270,7 @@ mod tests {
     #[test]
     fn write_then_move_keeps_rows_intact() {
         for dtype in [KvDtype::F16, KvDtype::F32] {
-            let mut store = PagedKvStore::new(2, 8, 3, dtype);
+            let mut store = PagedKvStore::new(2, 8, (1, 3), dtype);
             store
                 .write(
                     1,
@@ -277,6 +293,28 @@ mod tests {
             assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
             assert_eq!(store.bytes(), 2 * 2 * 8 * 3 * dtype.size());
         }
+    }
+
+    #[test]
+    fn each_kv_head_keeps_its_own_rows() {
+        // Two heads of two values: a written row lands as one run per head, and a move
+        // carries every head.
+        let mut store = PagedKvStore::new(1, 4, (2, 2), KvDtype::F32);
+        store
+            .write(0, &[Slot(1)], &[1., 2., 3., 4.], &[5., 6., 7., 8.])
+            .unwrap();
+        store
+            .apply_moves(&[KvMove {
+                from: Slot(1),
+                to: Slot(3),
+            }])
+            .unwrap();
+        let (k, v) = store.layer(0).to_f32();
+        // [head][slot][dim]: head 0's slots are values 0..8, head 1's 8..16.
+        assert_eq!((&k[2..4], &k[10..12]), (&[1., 2.][..], &[3., 4.][..]));
+        assert_eq!((&k[6..8], &k[14..16]), (&[1., 2.][..], &[3., 4.][..]));
+        assert_eq!((&v[6..8], &v[14..16]), (&[5., 6.][..], &[7., 8.][..]));
+        assert_eq!(k.iter().filter(|&&x| x != 0.0).count(), 8);
     }
 
     #[test]
@@ -305,7 +343,7 @@ mod tests {
             -0.0,
         ]);
         let n = values.len();
-        let mut store = PagedKvStore::new(1, n, 1, KvDtype::F16);
+        let mut store = PagedKvStore::new(1, n, (1, 1), KvDtype::F16);
         let slots: Vec<Slot> = (0..n as u32).map(Slot).collect();
         store.write(0, &slots, &values, &values).unwrap();
         let (k, _) = store.layer(0).to_f32();
@@ -317,7 +355,7 @@ mod tests {
         }
         assert_eq!(k[n - 9], 1.0);
         assert_eq!(k[n - 7], 65504.0);
-        let mut nan = PagedKvStore::new(1, 8, 1, KvDtype::F16);
+        let mut nan = PagedKvStore::new(1, 8, (1, 1), KvDtype::F16);
         nan.write(0, &slots[..8], &[f32::NAN; 8], &[0.0; 8])
             .unwrap();
         assert!(nan.layer(0).to_f32().0.iter().all(|x| x.is_nan()));

@@ -199,7 +199,7 @@ impl Model {
         PagedKvStore::new(
             self.config.num_layers,
             num_slots,
-            self.config.kv_row_width(),
+            (self.config.num_kv_heads, self.config.head_dim),
             self.kv_dtype(),
         )
     }
