@@ -14,9 +14,8 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::attention_kernels as kernels;
-use crate::attention_kernels::KvValue;
 use crate::batch::{SeqEntry, TreeBatch};
-use crate::kv_store::{KvRows, LayerKv};
+use crate::kv_store::{KvRows, KvValue, LayerKv};
 use crate::softmax::softmax_in_place;
 use crate::Result;
 

@@ -8,49 +8,8 @@
 //! `reduce::dot` and separate multiplies and adds. Every sum runs over one row's keys in one
 //! order, so a row's result never depends on the other rows of the batch.
 
-use half::f16;
-
+use crate::kv_store::KvValue;
 use crate::reduce::{combine8, dot};
-
-/// A stored key or value as the kernels read it.
-pub trait KvValue: Copy + Send + Sync {
-    /// The value as f32 (exact).
-    fn to_f32(self) -> f32;
-
-    /// Sixteen values from `at`, as f32 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F, and sixteen values must be readable from `at`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
-}
-
-impl KvValue for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
-        std::arch::x86_64::_mm512_loadu_ps(at)
-    }
-}
-
-impl KvValue for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
-    }
-}
 
 /// Offsets of `width`-value rows, each checked to lie inside a store of `len` values (so the
 /// unchecked loops may read them).
@@ -487,6 +446,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;

@@ -2,10 +2,10 @@
 //! `num_kv_heads * head_dim` values; a layer keeps each KV head's values apart, laid out
 //! `[kv_head][slot][dim]`, so a block of B slots is B consecutive head rows and the attention
 //! kernel, which works on one KV head at a time, reads a sequence's context straight from
-//! its blocks, contiguously, with no gather copy. Values are stored as f16 (the default: half the memory
-//! and half the bytes attention streams per step; rounded to nearest on write, and clamped
-//! to f16's range so that nothing overflows to infinity) or as f32 (the reference
-//! arithmetic's choice). Which slots belong to whom is `kvcache`'s business; this type only
+//! its blocks, contiguously, with no gather copy. Values are stored as f16 (the default:
+//! half the memory and half the bytes attention streams per step; rounded to nearest on
+//! write, and clamped to f16's range so that nothing overflows to infinity) or as f32 (the
+//! reference arithmetic's choice); `KvValue` says how each type is written and read. Which slots belong to whom is `kvcache`'s business; this type only
 //! stores rows and copies them for compaction.
 
 use half::f16;
@@ -50,6 +50,79 @@ impl KvDtype {
     }
 }
 
+/// A stored key or value: how it is written from f32 and read back (exactly) as f32.
+pub trait KvValue: Copy + Send + Sync {
+    /// Zero.
+    const ZERO: Self;
+
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+
+    /// `dst[i] = src[i]`, as this type stores it.
+    fn store(src: &[f32], dst: &mut [Self]);
+
+    /// Sixteen values from `at`, as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, and sixteen values must be readable from `at`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KvValue for f32 {
+    const ZERO: Self = 0.0;
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(at)
+    }
+}
+
+impl KvValue for f16 {
+    const ZERO: Self = f16::ZERO;
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    fn store(src: &[f32], dst: &mut [Self]) {
+        to_f16(src, dst);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
+    }
+}
+
+/// Where a store's head rows lie: `[kv_head][slot][dim]`.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    num_slots: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Geometry {
+    /// Offset of `slot`'s row of KV head `head`.
+    fn at(&self, head: usize, slot: Slot) -> usize {
+        (head * self.num_slots + slot.index()) * self.head_dim
+    }
+}
+
 /// One layer's K and V rows of one value type, each `[num_kv_heads][num_slots][head_dim]`.
 #[derive(Debug, Clone)]
 pub struct KvRows<T> {
@@ -59,17 +132,40 @@ pub struct KvRows<T> {
     pub v: Vec<T>,
 }
 
-impl<T: Copy> KvRows<T> {
-    fn zeroed(len: usize, zero: T) -> Self {
+impl<T: KvValue> KvRows<T> {
+    fn zeroed(len: usize) -> Self {
         Self {
-            k: vec![zero; len],
-            v: vec![zero; len],
+            k: vec![T::ZERO; len],
+            v: vec![T::ZERO; len],
         }
     }
 
-    fn copy_row(&mut self, from: usize, to: usize, w: usize) {
-        self.k.copy_within(from..from + w, to);
-        self.v.copy_within(from..from + w, to);
+    /// `k` and `v` (`[row][kv_head][dim]`) at `slots`.
+    fn write(&mut self, g: Geometry, slots: &[Slot], k: &[f32], v: &[f32]) {
+        let (d, w) = (g.head_dim, g.num_kv_heads * g.head_dim);
+        for (row, &slot) in slots.iter().enumerate() {
+            for h in 0..g.num_kv_heads {
+                let (at, src) = (g.at(h, slot), row * w + h * d);
+                T::store(&k[src..src + d], &mut self.k[at..at + d]);
+                T::store(&v[src..src + d], &mut self.v[at..at + d]);
+            }
+        }
+    }
+
+    fn apply_moves(&mut self, g: Geometry, moves: &[KvMove]) {
+        let d = g.head_dim;
+        for m in moves {
+            for h in 0..g.num_kv_heads {
+                let (from, to) = (g.at(h, m.from), g.at(h, m.to));
+                self.k.copy_within(from..from + d, to);
+                self.v.copy_within(from..from + d, to);
+            }
+        }
+    }
+
+    fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
+        let widen = |xs: &[T]| xs.iter().map(|x| x.to_f32()).collect();
+        (widen(&self.k), widen(&self.v))
     }
 }
 
@@ -87,11 +183,8 @@ impl LayerKv {
     /// attention reads.
     pub fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
         match self {
-            Self::F16(rows) => (
-                rows.k.iter().map(|x| x.to_f32()).collect(),
-                rows.v.iter().map(|x| x.to_f32()).collect(),
-            ),
-            Self::F32(rows) => (rows.k.clone(), rows.v.clone()),
+            Self::F16(rows) => rows.to_f32(),
+            Self::F32(rows) => rows.to_f32(),
         }
     }
 }
@@ -99,9 +192,7 @@ impl LayerKv {
 /// K/V storage for all layers of one model.
 #[derive(Debug, Clone)]
 pub struct PagedKvStore {
-    num_slots: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
+    geometry: Geometry,
     dtype: KvDtype,
     layers: Vec<LayerKv>,
 }
@@ -121,14 +212,16 @@ impl PagedKvStore {
         let len = num_slots * num_kv_heads * head_dim;
         let layers = (0..num_layers)
             .map(|_| match dtype {
-                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(len, f16::ZERO)),
-                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(len, 0.0)),
+                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(len)),
+                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(len)),
             })
             .collect();
         Self {
-            num_slots,
-            num_kv_heads,
-            head_dim,
+            geometry: Geometry {
+                num_slots,
+                num_kv_heads,
+                head_dim,
+            },
             dtype,
             layers,
         }
@@ -136,12 +229,12 @@ impl PagedKvStore {
 
     /// Rows per layer.
     pub fn num_slots(&self) -> usize {
-        self.num_slots
+        self.geometry.num_slots
     }
 
     /// Values per row (every KV head's).
     pub fn row_width(&self) -> usize {
-        self.num_kv_heads * self.head_dim
+        self.geometry.num_kv_heads * self.geometry.head_dim
     }
 
     /// How values are stored.
@@ -151,7 +244,7 @@ impl PagedKvStore {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.num_slots * self.row_width() * self.dtype.size()
+        self.layers.len() * 2 * self.num_slots() * self.row_width() * self.dtype.size()
     }
 
     /// One layer's rows.
@@ -171,22 +264,10 @@ impl PagedKvStore {
             )));
         }
         self.check_slots(slots.iter().copied())?;
-        let (d, plane) = (self.head_dim, self.num_slots * self.head_dim);
-        for (row, slot) in slots.iter().enumerate() {
-            for h in 0..self.num_kv_heads {
-                let at = h * plane + slot.index() * d;
-                let src = row * w + h * d..row * w + (h + 1) * d;
-                match &mut self.layers[layer] {
-                    LayerKv::F16(dst) => {
-                        to_f16(&k[src.clone()], &mut dst.k[at..at + d]);
-                        to_f16(&v[src], &mut dst.v[at..at + d]);
-                    }
-                    LayerKv::F32(dst) => {
-                        dst.k[at..at + d].copy_from_slice(&k[src.clone()]);
-                        dst.v[at..at + d].copy_from_slice(&v[src]);
-                    }
-                }
-            }
+        let g = self.geometry;
+        match &mut self.layers[layer] {
+            LayerKv::F16(rows) => rows.write(g, slots, k, v),
+            LayerKv::F32(rows) => rows.write(g, slots, k, v),
         }
         Ok(())
     }
@@ -195,16 +276,11 @@ impl PagedKvStore {
     /// caller orders moves so that no source is overwritten before it is read).
     pub fn apply_moves(&mut self, moves: &[KvMove]) -> Result<()> {
         self.check_slots(moves.iter().flat_map(|m| [m.from, m.to]))?;
-        let (d, plane) = (self.head_dim, self.num_slots * self.head_dim);
+        let g = self.geometry;
         for layer in &mut self.layers {
-            for m in moves {
-                for h in 0..self.num_kv_heads {
-                    let (from, to) = (h * plane + m.from.index() * d, h * plane + m.to.index() * d);
-                    match layer {
-                        LayerKv::F16(rows) => rows.copy_row(from, to, d),
-                        LayerKv::F32(rows) => rows.copy_row(from, to, d),
-                    }
-                }
+            match layer {
+                LayerKv::F16(rows) => rows.apply_moves(g, moves),
+                LayerKv::F32(rows) => rows.apply_moves(g, moves),
             }
         }
         Ok(())
@@ -212,10 +288,11 @@ impl PagedKvStore {
 
     /// Errors when any slot is outside the store.
     pub fn check_slots(&self, mut slots: impl Iterator<Item = Slot>) -> Result<()> {
-        match slots.find(|s| s.index() >= self.num_slots) {
+        let num_slots = self.num_slots();
+        match slots.find(|s| s.index() >= num_slots) {
             Some(bad) => Err(Error::InvalidBatch(format!(
-                "slot {} outside KV store of {} slots",
-                bad.0, self.num_slots
+                "slot {} outside KV store of {num_slots} slots",
+                bad.0
             ))),
             None => Ok(()),
         }

@@ -292,7 +292,6 @@ impl Model {
         self.weights.lm_head.forward(&x)
     }
 
-    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
     /// SiLU: thicket's own (`silu`, what the fused pass computes) on the CPU with thicket's
     /// attention, candle's where the arithmetic is the reference's or off the CPU.
     fn silu(&self, x: &Tensor) -> Result<Tensor> {
@@ -309,6 +308,7 @@ impl Model {
         Ok(candle_nn::ops::silu(x)?)
     }
 
+    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
     fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let x = x

@@ -1,9 +1,9 @@
-//! Online acceptance statistics: for one method and evidence level, the expected number of accepted draft
-//! tokens as a function of the tree size, learnt from verification outcomes (an exponential
-//! moving average per size bucket, starting from a pessimistic prior: below what the
-//! drafters were measured to accept on Spec-Bench, so a method without evidence gets small
-//! trees and earns larger ones with observed acceptance). The scheduler uses these
-//! curves to decide how many nodes each sequence's tree gets.
+//! Online acceptance statistics: for one method and evidence level, the expected number of
+//! accepted draft tokens as a function of the tree size, learnt from verification outcomes
+//! (an exponential moving average per size bucket, starting from a pessimistic prior: below
+//! what the drafters were measured to accept on Spec-Bench, so a method without evidence
+//! gets small trees and earns larger ones with observed acceptance). The scheduler uses
+//! these curves to decide how many nodes each sequence's tree gets.
 
 /// Largest tree size of each bucket.
 const BUCKET_UPPER: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, usize::MAX];
