@@ -1,7 +1,8 @@
 //! `thicket batch` end to end on SmolLM2, run as the real binary: 200 requests whose result
 //! bodies equal what `thicket serve` answers for the same requests; a job killed with
 //! SIGKILL at random points (and left with a torn last line) that resumes to every id
-//! exactly once; and malformed lines among good ones, each becoming its own error line.
+//! exactly once; malformed lines among good ones, each becoming its own error line; and
+//! `--kv-cache-dtype` (f16 by default, twice the tokens of f32 per MiB, either serving).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -472,4 +473,68 @@ fn malformed_lines_become_error_lines_and_the_job_goes_on() {
     assert_eq!(summary["requests"], 0);
     assert_eq!(summary["already_done"], 11);
     assert_eq!(count_lines(&output), 11);
+}
+
+#[test]
+fn the_kv_cache_dtype_sets_what_a_mib_holds_and_either_type_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in.jsonl");
+    let line = |id: &str| {
+        json!({"custom_id": id, "url": "/v1/completions",
+               "body": {"prompt": "The sky is", "max_tokens": 4}})
+        .to_string()
+    };
+    write_lines(&input, &[line("a"), line("b")]);
+    // A cache too small for the context asked: the refusal says how many tokens it holds.
+    let holds = |dtype: &[&str]| -> usize {
+        let output = dir.path().join("refused.jsonl");
+        let mut args = vec!["--kv-cache-mib", "4", "--max-model-len", "1024"];
+        args.extend(dtype);
+        let run = run_batch(&input, &output, &args);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{stderr}");
+        let tokens = stderr
+            .split("MiB of KV cache (")
+            .nth(1)
+            .and_then(|rest| rest.split(" tokens)").next())
+            .and_then(|n| n.parse().ok());
+        tokens.unwrap_or_else(|| panic!("no token count in: {stderr}"))
+    };
+    let (halves, default, singles) = (
+        holds(&["--kv-cache-dtype", "f16"]),
+        holds(&[]),
+        holds(&["--kv-cache-dtype", "f32"]),
+    );
+    assert_eq!(default, halves, "f16 is the default");
+    assert!(
+        singles > 0 && halves >= 2 * singles,
+        "f16 {halves}, f32 {singles}"
+    );
+    // An unknown type is refused by name, before any work.
+    let output = dir.path().join("unknown.jsonl");
+    let run = run_batch(&input, &output, &["--kv-cache-dtype", "f64"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        stderr.contains("unknown KV cache dtype 'f64' (f16, f32)"),
+        "{stderr}"
+    );
+    // Both types serve the job.
+    for dtype in ["f16", "f32"] {
+        let output = dir.path().join(format!("{dtype}.jsonl"));
+        let args = ["--kv-cache-dtype", dtype, "--kv-cache-mib", "64"];
+        let run = run_batch(&input, &output, &args);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let results = results(&output);
+        assert_eq!(results.len(), 2);
+        for result in results.values() {
+            assert_eq!(result["response"]["status_code"], 200, "{dtype}: {result}");
+            let text = &result["response"]["body"]["choices"][0]["text"];
+            assert!(!text.as_str().unwrap_or("").is_empty(), "{dtype}: {result}");
+        }
+    }
 }
