@@ -234,8 +234,28 @@ fn load_benchmarks_report_every_metric_against_thicket_serve() {
 fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
     let (table, report) = bench_spec(&["--max-tokens", "6", "--methods", "prompt_lookup"]);
     assert!(table.contains("| prompt_lookup |"), "{table}");
+    assert!(
+        table.contains("| speedup | TTFT | end to end |"),
+        "the speedups a user sees: {table}"
+    );
     let ms = report["measurements"].as_array().expect("measurements");
     assert_eq!(ms.len(), 2 * 13, "13 questions, two methods");
+    for m in ms {
+        let (ttft, seconds) = (m["ttft_seconds"].as_f64(), m["seconds"].as_f64());
+        let (ttft, seconds) = (ttft.expect("a TTFT"), seconds.expect("a time"));
+        assert!(ttft > 0.0 && ttft <= seconds, "{m}");
+    }
+    for label in ["none", "prompt_lookup"] {
+        let wall = report["wall_seconds"][label].as_f64().expect("a wall time");
+        // Each engine's wall time spans at least every one of its questions' own times
+        // (one question per round here).
+        let own: f64 = ms
+            .iter()
+            .filter(|m| m["method"] == label)
+            .map(|m| m["seconds"].as_f64().unwrap())
+            .sum();
+        assert!(wall >= own, "{label}: {wall} < {own}");
+    }
     for (round, pair) in ms.chunks(2).enumerate() {
         // One question per round, on both engines, the first method alternating.
         assert_eq!(pair[0]["question_id"], pair[1]["question_id"], "{pair:?}");

@@ -2,15 +2,16 @@
 //! `turns`; the first turn, in the chat template) through each speculation method, greedy,
 //! and the Token Recycling paper's Table 1 layout: per category the speedup over `none`,
 //! then MAT (tokens per verification step), decoding tokens/s (after the first token, as the
-//! papers time generation) and overall speedup. Each method
-//! runs on its own fresh engine (warmed up on one prompt outside the set), so no method reads
-//! another's prefixes from the prefix cache or its continuations from the recycling matrix,
-//! while the Token Recycling matrix still warms up over the questions as in the paper's hot
-//! start. The methods are interleaved question by question (rounds of `--concurrency`
-//! questions, the methods' order rotating), so the host's noise falls on all of them alike;
-//! `--control` adds a second `none` engine whose ratio to the first is the run's noise floor.
-//! `--out` writes every measurement as JSON; `--plot-dir` draws acceptance by tree depth and
-//! MAT per method.
+//! papers time generation) and overall speedup; then the speedups a user also sees, in mean
+//! time to the first token and end to end (each engine's wall time over all its rounds,
+//! prefill included). Each method runs on its own fresh engine (warmed up on one prompt
+//! outside the set), so no method reads another's prefixes from the prefix cache or its
+//! continuations from the recycling matrix, while the Token Recycling matrix still warms up
+//! over the questions as in the paper's hot start. The methods are interleaved question by
+//! question (rounds of `--concurrency` questions, the methods' order rotating), so the
+//! host's noise falls on all of them alike; `--control` adds a second `none` engine whose
+//! ratio to the first is the run's noise floor. `--out` writes every measurement as JSON;
+//! `--plot-dir` draws acceptance by tree depth and MAT per method.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,6 +85,8 @@ struct Measurement {
     output_tokens: usize,
     /// Submission to the last token.
     seconds: f64,
+    /// Submission to the first token (its prefill, and its wait for the questions before it).
+    ttft_seconds: f64,
     /// First token to the last (the generation phase the papers time).
     decode_seconds: f64,
     verify_steps: usize,
@@ -239,6 +242,7 @@ fn read(
         method: label.to_string(),
         output_tokens: tokens,
         seconds,
+        ttft_seconds: first,
         decode_seconds: seconds - first,
         verify_steps: usage.spec_steps,
         draft_tokens: usage.draft_tokens,
@@ -251,6 +255,11 @@ fn tokens_per_second(ms: &[&Measurement]) -> f64 {
     let tokens: usize = ms.iter().map(|m| m.output_tokens.saturating_sub(1)).sum();
     let seconds: f64 = ms.iter().map(|m| m.decode_seconds).sum();
     tokens as f64 / seconds.max(1e-9)
+}
+
+/// Mean time to the first token.
+fn mean_ttft(ms: &[&Measurement]) -> f64 {
+    ms.iter().map(|m| m.ttft_seconds).sum::<f64>() / ms.len().max(1) as f64
 }
 
 fn mat(ms: &[&Measurement]) -> f64 {
@@ -335,14 +344,16 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     for c in &categories {
         print!(" {c} |");
     }
-    println!(" MAT | tokens/s | speedup |");
+    println!(" MAT | tokens/s | speedup | TTFT | end to end |");
     print!("|---|");
     for _ in &categories {
         print!("---:|");
     }
-    println!("---:|---:|---:|");
-    let base_all = tokens_per_second(&select(SpecMethod::None.as_str(), None));
-    for (_, label) in &methods {
+    println!("---:|---:|---:|---:|---:|");
+    let base = select(SpecMethod::None.as_str(), None);
+    let (base_all, base_ttft) = (tokens_per_second(&base), mean_ttft(&base));
+    let base_busy = busy[0];
+    for ((_, label), busy) in methods.iter().zip(&busy) {
         let label = label.as_str();
         print!("| {label} |");
         for c in &categories {
@@ -352,11 +363,15 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
         }
         let all = select(label, None);
         let rate = tokens_per_second(&all);
+        // TTFT and end to end as speedups too (the baseline's time over this method's), so
+        // that above 1 is better in every column.
         println!(
-            " {:.2} | {:.1} | {:.2}x |",
+            " {:.2} | {:.1} | {:.2}x | {:.2}x | {:.2}x |",
             mat(&all),
             rate,
-            rate / base_all
+            rate / base_all,
+            base_ttft / mean_ttft(&all).max(1e-9),
+            base_busy / busy.max(1e-9)
         );
     }
     if let Some(dir) = &args.plot_dir {
@@ -373,6 +388,11 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             "max_tokens": args.max_tokens,
             "concurrency": args.concurrency,
             "measurements": results,
+            "wall_seconds": methods
+                .iter()
+                .zip(&busy)
+                .map(|((_, label), seconds)| (label.clone(), *seconds))
+                .collect::<BTreeMap<_, _>>(),
             "acceptance_by_depth": depth,
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)?)

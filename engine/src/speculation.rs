@@ -126,6 +126,12 @@ pub(crate) struct Speculation {
 /// Most prompt rows computed per step only for speculators that learn from them.
 const PROMPT_LEARNING_ROWS: usize = 32;
 
+/// The most of a step's estimated cost that its learning rows may add. Learning yields no
+/// token this step, and on SmolLM2 on a CPU 32 of them cost 3-4% of the time to the first
+/// token with no measurable gain in tokens per step later, so they are only taken where
+/// rows are (nearly) free.
+const LEARNING_SHARE: f64 = 0.01;
+
 /// How far a sequence's acceptance ratio drifts back towards 1 per step it could draft.
 const RATIO_RECOVERY: f32 = 0.02;
 
@@ -335,14 +341,25 @@ impl Speculation {
             .collect()
     }
 
-    /// Which of the prompt rows `(row, token fed, drafter of its sequence)` should have
-    /// their logits computed: those whose sequence's speculator wants them, each token once,
-    /// at most [`PROMPT_LEARNING_ROWS`] a step.
-    pub(crate) fn learning_rows(&self, rows: &[(usize, u32, &SeqDrafter)]) -> Vec<usize> {
+    /// Which of the prompt rows `(row, token fed, drafter of its sequence)` of a step of
+    /// `step_rows` rows should have their logits computed: those whose sequence's
+    /// speculator wants them, each token once, at most [`PROMPT_LEARNING_ROWS`] a step. They
+    /// are charged like draft nodes, each as one more row on the cost curve (whose rows all
+    /// compute logits, so this is an upper bound), and taken only while together they add at
+    /// most [`LEARNING_SHARE`] to the step's cost: all of them where extra rows are free, few
+    /// or none where each row costs a sizeable part of a step.
+    pub(crate) fn learning_rows(
+        &self,
+        rows: &[(usize, u32, &SeqDrafter)],
+        step_rows: usize,
+    ) -> Vec<usize> {
+        let curve = &self.config.cost;
+        let step = curve.cost(step_rows.max(1));
         let mut seen = HashSet::new();
         let mut chosen = Vec::new();
         for &(row, token, state) in rows {
-            if seen.len() >= PROMPT_LEARNING_ROWS {
+            let added = curve.cost(step_rows + seen.len() + 1) - step;
+            if seen.len() >= PROMPT_LEARNING_ROWS || added > LEARNING_SHARE * step {
                 break;
             }
             let wants = self
@@ -511,5 +528,38 @@ mod tests {
         let weak = expected(8);
         assert!(strong[3] > 3.0, "{strong:?}");
         assert!(weak[3] < 0.5, "{weak:?}");
+    }
+
+    #[test]
+    fn learning_rows_are_charged_on_the_cost_curve() {
+        let rows_of = |cost: CostCurve, step_rows: usize| {
+            let config = SpeculationConfig {
+                cost,
+                ..SpeculationConfig::default()
+            };
+            let speculation = Speculation::new(config, 100).expect("the built-in methods");
+            let request = SpecRequest {
+                method: SpecMethod::Recycling,
+                max_draft_tokens: None,
+            };
+            let state = speculation
+                .drafter_for(Some(request), &[0])
+                .expect("recycling drafts");
+            // Prompt rows feeding 50 distinct tokens, then repeats: an empty matrix wants
+            // each token once.
+            let fed: Vec<(usize, u32, &SeqDrafter)> = (0..80)
+                .map(|row| (row, (row % 50) as u32, &state))
+                .collect();
+            speculation.learning_rows(&fed, step_rows)
+        };
+        // Where rows are free, every wanted token once, up to the cap.
+        let free = rows_of(CostCurve::flat(), 80);
+        assert_eq!(free, (0..PROMPT_LEARNING_ROWS).collect::<Vec<_>>());
+        // Where each row costs as much as the next: one added row in a hundred is 1%.
+        assert_eq!(rows_of(CostCurve::linear(), 80), Vec::<usize>::new());
+        assert_eq!(rows_of(CostCurve::linear(), 300), vec![0, 1, 2]);
+        // Rows that cost a tenth of a step each (a flat curve's start, then a slope).
+        let gentle = CostCurve::new(vec![(1, 1.0), (101, 2.0)]).expect("a curve");
+        assert_eq!(rows_of(gentle, 80).len(), 1);
     }
 }

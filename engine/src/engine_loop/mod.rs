@@ -422,9 +422,10 @@ impl Engine {
                 }
             }
         }
-        // Speculators may learn from prompt rows too (each costs a row of the output
-        // projection); their logits come after every sampled row.
-        for row in self.spec.learning_rows(&prompt_rows) {
+        // Speculators may learn from prompt rows too, where the cost curve says the rows of
+        // the output projection that takes are cheap; their logits come after every sampled
+        // row.
+        for row in self.spec.learning_rows(&prompt_rows, batch.num_rows()) {
             batch.request_logits(row)?;
         }
         // The masks sampling needs are computed beside the forward, which does not need them.
