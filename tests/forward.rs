@@ -77,6 +77,30 @@ fn tree_nodes_match_their_root_paths_on_smollm2() {
 }
 
 #[test]
+fn tree_nodes_match_their_root_paths_over_a_long_context_on_smollm2() {
+    // 1020 cached positions: the tree's deeper nodes see 1024 keys or more, so their
+    // attention takes its softmax in two runs, and still computes their root paths' bits.
+    let loaded = smollm2();
+    let mut prefix = Vec::new();
+    for prompt in PROMPTS.iter().cycle() {
+        if prefix.len() >= 1020 {
+            break;
+        }
+        prefix.extend(loaded.tokenizer.encode(prompt).unwrap());
+    }
+    prefix.truncate(1020);
+    let mut rng = StdRng::seed_from_u64(4);
+    let tree = random_tree(&mut rng, 24, 49_152);
+    let deepest = (0..tree.len())
+        .map(|i| tree.path_to(i).len())
+        .max()
+        .unwrap();
+    assert!(1020 + deepest > 1024, "the tree reaches past 1024 keys");
+    let worst = tree_vs_chains(&loaded.model, &prefix, &tree);
+    assert_eq!(worst, 0.0, "tree vs chain logits differ by {worst}");
+}
+
+#[test]
 fn tree_nodes_match_their_root_paths_on_tiny_f32_model() {
     let (_dir, model) = tiny_model(&TinyModelSpec::default());
     let mut rng = StdRng::seed_from_u64(5);

@@ -45,6 +45,15 @@ pub fn exp(x: f32) -> f32 {
 
 /// `xs[i] = e^(xs[i] - max) / sum_j e^(xs[j] - max)`.
 pub fn softmax_in_place(xs: &mut [f32]) {
+    let (_, sum) = exp_in_place(xs);
+    for x in xs.iter_mut() {
+        *x /= sum;
+    }
+}
+
+/// `xs[i] = e^(xs[i] - max)`, unnormalised: returns `max` and the sum of the new values (the
+/// part of a softmax that one run of a longer row's keys contributes).
+pub fn exp_in_place(xs: &mut [f32]) -> (f32, f32) {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
@@ -72,9 +81,7 @@ pub fn softmax_in_place(xs: &mut [f32]) {
     for x in chunks.remainder() {
         sum += x;
     }
-    for x in xs.iter_mut() {
-        *x /= sum;
-    }
+    (max, sum)
 }
 
 #[cfg(test)]

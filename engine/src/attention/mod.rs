@@ -1,0 +1,489 @@
+//! Paged tree attention on the CPU. For each sequence and KV head, every query row attends to
+//! the sequence's whole cached context (read in place from its blocks in the
+//! `PagedKvStore`) and to the rows of its own tree that its `TreeMask` marks visible
+//! (ancestors and itself), with an exact two-pass softmax; a row that sees [`KEY_RUN`] keys
+//! twice over or more takes it in runs of keys merged afterwards, so that one decoding row's
+//! long context can be split between cores.
+//!
+//! Batch invariance: a row's keys are visited in one fixed order (context positions
+//! ascending, then visible tree nodes ascending), its runs depend only on how many keys it
+//! sees, and every reduction runs over that row alone, so a row's output never depends on
+//! which other rows or sequences share the batch, and a tree node computes bit-for-bit what
+//! its root path computes as a chain.
+
+use std::ops::Range;
+
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+use crate::attention_kernels as kernels;
+use crate::batch::TreeBatch;
+use crate::kv_store::{KvRows, KvValue, LayerKv};
+use crate::softmax::{exp, exp_in_place, softmax_in_place};
+use crate::Result;
+
+/// Which implementation computes attention. The two differ only in float summation order,
+/// and that matters: quantized matmuls round activations to 8 bits, which turns a one-ulp
+/// difference into logit differences of up to ~1 and so flips near-tied greedy choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// [`paged_tree_attention`]: reads K/V in place from the blocks; a row's arithmetic is
+    /// independent of the batch and of sibling tree nodes, so verifying a tree gives exactly
+    /// the tokens plain decoding gives. The engine's kernel.
+    #[default]
+    Fused,
+    /// [`gathered_tree_attention`]: the candle ops candle-transformers' reference models use,
+    /// so chains (prefill, decode) reproduce the reference bit for bit. Not tree-exact: the
+    /// matmul sums over masked keys too, which moves its rounding.
+    Reference,
+}
+
+impl AttentionKernel {
+    /// Parses `--attention`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fused" => Some(Self::Fused),
+            "reference" => Some(Self::Reference),
+            _ => None,
+        }
+    }
+}
+
+/// Head geometry of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadShape {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// `q` is `[num_heads][rows][head_dim]` (already rotated); the batch's own K/V rows must
+/// already be in `kv`. Returns `[rows][num_heads * head_dim]`.
+pub fn paged_tree_attention(
+    q: &[f32],
+    kv: &LayerKv,
+    batch: &TreeBatch,
+    shape: HeadShape,
+) -> Vec<f32> {
+    match kv {
+        LayerKv::F16(kv) => paged_in(q, kv, batch, shape),
+        LayerKv::F32(kv) => paged_in(q, kv, batch, shape),
+    }
+}
+
+/// Keys per run of a row's softmax. A row that sees at least twice this many keys (its
+/// context and visible tree nodes together) takes its softmax in runs at fixed key indices
+/// (`[0, KEY_RUN)`, `[KEY_RUN, 2 * KEY_RUN)`, ..., the last run up to its final key), each
+/// with its own maximum and sum, merged in run order afterwards; the runs of one long row can
+/// then go to different cores. The runs depend only on how many keys the row sees, so its bits
+/// still depend neither on the batch nor on whether it is a tree node or the same token
+/// decoded as a chain; rows that see fewer keys take one softmax over all of them. A multiple
+/// of 16 (the score loop's blocks).
+pub const KEY_RUN: usize = 512;
+
+/// How many runs a row that sees `keys` keys takes its softmax in.
+fn runs_of(keys: usize) -> usize {
+    (keys / KEY_RUN).max(1)
+}
+
+/// One work item: a sequence's rows, for one KV head, over some of its key runs.
+struct Item {
+    seq: usize,
+    kv_head: usize,
+    rows: Range<usize>,
+    runs: Range<usize>,
+}
+
+/// What an item computed. Per run of its range, query head of its group and row, in that
+/// order: the values (`head_dim` each) and the run's maximum and sum; rows with one run get
+/// their finished output, rows with more the unnormalised sums of their run. An item that
+/// holds every run of its rows merges them itself: then `values` holds one finished output
+/// per query head and row, and `stats` is empty.
+struct Partials {
+    values: Vec<f32>,
+    stats: Vec<(f32, f32)>,
+}
+
+impl Partials {
+    /// Each row's runs merged into its output (the item holds every run of its rows, the
+    /// i-th of which takes `runs[i]`).
+    fn merged(self, runs: &[usize], group: usize, hd: usize) -> Self {
+        let n = runs.len();
+        let mut values = vec![0.0f32; group * n * hd];
+        let mut parts: Vec<(f32, f32, &[f32])> = Vec::new();
+        for (i, &runs) in runs.iter().enumerate() {
+            for g in 0..group {
+                parts.clear();
+                parts.extend((0..runs).map(|r| {
+                    let at = (r * group + g) * n + i;
+                    let (max, sum) = self.stats[at];
+                    (max, sum, &self.values[at * hd..(at + 1) * hd])
+                }));
+                let at = g * n + i;
+                merge_runs(&parts, &mut values[at * hd..(at + 1) * hd]);
+            }
+        }
+        Self {
+            values,
+            stats: Vec::new(),
+        }
+    }
+}
+
+/// `paged_tree_attention` over rows of one value type.
+fn paged_in<T: KvValue>(
+    q: &[f32],
+    kv: &KvRows<T>,
+    batch: &TreeBatch,
+    shape: HeadShape,
+) -> Vec<f32> {
+    let rows = batch.num_rows();
+    let hd = shape.head_dim;
+    let group = shape.num_heads / shape.num_kv_heads;
+    // Work items: (sequence, KV head, rows, key runs), at least two per core where there
+    // are enough. A sequence's key runs are split first, since rows in one item share each
+    // read of the context, then its rows. A row's result never depends on how the work is
+    // split.
+    let items = batch.seqs.len() * shape.num_kv_heads;
+    let parts = (rayon::current_num_threads() * 2)
+        .div_ceil(items.max(1))
+        .max(1);
+    let mut work: Vec<Item> = Vec::new();
+    for (s, seq) in batch.seqs.iter().enumerate() {
+        let n = seq.rows.len();
+        let runs = runs_of(seq.context_len + n);
+        let pieces = parts.min(runs);
+        let split = n.div_ceil(parts.div_ceil(pieces)).max(1);
+        for kv_head in 0..shape.num_kv_heads {
+            for start in (0..n).step_by(split) {
+                for piece in 0..pieces {
+                    // The earlier pieces take more runs: the last one is the longest.
+                    work.push(Item {
+                        seq: s,
+                        kv_head,
+                        rows: start..(start + split).min(n),
+                        runs: (piece * runs).div_ceil(pieces)
+                            ..((piece + 1) * runs).div_ceil(pieces),
+                    });
+                }
+            }
+        }
+    }
+    let results: Vec<Partials> = work
+        .par_iter()
+        .map(|item| attend_group(q, kv, batch, item, group, shape))
+        .collect();
+
+    let width = shape.num_heads * hd;
+    let mut out = vec![0.0f32; rows * width];
+    let mut parts: Vec<(f32, f32, &[f32])> = Vec::new();
+    let mut first = 0;
+    while first < work.len() {
+        // The pieces of one (sequence, KV head, rows), in run order.
+        let same = |w: &Item| {
+            (w.seq, w.kv_head, w.rows.start)
+                == (work[first].seq, work[first].kv_head, work[first].rows.start)
+        };
+        let last = first + work[first..].iter().take_while(|w| same(w)).count();
+        let (pieces, partials) = (&work[first..last], &results[first..last]);
+        let Item {
+            seq: s,
+            kv_head: kh,
+            rows: part,
+            ..
+        } = &work[first];
+        let seq = &batch.seqs[*s];
+        let n = part.len();
+        for (i, local) in part.clone().enumerate() {
+            let row = seq.rows.start + local;
+            let runs = runs_of(seq.context_len + seq.mask.visible(local).count());
+            for g in 0..group {
+                let head = kh * group + g;
+                let dst = &mut out[row * width + head * hd..row * width + (head + 1) * hd];
+                parts.clear();
+                for (piece, partial) in pieces.iter().zip(partials) {
+                    if partial.stats.is_empty() {
+                        let at = g * n + i;
+                        parts.push((0.0, 1.0, &partial.values[at * hd..(at + 1) * hd]));
+                        continue;
+                    }
+                    for (r, run) in piece.runs.clone().enumerate() {
+                        if run < runs {
+                            let at = (r * group + g) * n + i;
+                            let (max, sum) = partial.stats[at];
+                            parts.push((max, sum, &partial.values[at * hd..(at + 1) * hd]));
+                        }
+                    }
+                }
+                merge_runs(&parts, dst);
+            }
+        }
+        first = last;
+    }
+    out
+}
+
+/// A row's output from its runs `(maximum, sum, values)` in key order: a single run's values
+/// are already final; more are weighed by `e^(max_run - max) / sum over runs of e^(max_run
+/// - max) * sum_run`, added in run order.
+fn merge_runs(parts: &[(f32, f32, &[f32])], dst: &mut [f32]) {
+    if let [(_, _, values)] = parts {
+        dst.copy_from_slice(values);
+        return;
+    }
+    let max = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = parts.iter().map(|&(m, s, _)| s * exp(m - max)).sum();
+    dst.fill(0.0);
+    for &(m, _, values) in parts {
+        let weight = exp(m - max) / sum;
+        for (d, v) in dst.iter_mut().zip(values) {
+            *d += weight * v;
+        }
+    }
+}
+
+/// The item's [`Partials`] for the query heads sharing its KV head, for its rows (indices into
+/// the sequence's tree) over its key runs. Each key and value row is read once for all heads
+/// of the group and the rows taken together; per head, row and run, the arithmetic is the
+/// fixed-order `dot`, softmax (or its unnormalised part) and accumulation over the row's
+/// visible keys in that run.
+fn attend_group<T: KvValue>(
+    q: &[f32],
+    kv: &KvRows<T>,
+    batch: &TreeBatch,
+    item: &Item,
+    group: usize,
+    shape: HeadShape,
+) -> Partials {
+    let hd = shape.head_dim;
+    let (seq, kh) = (&batch.seqs[item.seq], item.kv_head);
+    // This head's rows in the store: `[kv_head][slot][dim]`.
+    let head_base = kh * (kv.k.len() / shape.num_kv_heads.max(1));
+    let total_rows = batch.num_rows();
+    let scale = (1.0 / (hd as f64).sqrt()) as f32;
+    // Offsets of this head's K/V in the store: context first, then the tree's own rows.
+    let context: Vec<usize> = batch
+        .context_slots(seq)
+        .expect("invariant: batch validated the block table covers the context")
+        .into_iter()
+        .map(|slot| head_base + slot.index() * hd)
+        .collect();
+    let tree: Vec<usize> = seq
+        .rows
+        .clone()
+        .map(|r| head_base + batch.slots[r].index() * hd)
+        .collect();
+
+    let n = item.rows.len();
+    let slots = item.runs.len() * group * n;
+    let mut partials = Partials {
+        values: vec![0.0f32; slots * hd],
+        stats: vec![(0.0, 0.0); slots],
+    };
+    let store = kv.k.len().min(kv.v.len());
+    let c_len = context.len();
+    // Each row's visible tree keys (`keys[starts[i]..starts[i + 1]]`), and its runs.
+    let n_max = seq.rows.len();
+    let mut keys: Vec<usize> = Vec::with_capacity(n * n_max.min(64));
+    let mut starts = Vec::with_capacity(n + 1);
+    starts.push(0);
+    for local in item.rows.clone() {
+        keys.extend(seq.mask.visible(local).map(|j| tree[j]));
+        starts.push(keys.len());
+    }
+    let visible = |i: usize| &keys[starts[i]..starts[i + 1]];
+    let runs: Vec<usize> = (0..n).map(|i| runs_of(c_len + visible(i).len())).collect();
+    // Rows taken together (consecutive, with the same runs): their query heads share each
+    // read of the context's keys and values (up to eight queries at once).
+    let together = (8 / group).max(1);
+    let mut scores: Vec<f32> = Vec::new();
+    let mut values: Vec<f32> = Vec::new();
+    let mut queries: Vec<&[f32]> = Vec::with_capacity(together * group);
+    let mut first = 0;
+    while first < n {
+        let len = runs[first..]
+            .iter()
+            .take(together)
+            .take_while(|&&r| r == runs[first])
+            .count();
+        let chunk = first..first + len;
+        let last_run = runs[first] - 1;
+        queries.clear();
+        for local in item.rows.clone().skip(first).take(len) {
+            let row = seq.rows.start + local;
+            queries.extend((0..group).map(|g| {
+                let head = kh * group + g;
+                &q[(head * total_rows + row) * hd..(head * total_rows + row + 1) * hd]
+            }));
+        }
+        for (r_at, run) in item.runs.clone().enumerate() {
+            if run > last_run {
+                break;
+            }
+            // The run's keys: its part of the context, then each row's part of its tree keys
+            // (key index `c_len + j` for the row's j-th visible node); the last run takes
+            // every key from its start on.
+            let lo = run * KEY_RUN;
+            let hi = if run == last_run {
+                usize::MAX
+            } else {
+                lo + KEY_RUN
+            };
+            let own = |v: &[usize]| {
+                let len = v.len();
+                lo.saturating_sub(c_len).min(len)..hi.saturating_sub(c_len).min(len)
+            };
+            let shared = kernels::Rows::new(&context[lo.min(c_len)..hi.min(c_len)], hd, store)
+                .expect("invariant: batch validated every slot inside the store");
+            let longest = chunk
+                .clone()
+                .map(|i| own(visible(i)).len())
+                .max()
+                .unwrap_or(0);
+            // Each query's scores are one contiguous run: context, then its row's tree keys.
+            let stride = shared.len() + longest;
+            scores.clear();
+            scores.resize(queries.len() * stride, 0.0);
+            values.clear();
+            values.resize(queries.len() * hd, 0.0);
+            kernels::key_scores(&queries, &kv.k, shared, scale, &mut scores, stride);
+            for (r, i) in chunk.clone().enumerate() {
+                let mine = kernels::Rows::new(&visible(i)[own(visible(i))], hd, store)
+                    .expect("invariant: batch validated every slot inside the store");
+                let heads = &queries[r * group..(r + 1) * group];
+                let at = r * group * stride + shared.len();
+                kernels::key_scores(heads, &kv.k, mine, scale, &mut scores[at..], stride);
+                for g in 0..group {
+                    let start = (r * group + g) * stride;
+                    let span = &mut scores[start..start + shared.len() + mine.len()];
+                    partials.stats[(r_at * group + g) * n + i] = if last_run == 0 {
+                        softmax_in_place(span);
+                        (0.0, 1.0)
+                    } else {
+                        exp_in_place(span)
+                    };
+                }
+            }
+            kernels::weighted_values(&scores, stride, &kv.v, shared, &mut values);
+            for (r, i) in chunk.clone().enumerate() {
+                let mine = kernels::Rows::new(&visible(i)[own(visible(i))], hd, store)
+                    .expect("invariant: batch validated every slot inside the store");
+                let at = r * group * stride + shared.len();
+                let dst = &mut values[r * group * hd..(r + 1) * group * hd];
+                kernels::weighted_values(&scores[at..], stride, &kv.v, mine, dst);
+                for (g, value) in dst.chunks(hd).enumerate() {
+                    let o = ((r_at * group + g) * n + i) * hd;
+                    partials.values[o..o + hd].copy_from_slice(value);
+                }
+            }
+        }
+        first += len;
+    }
+    if item.runs == (0..1) && runs.iter().all(|&r| r == 1) {
+        // One run per row: the values are the outputs already.
+        partials.stats.clear();
+        partials
+    } else if item.runs == (0..runs_of(c_len + n_max)) {
+        partials.merged(&runs, group, hd)
+    } else {
+        partials
+    }
+}
+
+/// Attention with candle ops, one sequence at a time. `q` is `[1, heads, rows, dim]`
+/// (rotated); the batch's own K/V rows must already be in `kv`. Returns `[rows, heads * dim]`.
+///
+/// Every sequence gets exactly the calls the reference makes for a prompt of its length
+/// (or a single decode row), with K/V gathered in position order (context, then its tree
+/// rows); a tree row's non-ancestors are masked to -inf, contribute exact zeros, and leave
+/// the sum over its ancestors as a chain computes it.
+pub fn gathered_tree_attention(
+    q: &Tensor,
+    kv: &LayerKv,
+    batch: &TreeBatch,
+    shape: HeadShape,
+    device: &Device,
+) -> Result<Tensor> {
+    let hd = shape.head_dim;
+    let group = shape.num_heads / shape.num_kv_heads;
+    let mut outputs = Vec::with_capacity(batch.seqs.len());
+    for seq in &batch.seqs {
+        let n = seq.rows.len();
+        let len = seq.context_len + n;
+        let offsets: Vec<usize> = (0..seq.context_len)
+            .map(|p| {
+                batch
+                    .context_slot(seq, p)
+                    .expect("invariant: batch validated the block table covers the context")
+                    .index()
+                    * hd
+            })
+            .chain(seq.rows.clone().map(|r| batch.slots[r].index() * hd))
+            .collect();
+        let (k, v) = match kv {
+            LayerKv::F16(kv) => (
+                gather(&kv.k, &offsets, shape),
+                gather(&kv.v, &offsets, shape),
+            ),
+            LayerKv::F32(kv) => (
+                gather(&kv.k, &offsets, shape),
+                gather(&kv.v, &offsets, shape),
+            ),
+        };
+        let k = Tensor::from_vec(k, (1, shape.num_kv_heads, len, hd), device)?;
+        let v = Tensor::from_vec(v, (1, shape.num_kv_heads, len, hd), device)?;
+        let k = repeat_kv(k, group)?;
+        let v = repeat_kv(v, group)?;
+        let q = q.narrow(2, seq.rows.start, n)?.contiguous()?;
+        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
+        let att = if n > 1 {
+            let mask: Vec<u8> = (0..n)
+                .flat_map(|i| {
+                    (0..len).map(move |j| {
+                        u8::from(j >= seq.context_len && !seq.mask.sees(i, j - seq.context_len))
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (n, len), device)?.broadcast_as(att.shape())?;
+            let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.broadcast_as(att.shape())?;
+            mask.where_cond(&neg_inf, &att)?
+        } else {
+            att
+        };
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let y = att.matmul(&v.contiguous()?)?;
+        outputs.push(y.transpose(1, 2)?.reshape((n, shape.num_heads * hd))?);
+    }
+    Ok(Tensor::cat(&outputs, 0)?.to_dtype(DType::F32)?)
+}
+
+/// The head rows at `offsets` (within one KV head's rows) of every KV head of `store`
+/// (`[kv_head][slot][dim]`), as f32 laid out `[kv_head][offset][dim]`.
+fn gather<T: KvValue>(store: &[T], offsets: &[usize], shape: HeadShape) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let plane = store.len() / shape.num_kv_heads.max(1);
+    let mut out = Vec::with_capacity(shape.num_kv_heads * offsets.len() * hd);
+    for kh in 0..shape.num_kv_heads {
+        for &at in offsets {
+            let at = kh * plane + at;
+            out.extend(store[at..at + hd].iter().map(|x| x.to_f32()));
+        }
+    }
+    out
+}
+
+/// `[b, kv_heads, len, d]` -> `[b, kv_heads * n_rep, len, d]`, query head h reading KV head
+/// h / n_rep (the reference's layout, built the reference's way).
+fn repeat_kv(xs: Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(xs);
+    }
+    let (b, kv_heads, len, d) = xs.dims4()?;
+    Ok(Tensor::cat(&vec![&xs; n_rep], 2)?.reshape((b, kv_heads * n_rep, len, d))?)
+}
+
+#[cfg(test)]
+mod tests;
