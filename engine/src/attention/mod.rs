@@ -89,6 +89,12 @@ fn runs_of(keys: usize) -> usize {
     (keys / KEY_RUN).max(1)
 }
 
+/// Rows whose query heads (`group` per row) are scored together against each key: up to
+/// eight queries at once.
+fn together(group: usize) -> usize {
+    (8 / group.max(1)).max(1)
+}
+
 /// One work item: a sequence's rows, for one KV head, over some of its key runs.
 struct Item {
     seq: usize,
@@ -144,8 +150,10 @@ fn paged_in<T: KvValue>(
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
     // Work items: (sequence, KV head, rows, key runs), at least two per core where there
-    // are enough. A sequence's key runs are split first, since rows in one item share each
-    // read of the context, then its rows. A row's result never depends on how the work is
+    // are enough. A decoding row or a draft tree has its key runs split first (its rows see
+    // nearly as many keys each, and the rows taken together share each read of the context),
+    // then its rows; a prefill chunk has only its rows split, which keeps the items even
+    // where later rows see many more keys. A row's result never depends on how the work is
     // split.
     let items = batch.seqs.len() * shape.num_kv_heads;
     let parts = (rayon::current_num_threads() * 2)
@@ -155,7 +163,7 @@ fn paged_in<T: KvValue>(
     for (s, seq) in batch.seqs.iter().enumerate() {
         let n = seq.rows.len();
         let runs = runs_of(seq.context_len + n);
-        let pieces = parts.min(runs);
+        let pieces = if n <= KEY_RUN / 4 { parts.min(runs) } else { 1 };
         let split = n.div_ceil(parts.div_ceil(pieces)).max(1);
         for kv_head in 0..shape.num_kv_heads {
             for start in (0..n).step_by(split) {
@@ -199,7 +207,7 @@ fn paged_in<T: KvValue>(
         let n = part.len();
         for (i, local) in part.clone().enumerate() {
             let row = seq.rows.start + local;
-            let runs = runs_of(seq.context_len + seq.mask.visible(local).count());
+            let runs = runs_of(seq.context_len + seq.mask.count_visible(local));
             for g in 0..group {
                 let head = kh * group + g;
                 let dst = &mut out[row * width + head * hd..row * width + (head + 1) * hd];
@@ -285,23 +293,20 @@ fn attend_group<T: KvValue>(
     };
     let store = kv.k.len().min(kv.v.len());
     let c_len = context.len();
-    // Each row's visible tree keys (`keys[starts[i]..starts[i + 1]]`), and its runs.
-    let n_max = seq.rows.len();
-    let mut keys: Vec<usize> = Vec::with_capacity(n * n_max.min(64));
-    let mut starts = Vec::with_capacity(n + 1);
-    starts.push(0);
-    for local in item.rows.clone() {
-        keys.extend(seq.mask.visible(local).map(|j| tree[j]));
-        starts.push(keys.len());
-    }
-    let visible = |i: usize| &keys[starts[i]..starts[i + 1]];
-    let runs: Vec<usize> = (0..n).map(|i| runs_of(c_len + visible(i).len())).collect();
+    // Each row's runs.
+    let runs: Vec<usize> = item
+        .rows
+        .clone()
+        .map(|local| runs_of(c_len + seq.mask.count_visible(local)))
+        .collect();
     // Rows taken together (consecutive, with the same runs): their query heads share each
-    // read of the context's keys and values (up to eight queries at once).
-    let together = (8 / group).max(1);
+    // read of the context's keys and values.
+    let together = together(group);
     let mut scores: Vec<f32> = Vec::new();
     let mut values: Vec<f32> = Vec::new();
     let mut queries: Vec<&[f32]> = Vec::with_capacity(together * group);
+    // The visible tree keys of the rows taken together.
+    let mut visible: Vec<Vec<usize>> = vec![Vec::new(); together];
     let mut first = 0;
     while first < n {
         let len = runs[first..]
@@ -312,7 +317,9 @@ fn attend_group<T: KvValue>(
         let chunk = first..first + len;
         let last_run = runs[first] - 1;
         queries.clear();
-        for local in item.rows.clone().skip(first).take(len) {
+        for (r, local) in item.rows.clone().skip(first).take(len).enumerate() {
+            visible[r].clear();
+            visible[r].extend(seq.mask.visible(local).map(|j| tree[j]));
             let row = seq.rows.start + local;
             queries.extend((0..group).map(|g| {
                 let head = kh * group + g;
@@ -338,9 +345,9 @@ fn attend_group<T: KvValue>(
             };
             let shared = kernels::Rows::new(&context[lo.min(c_len)..hi.min(c_len)], hd, store)
                 .expect("invariant: batch validated every slot inside the store");
-            let longest = chunk
-                .clone()
-                .map(|i| own(visible(i)).len())
+            let longest = visible[..len]
+                .iter()
+                .map(|v| own(v).len())
                 .max()
                 .unwrap_or(0);
             // Each query's scores are one contiguous run: context, then its row's tree keys.
@@ -351,7 +358,7 @@ fn attend_group<T: KvValue>(
             values.resize(queries.len() * hd, 0.0);
             kernels::key_scores(&queries, &kv.k, shared, scale, &mut scores, stride);
             for (r, i) in chunk.clone().enumerate() {
-                let mine = kernels::Rows::new(&visible(i)[own(visible(i))], hd, store)
+                let mine = kernels::Rows::new(&visible[r][own(&visible[r])], hd, store)
                     .expect("invariant: batch validated every slot inside the store");
                 let heads = &queries[r * group..(r + 1) * group];
                 let at = r * group * stride + shared.len();
@@ -369,7 +376,7 @@ fn attend_group<T: KvValue>(
             }
             kernels::weighted_values(&scores, stride, &kv.v, shared, &mut values);
             for (r, i) in chunk.clone().enumerate() {
-                let mine = kernels::Rows::new(&visible(i)[own(visible(i))], hd, store)
+                let mine = kernels::Rows::new(&visible[r][own(&visible[r])], hd, store)
                     .expect("invariant: batch validated every slot inside the store");
                 let at = r * group * stride + shared.len();
                 let dst = &mut values[r * group * hd..(r + 1) * group * hd];
@@ -386,7 +393,7 @@ fn attend_group<T: KvValue>(
         // One run per row: the values are the outputs already.
         partials.stats.clear();
         partials
-    } else if item.runs == (0..runs_of(c_len + n_max)) {
+    } else if item.runs == (0..runs_of(c_len + seq.rows.len())) {
         partials.merged(&runs, group, hd)
     } else {
         partials

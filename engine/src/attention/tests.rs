@@ -131,19 +131,22 @@ fn scrambled_table(blocks: usize) -> BlockTable {
 #[test]
 fn long_rows_match_naive_attention_over_their_key_runs() {
     // 1022 cached positions: the tree's rows see 1023 to 1026 keys, so one row takes one
-    // softmax and the others two runs, side by side in one batch; 1600: three runs.
-    for context in [1022usize, 1600] {
+    // softmax and the others two runs, side by side in one batch; 1600: three runs. A chain
+    // of 200 rows over 900 positions (a prefill chunk, whose rows are split rather than its
+    // runs) sees 901 to 1100 keys.
+    let tree = TokenTree::new(
+        vec![1, 2, 3, 4, 5],
+        vec![None, Some(0), Some(0), Some(2), Some(3)],
+    )
+    .unwrap();
+    let chunk = TokenTree::chain(&[7; 200]);
+    for (context, tree) in [(1022usize, &tree), (1600, &tree), (900, &chunk)] {
         for dtype in [KvDtype::F16, KvDtype::F32] {
-            let blocks = (context + 5).div_ceil(16) + 1;
+            let blocks = (context + tree.len()).div_ceil(16) + 1;
             let (store, k, v) = random_store(blocks, dtype, 7);
             let table = scrambled_table(blocks);
-            let tree = TokenTree::new(
-                vec![1, 2, 3, 4, 5],
-                vec![None, Some(0), Some(0), Some(2), Some(3)],
-            )
-            .unwrap();
             let mut batch = TreeBatch::new(16);
-            batch.push(context, &table, &tree, LogitRows::All).unwrap();
+            batch.push(context, &table, tree, LogitRows::All).unwrap();
             let rows = tree.len();
             let hd = SMOL.head_dim;
             let mut rnd = random(11);
