@@ -1,7 +1,8 @@
 //! `thicket bench serve`, `bench sweep` and `bench tot` end to end against a real
 //! `thicket serve` on SmolLM2, with a handful of short requests: the JSON reports hold every
 //! metric with sane values, and the charts are valid SVG and PNG files. `bench spec` runs its
-//! methods on engines of their own, interleaved question by question.
+//! methods on engines of their own, interleaved question by question. `bench forward` names
+//! its kernel path and holds one row against the memory-bandwidth bound.
 
 use std::path::Path;
 use std::process::Output;
@@ -290,4 +291,47 @@ fn bench_spec_control_is_a_second_plain_engine_in_the_table() {
         assert_eq!(pair[0]["verify_steps"], 0);
         assert_eq!(pair[1]["verify_steps"], 0);
     }
+}
+
+/// The percentage at the end of a bound line ("..., 74% of that bound").
+fn percent_of_bound(line: &str) -> f64 {
+    let (before, _) = line.rsplit_once("% of that bound").expect("a bound");
+    let number = before.rsplit(' ').next().expect("a percentage");
+    number.parse().expect("a number")
+}
+
+#[test]
+fn bench_forward_names_its_path_and_counts_the_context_in_the_bound() {
+    let model = smollm2_path();
+    let output = run(&[
+        "bench",
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--context",
+        "256",
+        "--sizes",
+        "1,2",
+        "--repeats",
+        "1",
+    ]);
+    let table = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(table.contains("quantized matmul:"), "{table}");
+    assert!(
+        table.contains("| 1 |") && table.contains("| 2 |"),
+        "{table}"
+    );
+    let weights = table
+        .lines()
+        .find(|l| l.starts_with("memory read bandwidth"))
+        .expect("the weights' bound");
+    // SmolLM2: 30 layers, K and V of 3 heads of 64 values, f16: 23,040 bytes a position.
+    let kv = table
+        .lines()
+        .find(|l| l.starts_with("with the 5.9 MB of K/V its 256-token context holds"))
+        .unwrap_or_else(|| panic!("the bound with the context's K/V: {table}"));
+    let (weights, kv) = (percent_of_bound(weights), percent_of_bound(kv));
+    // Reading 6% more bytes lowers the bound, so one row is nearer it (by more than the
+    // rounding of the printed percentages).
+    assert!(weights > 0.0 && kv > weights, "{weights}% vs {kv}%");
 }

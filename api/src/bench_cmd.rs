@@ -81,10 +81,13 @@ pub fn forward(
             );
         }
     }
-    // The memory-bandwidth bound on one-row decoding, measured in the same run.
+    // The memory-bandwidth bound on one-row decoding, measured in the same run: a row reads
+    // every weight, and the keys and values of its context too.
     let bandwidth = engine::bench::read_bandwidth(1 << 30, 3);
     let weight_bytes = loaded.model.weight_bytes() as f64;
+    let kv_bytes = (context * loaded.model.kv_bytes_per_position()) as f64;
     let bound = bandwidth / weight_bytes;
+    let with_kv = bandwidth / (weight_bytes + kv_bytes);
     let one_row = 1.0 / base;
     println!();
     println!(
@@ -93,6 +96,13 @@ pub fn forward(
         weight_bytes / 1e6,
         100.0 * one_row / bound
     );
+    if kv_bytes > 0.0 {
+        println!(
+            "with the {:.1} MB of K/V its {context}-token context holds: at most {with_kv:.1} forwards/s, {:.0}% of that bound",
+            kv_bytes / 1e6,
+            100.0 * one_row / with_kv
+        );
+    }
     Ok(())
 }
 
