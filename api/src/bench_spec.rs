@@ -352,6 +352,7 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     println!("---:|---:|---:|---:|---:|");
     let base = select(SpecMethod::None.as_str(), None);
     let (base_all, base_ttft) = (tokens_per_second(&base), mean_ttft(&base));
+    // `none` is always the first engine (see the top of `run`).
     let base_busy = busy[0];
     for ((_, label), busy) in methods.iter().zip(&busy) {
         let label = label.as_str();
