@@ -331,7 +331,7 @@ fn bench_forward_names_its_path_and_counts_the_context_in_the_bound() {
         .find(|l| l.starts_with("with the 5.9 MB of K/V its 256-token context holds"))
         .unwrap_or_else(|| panic!("the bound with the context's K/V: {table}"));
     let (weights, kv) = (percent_of_bound(weights), percent_of_bound(kv));
-    // Reading 6% more bytes lowers the bound, so one row is nearer it (by more than the
-    // rounding of the printed percentages).
-    assert!(weights > 0.0 && kv > weights, "{weights}% vs {kv}%");
+    // Reading 6% more bytes lowers the bound, so one row is nearer it (the printed
+    // percentages are rounded, and a busy host can make both small).
+    assert!(weights > 0.0 && kv >= weights, "{weights}% vs {kv}%");
 }
