@@ -42,6 +42,9 @@ pub struct SeqEntry {
     pub rows: Range<usize>,
     /// Ancestor mask over its rows.
     pub mask: TreeMask,
+    /// The slot of each context position, in position order (looked up once per batch, for
+    /// every layer and KV head that reads the context).
+    pub context_slots: Vec<Slot>,
 }
 
 /// One forward's input.
@@ -89,6 +92,8 @@ impl TreeBatch {
                 block_table.capacity(self.block_size)
             )));
         }
+        let context_slots = context_slots(block_table, context_len, self.block_size)
+            .ok_or_else(|| Error::InvalidBatch("context outside block table".into()))?;
         let start = self.token_ids.len();
         for (i, (&token, &depth)) in tree.tokens().iter().zip(tree.depths()).enumerate() {
             let position = u32::try_from(context_len + depth)
@@ -111,6 +116,7 @@ impl TreeBatch {
             block_table: block_table.clone(),
             rows: rows.clone(),
             mask: tree.mask(),
+            context_slots,
         });
         Ok(rows)
     }
@@ -136,20 +142,20 @@ impl TreeBatch {
     pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
         seq.block_table.slot(position, self.block_size)
     }
+}
 
-    /// The slots of `seq`'s whole context, in position order: a block's positions are
-    /// consecutive slots, so this looks up each block once (no division per position).
-    /// `None` where the block table does not cover the context.
-    pub fn context_slots(&self, seq: &SeqEntry) -> Option<Vec<Slot>> {
-        let bs = self.block_size.max(1);
-        let mut slots = Vec::with_capacity(seq.context_len);
-        for start in (0..seq.context_len).step_by(bs) {
-            let first = seq.block_table.slot(start, bs)?;
-            let len = bs.min(seq.context_len - start);
-            slots.extend((first.0..).take(len).map(Slot));
-        }
-        Some(slots)
+/// The slots of the first `context_len` positions of `table`, in position order: a block's
+/// positions are consecutive slots, so this looks up each block once (no division per
+/// position). `None` where the table does not cover them.
+fn context_slots(table: &BlockTable, context_len: usize, block_size: usize) -> Option<Vec<Slot>> {
+    let bs = block_size.max(1);
+    let mut slots = Vec::with_capacity(context_len);
+    for start in (0..context_len).step_by(bs) {
+        let first = table.slot(start, bs)?;
+        let len = bs.min(context_len - start);
+        slots.extend((first.0..).take(len).map(Slot));
     }
+    Some(slots)
 }
 
 #[cfg(test)]
@@ -168,7 +174,7 @@ mod tests {
         let each: Vec<Slot> = (0..10)
             .map(|p| batch.context_slot(seq, p).unwrap())
             .collect();
-        assert_eq!(batch.context_slots(seq).unwrap(), each);
+        assert_eq!(seq.context_slots, each);
         assert_eq!(each[4], Slot(4));
         assert_eq!(each[9], Slot(25));
     }

@@ -272,11 +272,12 @@ fn attend_group<T: KvValue>(
     let head_base = kh * (kv.k.len() / shape.num_kv_heads.max(1));
     let total_rows = batch.num_rows();
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
-    // Offsets of this head's K/V in the store: context first, then the tree's own rows.
-    let context: Vec<usize> = batch
-        .context_slots(seq)
-        .expect("invariant: batch validated the block table covers the context")
-        .into_iter()
+    // Offsets of this head's K/V in the store: the context from the item's first run on
+    // (`context[p - from]` for position p), then the tree's own rows.
+    let c_len = seq.context_len;
+    let from = (item.runs.start * KEY_RUN).min(c_len);
+    let context: Vec<usize> = seq.context_slots[from..]
+        .iter()
         .map(|slot| head_base + slot.index() * hd)
         .collect();
     let tree: Vec<usize> = seq
@@ -292,7 +293,6 @@ fn attend_group<T: KvValue>(
         stats: vec![(0.0, 0.0); slots],
     };
     let store = kv.k.len().min(kv.v.len());
-    let c_len = context.len();
     // Each row's runs.
     let runs: Vec<usize> = item
         .rows
@@ -343,8 +343,12 @@ fn attend_group<T: KvValue>(
                 let len = v.len();
                 lo.saturating_sub(c_len).min(len)..hi.saturating_sub(c_len).min(len)
             };
-            let shared = kernels::Rows::new(&context[lo.min(c_len)..hi.min(c_len)], hd, store)
-                .expect("invariant: batch validated every slot inside the store");
+            let shared = kernels::Rows::new(
+                &context[lo.min(c_len) - from..hi.min(c_len) - from],
+                hd,
+                store,
+            )
+            .expect("invariant: batch validated every slot inside the store");
             let longest = visible[..len]
                 .iter()
                 .map(|v| own(v).len())
@@ -420,15 +424,11 @@ pub fn gathered_tree_attention(
     for seq in &batch.seqs {
         let n = seq.rows.len();
         let len = seq.context_len + n;
-        let offsets: Vec<usize> = (0..seq.context_len)
-            .map(|p| {
-                batch
-                    .context_slot(seq, p)
-                    .expect("invariant: batch validated the block table covers the context")
-                    .index()
-                    * hd
-            })
-            .chain(seq.rows.clone().map(|r| batch.slots[r].index() * hd))
+        let offsets: Vec<usize> = seq
+            .context_slots
+            .iter()
+            .chain(&batch.slots[seq.rows.clone()])
+            .map(|slot| slot.index() * hd)
             .collect();
         let (k, v) = match kv {
             LayerKv::F16(kv) => (

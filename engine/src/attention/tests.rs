@@ -45,11 +45,7 @@ fn check_against_naive(head_dim: usize, dtype: KvDtype) {
     let hd = head_dim;
     let row_width = 2 * hd;
     let mut store = PagedKvStore::new(1, 32, (2, hd), dtype);
-    let mut seed = 1u32;
-    let mut rnd = move || {
-        seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-        (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-    };
+    let mut rnd = random(1);
     let all: Vec<u32> = (0..32).collect();
     let slots: Vec<kvcache::Slot> = all.iter().map(|&s| kvcache::Slot(s)).collect();
     let k: Vec<f32> = (0..32 * row_width).map(|_| rnd()).collect();
