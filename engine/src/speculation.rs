@@ -355,11 +355,13 @@ impl Speculation {
     ) -> Vec<usize> {
         let curve = &self.config.cost;
         let step = curve.cost(step_rows.max(1));
+        let affordable = (0..PROMPT_LEARNING_ROWS)
+            .take_while(|k| curve.cost(step_rows + k + 1) - step <= LEARNING_SHARE * step)
+            .count();
         let mut seen = HashSet::new();
         let mut chosen = Vec::new();
         for &(row, token, state) in rows {
-            let added = curve.cost(step_rows + seen.len() + 1) - step;
-            if seen.len() >= PROMPT_LEARNING_ROWS || added > LEARNING_SHARE * step {
+            if seen.len() >= affordable {
                 break;
             }
             let wants = self
