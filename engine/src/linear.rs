@@ -213,9 +213,12 @@ impl Weight {
 }
 
 /// Whether thicket's kernel multiplies `q` faster than candle's: on the CPU, for the 32-value
-/// formats. For Q4_K and Q6_K, candle's repacked VNNI kernels are faster than ours today
-/// (`benches/README.md`), so those tensors stay with candle.
+/// formats, and for Q4_K and Q6_K where the AVX-512 kernel runs them. Without AVX-512 those
+/// two decode to scratch first, and candle's repacked kernels are faster (`benches/README.md`),
+/// so they stay with candle.
 fn prefer_thicket(q: &QTensor) -> bool {
     q.device().is_cpu()
-        && QuantFormat::from_ggml(q.dtype()).is_some_and(|f| f.shape() == Shape::Block32)
+        && QuantFormat::from_ggml(q.dtype()).is_some_and(|f| {
+            f.shape() == Shape::Block32 || crate::qgemm::process_isa().has_avx512()
+        })
 }

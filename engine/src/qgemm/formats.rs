@@ -265,7 +265,7 @@ pub fn decode_super256(format: QuantFormat, raw: &[u8], row: Super256Row<'_>) {
 }
 
 /// ggml's packing of Q4_K's eight 6-bit scales and minimums into 12 bytes.
-fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(super) fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

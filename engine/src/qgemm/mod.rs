@@ -3,12 +3,12 @@
 //! decoding one. The weights are streamed from memory once per product, whatever the row
 //! count: the output columns are split into tiles of 16 weight rows across the thread pool,
 //! and each tile's blocks are unpacked once and applied to every activation row with integer
-//! SIMD dot products. On AVX-512 VNNI the 32-value formats are rearranged at load into the
-//! kernel's order (`tiles16`, same bytes) and unpacked in registers (`avx512_block32`); where
-//! the CPU and OS allow AMX, products of two or more rows take int8 tiles instead (`amx`,
-//! bit-identical to the VNNI kernel);
-//! elsewhere, and for Q4_K/Q6_K, a tile is decoded from GGUF blocks into L1-resident scratch
-//! first (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
+//! SIMD dot products. On AVX-512 VNNI every format is rearranged at load into the kernel's
+//! order (`tiles16`) and unpacked in registers (`avx512_block32` for the 32-value formats,
+//! `avx512_super256` for Q4_K/Q6_K); where the CPU and OS allow AMX, products of two or more
+//! rows in the 32-value formats take int8 tiles instead (`amx`, bit-identical to the VNNI
+//! kernel); elsewhere a tile is decoded from GGUF blocks into L1-resident scratch first
+//! (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
 //! quantized to 8 bits the way candle quantizes them (`activations`), so results agree with
 //! candle's `QMatMul` to float rounding; a row's result never depends on the other rows (batch
 //! invariance, which lossless tree verification relies on).
@@ -18,6 +18,8 @@ mod activations;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512_block32;
+#[cfg(target_arch = "x86_64")]
+mod avx512_super256;
 pub mod formats;
 pub mod kernels;
 #[cfg(target_arch = "x86_64")]
@@ -75,7 +77,7 @@ pub struct QuantMatrix {
 pub enum Layout {
     /// GGUF's: row after row of blocks. Every instruction set reads it.
     Gguf,
-    /// `tiles16`: rearranged for the AVX-512 kernel (32-value formats only).
+    /// `tiles16`: rearranged for the AVX-512 kernels.
     Tiles16,
 }
 
@@ -125,10 +127,10 @@ impl QuantMatrix {
         Ok(Some(Self::new(format, n, k, data)?.for_isa(process_isa())))
     }
 
-    /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` for the 32-value
-    /// formats on AVX-512, GGUF otherwise).
+    /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` on AVX-512, GGUF
+    /// otherwise).
     pub fn for_isa(self, isa: Isa) -> Self {
-        let layout = if isa.has_avx512() && self.format.shape() == Shape::Block32 {
+        let layout = if isa.has_avx512() {
             Layout::Tiles16
         } else {
             Layout::Gguf
@@ -331,14 +333,16 @@ impl QuantMatrix {
         let columns = self.n.saturating_sub(t * TILE).min(TILE);
         #[cfg(target_arch = "x86_64")]
         if self.layout == Layout::Tiles16 {
-            let size = blocks * tiles16::tile_block(self.format).bytes;
+            let size = blocks * tiles16::block_bytes(self.format);
             let tile = &self.data[t * size..(t + 1) * size];
             // SAFETY: `Tiles16` matrices only run with `Isa::Avx512` or `Isa::Amx` (checked in
             // `matmul_with`), which are only detected on CPUs with every feature the kernels
-            // need (and, for AMX, the OS's permission); the tile holds all its blocks and
-            // `out` a whole tile of results.
+            // need (and, for AMX, the OS's permission); the tile holds all its blocks, `rows`
+            // were quantized for this format (`check`), and `out` takes a whole tile of results.
             unsafe {
-                if isa == Isa::Amx && m >= 2 {
+                if shape == Shape::Super256 {
+                    avx512_super256::tile(self.format, tile, rows, store)
+                } else if isa == Isa::Amx && m >= 2 {
                     amx::tile(self.format, tile, rows, store)
                 } else {
                     avx512_block32::tile(self.format, tile, rows, store)

@@ -193,12 +193,7 @@ fn layouts_convert_both_ways_and_guard_their_kernels() {
         let gguf = case.ours.clone().for_isa(Isa::Portable);
         assert_eq!(gguf.layout(), Layout::Gguf);
         let avx512 = gguf.clone().for_isa(Isa::Avx512);
-        let expect = if format.block_values() == 32 {
-            Layout::Tiles16
-        } else {
-            Layout::Gguf
-        };
-        assert_eq!(avx512.layout(), expect, "{format:?}");
+        assert_eq!(avx512.layout(), Layout::Tiles16, "{format:?}");
         assert_eq!(avx512.gguf(), gguf.gguf(), "{format:?}");
         assert_eq!(avx512.bytes(), gguf.bytes());
         if avx512.layout() == Layout::Tiles16 {
