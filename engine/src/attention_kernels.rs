@@ -4,9 +4,11 @@
 //! adds lanes `l` and `l + 8`, then combines the eight in `reduce::dot`'s fixed order; the value
 //! sum adds `p * v` per key, in key order, with one rounding each. The AVX-512 versions and the
 //! portable ones give the same bits (an FMA rounds once whoever computes it); the AVX-512 ones
-//! take four keys at a time so their chains of dependent adds overlap. Other widths use
-//! `reduce::dot` and separate multiplies and adds. Every sum runs over one row's keys in one
-//! order, so a row's result never depends on the other rows of the batch.
+//! take four keys at a time so their chains of dependent adds overlap, and ask for the rows 32
+//! keys ahead of the one they read (a context's blocks are short contiguous runs, which the
+//! hardware prefetcher alone follows late). Other widths use `reduce::dot` and separate
+//! multiplies and adds. Every sum runs over one row's keys in one order, so a row's result
+//! never depends on the other rows of the batch.
 
 use crate::kv_store::KvValue;
 use crate::reduce::{combine8, dot};
@@ -49,6 +51,10 @@ fn avx512() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+
+/// How many keys ahead the loops that stream keys or values from memory ask for them.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 32;
 
 /// Queries scored together by the AVX-512 loop for heads of `16 * ch` values (two keys' chunks
 /// and two accumulators per query stay in registers).
@@ -101,6 +107,15 @@ pub fn key_scores<T: KvValue>(
             };
             let qs = &queries[g..g + q];
             for j in (0..done).step_by(16 / q) {
+                if g == 0 {
+                    // The first queries stream the keys from memory; the others find them
+                    // in cache.
+                    x86::prefetch_rows(
+                        k,
+                        &keys.at[(j + AHEAD).min(len)..(j + AHEAD + 16 / q).min(len)],
+                        hd,
+                    );
+                }
                 let at = &keys.at[j..j + 16 / q];
                 let out = &mut scores[g * stride + j..];
                 // SAFETY: as below; `out` holds `(q - 1) * stride + 16 / q` scores, since
@@ -255,6 +270,19 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::KvValue;
+
+    /// Asks for the rows of `width` values at `rows` in `store` (a prefetch never faults).
+    #[inline]
+    pub fn prefetch_rows<T>(store: &[T], rows: &[usize], width: usize) {
+        let bytes = width * std::mem::size_of::<T>();
+        for &at in rows {
+            let row = store.as_ptr().wrapping_add(at) as *const i8;
+            for line in (0..bytes).step_by(64) {
+                // SAFETY: prefetching reads nothing and never faults, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+            }
+        }
+    }
 
     /// `combine8` of lanes `l` plus `l + 8` of a sixteen-lane sum.
     #[inline]
@@ -426,6 +454,9 @@ mod x86 {
         });
         let base = v.as_ptr();
         for (j, &at) in keys.iter().enumerate() {
+            if let Some(&ahead) = keys.get(j + super::AHEAD) {
+                prefetch_rows(v, &[ahead], CH * 16);
+            }
             let row = base.add(at);
             let value: [__m512; CH] = std::array::from_fn(|c| T::load16(row.add(16 * c)));
             for (g, acc) in acc.iter_mut().enumerate() {
