@@ -66,14 +66,17 @@ fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMNS]; ROW_GRO
     std::array::from_fn(|i| if i < R { results[i] } else { [0.0; COLUMNS] })
 }
 
-/// Asks for the super-block `PREFETCH_BLOCKS` ahead of `base` (past the tile's end this
-/// reaches into the next tile of the product; a prefetch never faults).
+/// Asks for quarter `part` of the super-block `PREFETCH_BLOCKS` ahead of `base` (past the
+/// tile's end this reaches into the next tile of the product; a prefetch never faults). A
+/// super-block is asked for a quarter at a time, as the one at `base` is read, so that the
+/// requests in flight stay few.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn prefetch(base: *const u8, bytes: usize) {
+unsafe fn prefetch(base: *const u8, bytes: usize, part: usize) {
     let ahead = base.wrapping_add(PREFETCH_BLOCKS * bytes);
-    for line in (0..bytes).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+    let lines = bytes.div_ceil(64);
+    for line in (part * lines).div_ceil(4)..((part + 1) * lines).div_ceil(4) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
     }
 }
 
@@ -142,12 +145,12 @@ unsafe fn q4k<const R: usize>(
     let mut off = [_mm512_setzero_ps(); R];
     for b in 0..blocks {
         let base = tile.add(b * layout.bytes);
-        if first == 0 {
-            prefetch(base, layout.bytes);
-        }
         let mut isum = [_mm512_setzero_si512(); R];
         // Packed bytes 32c..32c + 32: low nibbles are sub-block 2c, high nibbles 2c + 1.
         for c in 0..4 {
+            if first == 0 {
+                prefetch(base, layout.bytes, c);
+            }
             let mut low = [_mm512_setzero_si512(); 8];
             let mut high = [_mm512_setzero_si512(); 8];
             for i in 0..8 {
@@ -204,14 +207,14 @@ unsafe fn q6k<const R: usize>(
     let mut off = [_mm512_setzero_ps(); R];
     for b in 0..blocks {
         let base = tile.add(b * layout.bytes);
-        if first == 0 {
-            prefetch(base, layout.bytes);
-        }
         let mut isum = [_mm512_setzero_si512(); R];
         // Half h of the super-block (128 values), values 4j..4j + 4 of each of its four
         // 32-value quarters for j in 4jh..4jh + 4: quarter q is then sub-block 8h + 2q + jh.
         for h in 0..2 {
             for jh in 0..2 {
+                if first == 0 {
+                    prefetch(base, layout.bytes, 2 * h + jh);
+                }
                 // `parts[i][q]`: values 4(4jh + i)..4(4jh + i) + 4 of quarter q.
                 let parts: [[__m512i; 4]; 4] = std::array::from_fn(|i| {
                     let j = 4 * jh + i;
