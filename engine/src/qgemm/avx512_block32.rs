@@ -19,7 +19,7 @@ use super::tiles16::{self, TileBlock};
 pub const COLUMNS: usize = tiles16::ROWS;
 
 /// Activation rows sharing one decoded block.
-const ROW_GROUP: usize = 4;
+pub(super) const ROW_GROUP: usize = 4;
 
 /// How many tile blocks ahead the first group of rows prefetches.
 const PREFETCH_BLOCKS: usize = 16;
@@ -41,23 +41,35 @@ pub unsafe fn tile(
     let m = rows.q.len() / k;
     let layout = tiles16::tile_block(format);
     assert!(tile.len() >= k / 32 * layout.bytes);
-    let mut group = 0;
-    while group < m {
-        let n = (m - group).min(ROW_GROUP);
-        let results = match n {
-            4 => group_of::<4>(format, tile.as_ptr(), rows, group),
-            3 => pad(group_of::<3>(format, tile.as_ptr(), rows, group)),
-            2 => pad(group_of::<2>(format, tile.as_ptr(), rows, group)),
-            _ => pad(group_of::<1>(format, tile.as_ptr(), rows, group)),
-        };
-        for (i, result) in results.iter().take(n).enumerate() {
-            store(group + i, result);
+    let t = tile.as_ptr();
+    in_groups(m, store, |group, n| match n {
+        4 => group_of::<4>(format, t, rows, group),
+        3 => pad(group_of::<3>(format, t, rows, group)),
+        2 => pad(group_of::<2>(format, t, rows, group)),
+        _ => pad(group_of::<1>(format, t, rows, group)),
+    });
+}
+
+/// Runs `group(first, n)` over the `m` activation rows in groups of up to `ROW_GROUP` (`n`
+/// rows from `first`; results past `n` ignored), giving each row's results to `store`.
+#[inline(always)]
+pub(super) fn in_groups(
+    m: usize,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+    mut group: impl FnMut(usize, usize) -> [[f32; COLUMNS]; ROW_GROUP],
+) {
+    let mut first = 0;
+    while first < m {
+        let n = (m - first).min(ROW_GROUP);
+        for (i, result) in group(first, n).iter().take(n).enumerate() {
+            store(first + i, result);
         }
-        group += n;
+        first += n;
     }
 }
 
-fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMNS]; ROW_GROUP] {
+/// `R` rows' results padded to a whole group.
+pub(super) fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMNS]; ROW_GROUP] {
     std::array::from_fn(|i| if i < R { results[i] } else { [0.0; COLUMNS] })
 }
 

@@ -12,20 +12,15 @@
 use std::arch::x86_64::*;
 
 use super::activations::QuantizedRows;
+use super::avx512_block32::{in_groups, pad, COLUMNS};
 use super::formats::QuantFormat;
 use super::tiles16;
-
-/// Weight rows per tile.
-pub const COLUMNS: usize = tiles16::ROWS;
-
-/// Activation rows sharing one unpacked super-block.
-const ROW_GROUP: usize = 4;
 
 /// How many tile super-blocks ahead the first group of rows prefetches.
 const PREFETCH_BLOCKS: usize = 2;
 
 /// One tile of 16 weight rows, given as its `k / 256` tile super-blocks, against every row `r`
-/// of `rows`: `store(r, values)` receives the row's 16 results.
+/// of `rows` (in groups of up to four): `store(r, values)` receives the row's 16 results.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL/DQ, VNNI, AVX2, FMA and F16C. `tile` must hold the tile's
@@ -41,29 +36,17 @@ pub unsafe fn tile(
     let m = rows.q.len() / k;
     assert!(tile.len() >= k / 256 * tiles16::super_block(format).bytes);
     assert!(rows.d.len() >= m * k / 256 && rows.sums.len() >= m * k / 16);
-    let mut group = 0;
-    while group < m {
-        let n = (m - group).min(ROW_GROUP);
-        let t = tile.as_ptr();
-        let results = match (format, n) {
-            (QuantFormat::Q4K, 4) => q4k::<4>(t, rows, group),
-            (QuantFormat::Q4K, 3) => pad(q4k::<3>(t, rows, group)),
-            (QuantFormat::Q4K, 2) => pad(q4k::<2>(t, rows, group)),
-            (QuantFormat::Q4K, _) => pad(q4k::<1>(t, rows, group)),
-            (_, 4) => q6k::<4>(t, rows, group),
-            (_, 3) => pad(q6k::<3>(t, rows, group)),
-            (_, 2) => pad(q6k::<2>(t, rows, group)),
-            (_, _) => pad(q6k::<1>(t, rows, group)),
-        };
-        for (i, result) in results.iter().take(n).enumerate() {
-            store(group + i, result);
-        }
-        group += n;
-    }
-}
-
-fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMNS]; ROW_GROUP] {
-    std::array::from_fn(|i| if i < R { results[i] } else { [0.0; COLUMNS] })
+    let t = tile.as_ptr();
+    in_groups(m, store, |group, n| match (format, n) {
+        (QuantFormat::Q4K, 4) => q4k::<4>(t, rows, group),
+        (QuantFormat::Q4K, 3) => pad(q4k::<3>(t, rows, group)),
+        (QuantFormat::Q4K, 2) => pad(q4k::<2>(t, rows, group)),
+        (QuantFormat::Q4K, _) => pad(q4k::<1>(t, rows, group)),
+        (_, 4) => q6k::<4>(t, rows, group),
+        (_, 3) => pad(q6k::<3>(t, rows, group)),
+        (_, 2) => pad(q6k::<2>(t, rows, group)),
+        (_, _) => pad(q6k::<1>(t, rows, group)),
+    });
 }
 
 /// Asks for quarter `part` of the super-block `PREFETCH_BLOCKS` ahead of `base` (past the
