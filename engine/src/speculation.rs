@@ -353,11 +353,10 @@ impl Speculation {
         rows: &[(usize, u32, &SeqDrafter)],
         step_rows: usize,
     ) -> Vec<usize> {
-        let curve = &self.config.cost;
-        let step = curve.cost(step_rows.max(1));
-        let affordable = (0..PROMPT_LEARNING_ROWS)
-            .take_while(|k| curve.cost(step_rows + k + 1) - step <= LEARNING_SHARE * step)
-            .count();
+        let affordable =
+            self.config
+                .cost
+                .rows_within(step_rows, LEARNING_SHARE, PROMPT_LEARNING_ROWS);
         let mut seen = HashSet::new();
         let mut chosen = Vec::new();
         for &(row, token, state) in rows {

@@ -17,6 +17,8 @@
 //! CPU matmul that re-reads weights per row) every budget is zero. A drafter that costs time
 //! of its own (a draft model's forwards) adds its fixed cost to the denominator once it is
 //! granted a node; the plan with such drafters is compared against the plan without them.
+//! A step that gives a prompt its first token keeps its drafts within 2% of its cost
+//! (`CostCurve::rows_within`): that request waits on the step and gains nothing from it.
 
 use std::collections::HashMap;
 
@@ -103,6 +105,15 @@ impl CostCurve {
         let ((r0, c0), (r1, c1)) = (p[i], p[i + 1]);
         let slope = (c1 - c0) / (r1 - r0) as f64;
         (c0 + slope * (rows as f64 - r0 as f64)).max(f64::MIN_POSITIVE)
+    }
+
+    /// How many rows (at most `max`) a forward of `base` rows can take on while its estimated
+    /// cost grows by at most `share` of itself.
+    pub fn rows_within(&self, base: usize, share: f64, max: usize) -> usize {
+        let limit = self.cost(base.max(1)) * (1.0 + share);
+        (0..max)
+            .take_while(|k| self.cost(base + k + 1) <= limit)
+            .count()
     }
 }
 

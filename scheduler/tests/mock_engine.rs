@@ -514,3 +514,36 @@ fn draft_budgets_follow_the_cost_curve_and_trees_commit_losslessly() {
         assert_eq!(drafted > 0, expect_drafts, "drafted {drafted} nodes");
     }
 }
+
+#[test]
+fn a_step_that_gives_a_prompt_its_first_token_drafts_little() {
+    // Each row adds 1% to a step's cost: with these offers a decoding sequence alone gets a
+    // full tree, but beside a prompt taking its first token drafts may add only 2%.
+    let gentle = scheduler::CostCurve::new(vec![(1, 1.0), (64, 1.63)]).unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut engine = MockEngine::new(config(40, 64, 8, 160));
+    let first = engine.add(random_prompt(&mut rng, 5), 30, 1);
+    let budget_of = |engine: &mut MockEngine| {
+        engine.step += 1;
+        let drafts = offers_for(engine, gentle.clone());
+        let plan = speculative_step(engine, &drafts, 0);
+        let of_first = plan.scheduled.iter().find(|s| s.seq == first).unwrap();
+        (of_first.draft_budget, plan.num_batched_tokens)
+    };
+    // The prompt's own first step: nothing decodes yet.
+    assert_eq!(budget_of(&mut engine).0, 0);
+    let (alone, _) = budget_of(&mut engine);
+    assert_eq!(alone, 6, "a decoding sequence alone takes its whole tree");
+    engine.add(random_prompt(&mut rng, 5), 30, 1);
+    let (beside, rows) = budget_of(&mut engine);
+    let base = rows - beside;
+    assert!(beside >= 1, "2% of a step still buys a node here");
+    assert!(
+        gentle.cost(rows) <= 1.02 * gentle.cost(base) + 1e-9,
+        "{beside} nodes beside a first token make the step cost {} against {}",
+        gentle.cost(rows),
+        gentle.cost(base)
+    );
+    let (after, _) = budget_of(&mut engine);
+    assert_eq!(after, 6, "both decode: full trees again");
+}
