@@ -26,7 +26,7 @@ use crate::{
 /// The most that draft rows may add to the estimated cost of a step that gives a prompt its
 /// first token. Drafting trades a longer step for more tokens per step, and a request whose
 /// first token waits on the step gains nothing from the trade: with 16 clients on a CPU,
-/// drafting methods measured a 2-4% longer time to the first token than `none`.
+/// drafting methods measured a 1-4% longer time to the first token than the control.
 const FIRST_TOKEN_SHARE: f64 = 0.02;
 
 /// Counters of the scheduler's life.

@@ -119,6 +119,16 @@ unsafe fn group_of<const R: usize>(
             off[r] = _mm512_fmadd_ps(offset, sum, off[r]);
         }
     }
+    finish(acc, off)
+}
+
+/// Each row's 16 results: its scaled sums plus its offsets.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn finish<const R: usize>(
+    acc: [__m512; R],
+    off: [__m512; R],
+) -> [[f32; COLUMNS]; R] {
     std::array::from_fn(|r| {
         let mut lanes = [0f32; COLUMNS];
         _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[r], off[r]));

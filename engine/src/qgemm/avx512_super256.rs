@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::activations::QuantizedRows;
-use super::avx512_block32::{in_groups, pad, COLUMNS};
+use super::avx512_block32::{finish, in_groups, pad, COLUMNS};
 use super::formats::QuantFormat;
 use super::tiles16;
 
@@ -98,17 +98,6 @@ unsafe fn dots<const N: usize>(chunks: &[__m512i; N], x: *const i32) -> __m512i 
         p[i % 2] = _mm512_dpbusd_epi32(p[i % 2], *chunk, xi);
     }
     _mm512_add_epi32(p[0], p[1])
-}
-
-/// Each row's results: the scaled sums plus the offsets.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn finish<const R: usize>(acc: [__m512; R], off: [__m512; R]) -> [[f32; COLUMNS]; R] {
-    std::array::from_fn(|r| {
-        let mut lanes = [0f32; COLUMNS];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[r], off[r]));
-        lanes
-    })
 }
 
 /// Q4_K rows `first..first + R` against the tile: `w = d * sc * q - dmin * m` per 32-value

@@ -104,16 +104,18 @@ pub fn block_bytes(format: QuantFormat) -> usize {
     }
 }
 
-/// One GGUF super-block of `format` into row `c` of the tile block `dst`, or back (`into_tile`
-/// false: from the tile block into `block`).
-fn move_super(format: QuantFormat, c: usize, block: &mut [u8], dst: &mut [u8], into_tile: bool) {
+/// One GGUF super-block `src` of `format` into row `c` of the tile block `dst`
+/// (`into_tile`), or row `c` of the tile block `src` back into the GGUF super-block `dst`.
+fn move_super(format: QuantFormat, c: usize, src: &[u8], dst: &mut [u8], into_tile: bool) {
     let layout = super_block(format);
+    // Bytes at `gguf` in the GGUF block and at `tile` in the tile block, moved the chosen way.
     let mut copy = |gguf: usize, tile: usize, len: usize| {
-        if into_tile {
-            dst[tile..tile + len].copy_from_slice(&block[gguf..gguf + len]);
+        let (from, to) = if into_tile {
+            (gguf, tile)
         } else {
-            block[gguf..gguf + len].copy_from_slice(&dst[tile..tile + len]);
-        }
+            (tile, gguf)
+        };
+        dst[to..to + len].copy_from_slice(&src[from..from + len]);
     };
     // The packed value dwords, each to its register's lane `c`.
     let (values, high) = match format {
@@ -132,14 +134,14 @@ fn move_super(format: QuantFormat, c: usize, block: &mut [u8], dst: &mut [u8], i
             copy(2, layout.dmin + 2 * c, 2);
             if into_tile {
                 for j in 0..8 {
-                    let (sc, m) = super::formats::q4k_scale_min(j, &block[4..16]);
+                    let (sc, m) = super::formats::q4k_scale_min(j, &src[4..16]);
                     dst[layout.scales + 16 * j + c] = sc;
                     dst[layout.mins + 16 * j + c] = m;
                 }
             } else {
-                let sc: [u8; 8] = std::array::from_fn(|j| dst[layout.scales + 16 * j + c]);
-                let m: [u8; 8] = std::array::from_fn(|j| dst[layout.mins + 16 * j + c]);
-                let q = &mut block[4..16];
+                let sc: [u8; 8] = std::array::from_fn(|j| src[layout.scales + 16 * j + c]);
+                let m: [u8; 8] = std::array::from_fn(|j| src[layout.mins + 16 * j + c]);
+                let q = &mut dst[4..16];
                 for j in 0..4 {
                     q[j] = sc[j] | (sc[j + 4] >> 4) << 6;
                     q[j + 4] = m[j] | (m[j + 4] >> 4) << 6;
@@ -164,32 +166,17 @@ fn convert_super(format: QuantFormat, n: usize, k: usize, from: &[u8], into_tile
     } else {
         vec![0u8; n * blocks * bytes]
     };
-    let mut block = vec![0u8; bytes];
-    let mut tile = vec![0u8; tile_bytes];
     for row in 0..n {
         let (t, c) = (row / ROWS, row % ROWS);
         for b in 0..blocks {
-            let at_tile = (t * blocks + b) * tile_bytes;
-            let at_row = (row * blocks + b) * bytes;
-            if into_tile {
-                block.copy_from_slice(&from[at_row..at_row + bytes]);
-                move_super(
-                    format,
-                    c,
-                    &mut block,
-                    &mut out[at_tile..at_tile + tile_bytes],
-                    true,
-                );
+            let tile = (t * blocks + b) * tile_bytes..(t * blocks + b + 1) * tile_bytes;
+            let gguf = (row * blocks + b) * bytes..(row * blocks + b + 1) * bytes;
+            let (src, dst) = if into_tile {
+                (gguf, tile)
             } else {
-                tile.copy_from_slice(&from[at_tile..at_tile + tile_bytes]);
-                move_super(
-                    format,
-                    c,
-                    &mut out[at_row..at_row + bytes],
-                    &mut tile,
-                    false,
-                );
-            }
+                (tile, gguf)
+            };
+            move_super(format, c, &from[src], &mut out[dst], into_tile);
         }
     }
     out
