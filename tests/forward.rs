@@ -234,7 +234,7 @@ fn scrambled_block_table_matches_contiguous_one() {
     for &seq in fillers.iter().step_by(2) {
         cache.release(seq).unwrap();
     }
-    let fragmented = generate_greedy_with(model, &mut cache, prompts, &options).unwrap();
+    let fragmented = generate_greedy_with(&mut cache, prompts, &options).unwrap();
     assert_eq!(plain[0].token_ids, fragmented[0].token_ids);
 }
 
@@ -387,7 +387,7 @@ fn the_backend_a_model_gets_runs_its_forward_bit_for_bit() {
         let bs = 4;
         let prompt: Vec<u32> = (0..9).map(|i| (i * 5 + 1) % 64).collect();
         let (table, mut kv) = one_sequence(model, prompt.len() + 3, bs);
-        let mut backend = engine::backend::for_model(model.clone(), kv.num_slots());
+        let mut backend = engine::backend::for_model(model.clone(), kv.num_slots()).unwrap();
         assert_eq!(backend.num_slots(), kv.num_slots());
         let description = backend.describe();
         assert!(

@@ -1,5 +1,6 @@
 //! A second, minimal way to generate, kept as the tests' oracle: plain greedy decoding
-//! straight over `Model::forward`, a `BlockManager` and a `PagedKvStore`, with none of the
+//! straight over the model's backend (`backend::for_model`, the one the engine gets, so on a
+//! GPU the oracle runs the same kernels) and a `BlockManager`, with none of the
 //! serving engine's scheduling, chunking, preemption or speculation. Every prompt is admitted
 //! (reusing cached prefix blocks) and prefilled in one batch, forked `n` ways if asked, then
 //! every unfinished sequence decodes one token per step in one shared forward. The engine's
@@ -7,17 +8,15 @@
 
 use std::time::Instant;
 
-use candle_core::Tensor;
 use engine::sampler::argmax;
-use engine::{Error, FinishReason, LogitRows, Model, PagedKvStore, Result, TokenTree, TreeBatch};
+use engine::{Backend, Error, FinishReason, LogitRows, Model, Result, TokenTree, TreeBatch};
 use kvcache::{BlockManager, BlockTable, ManagerConfig, SeqId};
 
-/// Block manager plus KV rows, kept together so that every plan the manager returns
-/// (copy-on-write row copies) is executed on the store before anyone reads the rows.
-#[derive(Debug, Clone)]
+/// Block manager plus the backend holding the KV rows, kept together so that every plan the
+/// manager returns (copy-on-write row copies) is executed on the rows before anyone reads them.
 pub struct KvCache {
     blocks: BlockManager,
-    store: PagedKvStore,
+    backend: Box<dyn Backend>,
     next_seq_id: u64,
 }
 
@@ -25,10 +24,11 @@ impl KvCache {
     /// A cache for `model` with the pool described by `config`.
     pub fn new(model: &Model, config: ManagerConfig) -> Self {
         let blocks = BlockManager::new(config);
-        let store = model.new_kv_store(blocks.num_slots());
+        let backend =
+            engine::backend::for_model(model.clone(), blocks.num_slots()).expect("a backend");
         Self {
             blocks,
-            store,
+            backend,
             next_seq_id: 0,
         }
     }
@@ -49,9 +49,9 @@ impl KvCache {
         &self.blocks
     }
 
-    /// The KV rows, for the forward.
-    pub fn store_mut(&mut self) -> &mut PagedKvStore {
-        &mut self.store
+    /// Runs `batch` on the backend (writing its rows' K/V): the logits asked for.
+    pub fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        self.backend.forward(batch)
     }
 
     /// Positions per block.
@@ -77,7 +77,7 @@ impl KvCache {
     pub fn ensure_capacity(&mut self, seq: SeqId, len: usize) -> Result<bool> {
         match self.blocks.ensure_capacity(seq, len)? {
             Some(copies) => {
-                self.store.apply_moves(&copies)?;
+                self.backend.move_kv(&copies)?;
                 Ok(true)
             }
             None => Ok(false),
@@ -142,8 +142,8 @@ pub struct Generation {
 }
 
 /// Greedy next token of every logits row.
-fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
-    Ok(logits.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect())
+fn argmax_rows(logits: &[Vec<f32>]) -> Vec<u32> {
+    logits.iter().map(|r| argmax(r)).collect()
 }
 
 /// A KV pool just large enough for one [`generate_greedy_with`] call over `prompts`.
@@ -170,14 +170,13 @@ pub fn generate_greedy(
     options: &GreedyOptions,
 ) -> Result<Vec<Generation>> {
     let mut cache = KvCache::new(model, cache_config_for(prompts, options, 16, true));
-    generate_greedy_with(model, &mut cache, prompts, options)
+    generate_greedy_with(&mut cache, prompts, options)
 }
 
 /// Generates greedily for every prompt, all decoding together, in a cache that outlives the
 /// call (so a later call can reuse this one's prompts through the prefix cache). Every
 /// sequence is released before returning, also on error.
 pub fn generate_greedy_with(
-    model: &Model,
     cache: &mut KvCache,
     prompts: &[Vec<u32>],
     options: &GreedyOptions,
@@ -189,7 +188,7 @@ pub fn generate_greedy_with(
         return Err(Error::InvalidBatch("n must be at least 1".into()));
     }
     let mut live = Vec::new();
-    let result = run_greedy(model, cache, prompts, options, &mut live);
+    let result = run_greedy(cache, prompts, options, &mut live);
     for seq in live {
         cache.release(seq)?;
     }
@@ -207,7 +206,6 @@ struct Decoding {
 }
 
 fn run_greedy(
-    model: &Model,
     cache: &mut KvCache,
     prompts: &[Vec<u32>],
     options: &GreedyOptions,
@@ -233,7 +231,7 @@ fn run_greedy(
         )?;
         parents.push((seq, cached));
     }
-    let first = argmax_rows(&model.forward(&batch, cache.store_mut())?)?;
+    let first = argmax_rows(&cache.forward(&batch)?);
     let prefill_seconds = started.elapsed().as_secs_f64();
 
     let started = Instant::now();
@@ -290,7 +288,7 @@ fn run_greedy(
         if active.is_empty() {
             break;
         }
-        let next = argmax_rows(&model.forward(&batch, cache.store_mut())?)?;
+        let next = argmax_rows(&cache.forward(&batch)?);
         for (&i, &token) in active.iter().zip(&next) {
             let s = &mut seqs[i];
             cache.commit(s.seq, &s.tokens)?;

@@ -35,20 +35,19 @@ fn cache(prefix_caching: bool) -> KvCache {
 
 #[test]
 fn repeated_prompt_reuses_cached_blocks_with_identical_output() {
-    let model = &smollm2().model;
     let prompt = vec![long_prompt(500)];
     let options = GreedyOptions {
         max_tokens: 12,
         ..GreedyOptions::default()
     };
     let mut kv = cache(true);
-    let first = generate_greedy_with(model, &mut kv, &prompt, &options).unwrap();
+    let first = generate_greedy_with(&mut kv, &prompt, &options).unwrap();
     assert_eq!(first[0].cached_tokens, 0);
     let after_first = kv.stats();
     assert_eq!(after_first.in_use, 0);
     assert!(after_first.cached >= 31, "{after_first:?}");
 
-    let second = generate_greedy_with(model, &mut kv, &prompt, &options).unwrap();
+    let second = generate_greedy_with(&mut kv, &prompt, &options).unwrap();
     // 31 full blocks (496 tokens) are reused; the last 4 tokens are computed for logits.
     assert_eq!(second[0].cached_tokens, 496);
     assert_eq!(kv.stats().prefix_hit_tokens, 496);
@@ -58,8 +57,8 @@ fn repeated_prompt_reuses_cached_blocks_with_identical_output() {
 
     // With the cache off nothing is reused, and the output is still the same.
     let mut off = cache(false);
-    generate_greedy_with(model, &mut off, &prompt, &options).unwrap();
-    let third = generate_greedy_with(model, &mut off, &prompt, &options).unwrap();
+    generate_greedy_with(&mut off, &prompt, &options).unwrap();
+    let third = generate_greedy_with(&mut off, &prompt, &options).unwrap();
     assert_eq!(third[0].cached_tokens, 0);
     assert_eq!(off.stats().cached, 0);
     assert_eq!(third[0].token_ids, first[0].token_ids);
@@ -67,8 +66,6 @@ fn repeated_prompt_reuses_cached_blocks_with_identical_output() {
 
 #[test]
 fn n_samples_share_the_prompt_blocks_and_copy_on_write() {
-    let loaded = smollm2();
-    let model = &loaded.model;
     let prompt = long_prompt(40); // 2 full blocks + 8 tokens in a partial one
     let mut kv = cache(true);
     let parent = kv.new_seq_id();
@@ -82,7 +79,7 @@ fn n_samples_share_the_prompt_blocks_and_copy_on_write() {
             LogitRows::Last,
         )
         .unwrap();
-    model.forward(&batch, kv.store_mut()).unwrap();
+    kv.forward(&batch).unwrap();
     kv.commit(parent, &prompt).unwrap();
     let children = [kv.new_seq_id(), kv.new_seq_id()];
     for &child in &children {
@@ -123,7 +120,7 @@ fn n_forked_samples_decode_exactly_like_one() {
         ..GreedyOptions::default()
     };
     let mut kv = cache(true);
-    let forked = generate_greedy_with(model, &mut kv, &prompts, &options).unwrap();
+    let forked = generate_greedy_with(&mut kv, &prompts, &options).unwrap();
     assert_eq!(forked.len(), 6);
     for (i, generation) in forked.iter().enumerate() {
         assert_eq!(generation.token_ids, solo[i / 3].token_ids, "sample {i}");

@@ -8,6 +8,7 @@ mod batch;
 mod bench_serve;
 mod common;
 mod conformance;
+mod cuda;
 mod errors;
 mod faults;
 mod forward;

@@ -9,7 +9,7 @@ use engine::attention::AttentionKernel;
 use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
 use engine::kv_store::KvDtype;
 use engine::QuantKernel;
-use engine::{load_model, LoadOptions, LoadedModel, WeightDType};
+use engine::{load_model, DeviceChoice, LoadOptions, LoadedModel, WeightDType};
 
 use crate::batch::{self, BatchArgs};
 use crate::bench_cmd;
@@ -98,6 +98,10 @@ pub struct ModelArgs {
     /// f16 with the fused attention, f32 with the reference.
     #[arg(long, value_parser = parse_kv_dtype)]
     pub kv_cache_dtype: Option<KvDtype>,
+    /// Where the model runs: auto (a CUDA GPU when built with `cuda` and one is present,
+    /// else the CPU) | cpu | cuda | cuda:N.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceChoice,
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,6 +150,10 @@ fn parse_attention(s: &str) -> Result<AttentionKernel, String> {
 
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     KvDtype::parse(s).ok_or_else(|| format!("unknown KV cache dtype '{s}' (f16, f32)"))
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    DeviceChoice::parse(s).ok_or_else(|| format!("unknown device '{s}' (auto, cpu, cuda, cuda:N)"))
 }
 
 fn parse_matmul(s: &str) -> Result<QuantKernel, String> {
@@ -243,6 +251,7 @@ pub(crate) fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
             attention: args.attention,
             matmul: args.matmul,
             kv_dtype: args.kv_cache_dtype,
+            device: args.device,
         },
     )
     .with_context(|| format!("loading model '{}'", args.model))?;

@@ -104,6 +104,12 @@ impl SpecArgs {
             Some(name) => {
                 let options = LoadOptions {
                     dtype: self.draft_dtype,
+                    // The draft runs where the target runs.
+                    device: if model.device().is_cpu() {
+                        engine::DeviceChoice::Cpu
+                    } else {
+                        engine::DeviceChoice::Auto
+                    },
                     ..LoadOptions::default()
                 };
                 let draft = engine::load_model(name, &options)

@@ -70,7 +70,7 @@ pub fn forward_costs(
     let token = |i: usize| ((i as u32).wrapping_mul(7919) + 13) % vocab;
     let mut backends = Vec::with_capacity(models.len());
     for &model in models {
-        let mut backend = backend::for_model(model.clone(), pool.num_slots());
+        let mut backend = backend::for_model(model.clone(), pool.num_slots())?;
         if context_len > 0 {
             let context: Vec<u32> = (0..context_len).map(token).collect();
             let mut batch = TreeBatch::new(block_size);

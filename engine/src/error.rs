@@ -52,6 +52,9 @@ pub enum Error {
     /// A batch that breaks the `TreeBatch` invariants (a programming error upstream).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// The GPU or its driver failed a call (allocation, copy, kernel launch).
+    #[error("device: {0}")]
+    Device(String),
     /// The KV store has no room for the request.
     #[error("out of KV blocks: {0}")]
     OutOfBlocks(String),

@@ -76,7 +76,7 @@ pub fn spawn(
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
     let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
-    let backend = backend::for_model(model, num_slots);
+    let backend = backend::for_model(model, num_slots)?;
     tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
 }

@@ -50,7 +50,7 @@ pub use handle::{
 pub use kv_store::PagedKvStore;
 pub use kvcache::ManagerConfig;
 pub use linear::{QuantKernel, WeightDType};
-pub use load::{load_model, LoadOptions, LoadedModel};
+pub use load::{load_model, DeviceChoice, LoadOptions, LoadedModel};
 pub use model::Model;
 pub use request::{Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage};
 pub use sampler::SamplingParams;

@@ -3,7 +3,10 @@
 //! the device, from the measured forward-cost curves (`benches/README.md`): on CPU, GGUF
 //! weights stay quantized (4-8x fewer bytes per step, and with thicket's matmul cheaper than
 //! f32 at every verify size from 1 to 128 rows) and HF weights run in f32 (candle's f16/bf16
-//! CPU matmuls convert on every call).
+//! CPU matmuls convert on every call). On a GPU, GGUF weights are dequantized to f16 for
+//! cuBLAS: candle's CUDA quantized kernels change a row's logits by up to 2.7 with the number
+//! of rows beside it (they switch kernels at 5 and 9 rows), which breaks lossless greedy
+//! verification, while f16 cuBLAS gave the same bits at every row count measured.
 
 use candle_core::{DType, Device};
 
@@ -27,6 +30,47 @@ pub struct LoadOptions {
     /// How KV stores keep values (`None`: the attention kernel's choice, see
     /// `Model::kv_dtype`).
     pub kv_dtype: Option<KvDtype>,
+    /// Where the model runs.
+    pub device: DeviceChoice,
+}
+
+/// Where a model runs: `auto` (CUDA 0 when built with `cuda` and one is present, else the
+/// CPU), `cpu`, or `cuda` / `cuda:N`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// [`default_device`].
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+impl DeviceChoice {
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "cpu" => Some(Self::Cpu),
+            "cuda" => Some(Self::Cuda(0)),
+            _ => s.strip_prefix("cuda:")?.parse().ok().map(Self::Cuda),
+        }
+    }
+
+    /// The device, or why it cannot be had.
+    pub fn device(self) -> Result<Device> {
+        match self {
+            Self::Auto => Ok(default_device()),
+            Self::Cpu => Ok(Device::Cpu),
+            Self::Cuda(n) if cfg!(feature = "cuda") => Device::new_cuda(n)
+                .map_err(|e| crate::Error::Device(format!("CUDA device {n}: {e}"))),
+            Self::Cuda(n) => Err(crate::Error::Device(format!(
+                "CUDA device {n}: this binary was built without the `cuda` feature \
+                 (scripts/build-cuda.sh builds one)"
+            ))),
+        }
+    }
 }
 
 /// A model and everything needed to talk to it.
@@ -56,10 +100,12 @@ pub fn load_model(spec: &str, options: &LoadOptions) -> Result<LoadedModel> {
 
 /// Loads an already resolved model.
 pub fn load_source(source: ModelSource, options: &LoadOptions) -> Result<LoadedModel> {
-    let device = default_device();
+    let device = options.device.device()?;
     let (model, tokenizer) = match &source {
         ModelSource::Gguf(path) => {
             let dtype = match options.dtype {
+                // On a GPU: f16 for cuBLAS (see the module docs).
+                WeightDType::Auto if !device.is_cpu() => Some(DType::F16),
                 WeightDType::Auto => None,
                 other => other.dense(),
             };

@@ -173,6 +173,19 @@ impl Model {
         &self.config
     }
 
+    /// The weights, as loaded (a device backend runs its own forward over them).
+    pub fn weights(&self) -> &ModelWeights {
+        &self.weights
+    }
+
+    /// RoPE's cos and sin for each of `positions` (`[rows, head_dim / 2]` each).
+    pub fn rope_rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.rope_cos.index_select(positions, 0)?.contiguous()?,
+            self.rope_sin.index_select(positions, 0)?.contiguous()?,
+        ))
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -214,7 +227,7 @@ impl Model {
     }
 
     fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
-        self.validate(batch, kv)?;
+        self.validate(batch, kv.num_slots())?;
         if let (Some(fused), AttentionKernel::Fused) = (&self.fused, self.attention) {
             return fused.forward(&self.config, &self.weights, batch, kv);
         }
@@ -239,8 +252,7 @@ impl Model {
         let rows = batch.num_rows();
         let ids = Tensor::new(batch.token_ids.as_slice(), &self.device)?;
         let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
-        let cos = self.rope_cos.index_select(&positions, 0)?.contiguous()?;
-        let sin = self.rope_sin.index_select(&positions, 0)?.contiguous()?;
+        let (cos, sin) = self.rope_rows(&positions)?;
         let shape = HeadShape {
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
@@ -309,7 +321,7 @@ impl Model {
     }
 
     /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
-    fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    pub fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let x = x
             .reshape((1, rows, heads, self.config.head_dim))?
@@ -321,7 +333,9 @@ impl Model {
         })
     }
 
-    fn validate(&self, batch: &TreeBatch, kv: &PagedKvStore) -> Result<()> {
+    /// Checks `batch` against this model and a KV store of `num_slots` rows: every token,
+    /// position, logit row, slot and context block in range, sequences contiguous.
+    pub fn validate(&self, batch: &TreeBatch, num_slots: usize) -> Result<()> {
         let bad = |msg: String| Err(Error::InvalidBatch(msg));
         let rows = batch.num_rows();
         if rows == 0 {
@@ -349,7 +363,12 @@ impl Model {
         if let Some(&r) = batch.logit_rows.iter().find(|&&r| r >= rows) {
             return bad(format!("logit row {r} outside batch of {rows} rows"));
         }
-        kv.check_slots(batch.slots.iter().copied())?;
+        if let Some(s) = batch.slots.iter().find(|s| s.index() >= num_slots) {
+            return bad(format!(
+                "slot {} outside KV store of {num_slots} slots",
+                s.0
+            ));
+        }
         let mut next_row = 0;
         for seq in &batch.seqs {
             if seq.rows.start != next_row || seq.mask.len() != seq.rows.len() {
@@ -365,12 +384,11 @@ impl Model {
             }
             if let Some(b) = blocks[..context_blocks]
                 .iter()
-                .find(|b| (b.0 as usize + 1) * batch.block_size > kv.num_slots())
+                .find(|b| (b.0 as usize + 1) * batch.block_size > num_slots)
             {
                 return bad(format!(
-                    "block {} outside KV store of {} slots",
-                    b.0,
-                    kv.num_slots()
+                    "block {} outside KV store of {num_slots} slots",
+                    b.0
                 ));
             }
         }

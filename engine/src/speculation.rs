@@ -166,7 +166,7 @@ impl Speculation {
             })),
         ];
         if let Some(d) = &config.draft_model {
-            let runner = DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone());
+            let runner = DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone())?;
             speculators.push(Box::new(DraftModelSpeculator::new(runner)));
         }
         for factory in std::mem::take(&mut config.speculators) {

@@ -7,12 +7,18 @@
 //! device-resident KV is a new type behind this trait, chosen there.
 //!
 //! [`CandleBackend`] is the model over a host paged KV store (the fused CPU pass on the
-//! CPU, candle's ops elsewhere); [`MockBackend`] has no tensors at all.
+//! CPU, candle's ops elsewhere); `CudaBackend` (feature `cuda`) keeps the KV cache on an
+//! NVIDIA GPU and runs thicket's own paged tree attention there; [`MockBackend`] has no
+//! tensors at all.
 
+#[cfg(any(test, feature = "cuda"))]
+mod cuda;
 mod mock;
 
 use kvcache::KvMove;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaBackend;
 pub use mock::MockBackend;
 
 use crate::batch::TreeBatch;
@@ -40,10 +46,14 @@ pub trait Backend: Send + 'static {
 }
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
-/// rows per layer. Every device runs [`CandleBackend`] today; a backend with its own
-/// kernels and device-resident KV is chosen here by the model's device.
-pub fn for_model(model: Model, num_slots: usize) -> Box<dyn Backend> {
-    Box::new(CandleBackend::new(model, num_slots))
+/// rows per layer: [`CudaBackend`] for a model on a CUDA device (built with `cuda`),
+/// [`CandleBackend`] for every other device.
+pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
+    #[cfg(feature = "cuda")]
+    if model.device().is_cuda() {
+        return Ok(Box::new(CudaBackend::new(model, num_slots)?));
+    }
+    Ok(Box::new(CandleBackend::new(model, num_slots)))
 }
 
 /// The model over a host paged KV store.

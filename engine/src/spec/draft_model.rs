@@ -65,15 +65,15 @@ fn top_k(row: &[f32], k: usize) -> Vec<u32> {
 
 impl DraftModelRunner {
     /// A runner for `model` with a KV pool of `kv` and trees shaped by `k_config`.
-    pub fn new(model: Model, kv: ManagerConfig, k_config: Vec<usize>) -> Self {
+    pub fn new(model: Model, kv: ManagerConfig, k_config: Vec<usize>) -> Result<Self> {
         let blocks = BlockManager::new(kv);
-        let backend = backend::for_model(model, blocks.num_slots());
-        Self {
+        let backend = backend::for_model(model, blocks.num_slots())?;
+        Ok(Self {
             backend,
             blocks,
             k_config,
             prepared: HashMap::new(),
-        }
+        })
     }
 
     /// Most nodes a tree of this `k_config` has.

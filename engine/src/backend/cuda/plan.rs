@@ -1,0 +1,201 @@
+//! What the CUDA kernels are told, worked out on the host: a forward's attention plan (for
+//! every row, its sequence's context length and block table and the slots of the tree rows it
+//! sees, packed into one `i32` buffer so one upload per forward carries it all) and the
+//! waves a list of KV moves runs in (moves that may run at once, in an order that gives what
+//! running them one by one gives). Plain data, testable without a GPU.
+
+use kvcache::KvMove;
+
+use crate::batch::TreeBatch;
+use crate::{Error, Result};
+
+/// Per-row fields in [`AttentionPlan::words`]: context length, offset of the sequence's block
+/// table, offset of the row's visible tree slots, how many there are.
+pub const ROW_FIELDS: usize = 4;
+
+/// One forward's attention metadata as the kernel reads it: `rows * ROW_FIELDS` row words,
+/// then every sequence's block table (block ids), then every row's visible tree slots
+/// (ancestors first, the row itself last). Offsets are from the start of `words`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// The packed buffer.
+    pub words: Vec<i32>,
+    /// The most keys any row sees (context plus visible tree rows).
+    pub max_keys: usize,
+}
+
+impl AttentionPlan {
+    /// The plan for `batch`.
+    pub fn new(batch: &TreeBatch) -> Result<Self> {
+        let rows = batch.num_rows();
+        let word = |x: usize| {
+            i32::try_from(x).map_err(|_| Error::InvalidBatch(format!("{x} overflows i32")))
+        };
+        let mut header = vec![0i32; rows * ROW_FIELDS];
+        let mut tables = Vec::new();
+        let mut visible = Vec::new();
+        let mut max_keys = 0;
+        for seq in &batch.seqs {
+            let table_at = tables.len();
+            for b in seq.block_table.blocks() {
+                tables.push(word(b.0 as usize)?);
+            }
+            for (i, row) in seq.rows.clone().enumerate() {
+                let at = visible.len();
+                for j in seq.mask.visible(i) {
+                    visible.push(word(batch.slots[seq.rows.start + j].index())?);
+                }
+                let seen = visible.len() - at;
+                max_keys = max_keys.max(seq.context_len + seen);
+                header[row * ROW_FIELDS..(row + 1) * ROW_FIELDS].copy_from_slice(&[
+                    word(seq.context_len)?,
+                    table_at as i32,
+                    at as i32,
+                    word(seen)?,
+                ]);
+            }
+        }
+        let tables_at = word(header.len())?;
+        let visible_at = word(header.len() + tables.len())?;
+        for row in header.chunks_mut(ROW_FIELDS) {
+            row[1] += tables_at;
+            row[2] += visible_at;
+        }
+        let mut words = header;
+        words.extend(tables);
+        words.extend(visible);
+        word(words.len())?;
+        Ok(Self { words, max_keys })
+    }
+
+    /// The slots row `row` reads, in the order the kernel visits them (context positions
+    /// through the block table, then the visible tree rows): what the kernel computes, here.
+    #[cfg(test)]
+    pub fn key_slots(&self, row: usize, block_size: usize) -> Vec<usize> {
+        let h = &self.words[row * ROW_FIELDS..(row + 1) * ROW_FIELDS];
+        let (ctx, table, at, seen) = (h[0] as usize, h[1] as usize, h[2] as usize, h[3] as usize);
+        let mut slots: Vec<usize> = (0..ctx)
+            .map(|p| self.words[table + p / block_size] as usize * block_size + p % block_size)
+            .collect();
+        slots.extend(self.words[at..at + seen].iter().map(|&s| s as usize));
+        slots
+    }
+}
+
+/// `moves` split into waves: within a wave no slot is both read and written, and no slot is
+/// written twice, so a wave's copies may run in parallel; waves run in order. Running the
+/// waves gives what running the moves one by one gives. Moves onto themselves are dropped.
+pub fn move_waves(moves: &[KvMove]) -> Vec<Vec<KvMove>> {
+    let mut waves: Vec<Vec<KvMove>> = Vec::new();
+    let mut reads = std::collections::HashSet::new();
+    let mut writes = std::collections::HashSet::new();
+    let mut wave = Vec::new();
+    for &m in moves.iter().filter(|m| m.from != m.to) {
+        let clashes = writes.contains(&m.from) || writes.contains(&m.to) || reads.contains(&m.to);
+        if clashes {
+            waves.push(std::mem::take(&mut wave));
+            reads.clear();
+            writes.clear();
+        }
+        reads.insert(m.from);
+        writes.insert(m.to);
+        wave.push(m);
+    }
+    if !wave.is_empty() {
+        waves.push(wave);
+    }
+    waves
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::LogitRows;
+    use crate::tree::TokenTree;
+    use kvcache::{BlockId, BlockTable, Slot};
+
+    #[test]
+    fn each_row_reads_its_context_then_the_tree_rows_it_sees() {
+        let mut batch = TreeBatch::new(4);
+        let table_a = BlockTable::from_blocks(vec![BlockId(3), BlockId(1)]);
+        let tree = TokenTree::new(vec![7, 8, 9], vec![None, Some(0), Some(0)]).unwrap();
+        batch.push(5, &table_a, &tree, LogitRows::All).unwrap();
+        let table_b = BlockTable::from_blocks(vec![BlockId(0)]);
+        let chain = TokenTree::chain(&[1, 2]);
+        batch.push(0, &table_b, &chain, LogitRows::Last).unwrap();
+        let plan = AttentionPlan::new(&batch).unwrap();
+        // Sequence A: context positions 0..5 -> block 3 (slots 12..16), block 1 (slot 4).
+        let context: Vec<usize> = vec![12, 13, 14, 15, 4];
+        let with = |tail: &[usize]| [context.as_slice(), tail].concat();
+        assert_eq!(plan.key_slots(0, 4), with(&[5]));
+        assert_eq!(plan.key_slots(1, 4), with(&[5, 6]));
+        // Siblings do not see each other.
+        assert_eq!(plan.key_slots(2, 4), with(&[5, 7]));
+        // Sequence B has no context and never sees A.
+        assert_eq!(plan.key_slots(3, 4), vec![0]);
+        assert_eq!(plan.key_slots(4, 4), vec![0, 1]);
+        assert_eq!(plan.max_keys, 7);
+        // The kernel's view equals the batch's own slot lookup for every context position.
+        let seq = &batch.seqs[0];
+        let direct: Vec<usize> = (0..5)
+            .map(|p| batch.context_slot(seq, p).unwrap().index())
+            .collect();
+        assert_eq!(direct, context);
+    }
+
+    fn run(slots: &mut [u32], moves: &[KvMove]) {
+        for m in moves {
+            slots[m.to.index()] = slots[m.from.index()];
+        }
+    }
+
+    fn run_waves(slots: &mut [u32], waves: &[Vec<KvMove>]) {
+        for wave in waves {
+            // Parallel semantics: every read happens before any write.
+            let read: Vec<u32> = wave.iter().map(|m| slots[m.from.index()]).collect();
+            for (m, v) in wave.iter().zip(read) {
+                slots[m.to.index()] = v;
+            }
+        }
+    }
+
+    #[test]
+    fn waves_give_what_moves_one_by_one_give() {
+        let mv = |from: u32, to: u32| KvMove {
+            from: Slot(from),
+            to: Slot(to),
+        };
+        let cases: Vec<Vec<KvMove>> = vec![
+            vec![mv(5, 1), mv(6, 2), mv(7, 3)],
+            // A chain: 2 -> 1 then 3 -> 2 must read 2 before it is overwritten.
+            vec![mv(2, 1), mv(3, 2), mv(4, 3)],
+            // Written, then read: 1 -> 0 then 0 -> 5 must see the new 0.
+            vec![mv(1, 0), mv(0, 5)],
+            // The same slot written twice: the last write wins.
+            vec![mv(1, 0), mv(2, 0)],
+            vec![mv(3, 3), mv(4, 4)],
+        ];
+        let mut rng = 7u64;
+        let mut random = Vec::new();
+        for _ in 0..200 {
+            let mut moves = Vec::new();
+            for _ in 0..6 {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                moves.push(mv((rng >> 33) as u32 % 8, (rng >> 45) as u32 % 8));
+            }
+            random.push(moves);
+        }
+        for moves in cases.iter().chain(&random) {
+            let mut serial: Vec<u32> = (100..108).collect();
+            let mut waved = serial.clone();
+            run(&mut serial, moves);
+            let waves = move_waves(moves);
+            run_waves(&mut waved, &waves);
+            assert_eq!(serial, waved, "{moves:?} as {waves:?}");
+        }
+        assert_eq!(move_waves(&cases[0]).len(), 1);
+        assert_eq!(move_waves(&cases[4]).len(), 0);
+    }
+}
