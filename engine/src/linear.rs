@@ -189,6 +189,19 @@ impl Linear {
         })
     }
 
+    /// A dense weight (`[out, in]`), `None` for a quantized one.
+    pub fn dense_weight(&self) -> Option<&Tensor> {
+        match &self.weight {
+            Weight::Dense(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The bias, when there is one (f32).
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// The dtype of a dense weight, `None` for a quantized one.
     pub fn dense_dtype(&self) -> Option<DType> {
         match &self.weight {

@@ -178,6 +178,11 @@ impl Model {
         &self.weights
     }
 
+    /// RoPE's cos and sin for every position (`[max_positions, head_dim / 2]` each).
+    pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
+        (&self.rope_cos, &self.rope_sin)
+    }
+
     /// RoPE's cos and sin for each of `positions` (`[rows, head_dim / 2]` each).
     pub fn rope_rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
         Ok((
@@ -333,69 +338,10 @@ impl Model {
         })
     }
 
-    /// Checks `batch` against this model and a KV store of `num_slots` rows: every token,
-    /// position, logit row, slot and context block in range, sequences contiguous.
+    /// Checks `batch` against this model and a KV store of `num_slots` rows (see
+    /// [`TreeBatch::validate`]).
     pub fn validate(&self, batch: &TreeBatch, num_slots: usize) -> Result<()> {
-        let bad = |msg: String| Err(Error::InvalidBatch(msg));
-        let rows = batch.num_rows();
-        if rows == 0 {
-            return bad("empty batch".into());
-        }
-        if batch.positions.len() != rows || batch.slots.len() != rows {
-            return bad("token, position and slot counts differ".into());
-        }
-        if let Some(t) = batch
-            .token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return bad(format!(
-                "token id {t} outside vocabulary of {}",
-                self.config.vocab_size
-            ));
-        }
-        let max_pos = self.config.max_position_embeddings;
-        if let Some(p) = batch.positions.iter().find(|&&p| p as usize >= max_pos) {
-            return bad(format!(
-                "position {p} beyond the model's {max_pos} positions"
-            ));
-        }
-        if let Some(&r) = batch.logit_rows.iter().find(|&&r| r >= rows) {
-            return bad(format!("logit row {r} outside batch of {rows} rows"));
-        }
-        if let Some(s) = batch.slots.iter().find(|s| s.index() >= num_slots) {
-            return bad(format!(
-                "slot {} outside KV store of {num_slots} slots",
-                s.0
-            ));
-        }
-        let mut next_row = 0;
-        for seq in &batch.seqs {
-            if seq.rows.start != next_row || seq.mask.len() != seq.rows.len() {
-                return bad("sequence rows are not contiguous or mask size differs".into());
-            }
-            next_row = seq.rows.end;
-            // The context lives in whole blocks: checking each block that backs it (rather
-            // than every position) proves every context slot is inside the store.
-            let context_blocks = seq.context_len.div_ceil(batch.block_size);
-            let blocks = seq.block_table.blocks();
-            if blocks.len() < context_blocks {
-                return bad("block table does not cover the cached context".into());
-            }
-            if let Some(b) = blocks[..context_blocks]
-                .iter()
-                .find(|b| (b.0 as usize + 1) * batch.block_size > num_slots)
-            {
-                return bad(format!(
-                    "block {} outside KV store of {num_slots} slots",
-                    b.0
-                ));
-            }
-        }
-        if next_row != rows {
-            return bad("rows not covered by any sequence".into());
-        }
-        Ok(())
+        batch.validate(&self.config, num_slots)
     }
 }
 

@@ -1,78 +1,81 @@
 //! [`CudaBackend`]: a model on an NVIDIA GPU with its paged KV cache resident on the device.
-//! The weights stay where loading put them (GGUF tensors quantized, run by candle's CUDA
-//! quantized matmuls, or dequantized with `--dtype bf16|f16|f32` and run by cuBLAS); norms,
-//! RoPE, SwiGLU and residuals are candle's CUDA ops; K/V writes, paged tree attention and KV
-//! row copies are thicket's own kernels (`kernels.cu`). The cache is one device allocation of
-//! f16, `[layer][K|V][slot][kv_head][head_dim]`; each forward uploads one packed plan (block
-//! tables and every row's visible tree slots) and the rows' slots, and copies back only the
-//! logits of the rows asked for.
+//! [`Gpu`] owns what every pass shares: the stream, thicket's kernels (`kernels.cu`, loaded
+//! once), the cache (one f16 allocation, `[layer][K|V][slot][kv_head][head_dim]`), the
+//! per-forward plan upload and KV moves. The forward itself is one of two passes: the fused
+//! f16 pass (`fused`: nine launches a layer, for f16 weights, the default) or candle's ops
+//! around thicket's attention (`ops`: any other weights, e.g. `--dtype q`). Only the logits of
+//! the rows asked for come back to the host.
 
 use std::sync::Arc;
 
 use candle_core::cuda::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
-use candle_core::{DType, Device, Storage, Tensor};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use candle_core::{Device, Layout, Storage, Tensor};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
 use half::f16;
 use kvcache::KvMove;
 
+use super::fused::FusedPass;
 use super::plan::{move_waves, AttentionPlan};
 use crate::backend::Backend;
 use crate::batch::TreeBatch;
+use crate::config::ModelConfig;
 use crate::model::Model;
 use crate::{Error, Result};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/thicket_kernels.ptx"));
 /// Threads per attention block (`WARPS * 32` in `kernels.cu`).
-const ATTENTION_THREADS: u32 = 256;
+pub(super) const ATTENTION_THREADS: u32 = 256;
+/// Threads per block of the one-row-per-block kernels.
+pub(super) const ROW_THREADS: u32 = 256;
 /// The widest head `kernels.cu` holds per lane (8 values for each of 32 lanes).
 const MAX_HEAD_DIM: usize = 256;
 
-fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+/// A driver error as the engine's.
+pub(super) fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Device(format!("{what}: {e}"))
 }
 
-/// thicket's kernels, loaded on one device.
-struct Kernels {
-    kv_write: CudaFunction,
-    attention: CudaFunction,
-    kv_copy: CudaFunction,
-}
-
-/// A model on a CUDA device with a device-resident paged KV cache.
-pub struct CudaBackend {
-    model: Model,
-    device: CudaDevice,
-    stream: Arc<CudaStream>,
-    kernels: Kernels,
-    cache: CudaSlice<f16>,
-    num_slots: usize,
-    /// Halves in one slot of one plane (`kv_heads * head_dim`).
-    width: usize,
-}
-
-impl std::fmt::Debug for CudaBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "CudaBackend({:?}, {} slots)",
-            self.device, self.num_slots
-        )
+/// One block per row (or per `grid`), `threads` threads, no dynamic shared memory.
+pub(super) fn grid(grid_dim: (u32, u32, u32), threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
 
-impl CudaBackend {
-    /// `model` (loaded on a CUDA device) with a zeroed cache of `num_slots` rows per layer.
-    pub fn new(model: Model, num_slots: usize) -> Result<Self> {
-        let Device::Cuda(device) = model.device().clone() else {
-            return Err(Error::Device(
-                "the CUDA backend needs a model on a CUDA device".into(),
-            ));
-        };
-        let cfg = model.config();
+/// thicket's kernels, loaded on one device.
+pub(super) struct Kernels {
+    pub kv_write: CudaFunction,
+    pub attention: CudaFunction,
+    pub attention_f16: CudaFunction,
+    pub embed: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub add_rms_norm: CudaFunction,
+    pub rope_kv: CudaFunction,
+    pub swiglu: CudaFunction,
+    pub kv_copy: CudaFunction,
+}
+
+/// The device, its stream, thicket's kernels and the KV cache.
+pub(super) struct Gpu {
+    pub device: CudaDevice,
+    pub stream: Arc<CudaStream>,
+    pub kernels: Kernels,
+    pub cache: CudaSlice<f16>,
+    pub num_slots: usize,
+    /// Halves in one slot of one plane (`kv_heads * head_dim`).
+    pub width: usize,
+    pub num_layers: usize,
+}
+
+impl Gpu {
+    fn new(device: CudaDevice, cfg: &ModelConfig, num_slots: usize) -> Result<Self> {
         if !cfg.head_dim.is_multiple_of(32) || cfg.head_dim > MAX_HEAD_DIM {
             return Err(Error::Device(format!(
-                "head_dim {} not supported by the CUDA attention (a multiple of 32, at most {MAX_HEAD_DIM})",
+                "head_dim {} not supported by the CUDA attention (a multiple of 32, at most \
+                 {MAX_HEAD_DIM})",
                 cfg.head_dim
             )));
         }
@@ -84,226 +87,66 @@ impl CudaBackend {
         let kernels = Kernels {
             kv_write: load("kv_write")?,
             attention: load("tree_attention")?,
+            attention_f16: load("tree_attention_f16")?,
+            embed: load("embed")?,
+            rms_norm: load("rms_norm")?,
+            add_rms_norm: load("add_rms_norm")?,
+            rope_kv: load("rope_kv")?,
+            swiglu: load("swiglu")?,
             kv_copy: load("kv_copy")?,
         };
         let width = cfg.kv_row_width();
-        let len = cfg.num_layers * 2 * num_slots * width;
         let stream = device.cuda_stream();
         let cache = stream
-            .alloc_zeros::<f16>(len)
+            .alloc_zeros::<f16>(cfg.num_layers * 2 * num_slots * width)
             .map_err(device_err("allocating the KV cache"))?;
         Ok(Self {
-            model,
             device,
             stream,
             kernels,
             cache,
             num_slots,
             width,
+            num_layers: cfg.num_layers,
         })
     }
 
     /// Offsets of layer `layer`'s K and V planes in the cache.
-    fn planes(&self, layer: usize) -> (i64, i64) {
+    pub fn planes(&self, layer: usize) -> (i64, i64) {
         let plane = (self.num_slots * self.width) as i64;
         let k = 2 * layer as i64 * plane;
         (k, k + plane)
     }
 
-    /// Writes the rows' K (`[1, kv_heads, rows, dim]`) and V (`[rows, kv_heads * dim]`) at
-    /// their slots in layer `layer`.
-    fn write_kv(
-        &mut self,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-        slots: &CudaSlice<i32>,
-    ) -> Result<()> {
-        let cfg = self.model.config();
-        let (rows, kv_heads, dim) = (
-            v.dim(0)? as i32,
-            cfg.num_kv_heads as i32,
-            cfg.head_dim as i32,
-        );
-        let (k_at, v_at) = self.planes(layer);
-        let (k_store, k_layout) = k.storage_and_layout();
-        let (v_store, v_layout) = v.storage_and_layout();
-        let k_view = f32_view(&k_store, k_layout)?;
-        let v_view = f32_view(&v_store, v_layout)?;
-        let mut launch = self.stream.launch_builder(&self.kernels.kv_write);
-        launch
-            .arg(&k_view)
-            .arg(&v_view)
-            .arg(&mut self.cache)
-            .arg(&k_at)
-            .arg(&v_at)
-            .arg(slots)
-            .arg(&rows)
-            .arg(&kv_heads)
-            .arg(&dim);
-        let config = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match kv_write's signature; every slot was checked against
-        // the cache by `Model::validate`, and k/v hold rows * kv_heads * dim values.
-        unsafe { launch.launch(config) }.map_err(device_err("kv_write"))?;
-        Ok(())
-    }
-
-    /// Attention of the rows' queries (`[1, heads, rows, dim]`) over layer `layer`'s cache:
-    /// `[rows, heads * dim]`.
-    fn attend(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        plan: &CudaSlice<i32>,
-        rows: usize,
-        block_size: usize,
-    ) -> Result<Tensor> {
-        let cfg = self.model.config();
-        let (heads, kv_heads, dim) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let (k_at, v_at) = self.planes(layer);
-        // SAFETY: tree_attention writes every one of the rows * heads * dim values.
-        let mut out = unsafe { self.stream.alloc::<f32>(rows * heads * dim) }
-            .map_err(device_err("allocating attention output"))?;
-        {
-            let (q_store, q_layout) = q.storage_and_layout();
-            let q_view = f32_view(&q_store, q_layout)?;
-            let (rows_i, heads_i, kv_i, dim_i) =
-                (rows as i32, heads as i32, kv_heads as i32, dim as i32);
-            let block_size = block_size as i32;
-            let scale = 1f32 / (dim as f32).sqrt();
-            let mut launch = self.stream.launch_builder(&self.kernels.attention);
-            launch
-                .arg(&q_view)
-                .arg(&self.cache)
-                .arg(&k_at)
-                .arg(&v_at)
-                .arg(plan)
-                .arg(&mut out)
-                .arg(&rows_i)
-                .arg(&heads_i)
-                .arg(&kv_i)
-                .arg(&dim_i)
-                .arg(&block_size)
-                .arg(&scale);
-            let config = LaunchConfig {
-                grid_dim: (heads as u32, rows as u32, 1),
-                block_dim: (ATTENTION_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the arguments match tree_attention's signature; the plan's block ids
-            // and slots were checked against the cache by `Model::validate`.
-            unsafe { launch.launch(config) }.map_err(device_err("tree_attention"))?;
-        }
-        let storage = CudaStorage::wrap_cuda_slice(out, self.device.clone());
-        Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            (rows, heads * dim),
-            BackpropOp::none(),
-            false,
-        ))
-    }
-}
-
-/// The f32 values of a contiguous CUDA tensor, from its first element.
-fn f32_view<'a>(
-    storage: &'a Storage,
-    layout: &candle_core::Layout,
-) -> Result<cudarc::driver::CudaView<'a, f32>> {
-    let Storage::Cuda(storage) = storage else {
-        return Err(Error::Device("a tensor off the CUDA device".into()));
-    };
-    if !layout.is_contiguous() {
-        return Err(Error::Device(
-            "a non-contiguous tensor given to a kernel".into(),
-        ));
-    }
-    let start = layout.start_offset();
-    let slice = storage.as_cuda_slice::<f32>()?;
-    Ok(slice.slice(start..start + layout.shape().elem_count()))
-}
-
-impl Backend for CudaBackend {
-    fn vocab_size(&self) -> usize {
-        self.model.config().vocab_size
-    }
-
-    fn num_slots(&self) -> usize {
-        self.num_slots
-    }
-
-    fn describe(&self) -> String {
-        let kernel = match self.model.quant_kernel() {
-            Some(_) => "candle's CUDA quantized matmul".to_string(),
-            None => {
-                let dtype = self.model.weights().layers[0].q.dense_dtype();
-                format!(
-                    "cuBLAS {}",
-                    dtype.map_or("dense".into(), |d| format!("{d:?}").to_lowercase())
-                )
-            }
-        };
-        let context = self.stream.context();
-        let name = context.name().unwrap_or_else(|_| "unnamed GPU".into());
-        format!(
-            "cuda:{} ({name}), thicket's paged tree attention, {kernel}, device KV (f16)",
-            context.ordinal()
-        )
-    }
-
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
-        self.model.validate(batch, self.num_slots)?;
-        let model = self.model.clone();
-        let cfg = model.config();
-        let weights = model.weights();
-        let rows = batch.num_rows();
-        let device = Device::Cuda(self.device.clone());
+    /// `batch`'s plan on the device.
+    pub fn upload_plan(&self, batch: &TreeBatch) -> Result<CudaSlice<i32>> {
         let plan = AttentionPlan::new(batch)?;
-        let plan = self
-            .stream
+        self.stream
             .clone_htod(&plan.words)
-            .map_err(device_err("uploading the attention plan"))?;
-        let slots: Vec<i32> = batch.slots.iter().map(|s| s.0 as i32).collect();
-        let slots = self
-            .stream
-            .clone_htod(&slots)
-            .map_err(device_err("uploading slots"))?;
-        let ids = Tensor::new(batch.token_ids.as_slice(), &device)?;
-        let positions = Tensor::new(batch.positions.as_slice(), &device)?;
-        let (cos, sin) = model.rope_rows(&positions)?;
-        let eps = cfg.rms_norm_eps as f32;
+            .map_err(device_err("uploading the forward's plan"))
+    }
 
-        let mut x = weights.embedding.index_select(&ids, 0)?;
-        for (index, layer) in weights.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = model.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
-            let k = model.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
-            let v = layer.v.forward(&h)?.contiguous()?;
-            self.write_kv(index, &k, &v, &slots)?;
-            let attn = self.attend(index, &q, &plan, rows, batch.block_size)?;
-            x = (layer.o.forward(&attn)? + x)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-            let gated =
-                (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
-            x = (layer.down.forward(&gated)? + x)?;
-        }
-        if batch.logit_rows.is_empty() {
-            // The rows' K/V are written; nothing is read back, so wait for the writes here
-            // (a later forward on the same stream would see them anyway).
-            self.stream
-                .synchronize()
-                .map_err(device_err("synchronizing"))?;
-            return Ok(Vec::new());
-        }
-        let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
-        let wanted = Tensor::new(wanted.as_slice(), &device)?;
-        let x = x.index_select(&wanted, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &weights.final_norm, eps)?;
-        let logits = weights.lm_head.forward(&x)?.to_dtype(DType::F32)?;
-        Ok(logits.to_vec2::<f32>()?)
+    /// `len` values the next kernel will write in full.
+    pub fn scratch<T: cudarc::driver::DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: every caller launches a kernel that writes all `len` values before any read.
+        unsafe { self.stream.alloc::<T>(len) }.map_err(device_err("allocating scratch"))
+    }
+
+    /// A device buffer as a tensor of `shape` (for candle's ops).
+    pub fn tensor<T: candle_core::cuda::CudaDType>(
+        &self,
+        values: CudaSlice<T>,
+        shape: impl Into<candle_core::Shape>,
+    ) -> Tensor {
+        let storage = CudaStorage::wrap_cuda_slice(values, self.device.clone());
+        Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+    }
+
+    /// Waits for everything queued (a forward that returns no logits ends here).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(device_err("synchronizing"))
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
@@ -317,7 +160,7 @@ impl Backend for CudaBackend {
                 bad.0, self.num_slots
             )));
         }
-        let planes = (2 * self.model.config().num_layers) as u32;
+        let planes = (2 * self.num_layers) as u32;
         let plane = (self.num_slots * self.width) as i64;
         let width = self.width as i32;
         for wave in move_waves(moves) {
@@ -335,15 +178,130 @@ impl Backend for CudaBackend {
                 .arg(&pairs)
                 .arg(&plane)
                 .arg(&width);
-            let config = LaunchConfig {
-                grid_dim: (wave.len() as u32, planes, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
             // SAFETY: the arguments match kv_copy's signature, every slot was checked above,
             // and no slot of a wave is both read and written (`move_waves`).
-            unsafe { launch.launch(config) }.map_err(device_err("kv_copy"))?;
+            unsafe { launch.launch(grid((wave.len() as u32, planes, 1), 128)) }
+                .map_err(device_err("kv_copy"))?;
         }
         Ok(())
+    }
+}
+
+/// The values of a contiguous CUDA tensor of `T`, from its first element.
+pub(super) fn view<'a, T: candle_core::cuda::CudaDType>(
+    storage: &'a Storage,
+    layout: &Layout,
+) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(storage) = storage else {
+        return Err(Error::Device("a tensor off the CUDA device".into()));
+    };
+    if !layout.is_contiguous() {
+        return Err(Error::Device(
+            "a non-contiguous tensor given to a kernel".into(),
+        ));
+    }
+    let start = layout.start_offset();
+    let slice = storage.as_cuda_slice::<T>()?;
+    Ok(slice.slice(start..start + layout.shape().elem_count()))
+}
+
+/// How the forward runs.
+enum Pass {
+    /// thicket's fused f16 pass.
+    Fused(FusedPass),
+    /// candle's ops around thicket's attention.
+    Ops(Model),
+}
+
+/// A model on a CUDA device with a device-resident paged KV cache.
+pub struct CudaBackend {
+    gpu: Gpu,
+    config: ModelConfig,
+    pass: Pass,
+    weights: String,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaBackend({:?}, {} slots)",
+            self.gpu.device, self.gpu.num_slots
+        )
+    }
+}
+
+impl CudaBackend {
+    /// `model` (loaded on a CUDA device) with a zeroed cache of `num_slots` rows per layer:
+    /// the fused f16 pass where its weights are f16, candle's ops otherwise.
+    pub fn new(model: Model, num_slots: usize) -> Result<Self> {
+        let Device::Cuda(device) = model.device().clone() else {
+            return Err(Error::Device(
+                "the CUDA backend needs a model on a CUDA device".into(),
+            ));
+        };
+        let config = model.config().clone();
+        let gpu = Gpu::new(device, &config, num_slots)?;
+        let weights = match model.quant_kernel() {
+            Some(_) => "candle's CUDA quantized matmul".to_string(),
+            None => {
+                let dtype = model.weights().layers[0].q.dense_dtype();
+                let dtype = dtype.map_or("dense".into(), |d| format!("{d:?}").to_lowercase());
+                format!("cuBLAS {dtype}")
+            }
+        };
+        let pass = match FusedPass::new(&model)? {
+            Some(fused) => Pass::Fused(fused),
+            None => Pass::Ops(model),
+        };
+        Ok(Self {
+            gpu,
+            config,
+            pass,
+            weights,
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn num_slots(&self) -> usize {
+        self.gpu.num_slots
+    }
+
+    fn describe(&self) -> String {
+        let context = self.gpu.stream.context();
+        let name = context.name().unwrap_or_else(|_| "unnamed GPU".into());
+        let pass = match self.pass {
+            Pass::Fused(_) => "fused f16 pass",
+            Pass::Ops(_) => "candle ops",
+        };
+        format!(
+            "cuda:{} ({name}), {pass}, thicket's paged tree attention, {}, device KV (f16)",
+            context.ordinal(),
+            self.weights
+        )
+    }
+
+    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        batch.validate(&self.config, self.gpu.num_slots)?;
+        let logits = match &self.pass {
+            Pass::Fused(fused) => fused.forward(&mut self.gpu, &self.config, batch)?,
+            Pass::Ops(model) => super::ops::forward(&mut self.gpu, model, batch)?,
+        };
+        match logits {
+            Some(logits) => Ok(logits.to_vec2::<f32>()?),
+            None => {
+                self.gpu.synchronize()?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        self.gpu.move_kv(moves)
     }
 }

@@ -9,7 +9,7 @@
 
 #define MAX_DIMS_PER_LANE 8   // head_dim <= 256
 #define WARPS 8
-#define ROW_FIELDS 4
+#define ROW_FIELDS 7
 #define F16_MAX 65504.0f
 
 __device__ __forceinline__ __half to_half(float x) {
@@ -38,15 +38,16 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// q: [heads][rows][dim]; out: [rows][heads * dim]. plan: see backend/cuda/plan.rs.
-// grid: (heads, rows); block: WARPS * 32. Each warp takes every WARPS-th key with an online
-// softmax in f32 (lane l holds dims l, l + 32, ...); the warps' partial sums are merged at
-// the end. A row's result depends only on its own keys, never on the other rows.
-extern "C" __global__ void tree_attention(const float* __restrict__ q,
-                                          const __half* __restrict__ cache, long long k_at,
-                                          long long v_at, const int* __restrict__ plan,
-                                          float* __restrict__ out, int rows, int heads,
-                                          int kv_heads, int dim, int block_size, float scale) {
+// q: f32, element (row, head, d) at row * q_row + head * q_head + d; out: [rows][heads * dim].
+// plan: see backend/cuda/plan.rs. grid: (heads, rows); block: WARPS * 32. Each warp takes
+// every WARPS-th key with an online softmax in f32 (lane l holds dims l, l + 32, ...); the
+// warps' partial sums are merged at the end. A row's result depends only on its own keys,
+// never on the other rows.
+template <typename Out>
+__device__ void attend(const float* __restrict__ q, long long q_row, long long q_head,
+                       const __half* __restrict__ cache, long long k_at, long long v_at,
+                       const int* __restrict__ plan, Out* __restrict__ out, int heads,
+                       int kv_heads, int dim, int block_size, float scale) {
     int h = blockIdx.x, row = blockIdx.y;
     int kh = h / (heads / kv_heads);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -59,9 +60,10 @@ extern "C" __global__ void tree_attention(const float* __restrict__ q,
     int width = kv_heads * dim;
 
     float qv[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
+    const float* qr = q + row * q_row + h * q_head;
 #pragma unroll
     for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
-        qv[i] = i < per_lane ? q[((long long)h * rows + row) * dim + lane + 32 * i] : 0.f;
+        qv[i] = i < per_lane ? qr[lane + 32 * i] : 0.f;
         acc[i] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
@@ -104,7 +106,141 @@ extern "C" __global__ void tree_attention(const float* __restrict__ q,
         float sum = 0.f;
         for (int w = 0; w < WARPS; w++)
             if (warp_l[w] > 0.f) sum += warp_acc[w][d] * __expf(warp_m[w] - top);
-        out[(long long)row * heads * dim + h * dim + d] = total > 0.f ? sum / total : 0.f;
+        float v = total > 0.f ? sum / total : 0.f;
+        out[(long long)row * heads * dim + h * dim + d] = (Out)v;
+    }
+}
+
+extern "C" __global__ void tree_attention(const float* q, long long q_row, long long q_head,
+                                          const __half* cache, long long k_at, long long v_at,
+                                          const int* plan, float* out, int heads, int kv_heads,
+                                          int dim, int block_size, float scale) {
+    attend<float>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
+                  block_size, scale);
+}
+
+extern "C" __global__ void tree_attention_f16(const float* q, long long q_row, long long q_head,
+                                              const __half* cache, long long k_at,
+                                              long long v_at, const int* plan, __half* out,
+                                              int heads, int kv_heads, int dim, int block_size,
+                                              float scale) {
+    attend<__half>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
+                   block_size, scale);
+}
+
+// The fused f16 pass (backend/cuda/fused.rs): every kernel below takes one row per block.
+
+// x[row] = the embedding of the row's token (plan field 6). grid: rows.
+extern "C" __global__ void embed(const float* __restrict__ table, const int* __restrict__ plan,
+                                 float* __restrict__ x, int hidden) {
+    int row = blockIdx.x;
+    long long token = plan[row * ROW_FIELDS + 6];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        x[(long long)row * hidden + i] = table[token * hidden + i];
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < blockDim.x / 32 ? part[lane] : 0.f;
+        t = warp_sum(t);
+        if (lane == 0) total = t;
+    }
+    __syncthreads();
+    return total;
+}
+
+// x[row] += delta[row] when delta is given (the residual), then
+// out[row] = x[row] / sqrt(mean(x[row]^2) + eps) * gamma, as f16. grid: rows.
+__device__ void residual_norm(float* __restrict__ x, const __half* __restrict__ delta,
+                              const float* __restrict__ gamma, __half* __restrict__ out,
+                              int hidden, float eps) {
+    int row = blockIdx.x;
+    float* xr = x + (long long)row * hidden;
+    float squares = 0.f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float v = xr[i];
+        if (delta != nullptr) {
+            v += __half2float(delta[(long long)row * hidden + i]);
+            xr[i] = v;
+        }
+        squares += v * v;
+    }
+    float inv = rsqrtf(block_sum(squares) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[(long long)row * hidden + i] = __float2half_rn(xr[i] * inv * gamma[i]);
+}
+
+extern "C" __global__ void rms_norm(float* x, const float* gamma, __half* out, int hidden,
+                                    float eps) {
+    residual_norm(x, nullptr, gamma, out, hidden, eps);
+}
+
+extern "C" __global__ void add_rms_norm(float* x, const __half* delta, const float* gamma,
+                                        __half* out, int hidden, float eps) {
+    residual_norm(x, delta, gamma, out, hidden, eps);
+}
+
+// One row's q, k and v from the fused projection ([rows][(heads + 2 kv_heads) * dim] f16,
+// plus an f32 bias when has_bias): q rotated into q ([rows][heads][dim] f32), k rotated and v
+// written at the row's slot (plan field 4) in the cache, RoPE at the row's position (field 5)
+// with pairs (2i, 2i+1) when interleaved, else (i, i + dim/2). grid: rows.
+extern "C" __global__ void rope_kv(const __half* __restrict__ qkv, const float* __restrict__ bias,
+                                   int has_bias, const float* __restrict__ cos,
+                                   const float* __restrict__ sin, const int* __restrict__ plan,
+                                   float* __restrict__ q, __half* __restrict__ cache,
+                                   long long k_at, long long v_at, int heads, int kv_heads,
+                                   int dim, int interleaved) {
+    int row = blockIdx.x;
+    long long slot = plan[row * ROW_FIELDS + 4];
+    long long position = plan[row * ROW_FIELDS + 5];
+    int half_dim = dim / 2;
+    int width = (heads + 2 * kv_heads) * dim;
+    int kv_width = kv_heads * dim;
+    const __half* src = qkv + (long long)row * width;
+    const float* c = cos + position * half_dim;
+    const float* s = sin + position * half_dim;
+    for (int p = threadIdx.x; p < (heads + kv_heads) * half_dim; p += blockDim.x) {
+        int h = p / half_dim, i = p - h * half_dim;
+        int a = interleaved ? 2 * i : i;
+        int b = interleaved ? 2 * i + 1 : i + half_dim;
+        int at = h * dim;
+        float xa = __half2float(src[at + a]) + (has_bias ? bias[at + a] : 0.f);
+        float xb = __half2float(src[at + b]) + (has_bias ? bias[at + b] : 0.f);
+        float ya = xa * c[i] - xb * s[i];
+        float yb = xa * s[i] + xb * c[i];
+        if (h < heads) {
+            float* qr = q + ((long long)row * heads + h) * dim;
+            qr[a] = ya;
+            qr[b] = yb;
+        } else {
+            __half* kr = cache + k_at + slot * kv_width + (h - heads) * dim;
+            kr[a] = to_half(ya);
+            kr[b] = to_half(yb);
+        }
+    }
+    int v_from = (heads + kv_heads) * dim;
+    for (int j = threadIdx.x; j < kv_width; j += blockDim.x) {
+        float v = __half2float(src[v_from + j]) + (has_bias ? bias[v_from + j] : 0.f);
+        cache[v_at + slot * kv_width + j] = to_half(v);
+    }
+}
+
+// out[row][j] = silu(gate) * up with gate = gate_up[row][j], up = gate_up[row][ffn + j], as
+// f16 (computed in f32). grid: rows.
+extern "C" __global__ void swiglu(const __half* __restrict__ gate_up, __half* __restrict__ out,
+                                  int ffn) {
+    int row = blockIdx.x;
+    const __half* gu = gate_up + (long long)row * 2 * ffn;
+    for (int j = threadIdx.x; j < ffn; j += blockDim.x) {
+        float g = __half2float(gu[j]), u = __half2float(gu[ffn + j]);
+        out[(long long)row * ffn + j] = __float2half_rn(g / (1.f + expf(-g)) * u);
     }
 }
 

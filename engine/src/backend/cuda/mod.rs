@@ -1,10 +1,15 @@
 //! The CUDA backend: [`CudaBackend`] (feature `cuda`) runs a model on an NVIDIA GPU with its
-//! paged KV cache on the device and thicket's own kernels for K/V writes, paged tree
-//! attention and KV copies (`kernels.cu`); `plan` works out on the host what those kernels
-//! are told, and is tested without a GPU.
+//! paged KV cache on the device and thicket's own kernels (`kernels.cu`): the fused f16 pass
+//! (`fused`) for f16 weights, candle's ops around thicket's K/V writes and paged tree
+//! attention (`ops`) for any other. `plan` works out on the host what the kernels are told,
+//! and is tested without a GPU.
 
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod fused;
+#[cfg(feature = "cuda")]
+mod ops;
 mod plan;
 
 #[cfg(feature = "cuda")]

@@ -1,6 +1,7 @@
-//! What the CUDA kernels are told, worked out on the host: a forward's attention plan (for
-//! every row, its sequence's context length and block table and the slots of the tree rows it
-//! sees, packed into one `i32` buffer so one upload per forward carries it all) and the
+//! What the CUDA kernels are told, worked out on the host: a forward's plan (for every row,
+//! its token, position and slot, its sequence's context length and block table and the slots
+//! of the tree rows it sees, packed into one `i32` buffer so one upload per forward carries
+//! it all) and the
 //! waves a list of KV moves runs in (moves that may run at once, in an order that gives what
 //! running them one by one gives). Plain data, testable without a GPU.
 
@@ -10,8 +11,9 @@ use crate::batch::TreeBatch;
 use crate::{Error, Result};
 
 /// Per-row fields in [`AttentionPlan::words`]: context length, offset of the sequence's block
-/// table, offset of the row's visible tree slots, how many there are.
-pub const ROW_FIELDS: usize = 4;
+/// table, offset of the row's visible tree slots, how many there are, the row's slot, its
+/// RoPE position, its token (`ROW_FIELDS` in `kernels.cu`).
+pub const ROW_FIELDS: usize = 7;
 
 /// One forward's attention metadata as the kernel reads it: `rows * ROW_FIELDS` row words,
 /// then every sequence's block table (block ids), then every row's visible tree slots
@@ -52,6 +54,9 @@ impl AttentionPlan {
                     table_at as i32,
                     at as i32,
                     word(seen)?,
+                    word(batch.slots[row].index())?,
+                    word(batch.positions[row] as usize)?,
+                    word(batch.token_ids[row] as usize)?,
                 ]);
             }
         }
@@ -135,6 +140,13 @@ mod tests {
         assert_eq!(plan.key_slots(3, 4), vec![0]);
         assert_eq!(plan.key_slots(4, 4), vec![0, 1]);
         assert_eq!(plan.max_keys, 7);
+        // Slot, position and token of each row, as the batch has them.
+        for row in 0..batch.num_rows() {
+            let h = &plan.words[row * ROW_FIELDS..(row + 1) * ROW_FIELDS];
+            assert_eq!(h[4] as usize, batch.slots[row].index());
+            assert_eq!(h[5] as u32, batch.positions[row]);
+            assert_eq!(h[6] as u32, batch.token_ids[row]);
+        }
         // The kernel's view equals the batch's own slot lookup for every context position.
         let seq = &batch.seqs[0];
         let direct: Vec<usize> = (0..5)
