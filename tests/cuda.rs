@@ -154,6 +154,15 @@ fn cuda_greedy_follows_the_cpu_path_on_smollm2() {
             .zip(&gpu_tokens)
             .take_while(|(a, b)| a == b)
             .count();
+        // Free-running, the first token where the paths part must be a near tie on the CPU.
+        if let Some(&gpu_pick) = gpu_tokens.get(agree) {
+            let c = &cpu_logits[agree];
+            let margin = c[tokens[agree] as usize] - c[gpu_pick as usize];
+            assert!(
+                margin < NEAR_TIE,
+                "{text:?}: the paths part at token {agree}, CPU margin {margin}"
+            );
+        }
         // Teacher-forced: prompt and the CPU's tokens as one chain, logits at every step.
         let (mut backend, mut pool) = backend(gpu, 16);
         let table = table(&mut pool, prompt.len() + len);
@@ -415,4 +424,93 @@ fn cuda_every_method_is_lossless_on_smollm2() {
         }
     }
     assert!(accepted > 0, "no draft was accepted on the GPU");
+}
+
+/// Rows that see more than 512 keys are split into runs merged by a second kernel: a tree
+/// over a long context still matches its root paths, and a short row beside a long one (so
+/// the batch takes the split kernels) keeps the bits it has alone.
+#[test]
+fn cuda_long_contexts_split_without_changing_a_row() {
+    let Some(gpu) = on_gpu("cuda_long_contexts_split_without_changing_a_row") else {
+        return;
+    };
+    let text = PROMPTS.join(" ").repeat(6);
+    let long: Vec<u32> = gpu.tokenizer.encode(&text).unwrap();
+    assert!(long.len() > 700, "{} tokens", long.len());
+    let short = gpu.tokenizer.encode(PROMPTS[0]).unwrap();
+    let (mut backend, mut pool) = backend(gpu, 256);
+    let tree = TokenTree::new(vec![11, 22, 33, 44], vec![None, Some(0), Some(0), Some(2)]).unwrap();
+    let long_table = table(&mut pool, long.len() + tree.len());
+    run(
+        backend.as_mut(),
+        &long_table,
+        0,
+        &TokenTree::chain(&long),
+        LogitRows::None,
+    );
+    let rows = run(
+        backend.as_mut(),
+        &long_table,
+        long.len(),
+        &tree,
+        LogitRows::All,
+    );
+    for (node, row) in rows.iter().enumerate() {
+        let path: Vec<u32> = tree
+            .path_to(node)
+            .iter()
+            .map(|&i| tree.tokens()[i])
+            .collect();
+        let chain_table = table(&mut pool, long.len() + path.len());
+        run(
+            backend.as_mut(),
+            &chain_table,
+            0,
+            &TokenTree::chain(&long),
+            LogitRows::None,
+        );
+        let chain = run(
+            backend.as_mut(),
+            &chain_table,
+            long.len(),
+            &TokenTree::chain(&path),
+            LogitRows::Last,
+        );
+        let diff = max_diff(row, &chain[0]);
+        assert!(
+            diff <= TREE_TOLERANCE,
+            "node {node} over {} keys: {diff}",
+            long.len()
+        );
+    }
+    let short_table = table(&mut pool, short.len() + 1);
+    run(
+        backend.as_mut(),
+        &short_table,
+        0,
+        &TokenTree::chain(&short),
+        LogitRows::None,
+    );
+    let next = TokenTree::chain(&[7]);
+    let alone = run(
+        backend.as_mut(),
+        &short_table,
+        short.len(),
+        &next,
+        LogitRows::Last,
+    );
+    let mut batch = TreeBatch::new(BLOCK);
+    batch
+        .push(short.len(), &short_table, &next, LogitRows::Last)
+        .unwrap();
+    batch
+        .push(
+            long.len(),
+            &long_table,
+            &TokenTree::chain(&[9]),
+            LogitRows::Last,
+        )
+        .unwrap();
+    let beside = backend.forward(&batch).unwrap();
+    assert_eq!(alone[0], beside[0], "a short row changed beside a long one");
 }

@@ -30,6 +30,9 @@ pub(super) const ATTENTION_THREADS: u32 = 256;
 pub(super) const ROW_THREADS: u32 = 256;
 /// The widest head `kernels.cu` holds per lane (8 values for each of 32 lanes).
 const MAX_HEAD_DIM: usize = 256;
+/// Keys per attention block: a row that sees more is split into runs of this many, merged
+/// by a second kernel (so a long context spreads over the GPU).
+const SPLIT_KEYS: usize = 512;
 
 /// A driver error as the engine's.
 pub(super) fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -50,6 +53,9 @@ pub(super) struct Kernels {
     pub kv_write: CudaFunction,
     pub attention: CudaFunction,
     pub attention_f16: CudaFunction,
+    pub attention_part: CudaFunction,
+    pub attention_merge: CudaFunction,
+    pub attention_merge_f16: CudaFunction,
     pub embed: CudaFunction,
     pub rms_norm: CudaFunction,
     pub add_rms_norm: CudaFunction,
@@ -68,6 +74,16 @@ pub(super) struct Gpu {
     /// Halves in one slot of one plane (`kv_heads * head_dim`).
     pub width: usize,
     pub num_layers: usize,
+    /// Page-locked staging for logits, grown to the largest copy so far.
+    pinned: Option<cudarc::driver::PinnedHostSlice<f32>>,
+}
+
+/// A forward's plan on the device.
+pub(super) struct Uploaded {
+    pub words: CudaSlice<i32>,
+    pub max_keys: usize,
+    pub block_size: usize,
+    pub rows: usize,
 }
 
 impl Gpu {
@@ -88,6 +104,9 @@ impl Gpu {
             kv_write: load("kv_write")?,
             attention: load("tree_attention")?,
             attention_f16: load("tree_attention_f16")?,
+            attention_part: load("tree_attention_part")?,
+            attention_merge: load("tree_attention_merge")?,
+            attention_merge_f16: load("tree_attention_merge_f16")?,
             embed: load("embed")?,
             rms_norm: load("rms_norm")?,
             add_rms_norm: load("add_rms_norm")?,
@@ -108,6 +127,7 @@ impl Gpu {
             num_slots,
             width,
             num_layers: cfg.num_layers,
+            pinned: None,
         })
     }
 
@@ -118,12 +138,147 @@ impl Gpu {
         (k, k + plane)
     }
 
-    /// `batch`'s plan on the device.
-    pub fn upload_plan(&self, batch: &TreeBatch) -> Result<CudaSlice<i32>> {
+    /// `batch`'s plan on the device, and the most keys a row sees.
+    pub fn upload_plan(&self, batch: &TreeBatch) -> Result<Uploaded> {
         let plan = AttentionPlan::new(batch)?;
-        self.stream
+        let words = self
+            .stream
             .clone_htod(&plan.words)
-            .map_err(device_err("uploading the forward's plan"))
+            .map_err(device_err("uploading the forward's plan"))?;
+        Ok(Uploaded {
+            words,
+            max_keys: plan.max_keys,
+            block_size: batch.block_size,
+            rows: batch.num_rows(),
+        })
+    }
+
+    /// Paged tree attention of layer `layer` for every row of `plan` into `out`
+    /// (`[rows, heads * dim]`, f32 or f16 by `out_f16`); q's element (row, head, d) is at
+    /// `row * q_row + head * q_head + d`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend<O: cudarc::driver::DeviceRepr>(
+        &self,
+        cfg: &ModelConfig,
+        layer: usize,
+        plan: &Uploaded,
+        q: &CudaView<f32>,
+        (q_row, q_head): (i64, i64),
+        out: &mut CudaSlice<O>,
+        out_f16: bool,
+    ) -> Result<()> {
+        let (heads, kv_heads, dim) = (
+            cfg.num_heads as i32,
+            cfg.num_kv_heads as i32,
+            cfg.head_dim as i32,
+        );
+        let (k_at, v_at) = self.planes(layer);
+        let block_size = plan.block_size as i32;
+        let scale = 1f32 / (cfg.head_dim as f32).sqrt();
+        let rows = plan.rows as u32;
+        let runs = plan.max_keys.div_ceil(SPLIT_KEYS).max(1);
+        if runs == 1 {
+            let kernel = if out_f16 {
+                &self.kernels.attention_f16
+            } else {
+                &self.kernels.attention
+            };
+            let mut launch = self.stream.launch_builder(kernel);
+            launch
+                .arg(q)
+                .arg(&q_row)
+                .arg(&q_head)
+                .arg(&self.cache)
+                .arg(&k_at)
+                .arg(&v_at)
+                .arg(&plan.words)
+                .arg(out)
+                .arg(&heads)
+                .arg(&kv_heads)
+                .arg(&dim)
+                .arg(&block_size)
+                .arg(&scale);
+            // SAFETY: tree_attention's signature; the plan's block ids and slots were checked
+            // against the cache by `TreeBatch::validate`, and out holds rows * heads * dim.
+            unsafe { launch.launch(grid((heads as u32, rows, 1), ATTENTION_THREADS)) }
+                .map_err(device_err("tree_attention"))?;
+            return Ok(());
+        }
+        let mut parts =
+            self.scratch::<f32>(plan.rows * cfg.num_heads * runs * (cfg.head_dim + 2))?;
+        let split = SPLIT_KEYS as i32;
+        let mut launch = self.stream.launch_builder(&self.kernels.attention_part);
+        launch
+            .arg(q)
+            .arg(&q_row)
+            .arg(&q_head)
+            .arg(&self.cache)
+            .arg(&k_at)
+            .arg(&v_at)
+            .arg(&plan.words)
+            .arg(&mut parts)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&dim)
+            .arg(&block_size)
+            .arg(&scale)
+            .arg(&split);
+        // SAFETY: tree_attention_part's signature; as above, and parts holds a run's
+        // dim + 2 values for every (row, head, run).
+        unsafe { launch.launch(grid((heads as u32, rows, runs as u32), ATTENTION_THREADS)) }
+            .map_err(device_err("tree_attention_part"))?;
+        let kernel = if out_f16 {
+            &self.kernels.attention_merge_f16
+        } else {
+            &self.kernels.attention_merge
+        };
+        let runs_i = runs as i32;
+        let mut launch = self.stream.launch_builder(kernel);
+        launch
+            .arg(&parts)
+            .arg(&plan.words)
+            .arg(out)
+            .arg(&heads)
+            .arg(&dim)
+            .arg(&split)
+            .arg(&runs_i);
+        // SAFETY: tree_attention_merge's signature; every run a row uses was written above.
+        unsafe { launch.launch(grid((heads as u32, rows, 1), 128)) }
+            .map_err(device_err("tree_attention_merge"))?;
+        Ok(())
+    }
+
+    /// The f32 logits `[rows, vocab]` on the host, through a page-locked buffer kept for
+    /// the next forward (a pageable copy of many rows' logits costs more than the forward).
+    pub fn logits_to_host(&mut self, logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let (rows, vocab) = logits.dims2()?;
+        let len = rows * vocab;
+        if self.pinned.as_ref().is_none_or(|p| p.len() < len) {
+            self.pinned = None;
+            // SAFETY: the buffer is written by the copy below before it is read.
+            let pinned = unsafe { self.stream.context().alloc_pinned_with_flags::<f32>(len, 0) }
+                .map_err(device_err("allocating page-locked memory"))?;
+            self.pinned = Some(pinned);
+        }
+        let stream = self.stream.clone();
+        let Some(pinned) = self.pinned.as_mut() else {
+            return Err(Error::Device("no page-locked buffer".into()));
+        };
+        let host = pinned
+            .as_mut_slice()
+            .map_err(device_err("page-locked memory"))?;
+        let host = &mut host[..len];
+        {
+            let (store, layout) = logits.storage_and_layout();
+            let src = view::<f32>(&store, layout)?;
+            // A copy into host memory is asynchronous and, on one stream, followed by no
+            // event: wait for it before reading.
+            stream
+                .memcpy_dtoh(&src, host)
+                .map_err(device_err("copying logits"))?;
+        }
+        stream.synchronize().map_err(device_err("copying logits"))?;
+        Ok(host.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect())
     }
 
     /// `len` values the next kernel will write in full.
@@ -293,7 +448,7 @@ impl Backend for CudaBackend {
             Pass::Ops(model) => super::ops::forward(&mut self.gpu, model, batch)?,
         };
         match logits {
-            Some(logits) => Ok(logits.to_vec2::<f32>()?),
+            Some(logits) => self.gpu.logits_to_host(&logits),
             None => {
                 self.gpu.synchronize()?;
                 Ok(Vec::new())

@@ -11,7 +11,7 @@ use candle_core::{DType, Tensor};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::f16;
 
-use super::device::{device_err, grid, view, Gpu, ATTENTION_THREADS, ROW_THREADS};
+use super::device::{device_err, grid, view, Gpu, ROW_THREADS};
 use crate::batch::TreeBatch;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::linear::Linear;
@@ -157,7 +157,11 @@ impl FusedPass {
             let (table, layout) = self.embedding.storage_and_layout();
             let table = view::<f32>(&table, layout)?;
             let mut launch = gpu.stream.launch_builder(&gpu.kernels.embed);
-            launch.arg(&table).arg(&plan).arg(&mut x).arg(&hidden_i);
+            launch
+                .arg(&table)
+                .arg(&plan.words)
+                .arg(&mut x)
+                .arg(&hidden_i);
             // SAFETY: embed's signature; every token was checked against the vocabulary.
             unsafe { launch.launch(by_rows) }.map_err(device_err("embed"))?;
         }
@@ -188,7 +192,7 @@ impl FusedPass {
                     .arg(&has_bias)
                     .arg(&cos)
                     .arg(&sin)
-                    .arg(&plan)
+                    .arg(&plan.words)
                     .arg(&mut q)
                     .arg(&mut gpu.cache)
                     .arg(&k_at)
@@ -202,31 +206,9 @@ impl FusedPass {
                 unsafe { launch.launch(by_rows) }.map_err(device_err("rope_kv"))?;
             }
             let mut attn = gpu.scratch::<f16>(rows * heads * dim)?;
-            {
-                // q is [rows, heads, dim].
-                let (q_row, q_head) = ((heads * dim) as i64, dim as i64);
-                let block_size = batch.block_size as i32;
-                let scale = 1f32 / (dim as f32).sqrt();
-                let mut launch = gpu.stream.launch_builder(&gpu.kernels.attention_f16);
-                launch
-                    .arg(&q)
-                    .arg(&q_row)
-                    .arg(&q_head)
-                    .arg(&gpu.cache)
-                    .arg(&k_at)
-                    .arg(&v_at)
-                    .arg(&plan)
-                    .arg(&mut attn)
-                    .arg(&heads_i)
-                    .arg(&kv_i)
-                    .arg(&dim_i)
-                    .arg(&block_size)
-                    .arg(&scale);
-                let config = grid((heads as u32, rows as u32, 1), ATTENTION_THREADS);
-                // SAFETY: tree_attention_f16's signature; the plan's block ids and slots
-                // were checked against the cache by `TreeBatch::validate`.
-                unsafe { launch.launch(config) }.map_err(device_err("tree_attention"))?;
-            }
+            // q is [rows, heads, dim].
+            let strides = ((heads * dim) as i64, dim as i64);
+            gpu.attend(cfg, index, &plan, &q.slice(..), strides, &mut attn, true)?;
             let o = gpu
                 .tensor(attn, (rows, heads * dim))
                 .matmul(&layer.o.t()?)?;

@@ -38,25 +38,36 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-// q: f32, element (row, head, d) at row * q_row + head * q_head + d; out: [rows][heads * dim].
-// plan: see backend/cuda/plan.rs. grid: (heads, rows); block: WARPS * 32. Each warp takes
-// every WARPS-th key with an online softmax in f32 (lane l holds dims l, l + 32, ...); the
-// warps' partial sums are merged at the end. A row's result depends only on its own keys,
-// never on the other rows.
-template <typename Out>
-__device__ void attend(const float* __restrict__ q, long long q_row, long long q_head,
-                       const __half* __restrict__ cache, long long k_at, long long v_at,
-                       const int* __restrict__ plan, Out* __restrict__ out, int heads,
-                       int kv_heads, int dim, int block_size, float scale) {
+// Paged tree attention. q: f32, element (row, head, d) at row * q_row + head * q_head + d;
+// out: [rows][heads * dim]; plan: see backend/cuda/plan.rs. A block takes one (head, row) and
+// a run of the row's keys: each of its WARPS warps every WARPS-th key of the run with an
+// online softmax in f32 (lane l holds dims l, l + 32, ...), the warps merged at the end. A row
+// whose keys fit in one run of `split` is done in one pass; longer rows are split into runs
+// of `split` keys (blocks along z) whose partial sums a second kernel merges. Where the runs
+// fall depends only on the row's own key count, so a row's result never depends on the other
+// rows of the batch, and a row of one run gives the same bits either way.
+
+struct RowKeys {
+    int context, keys;
+    const int* table;
+    const int* tree;
+};
+
+__device__ __forceinline__ RowKeys row_keys(const int* plan, int row) {
+    const int* r = plan + row * ROW_FIELDS;
+    return RowKeys{r[0], r[0] + r[3], plan + r[1], plan + r[2]};
+}
+
+// Online softmax over keys [first, last) of one (head, row). Leaves the block's merged
+// running sums in `sums` (shared, dim values) and returns (top, total) to every thread.
+__device__ float2 attend_keys(const float* __restrict__ q, long long q_row, long long q_head,
+                              const __half* __restrict__ cache, long long k_at, long long v_at,
+                              RowKeys rk, int first, int last, int heads, int kv_heads,
+                              int dim, int block_size, float scale, float* sums) {
     int h = blockIdx.x, row = blockIdx.y;
     int kh = h / (heads / kv_heads);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int per_lane = dim / 32;
-    const int* r = plan + row * ROW_FIELDS;
-    int context = r[0];
-    const int* table = plan + r[1];
-    const int* tree = plan + r[2];
-    int keys = context + r[3];
     int width = kv_heads * dim;
 
     float qv[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
@@ -67,9 +78,9 @@ __device__ void attend(const float* __restrict__ q, long long q_row, long long q
         acc[i] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int j = warp; j < keys; j += WARPS) {
-        int slot = j < context ? table[j / block_size] * block_size + j % block_size
-                               : tree[j - context];
+    for (int j = first + warp; j < last; j += WARPS) {
+        int slot = j < rk.context ? rk.table[j / block_size] * block_size + j % block_size
+                                  : rk.tree[j - rk.context];
         long long at = (long long)slot * width + kh * dim;
         const __half* kp = cache + k_at + at;
         const __half* vp = cache + v_at + at;
@@ -106,17 +117,32 @@ __device__ void attend(const float* __restrict__ q, long long q_row, long long q
         float sum = 0.f;
         for (int w = 0; w < WARPS; w++)
             if (warp_l[w] > 0.f) sum += warp_acc[w][d] * __expf(warp_m[w] - top);
-        float v = total > 0.f ? sum / total : 0.f;
-        out[(long long)row * heads * dim + h * dim + d] = (Out)v;
+        sums[d] = sum;
     }
+    __syncthreads();
+    return make_float2(top, total);
+}
+
+template <typename Out>
+__device__ void attend_whole(const float* q, long long q_row, long long q_head,
+                             const __half* cache, long long k_at, long long v_at,
+                             const int* plan, Out* out, int heads, int kv_heads, int dim,
+                             int block_size, float scale) {
+    __shared__ float sums[32 * MAX_DIMS_PER_LANE];
+    int h = blockIdx.x, row = blockIdx.y;
+    RowKeys rk = row_keys(plan, row);
+    float2 tt = attend_keys(q, q_row, q_head, cache, k_at, v_at, rk, 0, rk.keys, heads,
+                            kv_heads, dim, block_size, scale, sums);
+    for (int d = threadIdx.x; d < dim; d += blockDim.x)
+        out[(long long)row * heads * dim + h * dim + d] = (Out)(tt.y > 0.f ? sums[d] / tt.y : 0.f);
 }
 
 extern "C" __global__ void tree_attention(const float* q, long long q_row, long long q_head,
                                           const __half* cache, long long k_at, long long v_at,
                                           const int* plan, float* out, int heads, int kv_heads,
                                           int dim, int block_size, float scale) {
-    attend<float>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
-                  block_size, scale);
+    attend_whole<float>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
+                        block_size, scale);
 }
 
 extern "C" __global__ void tree_attention_f16(const float* q, long long q_row, long long q_head,
@@ -124,8 +150,69 @@ extern "C" __global__ void tree_attention_f16(const float* q, long long q_row, l
                                               long long v_at, const int* plan, __half* out,
                                               int heads, int kv_heads, int dim, int block_size,
                                               float scale) {
-    attend<__half>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
-                   block_size, scale);
+    attend_whole<__half>(q, q_row, q_head, cache, k_at, v_at, plan, out, heads, kv_heads, dim,
+                         block_size, scale);
+}
+
+// One run of `split` keys (run blockIdx.z) of one (head, row): its (top, total, sums[dim])
+// at parts[((row * heads + head) * runs + z) * (dim + 2)]. Runs past the row's keys do
+// nothing. grid: (heads, rows, runs).
+extern "C" __global__ void tree_attention_part(const float* q, long long q_row, long long q_head,
+                                               const __half* cache, long long k_at,
+                                               long long v_at, const int* plan,
+                                               float* __restrict__ parts, int heads,
+                                               int kv_heads, int dim, int block_size,
+                                               float scale, int split) {
+    __shared__ float sums[32 * MAX_DIMS_PER_LANE];
+    int h = blockIdx.x, row = blockIdx.y, z = blockIdx.z;
+    RowKeys rk = row_keys(plan, row);
+    int first = z * split;
+    if (first >= rk.keys) return;
+    int last = min(first + split, rk.keys);
+    float2 tt = attend_keys(q, q_row, q_head, cache, k_at, v_at, rk, first, last, heads,
+                            kv_heads, dim, block_size, scale, sums);
+    float* part = parts + (((long long)row * heads + h) * gridDim.z + z) * (dim + 2);
+    if (threadIdx.x == 0) {
+        part[0] = tt.x;
+        part[1] = tt.y;
+    }
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) part[2 + d] = sums[d];
+}
+
+// Merges a (head, row)'s runs from tree_attention_part. grid: (heads, rows).
+template <typename Out>
+__device__ void merge_runs(const float* __restrict__ parts, const int* plan, Out* out,
+                           int heads, int dim, int split, int runs) {
+    int h = blockIdx.x, row = blockIdx.y;
+    RowKeys rk = row_keys(plan, row);
+    int used = (rk.keys + split - 1) / split;
+    const float* part = parts + ((long long)row * heads + h) * runs * (dim + 2);
+    float top = -INFINITY;
+    for (int z = 0; z < used; z++) top = fmaxf(top, part[z * (dim + 2)]);
+    float total = 0.f;
+    for (int z = 0; z < used; z++) {
+        const float* p = part + z * (dim + 2);
+        if (p[1] > 0.f) total += p[1] * (used == 1 ? 1.f : __expf(p[0] - top));
+    }
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float sum = 0.f;
+        for (int z = 0; z < used; z++) {
+            const float* p = part + z * (dim + 2);
+            if (p[1] > 0.f) sum += p[2 + d] * (used == 1 ? 1.f : __expf(p[0] - top));
+        }
+        out[(long long)row * heads * dim + h * dim + d] = (Out)(total > 0.f ? sum / total : 0.f);
+    }
+}
+
+extern "C" __global__ void tree_attention_merge(const float* parts, const int* plan, float* out,
+                                                int heads, int dim, int split, int runs) {
+    merge_runs<float>(parts, plan, out, heads, dim, split, runs);
+}
+
+extern "C" __global__ void tree_attention_merge_f16(const float* parts, const int* plan,
+                                                    __half* out, int heads, int dim, int split,
+                                                    int runs) {
+    merge_runs<__half>(parts, plan, out, heads, dim, split, runs);
 }
 
 // The fused f16 pass (backend/cuda/fused.rs): every kernel below takes one row per block.

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::device::{device_err, grid, view, Gpu, ATTENTION_THREADS};
+use super::device::{device_err, grid, view, Gpu, Uploaded};
 use crate::batch::TreeBatch;
 use crate::model::Model;
 use crate::Result;
@@ -14,7 +14,6 @@ use crate::Result;
 pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result<Option<Tensor>> {
     let cfg = model.config();
     let weights = model.weights();
-    let rows = batch.num_rows();
     let device = Device::Cuda(gpu.device.clone());
     let plan = gpu.upload_plan(batch)?;
     let slots: Vec<i32> = batch.slots.iter().map(|s| s.0 as i32).collect();
@@ -34,7 +33,7 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
         let k = model.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
         let v = layer.v.forward(&h)?.contiguous()?;
         write_kv(gpu, index, &k, &v, &slots, cfg.num_kv_heads, cfg.head_dim)?;
-        let attn = attend(gpu, index, &q, &plan, rows, batch.block_size, model)?;
+        let attn = attend(gpu, index, &q, &plan, model)?;
         x = (layer.o.forward(&attn)? + x)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
         let gated = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
@@ -86,46 +85,16 @@ fn write_kv(
 
 /// Attention of the rows' queries (`[1, heads, rows, dim]`) over layer `layer`'s cache:
 /// `[rows, heads * dim]` f32.
-fn attend(
-    gpu: &Gpu,
-    layer: usize,
-    q: &Tensor,
-    plan: &CudaSlice<i32>,
-    rows: usize,
-    block_size: usize,
-    model: &Model,
-) -> Result<Tensor> {
+fn attend(gpu: &Gpu, layer: usize, q: &Tensor, plan: &Uploaded, model: &Model) -> Result<Tensor> {
     let cfg = model.config();
-    let (heads, kv_heads, dim) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let (k_at, v_at) = gpu.planes(layer);
+    let (rows, heads, dim) = (plan.rows, cfg.num_heads, cfg.head_dim);
     let mut out = gpu.scratch::<f32>(rows * heads * dim)?;
     {
         let (q_store, q_layout) = q.storage_and_layout();
         let q_view = view::<f32>(&q_store, q_layout)?;
         // q is [1, heads, rows, dim]: a row's next is dim values on, a head's rows * dim.
-        let (q_row, q_head) = (dim as i64, (rows * dim) as i64);
-        let (heads_i, kv_i, dim_i) = (heads as i32, kv_heads as i32, dim as i32);
-        let block_size = block_size as i32;
-        let scale = 1f32 / (dim as f32).sqrt();
-        let mut launch = gpu.stream.launch_builder(&gpu.kernels.attention);
-        launch
-            .arg(&q_view)
-            .arg(&q_row)
-            .arg(&q_head)
-            .arg(&gpu.cache)
-            .arg(&k_at)
-            .arg(&v_at)
-            .arg(plan)
-            .arg(&mut out)
-            .arg(&heads_i)
-            .arg(&kv_i)
-            .arg(&dim_i)
-            .arg(&block_size)
-            .arg(&scale);
-        let config = grid((heads as u32, rows as u32, 1), ATTENTION_THREADS);
-        // SAFETY: the arguments match tree_attention's signature; the plan's block ids and
-        // slots were checked against the cache by `TreeBatch::validate`.
-        unsafe { launch.launch(config) }.map_err(device_err("tree_attention"))?;
+        let strides = (dim as i64, (rows * dim) as i64);
+        gpu.attend(cfg, layer, plan, &q_view, strides, &mut out, false)?;
     }
     Ok(gpu.tensor(out, (rows, heads * dim)))
 }
