@@ -24,8 +24,8 @@ use crate::model::Model;
 use crate::{Error, Result};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/thicket_kernels.ptx"));
-/// Threads per attention block (`WARPS * 32` in `kernels.cu`).
-pub(super) const ATTENTION_THREADS: u32 = 256;
+/// Threads per attention block (`ATT_THREADS` in `kernels.cu`).
+pub(super) const ATTENTION_THREADS: u32 = 128;
 /// Threads per block of the one-row-per-block kernels.
 pub(super) const ROW_THREADS: u32 = 256;
 /// The widest head `kernels.cu` holds per lane (8 values for each of 32 lanes).

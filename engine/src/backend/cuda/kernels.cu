@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #define MAX_DIMS_PER_LANE 8   // head_dim <= 256
-#define WARPS 8
 #define ROW_FIELDS 7
 #define F16_MAX 65504.0f
 
@@ -40,8 +39,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // Paged tree attention. q: f32, element (row, head, d) at row * q_row + head * q_head + d;
 // out: [rows][heads * dim]; plan: see backend/cuda/plan.rs. A block takes one (head, row) and
-// a run of the row's keys: each of its WARPS warps every WARPS-th key of the run with an
-// online softmax in f32 (lane l holds dims l, l + 32, ...), the warps merged at the end. A row
+// a run of the row's keys with an online softmax in f32 (attend_keys). A row
 // whose keys fit in one run of `split` is done in one pass; longer rows are split into runs
 // of `split` keys (blocks along z) whose partial sums a second kernel merges. Where the runs
 // fall depends only on the row's own key count, so a row's result never depends on the other
@@ -58,69 +56,117 @@ __device__ __forceinline__ RowKeys row_keys(const int* plan, int row) {
     return RowKeys{r[0], r[0] + r[3], plan + r[1], plan + r[2]};
 }
 
-// Online softmax over keys [first, last) of one (head, row). Leaves the block's merged
-// running sums in `sums` (shared, dim values) and returns (top, total) to every thread.
+#define ATT_THREADS 128
+#define TILE 128
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ __forceinline__ int d0_of(int t, int lanes) { return t % lanes; }
+
+// Max and sum over the ATT_THREADS threads of the block (`red`: ATT_THREADS / 32 floats).
+__device__ float block_max(float v, float* red) {
+    v = warp_max(v);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < ATT_THREADS / 32; i++) r = fmaxf(r, red[i]);
+    return r;
+}
+
+__device__ float block_add(float v, float* red) {
+    v = warp_sum(v);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < ATT_THREADS / 32; i++) r += red[i];
+    return r;
+}
+
+// Online softmax over keys [first, last) of one (head, row), ATT_THREADS threads, keys in
+// tiles of TILE: each thread scores one key of the tile (its K row read in 16-byte pieces
+// against q in shared memory), the tile's max and sum are block reductions, then groups of
+// threads, one thread per dimension, add the tile's weighted V rows (each group every G-th
+// key). Leaves the block's sums of weighted values in `sums` (shared, dim values) and
+// returns (top, total) to every thread.
 __device__ float2 attend_keys(const float* __restrict__ q, long long q_row, long long q_head,
                               const __half* __restrict__ cache, long long k_at, long long v_at,
                               RowKeys rk, int first, int last, int heads, int kv_heads,
                               int dim, int block_size, float scale, float* sums) {
-    int h = blockIdx.x, row = blockIdx.y;
+    __shared__ float qs[32 * MAX_DIMS_PER_LANE];
+    __shared__ float ps[TILE];
+    __shared__ int slots[TILE];
+    __shared__ float red[ATT_THREADS / 32];
+    __shared__ float group_acc[2 * ATT_THREADS];
+    int h = blockIdx.x, row = blockIdx.y, t = threadIdx.x;
     int kh = h / (heads / kv_heads);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int per_lane = dim / 32;
     int width = kv_heads * dim;
-
-    float qv[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
     const float* qr = q + row * q_row + h * q_head;
-#pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++) {
-        qv[i] = i < per_lane ? qr[lane + 32 * i] : 0.f;
-        acc[i] = 0.f;
-    }
+    for (int d = t; d < dim; d += ATT_THREADS) qs[d] = qr[d] * scale;
+    // V: `lanes` threads per group, one dimension each (and a second past ATT_THREADS).
+    int lanes = min(dim, ATT_THREADS);
+    int groups = ATT_THREADS / lanes;
+    bool second = d0_of(t, lanes) + lanes < dim;
+    int g = t / lanes, d0 = d0_of(t, lanes);
+    float acc[2] = {0.f, 0.f};
     float m = -INFINITY, l = 0.f;
-    for (int j = first + warp; j < last; j += WARPS) {
-        int slot = j < rk.context ? rk.table[j / block_size] * block_size + j % block_size
-                                  : rk.tree[j - rk.context];
-        long long at = (long long)slot * width + kh * dim;
-        const __half* kp = cache + k_at + at;
-        const __half* vp = cache + v_at + at;
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-            if (i < per_lane) s += qv[i] * __half2float(kp[lane + 32 * i]);
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(m, s);
-        float keep = __expf(m - m_new), p = __expf(s - m_new);
-        l = l * keep + p;
-#pragma unroll
-        for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-            if (i < per_lane) acc[i] = acc[i] * keep + p * __half2float(vp[lane + 32 * i]);
-        m = m_new;
-    }
-
-    __shared__ float warp_m[WARPS], warp_l[WARPS];
-    __shared__ float warp_acc[WARPS][32 * MAX_DIMS_PER_LANE];
-    if (lane == 0) {
-        warp_m[warp] = m;
-        warp_l[warp] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < MAX_DIMS_PER_LANE; i++)
-        if (i < per_lane) warp_acc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    float top = -INFINITY;
-    for (int w = 0; w < WARPS; w++) top = fmaxf(top, warp_m[w]);
-    float total = 0.f;
-    for (int w = 0; w < WARPS; w++)
-        if (warp_l[w] > 0.f) total += warp_l[w] * __expf(warp_m[w] - top);
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    for (int base = first; base < last; base += TILE) {
+        int j = base + t;
+        float s = -INFINITY;
+        if (j < last) {
+            int slot = j < rk.context ? rk.table[j / block_size] * block_size + j % block_size
+                                      : rk.tree[j - rk.context];
+            slots[t] = slot;
+            const uint4* kp = (const uint4*)(cache + k_at + (long long)slot * width + kh * dim);
+            float dot = 0.f;
+            for (int c = 0; c < dim / 8; c++) {
+                uint4 w = kp[c];
+                const __half2* hw = (const __half2*)&w;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __half22float2(hw[i]);
+                    dot += qs[c * 8 + 2 * i] * f.x + qs[c * 8 + 2 * i + 1] * f.y;
+                }
+            }
+            s = dot;
+        }
+        float m_new = fmaxf(m, block_max(s, red));
+        float p = j < last ? __expf(s - m_new) : 0.f;
+        ps[t] = p;
+        float keep = __expf(m - m_new);
+        l = l * keep + block_add(p, red);
+        acc[0] *= keep;
+        acc[1] *= keep;
+        int n = min(TILE, last - base);
+        if (g < groups) {
+            for (int k = g; k < n; k += groups) {
+                const __half* vp = cache + v_at + (long long)slots[k] * width + kh * dim;
+                float pk = ps[k];
+                acc[0] += pk * __half2float(vp[d0]);
+                if (second) acc[1] += pk * __half2float(vp[d0 + lanes]);
+            }
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    if (g < groups) {
+        group_acc[g * dim + d0] = acc[0];
+        if (second) group_acc[g * dim + d0 + lanes] = acc[1];
+    }
+    __syncthreads();
+    for (int d = t; d < dim; d += ATT_THREADS) {
         float sum = 0.f;
-        for (int w = 0; w < WARPS; w++)
-            if (warp_l[w] > 0.f) sum += warp_acc[w][d] * __expf(warp_m[w] - top);
+        for (int k = 0; k < groups; k++) sum += group_acc[k * dim + d];
         sums[d] = sum;
     }
     __syncthreads();
-    return make_float2(top, total);
+    return make_float2(m, l);
 }
 
 template <typename Out>
