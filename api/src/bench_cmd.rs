@@ -82,7 +82,11 @@ pub fn forward(
         }
     }
     // The memory-bandwidth bound on one-row decoding, measured in the same run: a row reads
-    // every weight, and the keys and values of its context too.
+    // every weight, and the keys and values of its context too. It is the host's bandwidth,
+    // so it bounds only a model on the CPU.
+    if !loaded.model.device().is_cpu() {
+        return Ok(());
+    }
     let bandwidth = engine::bench::read_bandwidth(1 << 30, 3);
     let weight_bytes = loaded.model.weight_bytes() as f64;
     let kv_bytes = (context * loaded.model.kv_bytes_per_position()) as f64;
