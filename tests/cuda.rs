@@ -81,6 +81,17 @@ fn run(
     backend.forward(&batch).unwrap()
 }
 
+/// Caches `tokens` as a sequence's first positions (no logits).
+fn prefill(backend: &mut dyn Backend, table: &BlockTable, tokens: &[u32]) {
+    run(
+        backend,
+        table,
+        0,
+        &TokenTree::chain(tokens),
+        LogitRows::None,
+    );
+}
+
 fn argmax(xs: &[f32]) -> usize {
     xs.iter()
         .enumerate()
@@ -197,6 +208,47 @@ fn cuda_greedy_follows_the_cpu_path_on_smollm2() {
 /// The most a tree row's logits may differ from its root path's run as a chain.
 const TREE_TOLERANCE: f32 = 0.05;
 
+/// Runs `tree` after `context` in one sequence and each of its root paths as a chain after
+/// the same context in another: every node's logits within `TREE_TOLERANCE` of its chain's
+/// and the same top token. The largest difference.
+fn tree_against_chains(
+    backend: &mut dyn Backend,
+    pool: &mut BlockPool,
+    context: &[u32],
+    tree: &TokenTree,
+) -> f32 {
+    let tree_table = table(pool, context.len() + tree.len());
+    prefill(backend, &tree_table, context);
+    let rows = run(backend, &tree_table, context.len(), tree, LogitRows::All);
+    let mut worst = 0f32;
+    for (node, row) in rows.iter().enumerate() {
+        let path: Vec<u32> = tree
+            .path_to(node)
+            .iter()
+            .map(|&i| tree.tokens()[i])
+            .collect();
+        let chain_table = table(pool, context.len() + path.len());
+        prefill(backend, &chain_table, context);
+        let chain = TokenTree::chain(&path);
+        let chain = run(
+            backend,
+            &chain_table,
+            context.len(),
+            &chain,
+            LogitRows::Last,
+        );
+        let diff = max_diff(row, &chain[0]);
+        worst = worst.max(diff);
+        let keys = context.len() + path.len();
+        assert!(
+            diff <= TREE_TOLERANCE,
+            "node {node} over {keys} keys: {diff}"
+        );
+        assert_eq!(argmax(row), argmax(&chain[0]), "node {node}");
+    }
+    worst
+}
+
 #[test]
 fn cuda_tree_rows_equal_their_root_paths_as_chains() {
     let Some(gpu) = on_gpu("cuda_tree_rows_equal_their_root_paths_as_chains") else {
@@ -209,37 +261,7 @@ fn cuda_tree_rows_equal_their_root_paths_as_chains() {
     )
     .unwrap();
     let (mut backend, mut pool) = backend(gpu, 32);
-    let tree_table = table(&mut pool, prompt.len() + tree.len());
-    let prefill = TokenTree::chain(&prompt);
-    run(backend.as_mut(), &tree_table, 0, &prefill, LogitRows::None);
-    let rows = run(
-        backend.as_mut(),
-        &tree_table,
-        prompt.len(),
-        &tree,
-        LogitRows::All,
-    );
-    let mut worst = 0f32;
-    for (node, row) in rows.iter().enumerate() {
-        let path: Vec<u32> = tree
-            .path_to(node)
-            .iter()
-            .map(|&i| tree.tokens()[i])
-            .collect();
-        let chain_table = table(&mut pool, prompt.len() + path.len());
-        run(backend.as_mut(), &chain_table, 0, &prefill, LogitRows::None);
-        let chain = run(
-            backend.as_mut(),
-            &chain_table,
-            prompt.len(),
-            &TokenTree::chain(&path),
-            LogitRows::Last,
-        );
-        let diff = max_diff(row, &chain[0]);
-        worst = worst.max(diff);
-        assert!(diff <= TREE_TOLERANCE, "node {node}: {diff}");
-        assert_eq!(argmax(row), argmax(&chain[0]), "node {node}");
-    }
+    let worst = tree_against_chains(backend.as_mut(), &mut pool, &prompt, &tree);
     eprintln!("largest tree-vs-chain logit difference: {worst}");
 }
 
@@ -316,13 +338,7 @@ fn cuda_kv_moves_carry_what_attention_reads() {
     let prompt = gpu.tokenizer.encode(PROMPTS[1]).unwrap();
     let (mut backend, mut pool) = backend(gpu, 32);
     let first = table(&mut pool, prompt.len() + 1);
-    run(
-        backend.as_mut(),
-        &first,
-        0,
-        &TokenTree::chain(&prompt),
-        LogitRows::None,
-    );
+    prefill(backend.as_mut(), &first, &prompt);
     let next = TokenTree::chain(&[42]);
     let before = run(
         backend.as_mut(),
@@ -331,8 +347,7 @@ fn cuda_kv_moves_carry_what_attention_reads() {
         &next,
         LogitRows::Last,
     );
-    // Move every cached position into fresh blocks, in an order that chains (a slot read
-    // after another move wrote it is not possible here, but a reversed order is).
+    // Move every cached position into fresh blocks, last position first.
     let second = table(&mut pool, prompt.len() + 1);
     let moves: Vec<KvMove> = (0..prompt.len())
         .rev()
@@ -438,59 +453,13 @@ fn cuda_long_contexts_split_without_changing_a_row() {
     let long: Vec<u32> = gpu.tokenizer.encode(&text).unwrap();
     assert!(long.len() > 700, "{} tokens", long.len());
     let short = gpu.tokenizer.encode(PROMPTS[0]).unwrap();
-    let (mut backend, mut pool) = backend(gpu, 256);
+    let (mut backend, mut pool) = backend(gpu, 512);
     let tree = TokenTree::new(vec![11, 22, 33, 44], vec![None, Some(0), Some(0), Some(2)]).unwrap();
-    let long_table = table(&mut pool, long.len() + tree.len());
-    run(
-        backend.as_mut(),
-        &long_table,
-        0,
-        &TokenTree::chain(&long),
-        LogitRows::None,
-    );
-    let rows = run(
-        backend.as_mut(),
-        &long_table,
-        long.len(),
-        &tree,
-        LogitRows::All,
-    );
-    for (node, row) in rows.iter().enumerate() {
-        let path: Vec<u32> = tree
-            .path_to(node)
-            .iter()
-            .map(|&i| tree.tokens()[i])
-            .collect();
-        let chain_table = table(&mut pool, long.len() + path.len());
-        run(
-            backend.as_mut(),
-            &chain_table,
-            0,
-            &TokenTree::chain(&long),
-            LogitRows::None,
-        );
-        let chain = run(
-            backend.as_mut(),
-            &chain_table,
-            long.len(),
-            &TokenTree::chain(&path),
-            LogitRows::Last,
-        );
-        let diff = max_diff(row, &chain[0]);
-        assert!(
-            diff <= TREE_TOLERANCE,
-            "node {node} over {} keys: {diff}",
-            long.len()
-        );
-    }
+    tree_against_chains(backend.as_mut(), &mut pool, &long, &tree);
+    let long_table = table(&mut pool, long.len() + 1);
+    prefill(backend.as_mut(), &long_table, &long);
     let short_table = table(&mut pool, short.len() + 1);
-    run(
-        backend.as_mut(),
-        &short_table,
-        0,
-        &TokenTree::chain(&short),
-        LogitRows::None,
-    );
+    prefill(backend.as_mut(), &short_table, &short);
     let next = TokenTree::chain(&[7]);
     let alone = run(
         backend.as_mut(),

@@ -63,8 +63,9 @@ impl DeviceChoice {
         match self {
             Self::Auto => Ok(default_device()),
             Self::Cpu => Ok(Device::Cpu),
-            Self::Cuda(n) if cfg!(feature = "cuda") => Device::new_cuda(n)
-                .map_err(|e| crate::Error::Device(format!("CUDA device {n}: {e}"))),
+            Self::Cuda(n) if cfg!(feature = "cuda") => {
+                cuda_device(n).map_err(|e| crate::Error::Device(format!("CUDA device {n}: {e}")))
+            }
             Self::Cuda(n) => Err(crate::Error::Device(format!(
                 "CUDA device {n}: this binary was built without the `cuda` feature \
                  (scripts/build-cuda.sh builds one)"
@@ -87,10 +88,26 @@ pub struct LoadedModel {
 /// The device models run on: CUDA 0 when built with `cuda` and one is present, else CPU.
 pub fn default_device() -> Device {
     #[cfg(feature = "cuda")]
-    if let Ok(device) = Device::new_cuda(0) {
+    if let Ok(device) = cuda_device(0) {
         return device;
     }
     Device::Cpu
+}
+
+/// CUDA device `n`, one per process: every model on it shares its context and stream (so
+/// their work is ordered, and loading a model never creates or releases a context while
+/// another thread runs kernels in it).
+fn cuda_device(n: usize) -> candle_core::Result<Device> {
+    static DEVICES: std::sync::Mutex<Vec<(usize, Device)>> = std::sync::Mutex::new(Vec::new());
+    let mut devices = DEVICES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, device)) = devices.iter().find(|(i, _)| *i == n) {
+        return Ok(device.clone());
+    }
+    let device = Device::new_cuda(n)?;
+    devices.push((n, device.clone()));
+    Ok(device)
 }
 
 /// Resolves `spec` (fetching an alias on first use) and loads it.

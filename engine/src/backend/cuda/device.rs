@@ -28,7 +28,7 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/thicket_kernels.ptx"))
 pub(super) const ATTENTION_THREADS: u32 = 128;
 /// Threads per block of the one-row-per-block kernels.
 pub(super) const ROW_THREADS: u32 = 256;
-/// The widest head `kernels.cu` holds per lane (8 values for each of 32 lanes).
+/// The widest head `kernels.cu` holds (q in shared memory, two dimensions per thread).
 const MAX_HEAD_DIM: usize = 256;
 /// Keys per attention block: a row that sees more is split into runs of this many, merged
 /// by a second kernel (so a long context spreads over the GPU).
@@ -88,9 +88,9 @@ pub(super) struct Uploaded {
 
 impl Gpu {
     fn new(device: CudaDevice, cfg: &ModelConfig, num_slots: usize) -> Result<Self> {
-        if !cfg.head_dim.is_multiple_of(32) || cfg.head_dim > MAX_HEAD_DIM {
+        if !cfg.head_dim.is_multiple_of(8) || cfg.head_dim > MAX_HEAD_DIM {
             return Err(Error::Device(format!(
-                "head_dim {} not supported by the CUDA attention (a multiple of 32, at most \
+                "head_dim {} not supported by the CUDA attention (a multiple of 8, at most \
                  {MAX_HEAD_DIM})",
                 cfg.head_dim
             )));

@@ -7,7 +7,7 @@
 
 #include <cuda_fp16.h>
 
-#define MAX_DIMS_PER_LANE 8   // head_dim <= 256
+#define MAX_HEAD_DIM 256
 #define ROW_FIELDS 7
 #define F16_MAX 65504.0f
 
@@ -98,7 +98,7 @@ __device__ float2 attend_keys(const float* __restrict__ q, long long q_row, long
                               const __half* __restrict__ cache, long long k_at, long long v_at,
                               RowKeys rk, int first, int last, int heads, int kv_heads,
                               int dim, int block_size, float scale, float* sums) {
-    __shared__ float qs[32 * MAX_DIMS_PER_LANE];
+    __shared__ float qs[MAX_HEAD_DIM];
     __shared__ float ps[TILE];
     __shared__ int slots[TILE];
     __shared__ float red[ATT_THREADS / 32];
@@ -174,7 +174,7 @@ __device__ void attend_whole(const float* q, long long q_row, long long q_head,
                              const __half* cache, long long k_at, long long v_at,
                              const int* plan, Out* out, int heads, int kv_heads, int dim,
                              int block_size, float scale) {
-    __shared__ float sums[32 * MAX_DIMS_PER_LANE];
+    __shared__ float sums[MAX_HEAD_DIM];
     int h = blockIdx.x, row = blockIdx.y;
     RowKeys rk = row_keys(plan, row);
     float2 tt = attend_keys(q, q_row, q_head, cache, k_at, v_at, rk, 0, rk.keys, heads,
@@ -209,7 +209,7 @@ extern "C" __global__ void tree_attention_part(const float* q, long long q_row, 
                                                float* __restrict__ parts, int heads,
                                                int kv_heads, int dim, int block_size,
                                                float scale, int split) {
-    __shared__ float sums[32 * MAX_DIMS_PER_LANE];
+    __shared__ float sums[MAX_HEAD_DIM];
     int h = blockIdx.x, row = blockIdx.y, z = blockIdx.z;
     RowKeys rk = row_keys(plan, row);
     int first = z * split;
