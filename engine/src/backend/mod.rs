@@ -46,12 +46,19 @@ pub trait Backend: Send + 'static {
 }
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
-/// rows per layer: [`CudaBackend`] for a model on a CUDA device (built with `cuda`),
-/// [`CandleBackend`] for every other device.
+/// rows per layer: [`CudaBackend`] for a model on a CUDA device (built with `cuda`) whose
+/// shape its kernels take, [`CandleBackend`] for every other (on a GPU: candle's ops with
+/// attention on the host, slower but any shape).
 pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
     if model.device().is_cuda() {
-        return Ok(Box::new(CudaBackend::new(model, num_slots)?));
+        if CudaBackend::supports(model.config()) {
+            return Ok(Box::new(CudaBackend::new(model, num_slots)?));
+        }
+        tracing::warn!(
+            "head_dim {} is outside what thicket's CUDA kernels take: attention runs on the host",
+            model.config().head_dim
+        );
     }
     Ok(Box::new(CandleBackend::new(model, num_slots)))
 }

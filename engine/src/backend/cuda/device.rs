@@ -88,7 +88,7 @@ pub(super) struct Uploaded {
 
 impl Gpu {
     fn new(device: CudaDevice, cfg: &ModelConfig, num_slots: usize) -> Result<Self> {
-        if !cfg.head_dim.is_multiple_of(8) || cfg.head_dim > MAX_HEAD_DIM {
+        if !CudaBackend::supports(cfg) {
             return Err(Error::Device(format!(
                 "head_dim {} not supported by the CUDA attention (a multiple of 8, at most \
                  {MAX_HEAD_DIM})",
@@ -387,6 +387,12 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
+    /// Whether thicket's kernels take a model of `cfg`'s shape (heads of a multiple of 8
+    /// dimensions, at most 256).
+    pub fn supports(cfg: &ModelConfig) -> bool {
+        cfg.head_dim.is_multiple_of(8) && cfg.head_dim <= MAX_HEAD_DIM
+    }
+
     /// `model` (loaded on a CUDA device) with a zeroed cache of `num_slots` rows per layer:
     /// the fused f16 pass where its weights are f16, candle's ops otherwise.
     pub fn new(model: Model, num_slots: usize) -> Result<Self> {
