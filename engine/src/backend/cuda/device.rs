@@ -131,6 +131,17 @@ impl Gpu {
         })
     }
 
+    /// Makes the device's context current on this thread. A CUDA buffer freed on a thread
+    /// where it is not fails, and cudarc keeps that failure (CUDA_ERROR_INVALID_CONTEXT) for
+    /// the next call of any thread: the engine thread receives its backend from the thread
+    /// that built it, and may drop it before running anything.
+    fn bind(&self) -> Result<()> {
+        let context = self.stream.context();
+        // SAFETY: the context outlives this call (the stream holds it).
+        unsafe { cudarc::driver::result::ctx::set_current(context.cu_ctx()) }
+            .map_err(device_err("making the CUDA context current"))
+    }
+
     /// Offsets of layer `layer`'s K and V planes in the cache.
     pub fn planes(&self, layer: usize) -> (i64, i64) {
         let plane = (self.num_slots * self.width) as i64;
@@ -342,6 +353,16 @@ impl Gpu {
     }
 }
 
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // Before the cache, the staging buffer and (in `CudaBackend`) the pass's weights are
+        // freed by this thread.
+        if let Err(e) = self.bind() {
+            tracing::warn!("freeing the CUDA backend: {e}");
+        }
+    }
+}
+
 /// The values of a contiguous CUDA tensor of `T`, from its first element.
 pub(super) fn view<'a, T: candle_core::cuda::CudaDType>(
     storage: &'a Storage,
@@ -449,6 +470,7 @@ impl Backend for CudaBackend {
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
         batch.validate(&self.config, self.gpu.num_slots)?;
+        self.gpu.bind()?;
         let logits = match &self.pass {
             Pass::Fused(fused) => fused.forward(&mut self.gpu, &self.config, batch)?,
             Pass::Ops(model) => super::ops::forward(&mut self.gpu, model, batch)?,
@@ -463,6 +485,7 @@ impl Backend for CudaBackend {
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        self.gpu.bind()?;
         self.gpu.move_kv(moves)
     }
 }
