@@ -105,11 +105,7 @@ impl SpecArgs {
                 let options = LoadOptions {
                     dtype: self.draft_dtype,
                     // The draft runs where the target runs.
-                    device: if model.device().is_cpu() {
-                        engine::DeviceChoice::Cpu
-                    } else {
-                        engine::DeviceChoice::Auto
-                    },
+                    device: engine::DeviceChoice::of(model.device()),
                     ..LoadOptions::default()
                 };
                 let draft = engine::load_model(name, &options)

@@ -138,16 +138,15 @@ impl TreeBatch {
     /// every token, position, logit row, slot and context block in range, sequences
     /// contiguous.
     pub fn validate(&self, config: &ModelConfig, num_slots: usize) -> Result<()> {
-        let batch = self;
         let bad = |msg: String| Err(Error::InvalidBatch(msg));
-        let rows = batch.num_rows();
+        let rows = self.num_rows();
         if rows == 0 {
             return bad("empty batch".into());
         }
-        if batch.positions.len() != rows || batch.slots.len() != rows {
+        if self.positions.len() != rows || self.slots.len() != rows {
             return bad("token, position and slot counts differ".into());
         }
-        if let Some(t) = batch
+        if let Some(t) = self
             .token_ids
             .iter()
             .find(|&&t| t as usize >= config.vocab_size)
@@ -158,36 +157,36 @@ impl TreeBatch {
             ));
         }
         let max_pos = config.max_position_embeddings;
-        if let Some(p) = batch.positions.iter().find(|&&p| p as usize >= max_pos) {
+        if let Some(p) = self.positions.iter().find(|&&p| p as usize >= max_pos) {
             return bad(format!(
                 "position {p} beyond the model's {max_pos} positions"
             ));
         }
-        if let Some(&r) = batch.logit_rows.iter().find(|&&r| r >= rows) {
+        if let Some(&r) = self.logit_rows.iter().find(|&&r| r >= rows) {
             return bad(format!("logit row {r} outside batch of {rows} rows"));
         }
-        if let Some(s) = batch.slots.iter().find(|s| s.index() >= num_slots) {
+        if let Some(s) = self.slots.iter().find(|s| s.index() >= num_slots) {
             return bad(format!(
                 "slot {} outside KV store of {num_slots} slots",
                 s.0
             ));
         }
         let mut next_row = 0;
-        for seq in &batch.seqs {
+        for seq in &self.seqs {
             if seq.rows.start != next_row || seq.mask.len() != seq.rows.len() {
                 return bad("sequence rows are not contiguous or mask size differs".into());
             }
             next_row = seq.rows.end;
             // The context lives in whole blocks: checking each block that backs it (rather
             // than every position) proves every context slot is inside the store.
-            let context_blocks = seq.context_len.div_ceil(batch.block_size);
+            let context_blocks = seq.context_len.div_ceil(self.block_size);
             let blocks = seq.block_table.blocks();
             if blocks.len() < context_blocks {
                 return bad("block table does not cover the cached context".into());
             }
             if let Some(b) = blocks[..context_blocks]
                 .iter()
-                .find(|b| (b.0 as usize + 1) * batch.block_size > num_slots)
+                .find(|b| (b.0 as usize + 1) * self.block_size > num_slots)
             {
                 return bad(format!(
                     "block {} outside KV store of {num_slots} slots",

@@ -202,14 +202,6 @@ impl Linear {
         self.bias.as_ref()
     }
 
-    /// The dtype of a dense weight, `None` for a quantized one.
-    pub fn dense_dtype(&self) -> Option<DType> {
-        match &self.weight {
-            Weight::Dense(t) => Some(t.dtype()),
-            _ => None,
-        }
-    }
-
     /// The kernel multiplying this projection, `None` when its weight is dense.
     pub fn kernel(&self) -> Option<QuantKernel> {
         match &self.weight {

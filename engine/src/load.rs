@@ -58,6 +58,14 @@ impl DeviceChoice {
         }
     }
 
+    /// The choice that gives `device` (the CPU for anything but a CUDA device).
+    pub fn of(device: &Device) -> Self {
+        match device.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => Self::Cuda(gpu_id),
+            _ => Self::Cpu,
+        }
+    }
+
     /// The device, or why it cannot be had.
     pub fn device(self) -> Result<Device> {
         match self {
@@ -164,4 +172,26 @@ pub fn load_hf_model(
         Model::new(loaded.config, loaded.weights, device.clone())?,
         loaded.eos_ids,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_choices_parse_and_name_their_device() {
+        assert_eq!(DeviceChoice::parse("auto"), Some(DeviceChoice::Auto));
+        assert_eq!(DeviceChoice::parse("cpu"), Some(DeviceChoice::Cpu));
+        assert_eq!(DeviceChoice::parse("cuda"), Some(DeviceChoice::Cuda(0)));
+        assert_eq!(DeviceChoice::parse("cuda:3"), Some(DeviceChoice::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "CPU", ""] {
+            assert_eq!(DeviceChoice::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(DeviceChoice::of(&Device::Cpu), DeviceChoice::Cpu);
+        assert!(DeviceChoice::Cpu.device().is_ok_and(|d| d.is_cpu()));
+        if !cfg!(feature = "cuda") {
+            let err = DeviceChoice::Cuda(0).device().unwrap_err().to_string();
+            assert!(err.contains("built without the `cuda` feature"), "{err}");
+        }
+    }
 }

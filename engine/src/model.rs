@@ -232,7 +232,7 @@ impl Model {
     }
 
     fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
-        self.validate(batch, kv.num_slots())?;
+        batch.validate(&self.config, kv.num_slots())?;
         if let (Some(fused), AttentionKernel::Fused) = (&self.fused, self.attention) {
             return fused.forward(&self.config, &self.weights, batch, kv);
         }
@@ -336,12 +336,6 @@ impl Model {
             RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
             RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
         })
-    }
-
-    /// Checks `batch` against this model and a KV store of `num_slots` rows (see
-    /// [`TreeBatch::validate`]).
-    pub fn validate(&self, batch: &TreeBatch, num_slots: usize) -> Result<()> {
-        batch.validate(&self.config, num_slots)
     }
 }
 

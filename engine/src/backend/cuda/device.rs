@@ -11,7 +11,9 @@ use std::sync::Arc;
 use candle_core::cuda::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{Device, Layout, Storage, Tensor};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use half::f16;
 use kvcache::KvMove;
 
@@ -76,6 +78,50 @@ pub(super) struct Gpu {
     pub num_layers: usize,
     /// Page-locked staging for logits, grown to the largest copy so far.
     pinned: Option<cudarc::driver::PinnedHostSlice<f32>>,
+}
+
+/// The arguments the attention kernels share, pushed in their order: `lead` before the
+/// output, `tail` after it.
+struct AttentionArgs {
+    q_row: i64,
+    q_head: i64,
+    k_at: i64,
+    v_at: i64,
+    heads: i32,
+    kv_heads: i32,
+    dim: i32,
+    block_size: i32,
+    scale: f32,
+}
+
+impl AttentionArgs {
+    /// q, its strides, the cache, the layer's planes and the plan.
+    fn lead<'a>(
+        &'a self,
+        launch: &mut LaunchArgs<'a>,
+        q: &'a CudaView<'_, f32>,
+        cache: &'a CudaSlice<f16>,
+        plan: &'a CudaSlice<i32>,
+    ) {
+        launch
+            .arg(q)
+            .arg(&self.q_row)
+            .arg(&self.q_head)
+            .arg(cache)
+            .arg(&self.k_at)
+            .arg(&self.v_at)
+            .arg(plan);
+    }
+
+    /// The shape, block size and softmax scale.
+    fn tail<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        launch
+            .arg(&self.heads)
+            .arg(&self.kv_heads)
+            .arg(&self.dim)
+            .arg(&self.block_size)
+            .arg(&self.scale);
+    }
 }
 
 /// A forward's plan on the device.
@@ -178,15 +224,19 @@ impl Gpu {
         out: &mut CudaSlice<O>,
         out_f16: bool,
     ) -> Result<()> {
-        let (heads, kv_heads, dim) = (
-            cfg.num_heads as i32,
-            cfg.num_kv_heads as i32,
-            cfg.head_dim as i32,
-        );
         let (k_at, v_at) = self.planes(layer);
-        let block_size = plan.block_size as i32;
-        let scale = 1f32 / (cfg.head_dim as f32).sqrt();
-        let rows = plan.rows as u32;
+        let args = AttentionArgs {
+            q_row,
+            q_head,
+            k_at,
+            v_at,
+            heads: cfg.num_heads as i32,
+            kv_heads: cfg.num_kv_heads as i32,
+            dim: cfg.head_dim as i32,
+            block_size: plan.block_size as i32,
+            scale: 1f32 / (cfg.head_dim as f32).sqrt(),
+        };
+        let (heads, rows) = (cfg.num_heads as u32, plan.rows as u32);
         let runs = plan.max_keys.div_ceil(SPLIT_KEYS).max(1);
         if runs == 1 {
             let kernel = if out_f16 {
@@ -195,23 +245,12 @@ impl Gpu {
                 &self.kernels.attention
             };
             let mut launch = self.stream.launch_builder(kernel);
-            launch
-                .arg(q)
-                .arg(&q_row)
-                .arg(&q_head)
-                .arg(&self.cache)
-                .arg(&k_at)
-                .arg(&v_at)
-                .arg(&plan.words)
-                .arg(out)
-                .arg(&heads)
-                .arg(&kv_heads)
-                .arg(&dim)
-                .arg(&block_size)
-                .arg(&scale);
+            args.lead(&mut launch, q, &self.cache, &plan.words);
+            launch.arg(out);
+            args.tail(&mut launch);
             // SAFETY: tree_attention's signature; the plan's block ids and slots were checked
             // against the cache by `TreeBatch::validate`, and out holds rows * heads * dim.
-            unsafe { launch.launch(grid((heads as u32, rows, 1), ATTENTION_THREADS)) }
+            unsafe { launch.launch(grid((heads, rows, 1), ATTENTION_THREADS)) }
                 .map_err(device_err("tree_attention"))?;
             return Ok(());
         }
@@ -219,24 +258,13 @@ impl Gpu {
             self.scratch::<f32>(plan.rows * cfg.num_heads * runs * (cfg.head_dim + 2))?;
         let split = SPLIT_KEYS as i32;
         let mut launch = self.stream.launch_builder(&self.kernels.attention_part);
-        launch
-            .arg(q)
-            .arg(&q_row)
-            .arg(&q_head)
-            .arg(&self.cache)
-            .arg(&k_at)
-            .arg(&v_at)
-            .arg(&plan.words)
-            .arg(&mut parts)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&dim)
-            .arg(&block_size)
-            .arg(&scale)
-            .arg(&split);
+        args.lead(&mut launch, q, &self.cache, &plan.words);
+        launch.arg(&mut parts);
+        args.tail(&mut launch);
+        launch.arg(&split);
         // SAFETY: tree_attention_part's signature; as above, and parts holds a run's
         // dim + 2 values for every (row, head, run).
-        unsafe { launch.launch(grid((heads as u32, rows, runs as u32), ATTENTION_THREADS)) }
+        unsafe { launch.launch(grid((heads, rows, runs as u32), ATTENTION_THREADS)) }
             .map_err(device_err("tree_attention_part"))?;
         let kernel = if out_f16 {
             &self.kernels.attention_merge_f16
@@ -249,12 +277,12 @@ impl Gpu {
             .arg(&parts)
             .arg(&plan.words)
             .arg(out)
-            .arg(&heads)
-            .arg(&dim)
+            .arg(&args.heads)
+            .arg(&args.dim)
             .arg(&split)
             .arg(&runs_i);
         // SAFETY: tree_attention_merge's signature; every run a row uses was written above.
-        unsafe { launch.launch(grid((heads as u32, rows, 1), 128)) }
+        unsafe { launch.launch(grid((heads, rows, 1), 128)) }
             .map_err(device_err("tree_attention_merge"))?;
         Ok(())
     }
@@ -427,7 +455,10 @@ impl CudaBackend {
         let weights = match model.quant_kernel() {
             Some(_) => "candle's CUDA quantized matmul".to_string(),
             None => {
-                let dtype = model.weights().layers[0].q.dense_dtype();
+                let dtype = model.weights().layers[0]
+                    .q
+                    .dense_weight()
+                    .map(Tensor::dtype);
                 let dtype = dtype.map_or("dense".into(), |d| format!("{d:?}").to_lowercase());
                 format!("cuBLAS {dtype}")
             }

@@ -65,26 +65,16 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-__device__ __forceinline__ int d0_of(int t, int lanes) { return t % lanes; }
-
-// Max and sum over the ATT_THREADS threads of the block (`red`: ATT_THREADS / 32 floats).
-__device__ float block_max(float v, float* red) {
-    v = warp_max(v);
+// The max (Max) or sum over the ATT_THREADS threads of the block, to every thread (`red`:
+// ATT_THREADS / 32 floats).
+template <bool Max>
+__device__ float block_reduce(float v, float* red) {
+    v = Max ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
     __syncthreads();
     float r = red[0];
-    for (int i = 1; i < ATT_THREADS / 32; i++) r = fmaxf(r, red[i]);
-    return r;
-}
-
-__device__ float block_add(float v, float* red) {
-    v = warp_sum(v);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < ATT_THREADS / 32; i++) r += red[i];
+    for (int i = 1; i < ATT_THREADS / 32; i++) r = Max ? fmaxf(r, red[i]) : r + red[i];
     return r;
 }
 
@@ -111,8 +101,8 @@ __device__ float2 attend_keys(const float* __restrict__ q, long long q_row, long
     // V: `lanes` threads per group, one dimension each (and a second past ATT_THREADS).
     int lanes = min(dim, ATT_THREADS);
     int groups = ATT_THREADS / lanes;
-    bool second = d0_of(t, lanes) + lanes < dim;
-    int g = t / lanes, d0 = d0_of(t, lanes);
+    int g = t / lanes, d0 = t % lanes;
+    bool second = d0 + lanes < dim;
     float acc[2] = {0.f, 0.f};
     float m = -INFINITY, l = 0.f;
     __syncthreads();
@@ -136,11 +126,11 @@ __device__ float2 attend_keys(const float* __restrict__ q, long long q_row, long
             }
             s = dot;
         }
-        float m_new = fmaxf(m, block_max(s, red));
+        float m_new = fmaxf(m, block_reduce<true>(s, red));
         float p = j < last ? __expf(s - m_new) : 0.f;
         ps[t] = p;
         float keep = __expf(m - m_new);
-        l = l * keep + block_add(p, red);
+        l = l * keep + block_reduce<false>(p, red);
         acc[0] *= keep;
         acc[1] *= keep;
         int n = min(TILE, last - base);
