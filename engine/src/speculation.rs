@@ -9,7 +9,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::time::Instant;
 
 use kvcache::{ManagerConfig, SeqId};
 use scheduler::{CostCurve, DraftInputs, DraftOffer};
@@ -21,7 +20,7 @@ use crate::spec::ngram_trie::NgramTrie;
 use crate::spec::prompt_lookup::PromptLookup;
 use crate::spec::recycling::RecyclingSpeculator;
 use crate::spec::speculator::{ContextSpeculator, Granted, Speculator, SpeculatorFactory};
-use crate::spec::stats::AcceptanceStats;
+use crate::spec::stats::{smooth, AcceptanceStats};
 use crate::spec::{DraftContext, Drafter, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -117,10 +116,6 @@ pub(crate) struct Speculation {
     stats: HashMap<(SpecMethod, u8), AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
-    /// Per speculator that prepares (`Speculator::prepares`): measured seconds its batched
-    /// prepare takes per sequence it drafts for (moving average); charged to its offers as
-    /// a fixed cost.
-    prepare_seconds: Vec<Option<f64>>,
 }
 
 /// Most prompt rows computed per step only for speculators that learn from them.
@@ -132,21 +127,19 @@ const PROMPT_LEARNING_ROWS: usize = 32;
 /// rows are (nearly) free.
 const LEARNING_SHARE: f64 = 0.01;
 
+/// A method whose drafting costs time of its own (a draft model) is first offered as if
+/// every node of a tree of at most [`PROBE_NODES`] nodes would be accepted, until this
+/// many of its trees were verified. From the pessimistic prior alone such a method never
+/// drafts: a draft model's forwards cost about as much as a target step, which the
+/// prior's fraction of a token never repays, so it would never show what it accepts. The
+/// probe costs a few steps once per engine; the evidence then keeps or stops it.
+const PROBE_VERIFICATIONS: u64 = 8;
+
+/// Most nodes a probing tree has.
+const PROBE_NODES: usize = 4;
+
 /// How far a sequence's acceptance ratio drifts back towards 1 per step it could draft.
 const RATIO_RECOVERY: f32 = 0.02;
-
-/// Weight of a new measurement in the moving averages above.
-const COST_SMOOTHING: f64 = 0.2;
-
-fn smooth(average: &mut Option<f64>, sample: f64) {
-    if !sample.is_finite() || sample < 0.0 {
-        return;
-    }
-    *average = Some(match *average {
-        Some(a) => a + COST_SMOOTHING * (sample - a),
-        None => sample,
-    });
-}
 
 impl Speculation {
     /// State for a model with `vocab` logits per row: the built-in speculators (Token
@@ -184,7 +177,6 @@ impl Speculation {
             speculators.push(speculator);
         }
         Ok(Self {
-            prepare_seconds: vec![None; speculators.len()],
             config,
             speculators,
             stats: HashMap::new(),
@@ -262,27 +254,36 @@ impl Speculation {
             state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
             let key = (state.drafter.method(), state.drafter.evidence());
             let stats = self.stats.entry(key).or_default();
-            let mut expected_accepted: Vec<f32> = stats
-                .curve(state.available)
-                .into_iter()
-                .enumerate()
-                .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
-                .collect();
+            let speculator = &self.speculators[state.speculator];
+            let costly = speculator.draft_seconds(1).is_some();
+            let mut expected_accepted: Vec<f32> =
+                if costly && stats.observations() < PROBE_VERIFICATIONS {
+                    state.available = state.available.min(PROBE_NODES);
+                    (1..=state.available).map(|n| n as f32).collect()
+                } else {
+                    stats
+                        .curve(state.available)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
+                        .collect()
+                };
             let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
             expected_accepted.resize(state.available.max(forced), drafted_best);
             for (i, e) in expected_accepted.iter_mut().enumerate() {
                 *e = e.max((i + 1).min(forced) as f32);
             }
-            let prepare = self.prepare_seconds[state.speculator];
-            let fixed_cost = match (prepare, self.seconds_per_unit) {
-                (Some(seconds), Some(per_unit)) if per_unit > 0.0 => seconds / per_unit,
-                _ => 0.0,
+            let draft_cost = match self.seconds_per_unit {
+                Some(per_unit) if costly && per_unit > 0.0 => (1..=expected_accepted.len())
+                    .map(|n| speculator.draft_seconds(n).unwrap_or(0.0) / per_unit)
+                    .collect(),
+                _ => Vec::new(),
             };
             offers.insert(
                 seq,
                 DraftOffer {
                     expected_accepted,
-                    fixed_cost,
+                    draft_cost,
                 },
             );
         }
@@ -310,22 +311,14 @@ impl Speculation {
                     budget: g.2.min(g.3.available),
                 })
                 .collect();
-            let drafting = mine.iter().filter(|g| g.budget > 0).count();
-            if drafting == 0 {
+            if mine.iter().all(|g| g.budget == 0) {
                 continue;
             }
-            let started = Instant::now();
             if let Err(e) = speculator.prepare(&mine) {
                 tracing::warn!(
                     "{} failed to prepare drafts, decoding without them: {e}",
                     speculator.method().as_str()
                 );
-            }
-            // Only work of its own is charged: a lookup's few nanoseconds would give every
-            // offer a fixed cost and make the planner weigh every plan twice.
-            if speculator.prepares() {
-                let per_seq = started.elapsed().as_secs_f64() / drafting as f64;
-                smooth(&mut self.prepare_seconds[index], per_seq);
             }
         }
         granted
@@ -529,6 +522,94 @@ mod tests {
         let weak = expected(8);
         assert!(strong[3] > 3.0, "{strong:?}");
         assert!(weak[3] < 0.5, "{weak:?}");
+    }
+
+    /// Drafts eight nodes, at 5 ms of its own forwards per node.
+    struct Costly;
+
+    impl Drafter for Costly {
+        fn method(&self) -> SpecMethod {
+            SpecMethod::Named("costly")
+        }
+        fn prepare(&mut self, _ctx: &DraftContext<'_>) -> usize {
+            8
+        }
+        fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+            TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+        }
+        fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+    }
+
+    impl Speculator for Costly {
+        fn method(&self) -> SpecMethod {
+            SpecMethod::Named("costly")
+        }
+        fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+            Some(Box::new(Costly))
+        }
+        fn draft_seconds(&self, nodes: usize) -> Option<f64> {
+            Some(0.005 * nodes as f64)
+        }
+    }
+
+    #[test]
+    fn a_costly_method_is_probed_then_charged_by_tree_size() {
+        let config = SpeculationConfig {
+            speculators: vec![SpeculatorFactory::new("costly", |_| Box::new(Costly))],
+            ..SpeculationConfig::default()
+        };
+        let mut speculation = Speculation::new(config, 16).expect("a new method name");
+        let request = SpecRequest {
+            method: SpecMethod::Named("costly"),
+            max_draft_tokens: None,
+        };
+        let seq = SeqId(1);
+        let mut state = speculation
+            .drafter_for(Some(request), &[0])
+            .expect("costly drafts");
+        // A forward of 10 ms: one unit of the flat curve.
+        speculation.observe_forward(1, 0.010, std::iter::empty());
+        let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+            let tokens = [3];
+            let inputs = speculation
+                .offers(std::iter::once((seq, &tokens[..], state, 0)))
+                .expect("an offer");
+            inputs.offers[&seq].clone()
+        };
+        // Without evidence: a probe of at most four nodes, each expected to be accepted.
+        let probe = offer(&mut speculation, &mut state);
+        assert_eq!(probe.expected_accepted, vec![1.0, 2.0, 3.0, 4.0]);
+        let want = [0.5, 1.0, 1.5, 2.0];
+        assert!(probe
+            .draft_cost
+            .iter()
+            .zip(want)
+            .all(|(c, w)| (c - w).abs() < 1e-9));
+        assert_eq!(probe.draft_cost.len(), 4);
+        // Trees that never get a node accepted end the probe and teach the truth.
+        let tree = TokenTree::chain(&[3, 4, 5, 6, 7]);
+        for _ in 0..PROBE_VERIFICATIONS {
+            speculation.verified(&mut state, &tree, &[0]);
+        }
+        let after = offer(&mut speculation, &mut state);
+        assert_eq!(after.expected_accepted.len(), 8);
+        assert!(after.expected_accepted[3] < 1.0, "{after:?}");
+        assert!((after.draft_cost[7] - 4.0).abs() < 1e-9, "{after:?}");
+        // A method that only looks things up is free.
+        let mut lookup = speculation
+            .drafter_for(
+                Some(SpecRequest {
+                    method: SpecMethod::PromptLookup,
+                    max_draft_tokens: None,
+                }),
+                &[3, 4, 3],
+            )
+            .expect("prompt lookup drafts");
+        let tokens = [3, 4, 3];
+        let inputs = speculation
+            .offers(std::iter::once((seq, &tokens[..], &mut lookup, 0)))
+            .expect("a continuation of 3 to offer");
+        assert!(inputs.offers[&seq].is_free());
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! curve. Marginal gains are taken best first; the number of extra nodes kept is the one
 //! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
 //! CPU matmul that re-reads weights per row) every budget is zero. A drafter that costs time
-//! of its own (a draft model's forwards) adds its fixed cost to the denominator once it is
-//! granted a node; the plan with such drafters is compared against the plan without them.
+//! of its own (a draft model's forwards) adds what its tree of the granted size costs to
+//! draft to the denominator; the plan with such drafters is compared against the plan
+//! without them.
 //! A step that gives a prompt its first token keeps its drafts within 2% of its cost
 //! (`CostCurve::rows_within`): that request waits on the step and gains nothing from it.
 
@@ -123,9 +124,11 @@ pub struct DraftOffer {
     /// `expected_accepted[n - 1]`: expected accepted draft tokens with a tree of n nodes,
     /// for n = 1 ..= the most nodes its drafter can use now.
     pub expected_accepted: Vec<f32>,
-    /// What drafting costs when the sequence gets at least one node, in the units of the
-    /// cost curve (0 for drafters that only look things up).
-    pub fixed_cost: f64,
+    /// `draft_cost[n - 1]`: what drafting a tree of n nodes costs, in the units of the cost
+    /// curve, beside the forward's own rows (a draft model's forwards: more of them for a
+    /// deeper tree). Empty for drafters that only look things up; sizes past its end cost
+    /// what its last entry costs.
+    pub draft_cost: Vec<f64>,
 }
 
 impl DraftOffer {
@@ -133,7 +136,20 @@ impl DraftOffer {
     pub fn free(expected_accepted: Vec<f32>) -> Self {
         Self {
             expected_accepted,
-            fixed_cost: 0.0,
+            draft_cost: Vec::new(),
+        }
+    }
+
+    /// Whether drafting costs nothing beside the forward's rows.
+    pub fn is_free(&self) -> bool {
+        self.draft_cost.iter().all(|&c| c <= 0.0)
+    }
+
+    /// What drafting `nodes` nodes costs (0 for none).
+    pub fn cost_of(&self, nodes: usize) -> f64 {
+        match (nodes, self.draft_cost.last()) {
+            (0, _) | (_, None) => 0.0,
+            (n, Some(&last)) => self.draft_cost.get(n - 1).copied().unwrap_or(last).max(0.0),
         }
     }
 }
@@ -158,12 +174,12 @@ pub fn allocate(
     cost: &CostCurve,
 ) -> Vec<usize> {
     let all = best_plan(offers, |_| true, base_rows, base_tokens, max_extra, cost);
-    if offers.iter().all(|(_, o)| o.fixed_cost <= 0.0) {
+    if offers.iter().all(|(_, o)| o.is_free()) {
         return all.budgets;
     }
     let free_only = best_plan(
         offers,
-        |o| o.fixed_cost <= 0.0,
+        DraftOffer::is_free,
         base_rows,
         base_tokens,
         max_extra,
@@ -208,15 +224,14 @@ fn best_plan(
     let base_rate = base_tokens as f64 / cost.cost(base_rows.max(1));
     let (mut best_rate, mut best_count) = (base_rate, 0);
     let mut tokens = base_tokens as f64;
-    let mut fixed = 0.0;
-    let mut touched = vec![false; offers.len()];
+    let mut drafting = 0.0;
+    let mut nodes = vec![0; offers.len()];
     for (m, &(gain, i)) in marginal.iter().enumerate() {
         tokens += f64::from(gain);
-        if !touched[i] {
-            touched[i] = true;
-            fixed += offers[i].1.fixed_cost.max(0.0);
-        }
-        let rate = tokens / (cost.cost(base_rows + m + 1) + fixed);
+        let offer = offers[i].1;
+        nodes[i] += 1;
+        drafting += offer.cost_of(nodes[i]) - offer.cost_of(nodes[i] - 1);
+        let rate = tokens / (cost.cost(base_rows + m + 1) + drafting);
         if rate > best_rate * (1.0 + 1e-9) {
             best_rate = rate;
             best_count = m + 1;
@@ -369,11 +384,32 @@ mod tests {
             allocate(&refs, 2, 2, 64, &CostCurve::flat())
         };
         // Free rows, drafting costs a tenth of a forward: everyone drafts.
-        model.fixed_cost = 0.1;
+        model.draft_cost = vec![0.1];
         assert_eq!(run(&model), vec![2, 4]);
         // Drafting costs three forwards: 3 expected tokens do not pay for it, the cheap
         // drafter still drafts.
-        model.fixed_cost = 3.0;
+        model.draft_cost = vec![3.0];
         assert_eq!(run(&model), vec![2, 0]);
+    }
+
+    #[test]
+    fn a_drafter_whose_cost_grows_with_depth_gets_the_size_that_pays_best() {
+        // One forward of the draft model per node (a chain), each half a target forward,
+        // while verifying rows is free: accepting 0.9, 1.7, 2.4, 3.0 tokens.
+        let mut model = offer(&[0.9, 1.7, 2.4, 3.0]);
+        model.draft_cost = vec![0.5, 1.0, 1.5, 2.0];
+        let offers = [(SeqId(1), &model)];
+        // Rates (1 + E) / (1 + cost): 1.27, 1.35, 1.36, 1.33.
+        assert_eq!(allocate(&offers, 1, 1, 64, &CostCurve::flat()), vec![3]);
+        // At 0.8 a forward only one node pays (rates 1.06, 1.04, 1.0, 0.95)...
+        model.draft_cost = vec![0.8, 1.6, 2.4, 3.2];
+        let offers = [(SeqId(1), &model)];
+        assert_eq!(allocate(&offers, 1, 1, 64, &CostCurve::flat()), vec![1]);
+        // ... and charged as one fixed cost, the deepest tree's, none would.
+        model.draft_cost = vec![3.2];
+        let offers = [(SeqId(1), &model)];
+        assert_eq!(allocate(&offers, 1, 1, 64, &CostCurve::flat()), vec![0]);
+        assert_eq!(model.cost_of(0), 0.0);
+        assert_eq!(model.cost_of(9), 3.2);
     }
 }

@@ -475,7 +475,7 @@ fn offers_for(engine: &MockEngine, cost: scheduler::CostCurve) -> scheduler::Dra
         .keys()
         .map(|&id| {
             let offer = scheduler::DraftOffer {
-                fixed_cost: 0.0,
+                draft_cost: Vec::new(),
                 expected_accepted: vec![0.9, 1.7, 2.4, 3.0, 3.5, 3.9],
             };
             (id, offer)

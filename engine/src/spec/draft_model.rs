@@ -1,12 +1,17 @@
 //! The draft-model drafter (SEED): a second, smaller model with the target's tokenizer
-//! proposes a tree shaped by a `k_config` such as (4, 2, 1, 1): the 4 most likely tokens
-//! after the pending one, the 2 most likely after each of those, then 1 after each.
+//! proposes a tree bounded by a `k_config` such as (4, 2, 1, 1): up to the 4 most likely
+//! tokens after the pending one, the 2 most likely after each of those, then 1 after each.
+//! Of that tree a sequence keeps only the nodes its budget buys, the paths the draft model
+//! finds most likely ([`LikelyTree`]): a chain where it is sure, siblings where it is not.
 //!
 //! [`DraftModelRunner`] holds the draft model and its own paged KV cache and works for all
 //! sequences that use it at once: one forward catches every sequence's draft KV up with its
-//! known tokens, then one forward per tree depth expands every sequence's tree together.
-//! Each depth re-feeds the partial tree under the pending token (scratch rows past the
-//! sequence's tokens, dropped afterwards), so a node always sees exactly its ancestors.
+//! known tokens, then one forward per tree depth expands every sequence's kept nodes
+//! together, until no new node is worth expanding. Each depth re-feeds the partial tree
+//! under the pending token (scratch rows past the sequence's tokens, dropped afterwards), so
+//! a node always sees exactly its ancestors. The runner times its forwards, catch-ups of a
+//! prompt or of tokens decoded without drafting left out, and the planner charges a tree
+//! one forward per depth it may reach.
 //! [`DraftModelSpeculator`] is the method's speculator around the runner; the per-sequence
 //! [`DraftModelDrafter`] only says how many nodes a tree can have.
 //!
@@ -15,10 +20,13 @@
 //! lossless for them (see there).
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use kvcache::{BlockManager, ManagerConfig, SeqId};
 
+use super::likely_tree::LikelyTree;
 use super::speculator::{Granted, Speculator};
+use super::stats::smooth;
 use super::{Candidates, DraftContext, Drafter, SpecMethod};
 use crate::backend::{self, Backend};
 use crate::batch::{LogitRows, TreeBatch};
@@ -33,6 +41,9 @@ pub struct DraftModelRunner {
     blocks: BlockManager,
     k_config: Vec<usize>,
     prepared: HashMap<SeqId, Candidates>,
+    /// Seconds per drafting sequence of one of its forwards, one-off catch-ups left out
+    /// (moving average).
+    seconds_per_forward: Option<f64>,
 }
 
 impl std::fmt::Debug for DraftModelRunner {
@@ -45,22 +56,20 @@ impl std::fmt::Debug for DraftModelRunner {
     }
 }
 
-/// Indices of the `k` largest values of `row`, largest first.
+/// Indices of the `k` largest values of `row`, largest first (ties to the lower index): one
+/// pass that keeps the best `k` so far in order, as `k` is small and rows are a vocabulary.
 fn top_k(row: &[f32], k: usize) -> Vec<u32> {
-    let mut indexed: Vec<(u32, f32)> = row
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let k = k.min(indexed.len());
-    if k == 0 {
-        return Vec::new();
+    let k = k.min(row.len());
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in row.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|w| l.total_cmp(&w.1).is_le()) {
+            continue;
+        }
+        let at = best.partition_point(|b| l.total_cmp(&b.1).is_le());
+        best.insert(at, (i as u32, l));
+        best.truncate(k);
     }
-    indexed.select_nth_unstable_by(k - 1, desc);
-    indexed.truncate(k);
-    indexed.sort_unstable_by(desc);
-    indexed.into_iter().map(|(t, _)| t).collect()
+    best.into_iter().map(|(t, _)| t).collect()
 }
 
 impl DraftModelRunner {
@@ -73,6 +82,7 @@ impl DraftModelRunner {
             blocks,
             k_config,
             prepared: HashMap::new(),
+            seconds_per_forward: None,
         })
     }
 
@@ -92,6 +102,42 @@ impl DraftModelRunner {
         self.prepared.get(&seq)
     }
 
+    /// Seconds of draft forwards a tree of `nodes` nodes costs a drafting sequence per
+    /// step, once caught up: one forward per depth, counted as if the tree were a chain
+    /// (as deep as it can be), since its shape is only known once drafted.
+    pub fn draft_seconds(&self, nodes: usize) -> Option<f64> {
+        let depth = nodes.min(self.k_config.len());
+        self.seconds_per_forward.map(|s| s * depth as f64)
+    }
+
+    /// Records a step's forwards: a catch-up of `caught_up_rows` rows that took `catch_up`
+    /// seconds and `expansions` forwards that took `expanding`, for `live` sequences. A
+    /// catch-up of more rows than a step can leave behind (the pending token and a whole
+    /// accepted path, per sequence) is a one-off; a recurring one is counted at what an
+    /// expansion forward took, and without one the step is not recorded.
+    fn time_step(
+        &mut self,
+        live: usize,
+        caught_up_rows: usize,
+        catch_up: f64,
+        expanding: f64,
+        expansions: usize,
+    ) {
+        let recurring = live * (self.k_config.len() + 2);
+        let catch_up = if caught_up_rows <= recurring {
+            catch_up
+        } else if expansions > 0 {
+            expanding / expansions as f64
+        } else {
+            return;
+        };
+        let forwards = (1 + expansions) * live.max(1);
+        smooth(
+            &mut self.seconds_per_forward,
+            (catch_up + expanding) / forwards as f64,
+        );
+    }
+
     /// Drops `seq`'s draft KV.
     pub fn release(&mut self, seq: SeqId) {
         if self.blocks.contains(seq) {
@@ -109,6 +155,7 @@ impl DraftModelRunner {
         // Catch every sequence's draft KV up with its known tokens.
         let mut batch = TreeBatch::new(bs);
         let mut live: Vec<(SeqId, &[u32], usize)> = Vec::new();
+        let mut caught_up_rows = 0;
         for &(seq, tokens, budget) in items {
             if budget == 0 || tokens.is_empty() {
                 continue;
@@ -142,67 +189,74 @@ impl DraftModelRunner {
                 &TokenTree::chain(&tokens[computed..]),
                 LogitRows::Last,
             )?;
+            caught_up_rows += tokens.len() - computed;
             live.push((seq, tokens, budget));
         }
         if live.is_empty() {
             return Ok(());
         }
+        let started = Instant::now();
         let rows = self.backend.forward(&batch)?;
-        // Frontier per sequence: (candidate index or root, logits row).
+        let catch_up = started.elapsed().as_secs_f64();
+        // Per sequence: its tree and its frontier (new nodes with their logits rows).
+        let mut trees = vec![LikelyTree::new(); live.len()];
         let mut frontiers: Vec<Vec<(Option<usize>, Vec<f32>)>> = Vec::with_capacity(live.len());
         for (&(seq, tokens, _), row) in live.iter().zip(rows) {
             self.blocks.commit(seq, tokens)?;
-            self.prepared.insert(seq, Candidates::new());
             frontiers.push(vec![(None, row)]);
         }
+        let (mut expanding, mut expansions) = (0.0, 0);
         for (depth, &k) in self.k_config.iter().enumerate() {
             let mut grown: Vec<Vec<usize>> = Vec::with_capacity(live.len());
-            for ((seq, _, budget), frontier) in live.iter().zip(&frontiers) {
-                let candidates = self.prepared.get_mut(seq).expect("inserted above");
-                let mut added = Vec::new();
-                'nodes: for (parent, row) in frontier {
-                    for token in top_k(row, k) {
-                        if candidates.len() >= *budget {
-                            break 'nodes;
-                        }
-                        added.push(candidates.push(*parent, token));
-                    }
+            for ((tree, frontier), &(_, _, budget)) in
+                trees.iter_mut().zip(&mut frontiers).zip(&live)
+            {
+                let first_new = tree.len();
+                for (parent, row) in frontier.drain(..) {
+                    tree.grow(parent, &row, &top_k(&row, k));
                 }
-                grown.push(added);
+                grown.push(tree.keep_most_likely(budget, first_new));
             }
             if depth + 1 == self.k_config.len() || grown.iter().all(Vec::is_empty) {
                 break;
             }
-            // One forward over every sequence's partial tree; the new nodes' rows seed the
-            // next depth.
+            // One forward over every sequence's kept tree; the rows of its new nodes seed
+            // the next depth.
             let mut batch = TreeBatch::new(bs);
-            let mut ranges = Vec::new();
-            for (&(seq, tokens, _), added) in live.iter().zip(&grown) {
+            let mut starts = Vec::with_capacity(live.len());
+            for ((&(seq, tokens, _), tree), added) in live.iter().zip(&trees).zip(&grown) {
                 if added.is_empty() {
-                    ranges.push(None);
+                    starts.push(None);
                     continue;
                 }
-                let candidates = &self.prepared[&seq];
-                let pending = tokens[tokens.len() - 1];
-                let tree = candidates.tree(pending, candidates.len());
                 let table = self
                     .blocks
                     .block_table(seq)
                     .ok_or(kvcache::KvError::UnknownSeq(seq))?;
-                let rows = batch.push(tokens.len() - 1, table, &tree, LogitRows::All)?;
-                ranges.push(Some(rows.start));
+                let pending = tokens[tokens.len() - 1];
+                let rows =
+                    batch.push(tokens.len() - 1, table, &tree.tree(pending), LogitRows::All)?;
+                starts.push(Some(rows.start));
             }
-            let logits = self.backend.forward(&batch)?;
-            for ((frontier, added), start) in frontiers.iter_mut().zip(&grown).zip(&ranges) {
-                frontier.clear();
+            let started = Instant::now();
+            let mut logits = self.backend.forward(&batch)?;
+            expanding += started.elapsed().as_secs_f64();
+            expansions += 1;
+            for ((frontier, added), start) in frontiers.iter_mut().zip(&grown).zip(&starts) {
                 if let Some(start) = start {
-                    for &node in added {
-                        // Row of candidate `node` is tree node `node + 1`.
-                        frontier.push((Some(node), logits[start + node + 1].clone()));
-                    }
+                    // Node `i` is tree row `i + 1`.
+                    frontier.extend(
+                        added
+                            .iter()
+                            .map(|&i| (Some(i), std::mem::take(&mut logits[start + i + 1]))),
+                    );
                 }
             }
         }
+        for (&(seq, _, _), tree) in live.iter().zip(&trees) {
+            self.prepared.insert(seq, tree.candidates());
+        }
+        self.time_step(live.len(), caught_up_rows, catch_up, expanding, expansions);
         // The scratch rows are dropped; only the known tokens' KV stays.
         for &(seq, tokens, _) in &live {
             self.blocks.truncate(seq, tokens.len())?;
@@ -234,8 +288,8 @@ impl Speculator for DraftModelSpeculator {
         Some(Box::new(DraftModelDrafter::new(self.runner.max_nodes())))
     }
 
-    fn prepares(&self) -> bool {
-        true
+    fn draft_seconds(&self, nodes: usize) -> Option<f64> {
+        self.runner.draft_seconds(nodes)
     }
 
     fn prepare(&mut self, granted: &[Granted<'_>]) -> Result<()> {
@@ -304,5 +358,13 @@ mod tests {
         assert_eq!(top_k(&[0.1, 0.9, 0.5, 0.7], 2), vec![1, 3]);
         assert_eq!(top_k(&[0.1], 3), vec![0]);
         assert!(top_k(&[0.1], 0).is_empty());
+        // Ties go to the lower index; a NaN ranks above every number (`total_cmp`).
+        assert_eq!(top_k(&[0.5, 0.7, 0.5, 0.7, 0.1], 3), vec![1, 3, 0]);
+        assert_eq!(top_k(&[0.5, f32::NAN, 0.9], 2), vec![1, 2]);
+        // Against a sort, on a long row.
+        let row: Vec<f32> = (0..5000u32).map(|i| ((i * 7919) % 4099) as f32).collect();
+        let mut sorted: Vec<u32> = (0..5000).collect();
+        sorted.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        assert_eq!(top_k(&row, 4), sorted[..4].to_vec());
     }
 }

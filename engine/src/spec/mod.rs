@@ -12,6 +12,7 @@
 
 pub mod auto;
 pub mod draft_model;
+pub mod likely_tree;
 pub mod ngram_trie;
 pub mod prompt_lookup;
 pub mod recycling;

@@ -35,10 +35,15 @@ pub trait Speculator: Send {
     /// `None` when the method cannot draft for it.
     fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>>;
 
-    /// Whether [`Speculator::prepare`] does work of its own (a model's forwards): the
-    /// engine then times it and charges it to this method's offers as a fixed cost.
-    fn prepares(&self) -> bool {
-        false
+    /// What [`Speculator::prepare`]'s own work (a model's forwards) costs a drafting
+    /// sequence in a step for a tree of `nodes` nodes, in seconds, as the speculator
+    /// measured it; the engine charges it to this method's offers. Only work that recurs
+    /// every step counts: catching up with a prompt, or with tokens decoded while the
+    /// sequence did not draft, is a one-off, like a prefill. `None` (the default) for
+    /// drafters that only look things up, whose few microseconds would only make the
+    /// planner weigh every plan twice, and before the first measurement.
+    fn draft_seconds(&self, _nodes: usize) -> Option<f64> {
+        None
     }
 
     /// Batched work for every sequence of this method granted a budget this step, before

@@ -27,6 +27,19 @@ const EXTRAPOLATION: f32 = 0.8;
 /// do; the bonus buys a few small trees early, which the evidence then keeps or stops.
 const EXPLORATION: f32 = 0.15;
 
+/// Weight of a new measurement in the moving averages of measured costs.
+const COST_SMOOTHING: f64 = 0.2;
+
+pub(crate) fn smooth(average: &mut Option<f64>, sample: f64) {
+    if !sample.is_finite() || sample < 0.0 {
+        return;
+    }
+    *average = Some(match *average {
+        Some(a) => a + COST_SMOOTHING * (sample - a),
+        None => sample,
+    });
+}
+
 /// Expected accepted tokens by tree size for one method.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AcceptanceStats {
