@@ -1,0 +1,201 @@
+//! Unit tests of the speculation state: acceptance learnt per evidence level, a costly
+//! method probed and then charged by tree size, learning rows charged on the cost curve.
+
+use super::*;
+
+/// Proposes four nodes; its evidence is 2 after an odd token and 1 after an even one.
+struct Parity {
+    last: u32,
+}
+
+impl Drafter for Parity {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("parity")
+    }
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        self.last = ctx.tokens.last().copied().unwrap_or(0);
+        4
+    }
+    fn evidence(&self) -> u8 {
+        1 + (self.last % 2) as u8
+    }
+    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+        TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+    }
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+struct ParitySpeculator;
+
+impl Speculator for ParitySpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("parity")
+    }
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(Parity { last: 0 }))
+    }
+}
+
+#[test]
+fn acceptance_is_learnt_per_evidence_level() {
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new("parity", |_| {
+            Box::new(ParitySpeculator)
+        })],
+        ..SpeculationConfig::default()
+    };
+    let mut speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named("parity"),
+        max_draft_tokens: None,
+    };
+    let seq = SeqId(1);
+    let mut state = speculation
+        .drafter_for(Some(request), &[0])
+        .expect("parity drafts");
+    let tree = TokenTree::chain(&[0, 1, 2, 3, 4]);
+    // After odd tokens every node is accepted, after even ones none.
+    for step in 0..200u32 {
+        let tokens = [step];
+        let offered = speculation.offers(std::iter::once((seq, &tokens[..], &mut state, 0)));
+        assert!(offered.is_some());
+        let accepted: Vec<usize> = if step % 2 == 1 {
+            (0..5).collect()
+        } else {
+            vec![0]
+        };
+        speculation.verified(&mut state, &tree, &accepted);
+    }
+    let mut expected = |token: u32| {
+        let tokens = [token];
+        let inputs = speculation
+            .offers(std::iter::once((seq, &tokens[..], &mut state, 0)))
+            .expect("an offer");
+        inputs.offers[&seq].expected_accepted.clone()
+    };
+    let strong = expected(7);
+    let weak = expected(8);
+    assert!(strong[3] > 3.0, "{strong:?}");
+    assert!(weak[3] < 0.5, "{weak:?}");
+}
+
+/// Drafts eight nodes, at 5 ms of its own forwards per node.
+struct Costly;
+
+impl Drafter for Costly {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("costly")
+    }
+    fn prepare(&mut self, _ctx: &DraftContext<'_>) -> usize {
+        8
+    }
+    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+        TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+    }
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+impl Speculator for Costly {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("costly")
+    }
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(Costly))
+    }
+    fn draft_seconds(&self, nodes: usize) -> Option<f64> {
+        Some(0.005 * nodes as f64)
+    }
+}
+
+#[test]
+fn a_costly_method_is_probed_then_charged_by_tree_size() {
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new("costly", |_| Box::new(Costly))],
+        ..SpeculationConfig::default()
+    };
+    let mut speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named("costly"),
+        max_draft_tokens: None,
+    };
+    let seq = SeqId(1);
+    let mut state = speculation
+        .drafter_for(Some(request), &[0])
+        .expect("costly drafts");
+    // A forward of 10 ms: one unit of the flat curve.
+    speculation.observe_forward(1, 0.010, std::iter::empty());
+    let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+        let tokens = [3];
+        let inputs = speculation
+            .offers(std::iter::once((seq, &tokens[..], state, 0)))
+            .expect("an offer");
+        inputs.offers[&seq].clone()
+    };
+    // Without evidence: a probe of at most four nodes, each expected to be accepted.
+    let probe = offer(&mut speculation, &mut state);
+    assert_eq!(probe.expected_accepted, vec![1.0, 2.0, 3.0, 4.0]);
+    let want = [0.5, 1.0, 1.5, 2.0];
+    assert!(probe
+        .draft_cost
+        .iter()
+        .zip(want)
+        .all(|(c, w)| (c - w).abs() < 1e-9));
+    assert_eq!(probe.draft_cost.len(), 4);
+    // Trees that never get a node accepted end the probe and teach the truth.
+    let tree = TokenTree::chain(&[3, 4, 5, 6, 7]);
+    for _ in 0..PROBE_VERIFICATIONS {
+        speculation.verified(&mut state, &tree, &[0]);
+    }
+    let after = offer(&mut speculation, &mut state);
+    assert_eq!(after.expected_accepted.len(), 8);
+    assert!(after.expected_accepted[3] < 1.0, "{after:?}");
+    assert!((after.draft_cost[7] - 4.0).abs() < 1e-9, "{after:?}");
+    // A method that only looks things up is free.
+    let mut lookup = speculation
+        .drafter_for(
+            Some(SpecRequest {
+                method: SpecMethod::PromptLookup,
+                max_draft_tokens: None,
+            }),
+            &[3, 4, 3],
+        )
+        .expect("prompt lookup drafts");
+    let tokens = [3, 4, 3];
+    let inputs = speculation
+        .offers(std::iter::once((seq, &tokens[..], &mut lookup, 0)))
+        .expect("a continuation of 3 to offer");
+    assert!(inputs.offers[&seq].is_free());
+}
+
+#[test]
+fn learning_rows_are_charged_on_the_cost_curve() {
+    let rows_of = |cost: CostCurve, step_rows: usize| {
+        let config = SpeculationConfig {
+            cost,
+            ..SpeculationConfig::default()
+        };
+        let speculation = Speculation::new(config, 100).expect("the built-in methods");
+        let request = SpecRequest {
+            method: SpecMethod::Recycling,
+            max_draft_tokens: None,
+        };
+        let state = speculation
+            .drafter_for(Some(request), &[0])
+            .expect("recycling drafts");
+        // Prompt rows feeding 50 distinct tokens, then repeats: an empty matrix wants
+        // each token once.
+        let fed: Vec<(usize, u32, &SeqDrafter)> = (0..80)
+            .map(|row| (row, (row % 50) as u32, &state))
+            .collect();
+        speculation.learning_rows(&fed, step_rows)
+    };
+    // Where rows are free, every wanted token once, up to the cap.
+    let free = rows_of(CostCurve::flat(), 80);
+    assert_eq!(free, (0..PROMPT_LEARNING_ROWS).collect::<Vec<_>>());
+    // Where each row costs as much as the next: one added row in a hundred is 1%.
+    assert_eq!(rows_of(CostCurve::linear(), 80), Vec::<usize>::new());
+    assert_eq!(rows_of(CostCurve::linear(), 300), vec![0, 1, 2]);
+    // Rows that cost a tenth of a step each (a flat curve's start, then a slope).
+    let gentle = CostCurve::new(vec![(1, 1.0), (101, 2.0)]).expect("a curve");
+    assert_eq!(rows_of(gentle, 80).len(), 1);
+}
