@@ -38,15 +38,50 @@ pub unsafe fn tile(
     store: &mut impl FnMut(usize, &[f32; COLUMNS]),
 ) {
     let k = rows.k;
-    let m = rows.q.len() / k;
     let layout = tiles16::tile_block(format);
     assert!(tile.len() >= k / 32 * layout.bytes);
     let t = tile.as_ptr();
-    in_groups(m, store, |group, n| match n {
-        4 => group_of::<4>(format, t, rows, group),
-        3 => pad(group_of::<3>(format, t, rows, group)),
-        2 => pad(group_of::<2>(format, t, rows, group)),
-        _ => pad(group_of::<1>(format, t, rows, group)),
+    // Each format's loop compiled apart: no branch on the format per block (measured on an
+    // AMD EPYC of family 26, one core, a 1536 x 576 Q4_1 product of 16 rows: 57 -> 53 us).
+    match format {
+        QuantFormat::Q4_0 => in_formats::<Q4_0>(t, rows, store),
+        QuantFormat::Q4_1 => in_formats::<Q4_1>(t, rows, store),
+        QuantFormat::Q5_0 => in_formats::<Q5_0>(t, rows, store),
+        // Q8_0, the only other 32-value format (the callers pass no other shape).
+        _ => in_formats::<Q8_0>(t, rows, store),
+    }
+}
+
+/// Format codes for the const parameter of `group_of` (each format's kernel compiled apart,
+/// with no branch on the format inside its loop).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q8_0: u8 = 3;
+
+/// The format of a code.
+const fn format_of(code: u8) -> QuantFormat {
+    match code {
+        Q4_0 => QuantFormat::Q4_0,
+        Q4_1 => QuantFormat::Q4_1,
+        Q5_0 => QuantFormat::Q5_0,
+        _ => QuantFormat::Q8_0,
+    }
+}
+
+/// `tile` for the format of code `F`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn in_formats<const F: u8>(
+    t: *const u8,
+    rows: &QuantizedRows,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
+    in_groups(rows.q.len() / rows.k, store, |group, n| match n {
+        4 => group_of::<4, F>(t, rows, group),
+        3 => pad(group_of::<3, F>(t, rows, group)),
+        2 => pad(group_of::<2, F>(t, rows, group)),
+        _ => pad(group_of::<1, F>(t, rows, group)),
     });
 }
 
@@ -76,12 +111,12 @@ pub(super) fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMN
 /// Rows `first..first + R` against the tile.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_of<const R: usize>(
-    format: QuantFormat,
+unsafe fn group_of<const R: usize, const F: u8>(
     tile: *const u8,
     rows: &QuantizedRows,
     first: usize,
 ) -> [[f32; COLUMNS]; R] {
+    let format = format_of(F);
     let k = rows.k;
     let blocks = k / 32;
     let layout = tiles16::tile_block(format);
