@@ -86,15 +86,8 @@ fn project(
                 });
                 matmul_quantized_all(acts, products)?;
                 for (projection, out) in group.iter_mut() {
-                    if let Projection::Packed {
-                        bias: Some(bias), ..
-                    } = projection
-                    {
-                        for row in out.chunks_exact_mut(bias.len()) {
-                            for (y, b) in row.iter_mut().zip(bias) {
-                                *y += *b;
-                            }
-                        }
+                    if let Projection::Packed { bias, .. } = projection {
+                        add_bias(bias, out);
                     }
                 }
                 start += run;
@@ -109,6 +102,17 @@ fn project(
         }
     }
     Ok(())
+}
+
+/// Adds the bias, if any, to every row of `out`.
+fn add_bias(bias: &Option<Vec<f32>>, out: &mut [f32]) {
+    if let Some(bias) = bias {
+        for row in out.chunks_exact_mut(bias.len()) {
+            for (y, b) in row.iter_mut().zip(bias) {
+                *y += *b;
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -182,8 +186,6 @@ struct Workspace {
     k: Vec<f32>,
     v: Vec<f32>,
     q_heads: Vec<f32>,
-    /// One head's values split into the halves RoPE rotates together.
-    pair: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
@@ -302,16 +304,8 @@ impl FusedWeights {
             clock.lap(|p| &mut p.matmul);
             let positions = &batch.positions;
             let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
-            self.rotate(
-                cfg,
-                positions,
-                &w.q,
-                heads,
-                &mut w.q_heads,
-                true,
-                &mut w.pair,
-            );
-            self.rotate(cfg, positions, &[], kv_heads, &mut w.k, false, &mut w.pair);
+            self.rotate(cfg, positions, &w.q, heads, &mut w.q_heads, true);
+            self.rotate(cfg, positions, &[], kv_heads, &mut w.k, false);
             clock.lap(|p| &mut p.other);
             kv.write(index, &batch.slots, &w.k, &w.v)?;
             let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
@@ -328,9 +322,21 @@ impl FusedWeights {
                 &mut w.rows,
             )?;
             clock.lap(|p| &mut p.matmul);
-            crate::silu::swiglu(&mut w.gate, &w.up);
-            clock.lap(|p| &mut p.other);
-            project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
+            if let Projection::Packed { weight, bias } = &layer.down {
+                // SwiGLU row by row as the down projection quantizes its input, in one
+                // row-parallel pass (counted as matmul time).
+                let (gate, up, k) = (&w.gate, &w.up, weight.cols());
+                weight.quantize_rows(rows, &mut w.rows, |r, row| {
+                    let at = r * k..(r + 1) * k;
+                    crate::silu::swiglu_into(&gate[at.clone()], &up[at], row)
+                });
+                matmul_quantized_all(&w.rows, [(&**weight, &mut w.out)])?;
+                add_bias(bias, &mut w.out);
+            } else {
+                crate::silu::swiglu(&mut w.gate, &w.up);
+                clock.lap(|p| &mut p.other);
+                project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
+            }
             clock.lap(|p| &mut p.matmul);
             add_into(&w.out, &mut w.x);
             clock.lap(|p| &mut p.other);
@@ -364,9 +370,7 @@ impl FusedWeights {
 
     /// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
     /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
-    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept). `pair` is
-    /// scratch space.
-    #[allow(clippy::too_many_arguments)]
+    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
     fn rotate(
         &self,
         cfg: &ModelConfig,
@@ -375,7 +379,6 @@ impl FusedWeights {
         heads: usize,
         dst: &mut Vec<f32>,
         head_major: bool,
-        pair: &mut Vec<f32>,
     ) {
         let d = cfg.head_dim;
         let half = d / 2;
@@ -383,44 +386,34 @@ impl FusedWeights {
         if head_major {
             dst.resize(rows * heads * d, 0.0);
         }
-        pair.resize(d, 0.0);
         for (r, &pos) in positions.iter().enumerate() {
             let cos = &self.rope_cos[pos as usize * half..][..half];
             let sin = &self.rope_sin[pos as usize * half..][..half];
             for h in 0..heads {
                 let from = (r * heads + h) * d;
                 let to = if head_major { (h * rows + r) * d } else { from };
-                // The head's values as (a, b) halves: the pairs rotated together.
-                let (a, b) = pair.split_at_mut(half);
-                let head = if src.is_empty() {
-                    &dst[from..from + d]
-                } else {
-                    &src[from..from + d]
-                };
-                match cfg.rope_style {
-                    RopeStyle::Halves => {
-                        a.copy_from_slice(&head[..half]);
-                        b.copy_from_slice(&head[half..]);
-                    }
-                    RopeStyle::Interleaved => {
-                        for ((a, b), two) in a.iter_mut().zip(b.iter_mut()).zip(head.chunks(2)) {
-                            (*a, *b) = (two[0], two[1]);
-                        }
-                    }
-                }
                 let out = &mut dst[to..to + d];
+                if !src.is_empty() {
+                    out.copy_from_slice(&src[from..from + d]);
+                }
+                // Each pair `(a, b)` becomes `(a cos - b sin, a sin + b cos)`, in place.
+                let turn = |a: &mut f32, b: &mut f32, (cos, sin): (&f32, &f32)| {
+                    let (x, y) = (*a, *b);
+                    *a = x * cos - y * sin;
+                    *b = x * sin + y * cos;
+                };
+                let angles = cos.iter().zip(sin);
                 match cfg.rope_style {
                     RopeStyle::Halves => {
                         let (lo, hi) = out.split_at_mut(half);
-                        for i in 0..half {
-                            lo[i] = a[i] * cos[i] - b[i] * sin[i];
-                            hi[i] = a[i] * sin[i] + b[i] * cos[i];
+                        for ((a, b), angle) in lo.iter_mut().zip(hi.iter_mut()).zip(angles) {
+                            turn(a, b, angle);
                         }
                     }
                     RopeStyle::Interleaved => {
-                        for (i, two) in out.chunks_exact_mut(2).enumerate() {
-                            two[0] = a[i] * cos[i] - b[i] * sin[i];
-                            two[1] = a[i] * sin[i] + b[i] * cos[i];
+                        for (two, angle) in out.chunks_exact_mut(2).zip(angles) {
+                            let [a, b] = two else { continue };
+                            turn(a, b, angle);
                         }
                     }
                 }

@@ -45,6 +45,13 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `out = silu(gate) * up`, element by element: one row of `swiglu`, written elsewhere.
+pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(*g) * *u;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

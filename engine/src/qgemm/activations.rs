@@ -31,6 +31,40 @@ impl QuantizedRows {
     /// Quantizes into the existing buffers.
     pub fn fill(&mut self, format: QuantFormat, x: &[f32], k: usize) {
         let m = x.len() / k;
+        self.fill_with(format, k, m, |r, q, d, sums| {
+            quantize_row(format, &x[r * k..(r + 1) * k], q, d, sums)
+        });
+    }
+
+    /// Quantizes `m` rows of `k` values that `row(r, values)` writes, each into a buffer of
+    /// the thread that quantizes it: an elementwise step before a product (SwiGLU's gate)
+    /// then runs row-parallel with the quantization, in one pass.
+    pub fn fill_rows(
+        &mut self,
+        format: QuantFormat,
+        k: usize,
+        m: usize,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
+        self.fill_with(format, k, m, |r, q, d, sums| {
+            ROW.with(|values| {
+                let mut values = values.borrow_mut();
+                values.resize(k, 0.0);
+                row(r, &mut values);
+                quantize_row(format, &values, q, d, sums);
+            })
+        });
+    }
+
+    /// Sizes the buffers for `m` rows of `k` values, then has `quantize(r, values, scales,
+    /// sums)` fill row `r`'s parts, row-parallel from `PARALLEL_ROWS` rows.
+    fn fill_with(
+        &mut self,
+        format: QuantFormat,
+        k: usize,
+        m: usize,
+        quantize: impl Fn(usize, &mut [i8], &mut [f32], &mut [f32]) + Sync,
+    ) {
         self.k = k;
         self.q.resize(m * k, 0);
         let block = format.block_values();
@@ -43,20 +77,22 @@ impl QuantizedRows {
             0.0,
         );
         let per_row = (k / block, self.sums.len() / m.max(1));
-        let row = |(((x, q), d), sums): RowParts<'_>| quantize_row(format, x, q, d, sums);
+        let one = |(r, ((q, d), sums)): RowParts<'_>| quantize(r, q, d, sums);
         // Rows are quantized independently (the same bits whichever thread takes them).
         if m >= PARALLEL_ROWS {
-            x.par_chunks_exact(k)
-                .zip(self.q.par_chunks_exact_mut(k))
+            self.q
+                .par_chunks_exact_mut(k)
                 .zip(self.d.par_chunks_exact_mut(per_row.0))
                 .zip(self.sums.par_chunks_exact_mut(per_row.1))
-                .for_each(row);
+                .enumerate()
+                .for_each(one);
         } else {
-            x.chunks_exact(k)
-                .zip(self.q.chunks_exact_mut(k))
+            self.q
+                .chunks_exact_mut(k)
                 .zip(self.d.chunks_exact_mut(per_row.0))
                 .zip(self.sums.chunks_exact_mut(per_row.1))
-                .for_each(row);
+                .enumerate()
+                .for_each(one);
         }
     }
 
@@ -66,8 +102,13 @@ impl QuantizedRows {
     }
 }
 
-/// One row's input and the buffers it is quantized into.
-type RowParts<'a> = (((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [f32]);
+/// A row's index and the buffers it is quantized into.
+type RowParts<'a> = (usize, ((&'a mut [i8], &'a mut [f32]), &'a mut [f32]));
+
+thread_local! {
+    /// The row `fill_rows` is quantizing on this thread.
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Rows from which quantizing spreads over the thread pool.
 const PARALLEL_ROWS: usize = 4;

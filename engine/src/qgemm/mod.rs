@@ -248,6 +248,17 @@ impl QuantMatrix {
         rows.1 = Some(self.format);
     }
 
+    /// `quantize` of `m` rows that `row(r, values)` writes (see `QuantizedRows::fill_rows`).
+    pub(crate) fn quantize_rows(
+        &self,
+        m: usize,
+        rows: &mut Activations,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
+        rows.0.fill_rows(self.format, self.k, m, row);
+        rows.1 = Some(self.format);
+    }
+
     /// Whether activations quantized for `other` serve this matrix as they are.
     pub(crate) fn same_activations(&self, other: &QuantMatrix) -> bool {
         self.k == other.k
@@ -270,11 +281,14 @@ impl QuantMatrix {
     }
 
     /// How the product's tiles are split into tasks: `(tasks, tiles per task)`. Each task is
-    /// a run of neighbouring tiles, so a thread streams contiguous weights.
+    /// a run of neighbouring tiles, so a thread streams contiguous weights. Every task holds
+    /// tiles: 36 tiles in runs of 3 are 12 tasks, not 16 of which the last 4 are empty (the
+    /// pool halves a range of tasks between its threads, and the half with the empty ones
+    /// would get a third of the tiles).
     fn split(&self) -> (usize, usize) {
         let tiles = self.n.div_ceil(TILE);
-        let tasks = tiles.min(rayon::current_num_threads() * 8).max(1);
-        (tasks, tiles.div_ceil(tasks))
+        let per_task = tiles.div_ceil(rayon::current_num_threads() * 8).max(1);
+        (tiles.div_ceil(per_task).max(1), per_task)
     }
 
     fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
@@ -304,8 +318,13 @@ impl QuantMatrix {
                     // the result (`m * n` values, checked by the callers); each tile belongs
                     // to one task, so no two threads write the same values, and nothing
                     // reads the result until every task is done.
-                    unsafe { result.run(r * n + t * TILE, columns) }
-                        .copy_from_slice(&values[..columns]);
+                    let run = unsafe { result.run(r * n + t * TILE, columns) };
+                    if let Ok(run) = <&mut [f32; TILE]>::try_from(&mut *run) {
+                        // A whole tile: a copy of known length, not a call to `memcpy`.
+                        *run = *values;
+                    } else {
+                        run.copy_from_slice(&values[..columns]);
+                    }
                 };
                 self.tile(isa, t, rows, &mut scratch, &mut store);
             }

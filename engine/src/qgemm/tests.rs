@@ -291,3 +291,54 @@ fn products_run_together_give_each_matrix_its_own_bits() {
         }
     }
 }
+
+#[test]
+fn every_task_of_a_product_holds_tiles() {
+    let threads = rayon::current_num_threads();
+    for n in [1, 16, 17, 192, 576, 1536, 49152] {
+        let m = case(QuantFormat::Q8_0, n, 32).ours;
+        let (tasks, per_task) = m.split();
+        let tiles = n.div_ceil(super::TILE);
+        assert!(tasks * per_task >= tiles, "n {n}: tiles left out");
+        assert!((tasks - 1) * per_task < tiles, "n {n}: an empty task");
+        assert!(
+            tasks <= threads * 8,
+            "n {n}: {tasks} tasks for {threads} threads"
+        );
+    }
+}
+
+#[test]
+fn rows_written_by_a_closure_quantize_to_the_bits_of_rows_in_memory() {
+    // The SwiGLU gate is quantized as the down projection's threads write it: the same bits
+    // as quantizing the finished rows, serial (one row) or row-parallel (seven).
+    for format in [QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q4K] {
+        let k = 512;
+        let c = case(format, 24, k);
+        for m in [1, 7] {
+            let x = values(m * k, m as u32 + 3);
+            let (mut from_memory, mut written) =
+                (super::Activations::default(), super::Activations::default());
+            c.ours.quantize(&x, &mut from_memory);
+            c.ours.quantize_rows(m, &mut written, |r, row| {
+                row.copy_from_slice(&x[r * k..(r + 1) * k])
+            });
+            assert_eq!(written.0.q, from_memory.0.q, "{format:?} m {m}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&written.0.d),
+                bits(&from_memory.0.d),
+                "{format:?} m {m}"
+            );
+            assert_eq!(
+                bits(&written.0.sums),
+                bits(&from_memory.0.sums),
+                "{format:?}"
+            );
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            super::matmul_quantized_all(&written, [(&c.ours, &mut a)]).unwrap();
+            super::matmul_quantized_all(&from_memory, [(&c.ours, &mut b)]).unwrap();
+            assert_eq!(bits(&a), bits(&b), "{format:?} m {m}: products");
+        }
+    }
+}
