@@ -280,33 +280,41 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// How the product's tiles are split into tasks: `(tasks, tiles per task)`. Each task is
-    /// a run of neighbouring tiles, so a thread streams contiguous weights. Every task holds
-    /// tiles: 36 tiles in runs of 3 are 12 tasks, not 16 of which the last 4 are empty (the
-    /// pool halves a range of tasks between its threads, and the half with the empty ones
-    /// would get a third of the tiles).
+    /// How the product's tiles are split into tasks: `(tasks, tiles per task)` (see
+    /// `tiles_per_task`).
     fn split(&self) -> (usize, usize) {
-        let tiles = self.n.div_ceil(TILE);
-        let per_task = tiles.div_ceil(rayon::current_num_threads() * 8).max(1);
-        (tiles.div_ceil(per_task).max(1), per_task)
+        let per_task = tiles_per_task(self.tiles());
+        (self.tiles().div_ceil(per_task), per_task)
+    }
+
+    /// Tiles of `TILE` weight rows.
+    fn tiles(&self) -> usize {
+        self.n.div_ceil(TILE)
     }
 
     fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
         let m = rows.q.len() / self.k;
         assert!(out.len() >= m * self.n);
         let result = SharedRows(out.as_mut_ptr());
-        (0..self.split().0)
+        let (tasks, per_task) = self.split();
+        (0..tasks)
             .into_par_iter()
-            .for_each(|task| self.task(isa, rows, task, result));
+            .for_each(|task| self.task(isa, rows, task, per_task, result));
     }
 
-    /// Task `task` of the product (see `split`): its tiles' results into `result`, which
-    /// holds `m * n` values.
-    fn task(&self, isa: Isa, rows: &QuantizedRows, task: usize, result: SharedRows) {
+    /// Task `task` of the product split into runs of `per_task` tiles: its tiles' results
+    /// into `result`, which holds `m * n` values.
+    fn task(
+        &self,
+        isa: Isa,
+        rows: &QuantizedRows,
+        task: usize,
+        per_task: usize,
+        result: SharedRows,
+    ) {
         let m = rows.q.len() / self.k;
         let n = self.n;
-        let tiles = n.div_ceil(TILE);
-        let per_task = self.split().1;
+        let tiles = self.tiles();
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let end = ((task + 1) * per_task).min(tiles);
@@ -460,16 +468,18 @@ pub(crate) fn matmul_quantized_all<'a>(
     rows: &Activations,
     products: impl IntoIterator<Item = (&'a QuantMatrix, &'a mut Vec<f32>)>,
 ) -> Result<()> {
-    let none = (None, 0, SharedRows(std::ptr::null_mut()));
-    let mut batch: [(Option<&QuantMatrix>, usize, SharedRows); TOGETHER] = [none; TOGETHER];
+    let none = (None, SharedRows(std::ptr::null_mut()));
+    let mut batch: [(Option<&QuantMatrix>, SharedRows); TOGETHER] = [none; TOGETHER];
     let mut filled = 0;
     for (weight, out) in products {
         weight.check(rows)?;
         let m = rows.0.q.len() / weight.k;
         // Every value is written by the product; stale ones need no zeroing first.
         out.resize(m * weight.n, 0.0);
-        let tasks = if m == 0 { 0 } else { weight.split().0 };
-        batch[filled] = (Some(weight), tasks, SharedRows(out.as_mut_ptr()));
+        if m == 0 {
+            continue;
+        }
+        batch[filled] = (Some(weight), SharedRows(out.as_mut_ptr()));
         filled += 1;
         if filled == TOGETHER {
             run_together(&rows.0, &batch);
@@ -480,20 +490,36 @@ pub(crate) fn matmul_quantized_all<'a>(
     Ok(())
 }
 
-/// The tasks of every `(matrix, its task count, its output)` of `batch`, in one parallel
-/// loop; each output holds `m * n` values.
-fn run_together(rows: &QuantizedRows, batch: &[(Option<&QuantMatrix>, usize, SharedRows)]) {
-    let total: usize = batch.iter().map(|b| b.1).sum();
-    if total == 0 {
+/// Tiles per task where `tiles` tiles are split between the pool's threads: about eight
+/// tasks per thread, every one holding tiles (36 tiles in runs of 3 are 12 tasks, not 16 of
+/// which the last 4 are empty: the pool halves a range of tasks between its threads, and
+/// the half with the empty ones would get a third of the tiles).
+fn tiles_per_task(tiles: usize) -> usize {
+    tiles.div_ceil(rayon::current_num_threads() * 8).max(1)
+}
+
+/// The tasks of every `(matrix, its output)` of `batch`, in one parallel loop; each output
+/// holds `m * n` values. Every matrix is split into runs of the same number of tiles, so the
+/// tasks are of one size however the matrices differ in width (q's 36 tiles and k's and v's
+/// 12 each make 15 tasks of 4, not 12 of 3 and 24 of 1).
+fn run_together(rows: &QuantizedRows, batch: &[(Option<&QuantMatrix>, SharedRows)]) {
+    let tiles: usize = batch.iter().filter_map(|b| b.0).map(|w| w.tiles()).sum();
+    if tiles == 0 {
         return;
     }
+    let per_task = tiles_per_task(tiles);
+    let total: usize = batch
+        .iter()
+        .filter_map(|b| b.0)
+        .map(|w| w.tiles().div_ceil(per_task))
+        .sum();
     let isa = process_isa();
     (0..total).into_par_iter().for_each(|mut job| {
-        for &(weight, tasks, result) in batch {
+        for &(weight, result) in batch {
+            let Some(weight) = weight else { continue };
+            let tasks = weight.tiles().div_ceil(per_task);
             if job < tasks {
-                if let Some(weight) = weight {
-                    weight.task(isa, rows, job, result);
-                }
+                weight.task(isa, rows, job, per_task, result);
                 return;
             }
             job -= tasks;
