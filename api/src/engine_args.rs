@@ -199,8 +199,9 @@ impl EngineArgs {
 /// knots at 3 and 5 rows too, where small trees are decided, and 25 rounds: with nine, one
 /// noisy round moved the small sizes by a tenth; 8: the KV store's value type is in the
 /// name, and f16 stores made attention cheaper; 9: Q4_K and Q6_K weights moved from candle's
-/// kernels to thicket's on AVX-512).
-const COST_CURVE_VERSION: u32 = 9;
+/// kernels to thicket's on AVX-512; 10: products split into tasks of one size and the tile
+/// kernel compiled per format, which made many-row forwards cheaper).
+const COST_CURVE_VERSION: u32 = 10;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
