@@ -77,35 +77,24 @@ unsafe fn in_formats<const F: u8>(
     rows: &QuantizedRows,
     store: &mut impl FnMut(usize, &[f32; COLUMNS]),
 ) {
-    in_groups(rows.q.len() / rows.k, store, |group, n| match n {
-        4 => group_of::<4, F>(t, rows, group),
-        3 => pad(group_of::<3, F>(t, rows, group)),
-        2 => pad(group_of::<2, F>(t, rows, group)),
-        _ => pad(group_of::<1, F>(t, rows, group)),
+    in_groups(rows.q.len() / rows.k, |group, n| match n {
+        4 => group_of::<4, F>(t, rows, group, store),
+        3 => group_of::<3, F>(t, rows, group, store),
+        2 => group_of::<2, F>(t, rows, group, store),
+        _ => group_of::<1, F>(t, rows, group, store),
     });
 }
 
 /// Runs `group(first, n)` over the `m` activation rows in groups of up to `ROW_GROUP` (`n`
-/// rows from `first`; results past `n` ignored), giving each row's results to `store`.
+/// rows from `first`).
 #[inline(always)]
-pub(super) fn in_groups(
-    m: usize,
-    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
-    mut group: impl FnMut(usize, usize) -> [[f32; COLUMNS]; ROW_GROUP],
-) {
+pub(super) fn in_groups(m: usize, mut group: impl FnMut(usize, usize)) {
     let mut first = 0;
     while first < m {
         let n = (m - first).min(ROW_GROUP);
-        for (i, result) in group(first, n).iter().take(n).enumerate() {
-            store(first + i, result);
-        }
+        group(first, n);
         first += n;
     }
-}
-
-/// `R` rows' results padded to a whole group.
-pub(super) fn pad<const R: usize>(results: [[f32; COLUMNS]; R]) -> [[f32; COLUMNS]; ROW_GROUP] {
-    std::array::from_fn(|i| if i < R { results[i] } else { [0.0; COLUMNS] })
 }
 
 /// Rows `first..first + R` against the tile.
@@ -115,7 +104,8 @@ unsafe fn group_of<const R: usize, const F: u8>(
     tile: *const u8,
     rows: &QuantizedRows,
     first: usize,
-) -> [[f32; COLUMNS]; R] {
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
     let format = format_of(F);
     let k = rows.k;
     let blocks = k / 32;
@@ -154,21 +144,23 @@ unsafe fn group_of<const R: usize, const F: u8>(
             off[r] = _mm512_fmadd_ps(offset, sum, off[r]);
         }
     }
-    finish(acc, off)
+    finish(acc, off, first, store)
 }
 
-/// Each row's 16 results: its scaled sums plus its offsets.
+/// Gives each row `first + r` its 16 results: its scaled sums plus its offsets.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn finish<const R: usize>(
     acc: [__m512; R],
     off: [__m512; R],
-) -> [[f32; COLUMNS]; R] {
-    std::array::from_fn(|r| {
+    first: usize,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
+    for r in 0..R {
         let mut lanes = [0f32; COLUMNS];
         _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[r], off[r]));
-        lanes
-    })
+        store(first + r, &lanes);
+    }
 }
 
 /// The 16 rows' f16 scales of the tile block at `base`.

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::activations::QuantizedRows;
-use super::avx512_block32::{finish, in_groups, pad, COLUMNS};
+use super::avx512_block32::{finish, in_groups, COLUMNS};
 use super::formats::QuantFormat;
 use super::tiles16;
 
@@ -37,15 +37,15 @@ pub unsafe fn tile(
     assert!(tile.len() >= k / 256 * tiles16::super_block(format).bytes);
     assert!(rows.d.len() >= m * k / 256 && rows.sums.len() >= m * k / 16);
     let t = tile.as_ptr();
-    in_groups(m, store, |group, n| match (format, n) {
-        (QuantFormat::Q4K, 4) => q4k::<4>(t, rows, group),
-        (QuantFormat::Q4K, 3) => pad(q4k::<3>(t, rows, group)),
-        (QuantFormat::Q4K, 2) => pad(q4k::<2>(t, rows, group)),
-        (QuantFormat::Q4K, _) => pad(q4k::<1>(t, rows, group)),
-        (_, 4) => q6k::<4>(t, rows, group),
-        (_, 3) => pad(q6k::<3>(t, rows, group)),
-        (_, 2) => pad(q6k::<2>(t, rows, group)),
-        (_, _) => pad(q6k::<1>(t, rows, group)),
+    in_groups(m, |group, n| match (format, n) {
+        (QuantFormat::Q4K, 4) => q4k::<4>(t, rows, group, store),
+        (QuantFormat::Q4K, 3) => q4k::<3>(t, rows, group, store),
+        (QuantFormat::Q4K, 2) => q4k::<2>(t, rows, group, store),
+        (QuantFormat::Q4K, _) => q4k::<1>(t, rows, group, store),
+        (_, 4) => q6k::<4>(t, rows, group, store),
+        (_, 3) => q6k::<3>(t, rows, group, store),
+        (_, 2) => q6k::<2>(t, rows, group, store),
+        (_, _) => q6k::<1>(t, rows, group, store),
     });
 }
 
@@ -108,7 +108,8 @@ unsafe fn q4k<const R: usize>(
     tile: *const u8,
     rows: &QuantizedRows,
     first: usize,
-) -> [[f32; COLUMNS]; R] {
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
     let k = rows.k;
     let blocks = k / 256;
     let layout = tiles16::super_block(QuantFormat::Q4K);
@@ -158,7 +159,7 @@ unsafe fn q4k<const R: usize>(
             off[r] = _mm512_fnmadd_ps(dmin, t[r], off[r]);
         }
     }
-    finish(acc, off)
+    finish(acc, off, first, store)
 }
 
 /// Q6_K rows `first..first + R` against the tile: `w = d * sc * (q - 32)` per 16-value
@@ -169,7 +170,8 @@ unsafe fn q6k<const R: usize>(
     tile: *const u8,
     rows: &QuantizedRows,
     first: usize,
-) -> [[f32; COLUMNS]; R] {
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+) {
     let k = rows.k;
     let blocks = k / 256;
     let layout = tiles16::super_block(QuantFormat::Q6K);
@@ -248,5 +250,5 @@ unsafe fn q6k<const R: usize>(
             off[r] = _mm512_fnmadd_ps(d32, t[r], off[r]);
         }
     }
-    finish(acc, off)
+    finish(acc, off, first, store)
 }
