@@ -1,8 +1,9 @@
 //! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer
 //! over preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v
 //! products (and once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into
-//! the head-major layout the attention kernel reads and K in place, and SwiGLU and the
-//! residual adds run over the rows in place: where every projection is on thicket's kernel
+//! the head-major layout the attention kernel reads and K in place, SwiGLU is computed row by
+//! row as the down projection quantizes its input (row-parallel), and the residual adds run
+//! over the rows in place: where every projection is on thicket's kernel
 //! (the default for GGUF's 32-value formats, and for Q4_K/Q6_K on AVX-512) there is no candle
 //! op dispatch and no tensor allocation per layer, and the matmuls and attention still spread
 //! over the thread pool the forward runs on. Projections thicket's kernel does not take (dense
