@@ -56,20 +56,11 @@ impl std::fmt::Debug for DraftModelRunner {
     }
 }
 
-/// Indices of the `k` largest values of `row`, largest first (ties to the lower index): one
-/// pass that keeps the best `k` so far in order, as `k` is small and rows are a vocabulary.
+/// Indices of the `k` largest values of `row`, largest first (ties to the lower index).
 fn top_k(row: &[f32], k: usize) -> Vec<u32> {
-    let k = k.min(row.len());
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in row.iter().enumerate() {
-        if best.len() == k && best.last().is_none_or(|w| l.total_cmp(&w.1).is_le()) {
-            continue;
-        }
-        let at = best.partition_point(|b| l.total_cmp(&b.1).is_le());
-        best.insert(at, (i as u32, l));
-        best.truncate(k);
-    }
-    best.into_iter().map(|(t, _)| t).collect()
+    let mut best = vec![0; k.min(row.len())];
+    super::top_k_into(row, &mut best);
+    best
 }
 
 impl DraftModelRunner {

@@ -168,6 +168,30 @@ impl Candidates {
     }
 }
 
+/// Writes into `out` the indices of the `out.len()` largest `logits`, largest first, ties
+/// to the lower index (the order of `f32::total_cmp`; a NaN ranks above every number), as
+/// Token Recycling's matrix and the draft model's trees both take them. One pass with a
+/// small sorted list: most logits fail the first comparison, and the row is never copied.
+pub(crate) fn top_k_into(logits: &[f32], out: &mut [u32]) {
+    let k = out.len();
+    if k == 0 {
+        return;
+    }
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() == k && l.total_cmp(&best[k - 1].0).is_le() {
+            continue;
+        }
+        // After every kept logit at least as large: ties keep the earlier index first.
+        let at = best.partition_point(|&(b, _)| b.total_cmp(&l).is_ge());
+        best.insert(at, (l, i as u32));
+        best.truncate(k);
+    }
+    for (slot, &(_, id)) in out.iter_mut().zip(&best) {
+        *slot = id;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +217,32 @@ mod tests {
         assert_eq!(tree.parents(), &[None, Some(0), Some(0), Some(1)]);
         assert_eq!(c.tree(5, 0).len(), 1);
         assert_eq!(c.tree(5, 99).len(), 5);
+    }
+
+    #[test]
+    fn one_pass_top_k_matches_a_full_sort() {
+        let mut state = 0x2545_f491_u32;
+        for case in 0..200 {
+            let n = 1 + case % 97;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    // Few distinct values, so ties are common.
+                    (state % 7) as f32 - 3.0
+                })
+                .collect();
+            let mut sorted: Vec<u32> = (0..n as u32).collect();
+            sorted.sort_by(|&a, &b| {
+                logits[b as usize]
+                    .total_cmp(&logits[a as usize])
+                    .then(a.cmp(&b))
+            });
+            let k = 8.min(n);
+            let mut got = vec![0u32; k];
+            top_k_into(&logits, &mut got);
+            assert_eq!(got, sorted[..k], "{logits:?}");
+        }
     }
 }

@@ -28,29 +28,6 @@ pub const TOP_K: usize = 8;
 const MAGIC: &[u8; 8] = b"THKTRM01";
 const UNSET: u32 = u32::MAX;
 
-/// Writes into `out` the indices of the `out.len()` largest `logits`, largest first, ties
-/// to the lower index (the order of `f32::total_cmp`). One pass with a small sorted list:
-/// most logits fail the first comparison, and the row is never copied.
-fn top_k_into(logits: &[f32], out: &mut [u32]) {
-    let k = out.len();
-    if k == 0 {
-        return;
-    }
-    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if best.len() == k && l.total_cmp(&best[k - 1].0).is_le() {
-            continue;
-        }
-        // After every kept logit at least as large: ties keep the earlier index first.
-        let at = best.partition_point(|&(b, _)| b.total_cmp(&l).is_ge());
-        best.insert(at, (l, i as u32));
-        best.truncate(k);
-    }
-    for (slot, &(_, id)) in out.iter_mut().zip(&best) {
-        *slot = id;
-    }
-}
-
 /// The shared adjacency matrix. Its cells are relaxed atomics so that drafters can hold it
 /// (`Arc`) while the engine thread updates it; that one thread is also the only reader, so a
 /// row is never seen half written, and a stale candidate would only cost an acceptance.
@@ -151,7 +128,7 @@ impl RecyclingMatrix {
             heap = vec![UNSET; self.k];
             &mut heap
         };
-        top_k_into(logits, row);
+        super::top_k_into(logits, row);
         // The first cell marks the row as set, so it is written last.
         for (i, &id) in row.iter().enumerate().rev() {
             self.rows[t * self.k + i].store(id, Ordering::Relaxed);
@@ -404,33 +381,6 @@ mod tests {
             .enumerate()
             .all(|(i, p)| p.is_none_or(|p| p < i)));
         assert_eq!(tree.parents.iter().filter(|p| p.is_none()).count(), 8);
-    }
-
-    #[test]
-    fn one_pass_top_k_matches_a_full_sort() {
-        let mut state = 0x2545_f491_u32;
-        for case in 0..200 {
-            let n = 1 + case % 97;
-            let logits: Vec<f32> = (0..n)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 17;
-                    state ^= state << 5;
-                    // Few distinct values, so ties are common.
-                    (state % 7) as f32 - 3.0
-                })
-                .collect();
-            let mut sorted: Vec<u32> = (0..n as u32).collect();
-            sorted.sort_by(|&a, &b| {
-                logits[b as usize]
-                    .total_cmp(&logits[a as usize])
-                    .then(a.cmp(&b))
-            });
-            let k = 8.min(n);
-            let mut got = vec![0u32; k];
-            top_k_into(&logits, &mut got);
-            assert_eq!(got, sorted[..k], "{logits:?}");
-        }
     }
 
     #[test]

@@ -3,6 +3,24 @@
 
 use super::*;
 
+/// Speculation with one registered method, `name`, made by `make`, over a vocabulary of 16,
+/// and a drafter of that method for a sequence of one token.
+fn one_method(name: &'static str, make: fn() -> Box<dyn Speculator>) -> (Speculation, SeqDrafter) {
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new(name, move |_| make())],
+        ..SpeculationConfig::default()
+    };
+    let speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named(name),
+        max_draft_tokens: None,
+    };
+    let state = speculation
+        .drafter_for(Some(request), &[0])
+        .expect("the method drafts");
+    (speculation, state)
+}
+
 /// Proposes four nodes; its evidence is 2 after an odd token and 1 after an even one.
 struct Parity {
     last: u32,
@@ -38,21 +56,8 @@ impl Speculator for ParitySpeculator {
 
 #[test]
 fn acceptance_is_learnt_per_evidence_level() {
-    let config = SpeculationConfig {
-        speculators: vec![SpeculatorFactory::new("parity", |_| {
-            Box::new(ParitySpeculator)
-        })],
-        ..SpeculationConfig::default()
-    };
-    let mut speculation = Speculation::new(config, 16).expect("a new method name");
-    let request = SpecRequest {
-        method: SpecMethod::Named("parity"),
-        max_draft_tokens: None,
-    };
+    let (mut speculation, mut state) = one_method("parity", || Box::new(ParitySpeculator));
     let seq = SeqId(1);
-    let mut state = speculation
-        .drafter_for(Some(request), &[0])
-        .expect("parity drafts");
     let tree = TokenTree::chain(&[0, 1, 2, 3, 4]);
     // After odd tokens every node is accepted, after even ones none.
     for step in 0..200u32 {
@@ -109,19 +114,8 @@ impl Speculator for Costly {
 
 #[test]
 fn a_costly_method_is_probed_then_charged_by_tree_size() {
-    let config = SpeculationConfig {
-        speculators: vec![SpeculatorFactory::new("costly", |_| Box::new(Costly))],
-        ..SpeculationConfig::default()
-    };
-    let mut speculation = Speculation::new(config, 16).expect("a new method name");
-    let request = SpecRequest {
-        method: SpecMethod::Named("costly"),
-        max_draft_tokens: None,
-    };
+    let (mut speculation, mut state) = one_method("costly", || Box::new(Costly));
     let seq = SeqId(1);
-    let mut state = speculation
-        .drafter_for(Some(request), &[0])
-        .expect("costly drafts");
     // A forward of 10 ms: one unit of the flat curve.
     speculation.observe_forward(1, 0.010, std::iter::empty());
     let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
