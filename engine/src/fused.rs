@@ -262,11 +262,14 @@ impl FusedWeights {
         batch: &TreeBatch,
         kv: &mut PagedKvStore,
     ) -> Result<Tensor> {
-        WORKSPACE.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut w) => self.forward_in(cfg, weights, batch, kv, &mut w),
-            // A forward of another engine stolen by this worker while it waits inside its own:
-            // it gets buffers of its own.
-            Err(_) => self.forward_in(cfg, weights, batch, kv, &mut Workspace::default()),
+        // The forward's parallel loops run on one team of the pool's workers, recruited once.
+        crate::team::with_team(|| {
+            WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut w) => self.forward_in(cfg, weights, batch, kv, &mut w),
+                // A forward of another engine run by this worker while it waits inside its
+                // own (a rayon call of a candle projection): it gets buffers of its own.
+                Err(_) => self.forward_in(cfg, weights, batch, kv, &mut Workspace::default()),
+            })
         })
     }
 

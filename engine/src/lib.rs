@@ -36,6 +36,7 @@ pub mod silu;
 pub mod softmax;
 pub mod spec;
 pub mod speculation;
+pub mod team;
 pub mod testing;
 pub mod tokenizer;
 pub mod tree;

@@ -14,7 +14,6 @@
 use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
-use rayon::prelude::*;
 
 use crate::attention_kernels as kernels;
 use crate::batch::TreeBatch;
@@ -180,10 +179,9 @@ fn paged_in<T: KvValue>(
             }
         }
     }
-    let results: Vec<Partials> = work
-        .par_iter()
-        .map(|item| attend_group(q, kv, batch, item, group, shape))
-        .collect();
+    let results: Vec<Partials> = crate::team::map(work.len(), |i| {
+        attend_group(q, kv, batch, &work[i], group, shape)
+    });
 
     let width = shape.num_heads * hd;
     let mut out = vec![0.0f32; rows * width];

@@ -3,7 +3,7 @@
 //! blocks with an f16-rounded scale (Q8_0, and Q8_1's f16 block sums for Q4_1), or 256-value
 //! blocks with an f32 scale and 16-value sums (Q8_K) for the K formats.
 
-use rayon::prelude::*;
+use crate::team::Disjoint;
 
 use super::formats::{QuantFormat, Shape};
 
@@ -77,22 +77,30 @@ impl QuantizedRows {
             0.0,
         );
         let per_row = (k / block, self.sums.len() / m.max(1));
-        let one = |(r, ((q, d), sums)): RowParts<'_>| quantize(r, q, d, sums);
         // Rows are quantized independently (the same bits whichever thread takes them).
         if m >= PARALLEL_ROWS {
-            self.q
-                .par_chunks_exact_mut(k)
-                .zip(self.d.par_chunks_exact_mut(per_row.0))
-                .zip(self.sums.par_chunks_exact_mut(per_row.1))
-                .enumerate()
-                .for_each(one);
+            let q = Disjoint::new(&mut self.q);
+            let d = Disjoint::new(&mut self.d);
+            let sums = Disjoint::new(&mut self.sums);
+            crate::team::for_each(m, |r| {
+                // SAFETY: row `r` alone reaches its runs, which the buffers sized above hold,
+                // and the buffers stay borrowed for the whole loop.
+                let (q, d, sums) = unsafe {
+                    (
+                        q.run(r * k, k),
+                        d.run(r * per_row.0, per_row.0),
+                        sums.run(r * per_row.1, per_row.1),
+                    )
+                };
+                quantize(r, q, d, sums)
+            });
         } else {
             self.q
                 .chunks_exact_mut(k)
                 .zip(self.d.chunks_exact_mut(per_row.0))
                 .zip(self.sums.chunks_exact_mut(per_row.1))
                 .enumerate()
-                .for_each(one);
+                .for_each(|(r, ((q, d), sums))| quantize(r, q, d, sums));
         }
     }
 
@@ -101,9 +109,6 @@ impl QuantizedRows {
         &self.q[r * self.k..(r + 1) * self.k]
     }
 }
-
-/// A row's index and the buffers it is quantized into.
-type RowParts<'a> = (usize, ((&'a mut [i8], &'a mut [f32]), &'a mut [f32]));
 
 thread_local! {
     /// The row `fill_rows` is quantizing on this thread.

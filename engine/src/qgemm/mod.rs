@@ -33,7 +33,6 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use candle_core::quantized::QTensor;
-use rayon::prelude::*;
 
 use crate::{reduce, Error, Result};
 use activations::QuantizedRows;
@@ -297,9 +296,7 @@ impl QuantMatrix {
         assert!(out.len() >= m * self.n);
         let result = SharedRows(out.as_mut_ptr());
         let (tasks, per_task) = self.split();
-        (0..tasks)
-            .into_par_iter()
-            .for_each(|task| self.task(isa, rows, task, per_task, result));
+        crate::team::for_each(tasks, |task| self.task(isa, rows, task, per_task, result));
     }
 
     /// Task `task` of the product split into runs of `per_task` tiles: its tiles' results
@@ -514,7 +511,7 @@ fn run_together(rows: &QuantizedRows, batch: &[(Option<&QuantMatrix>, SharedRows
         .map(|w| w.tiles().div_ceil(per_task))
         .sum();
     let isa = process_isa();
-    (0..total).into_par_iter().for_each(|mut job| {
+    crate::team::for_each(total, |mut job| {
         for &(weight, result) in batch {
             let Some(weight) = weight else { continue };
             let tasks = weight.tiles().div_ceil(per_task);
