@@ -5,7 +5,10 @@
 //! `dpbusd` against broadcast activations. Lane `c` holds row `c`'s sum; the per-block offset
 //! (`w = d * q + offset`) is accumulated on the side against the activations' block sums. The
 //! first group of rows prefetches the blocks a few ahead: with few rows the product waits on
-//! memory, not on arithmetic (measured: 4 rows went from 1.5x to 1.3x one row's forward). A
+//! memory, not on arithmetic (measured: 4 rows went from 1.5x to 1.3x one row's forward). The
+//! second group, which finds the tile in cache, asks for the next tile meanwhile, so memory
+//! keeps streaming while the later groups compute (16 rows of the Q8_0 head: 1.31 -> 1.09 ms
+//! on two cores of an AMD EPYC of family 26). A
 //! row's arithmetic is the same whichever rows share its group, so results are batch
 //! invariant.
 
@@ -122,6 +125,13 @@ unsafe fn group_of<const R: usize, const F: u8>(
             let ahead = base.wrapping_add(PREFETCH_BLOCKS * layout.bytes);
             for line in (0..layout.bytes).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
+        } else if first == ROW_GROUP {
+            // The second group finds the tile in cache: it asks for the same block of the
+            // next tile, so memory keeps streaming while the later groups compute.
+            let next = base.wrapping_add(blocks * layout.bytes);
+            for line in (0..layout.bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
             }
         }
         let d = scales(base, layout);

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::activations::QuantizedRows;
-use super::avx512_block32::{finish, in_groups, COLUMNS};
+use super::avx512_block32::{finish, in_groups, COLUMNS, ROW_GROUP};
 use super::formats::QuantFormat;
 use super::tiles16;
 
@@ -49,14 +49,21 @@ pub unsafe fn tile(
     });
 }
 
-/// Asks for quarter `part` of the super-block `PREFETCH_BLOCKS` ahead of `base` (past the
-/// tile's end this reaches into the next tile of the product; a prefetch never faults). A
-/// super-block is asked for a quarter at a time, as the one at `base` is read, so that the
-/// requests in flight stay few.
+/// Asks for quarter `part` of a super-block for the rows from `first`, as the one at `base`
+/// is read (a quarter at a time, so that the requests in flight stay few; a prefetch never
+/// faults). The first group of rows streams the tile from memory and asks for the
+/// super-block `PREFETCH_BLOCKS` ahead (past the tile's end, the next tile's); the second
+/// finds the tile in cache and asks for the same super-block of the next tile (`tile_bytes`
+/// ahead), so that memory keeps streaming while the later groups compute; the others ask
+/// for nothing.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn prefetch(base: *const u8, bytes: usize, part: usize) {
-    let ahead = base.wrapping_add(PREFETCH_BLOCKS * bytes);
+unsafe fn prefetch(first: usize, base: *const u8, bytes: usize, tile_bytes: usize, part: usize) {
+    let ahead = match first {
+        0 => base.wrapping_add(PREFETCH_BLOCKS * bytes),
+        ROW_GROUP => base.wrapping_add(tile_bytes),
+        _ => return,
+    };
     let lines = bytes.div_ceil(64);
     for line in (part * lines).div_ceil(4)..((part + 1) * lines).div_ceil(4) {
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
@@ -121,9 +128,7 @@ unsafe fn q4k<const R: usize>(
         let mut isum = [_mm512_setzero_si512(); R];
         // Packed bytes 32c..32c + 32: low nibbles are sub-block 2c, high nibbles 2c + 1.
         for c in 0..4 {
-            if first == 0 {
-                prefetch(base, layout.bytes, c);
-            }
+            prefetch(first, base, layout.bytes, blocks * layout.bytes, c);
             let mut low = [_mm512_setzero_si512(); 8];
             let mut high = [_mm512_setzero_si512(); 8];
             for i in 0..8 {
@@ -186,9 +191,7 @@ unsafe fn q6k<const R: usize>(
         // 32-value quarters for j in 4jh..4jh + 4: quarter q is then sub-block 8h + 2q + jh.
         for h in 0..2 {
             for jh in 0..2 {
-                if first == 0 {
-                    prefetch(base, layout.bytes, 2 * h + jh);
-                }
+                prefetch(first, base, layout.bytes, blocks * layout.bytes, 2 * h + jh);
                 // `parts[i][q]`: values 4(4jh + i)..4(4jh + i) + 4 of quarter q.
                 let parts: [[__m512i; 4]; 4] = std::array::from_fn(|i| {
                     let j = 4 * jh + i;
