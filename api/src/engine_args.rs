@@ -200,8 +200,10 @@ impl EngineArgs {
 /// noisy round moved the small sizes by a tenth; 8: the KV store's value type is in the
 /// name, and f16 stores made attention cheaper; 9: Q4_K and Q6_K weights moved from candle's
 /// kernels to thicket's on AVX-512; 10: products split into tasks of one size and the tile
-/// kernel compiled per format, which made many-row forwards cheaper).
-const COST_CURVE_VERSION: u32 = 10;
+/// kernel compiled per format, which made many-row forwards cheaper; 11: one team of workers
+/// per forward and the next tile prefetched by the second group of rows, and each size timed
+/// after a forward of its own size: cost(1) had read above cost(2)).
+const COST_CURVE_VERSION: u32 = 11;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.

@@ -24,7 +24,7 @@ pub struct CostPoint {
 }
 
 /// Measures `cost(n)` for each `n` in `sizes` over a `context_len`-token cached context,
-/// taking the median of `repeats` runs after one warm-up.
+/// taking the median of `repeats` runs, each after untimed forwards of its size.
 pub fn forward_cost(
     model: &Model,
     context_len: usize,
@@ -34,6 +34,9 @@ pub fn forward_cost(
     let mut curves = forward_costs(&[model], context_len, sizes, repeats)?;
     Ok(curves.pop().map(|c| c.points).unwrap_or_default())
 }
+
+/// How long forwards of a size run untimed before one of them is timed.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(6);
 
 /// One model's measured curve, with the fused pass's breakdown where it ran.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +115,20 @@ pub fn forward_costs(
             for (i, backend) in backends.iter_mut().enumerate() {
                 // The first round warms up, untimed.
                 let timed = repeat > 0;
+                if timed {
+                    // Each timed forward follows untimed ones of its own size for a few
+                    // milliseconds, as a decode step follows steps of about its size: for
+                    // some milliseconds after a much larger forward, forwards run slower
+                    // (one row right after 64 rows: 2.52 ms, after one or two rows 2.16;
+                    // after a single forward of one row, 2.15 against 1.89; SmolLM2 on 2
+                    // cores), which made cost(1) read above cost(2) and small trees look
+                    // free.
+                    let warm = Instant::now();
+                    while {
+                        backend.forward(batch)?;
+                        warm.elapsed() < SETTLE
+                    } {}
+                }
                 fused::profile(timed && backend.profiles_parts());
                 let t = Instant::now();
                 backend.forward(batch)?;
