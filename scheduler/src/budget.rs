@@ -12,7 +12,9 @@
 //! prompt row computes one), `E_i(b)` is sequence i's expected accepted draft tokens with a
 //! tree of b nodes (its
 //! drafter's online statistics, supplied by the engine) and `cost` the measured forward-cost
-//! curve. Marginal gains are taken best first; the number of extra nodes kept is the one
+//! curve plus what a step costs beside its forward (sampling, lookups, bookkeeping: measured
+//! by the engine, `CostCurve::set_step_overhead`), which every step pays however many tokens
+//! it yields. Marginal gains are taken best first; the number of extra nodes kept is the one
 //! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
 //! CPU matmul that re-reads weights per row) every budget is zero. A drafter that costs time
 //! of its own (a draft model's forwards) adds what its tree of the granted size costs to
@@ -30,6 +32,8 @@ use kvcache::SeqId;
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostCurve {
     points: Vec<(usize, f64)>,
+    /// What a step costs beside its forward, in the curve's units.
+    overhead: f64,
 }
 
 impl CostCurve {
@@ -42,13 +46,17 @@ impl CostCurve {
         }
         points.sort_by_key(|&(rows, _)| rows);
         points.dedup_by_key(|p| p.0);
-        Some(Self { points })
+        Some(Self {
+            points,
+            overhead: 0.0,
+        })
     }
 
     /// Every forward costs the same, whatever its size (an idealised accelerator).
     pub fn flat() -> Self {
         Self {
             points: vec![(1, 1.0)],
+            overhead: 0.0,
         }
     }
 
@@ -56,12 +64,26 @@ impl CostCurve {
     pub fn linear() -> Self {
         Self {
             points: vec![(1, 1.0), (2, 2.0)],
+            overhead: 0.0,
         }
     }
 
     /// Measured points.
     pub fn points(&self) -> &[(usize, f64)] {
         &self.points
+    }
+
+    /// Sets what a step costs beside its forward, in the curve's units (ignored unless
+    /// finite and non-negative).
+    pub fn set_step_overhead(&mut self, units: f64) {
+        if units.is_finite() && units >= 0.0 {
+            self.overhead = units;
+        }
+    }
+
+    /// What a step of `rows` rows costs: its forward and the step's overhead.
+    pub fn step(&self, rows: usize) -> f64 {
+        self.cost(rows) + self.overhead
     }
 
     /// Refines the curve with a measured forward of `rows` rows, by 5% of the error each
@@ -221,7 +243,7 @@ fn best_plan(
     }
     marginal.sort_by(|a, b| b.0.total_cmp(&a.0));
     marginal.truncate(max_extra);
-    let base_rate = base_tokens as f64 / cost.cost(base_rows.max(1));
+    let base_rate = base_tokens as f64 / cost.step(base_rows.max(1));
     let (mut best_rate, mut best_count) = (base_rate, 0);
     let mut tokens = base_tokens as f64;
     let mut drafting = 0.0;
@@ -231,7 +253,7 @@ fn best_plan(
         let offer = offers[i].1;
         nodes[i] += 1;
         drafting += offer.cost_of(nodes[i]) - offer.cost_of(nodes[i] - 1);
-        let rate = tokens / (cost.cost(base_rows + m + 1) + drafting);
+        let rate = tokens / (cost.step(base_rows + m + 1) + drafting);
         if rate > best_rate * (1.0 + 1e-9) {
             best_rate = rate;
             best_count = m + 1;
@@ -289,6 +311,22 @@ mod tests {
 
     fn offer(expected: &[f32]) -> DraftOffer {
         DraftOffer::free(expected.to_vec())
+    }
+
+    #[test]
+    fn a_step_overhead_makes_rows_relatively_cheaper() {
+        // Two rows cost 1.5 one row: 0.4 expected tokens for one node do not pay (1.4 / 1.5
+        // tokens per unit against 1), until every step also costs one unit beside its
+        // forward (1.4 / 2.5 against 1 / 2).
+        let mut cost = CostCurve::new(vec![(1, 1.0), (2, 1.5), (8, 4.5)]).unwrap();
+        let o = offer(&[0.4]);
+        let offers = [(SeqId(1), &o)];
+        assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![0]);
+        cost.set_step_overhead(1.0);
+        assert_eq!(cost.step(2), 2.5);
+        assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![1]);
+        cost.set_step_overhead(f64::NAN);
+        assert_eq!(cost.step(1), 2.0);
     }
 
     #[test]

@@ -305,7 +305,11 @@ impl Engine {
             self.fail_unschedulable();
             return;
         }
-        if let Err(e) = self.run_plan(&plan.scheduled, &plan.kv_copies) {
+        let ran = self.run_plan(&plan.scheduled, &plan.kv_copies);
+        if ran.is_ok() {
+            self.spec.observe_step(started.elapsed().as_secs_f64());
+        }
+        if let Err(e) = ran {
             // The forward failed: the requests in it fail, everyone else goes on.
             tracing::warn!("a step failed, failing its requests: {e}");
             let failed: Vec<u64> = plan

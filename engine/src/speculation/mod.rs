@@ -116,6 +116,12 @@ pub(crate) struct Speculation {
     stats: HashMap<(SpecMethod, u8), AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
+    /// Measured seconds a step takes beside its forward and its drafting (moving average):
+    /// every step pays them whatever it yields, so they make verified rows relatively
+    /// cheaper than the forward's curve alone says.
+    step_overhead: Option<f64>,
+    /// This step's forward and drafting seconds so far, until `observe_step`.
+    this_step: (Option<f64>, f64),
 }
 
 /// Most prompt rows computed per step only for speculators that learn from them.
@@ -181,6 +187,8 @@ impl Speculation {
             speculators,
             stats: HashMap::new(),
             seconds_per_unit: None,
+            step_overhead: None,
+            this_step: (None, 0.0),
         })
     }
 
@@ -287,9 +295,14 @@ impl Speculation {
                 },
             );
         }
-        (!offers.is_empty()).then(|| DraftInputs {
-            cost: self.config.cost.clone(),
-            offers,
+        (!offers.is_empty()).then(|| {
+            let mut cost = self.config.cost.clone();
+            if let (Some(overhead), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
+                if per_unit > 0.0 {
+                    cost.set_step_overhead(overhead / per_unit);
+                }
+            }
+            DraftInputs { cost, offers }
         })
     }
 
@@ -298,6 +311,17 @@ impl Speculation {
     /// its granted sequences (a draft model's forwards), then each one's tree is cut to its
     /// budget.
     pub(crate) fn draft_all(
+        &mut self,
+        granted: &mut [(SeqId, &[u32], usize, &mut SeqDrafter)],
+    ) -> Vec<TokenTree> {
+        let started = std::time::Instant::now();
+        let trees = self.draft_granted(granted);
+        self.this_step.1 += started.elapsed().as_secs_f64();
+        trees
+    }
+
+    /// `draft_all`'s work.
+    fn draft_granted(
         &mut self,
         granted: &mut [(SeqId, &[u32], usize, &mut SeqDrafter)],
     ) -> Vec<TokenTree> {
@@ -376,10 +400,20 @@ impl Speculation {
         computed: impl Iterator<Item = (u32, &'a [f32])>,
     ) {
         self.observe_cost(rows, seconds);
+        self.this_step.0 = Some(seconds);
         for (token, logits) in computed {
             for speculator in &mut self.speculators {
                 speculator.observe_row(token, logits);
             }
+        }
+    }
+
+    /// After a step that ran a forward took `seconds` in all: what it spent beside the
+    /// forward and the drafting refines the step overhead.
+    pub(crate) fn observe_step(&mut self, seconds: f64) {
+        let (forward, drafting) = std::mem::replace(&mut self.this_step, (None, 0.0));
+        if let Some(forward) = forward {
+            smooth(&mut self.step_overhead, seconds - forward - drafting);
         }
     }
 

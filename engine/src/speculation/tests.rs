@@ -162,6 +162,28 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
 }
 
 #[test]
+fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
+    let (mut speculation, mut state) = one_method("costly", || Box::new(Costly));
+    let seq = SeqId(1);
+    let overhead = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+        let tokens = [3];
+        let inputs = speculation
+            .offers(std::iter::once((seq, &tokens[..], state, 0)))
+            .expect("an offer");
+        inputs.cost.step(1) - inputs.cost.cost(1)
+    };
+    // No step measured yet: none.
+    speculation.observe_forward(1, 0.010, std::iter::empty());
+    assert_eq!(overhead(&mut speculation, &mut state), 0.0);
+    // A 13 ms step around a 10 ms forward (one unit of the flat curve): 0.3 units. A step
+    // without a forward teaches nothing.
+    speculation.observe_step(0.013);
+    speculation.observe_step(0.500);
+    let units = overhead(&mut speculation, &mut state);
+    assert!((units - 0.3).abs() < 1e-9, "{units}");
+}
+
+#[test]
 fn learning_rows_are_charged_on_the_cost_curve() {
     let rows_of = |cost: CostCurve, step_rows: usize| {
         let config = SpeculationConfig {
