@@ -12,9 +12,9 @@
 //! prompt row computes one), `E_i(b)` is sequence i's expected accepted draft tokens with a
 //! tree of b nodes (its
 //! drafter's online statistics, supplied by the engine) and `cost` the measured forward-cost
-//! curve plus what a step costs beside its forward (sampling, lookups, bookkeeping: measured
-//! by the engine, `CostCurve::set_step_overhead`), which every step pays however many tokens
-//! it yields. Marginal gains are taken best first; the number of extra nodes kept is the one
+//! curve plus what a step costs beside its forward (measured by the engine,
+//! `CostCurve::set_step_overhead`): a part every step pays however many tokens it yields
+//! (scheduling, lookups, bookkeeping) and a part per token it yields (sampling). Marginal gains are taken best first; the number of extra nodes kept is the one
 //! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
 //! CPU matmul that re-reads weights per row) every budget is zero. A drafter that costs time
 //! of its own (a draft model's forwards) adds what its tree of the granted size costs to
@@ -32,8 +32,9 @@ use kvcache::SeqId;
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostCurve {
     points: Vec<(usize, f64)>,
-    /// What a step costs beside its forward, in the curve's units.
-    overhead: f64,
+    /// What a step costs beside its forward, in the curve's units: a fixed part, and a part
+    /// per token the step yields.
+    overhead: (f64, f64),
 }
 
 impl CostCurve {
@@ -48,7 +49,7 @@ impl CostCurve {
         points.dedup_by_key(|p| p.0);
         Some(Self {
             points,
-            overhead: 0.0,
+            overhead: (0.0, 0.0),
         })
     }
 
@@ -56,7 +57,7 @@ impl CostCurve {
     pub fn flat() -> Self {
         Self {
             points: vec![(1, 1.0)],
-            overhead: 0.0,
+            overhead: (0.0, 0.0),
         }
     }
 
@@ -64,7 +65,7 @@ impl CostCurve {
     pub fn linear() -> Self {
         Self {
             points: vec![(1, 1.0), (2, 2.0)],
-            overhead: 0.0,
+            overhead: (0.0, 0.0),
         }
     }
 
@@ -73,17 +74,21 @@ impl CostCurve {
         &self.points
     }
 
-    /// Sets what a step costs beside its forward, in the curve's units (ignored unless
-    /// finite and non-negative).
-    pub fn set_step_overhead(&mut self, units: f64) {
-        if units.is_finite() && units >= 0.0 {
-            self.overhead = units;
+    /// Sets what a step costs beside its forward, in the curve's units: `fixed` per step and
+    /// `per_token` per token it yields (ignored unless both are finite and non-negative).
+    pub fn set_step_overhead(&mut self, fixed: f64, per_token: f64) {
+        if [fixed, per_token]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0)
+        {
+            self.overhead = (fixed, per_token);
         }
     }
 
-    /// What a step of `rows` rows costs: its forward and the step's overhead.
-    pub fn step(&self, rows: usize) -> f64 {
-        self.cost(rows) + self.overhead
+    /// What a step of `rows` rows that yields `tokens` tokens costs: its forward and the
+    /// step's overhead.
+    pub fn step(&self, rows: usize, tokens: f64) -> f64 {
+        self.cost(rows) + self.overhead.0 + self.overhead.1 * tokens
     }
 
     /// Refines the curve with a measured forward of `rows` rows, by 5% of the error each
@@ -243,7 +248,7 @@ fn best_plan(
     }
     marginal.sort_by(|a, b| b.0.total_cmp(&a.0));
     marginal.truncate(max_extra);
-    let base_rate = base_tokens as f64 / cost.step(base_rows.max(1));
+    let base_rate = base_tokens as f64 / cost.step(base_rows.max(1), base_tokens as f64);
     let (mut best_rate, mut best_count) = (base_rate, 0);
     let mut tokens = base_tokens as f64;
     let mut drafting = 0.0;
@@ -253,7 +258,7 @@ fn best_plan(
         let offer = offers[i].1;
         nodes[i] += 1;
         drafting += offer.cost_of(nodes[i]) - offer.cost_of(nodes[i] - 1);
-        let rate = tokens / (cost.step(base_rows + m + 1) + drafting);
+        let rate = tokens / (cost.step(base_rows + m + 1, tokens) + drafting);
         if rate > best_rate * (1.0 + 1e-9) {
             best_rate = rate;
             best_count = m + 1;
@@ -317,16 +322,22 @@ mod tests {
     fn a_step_overhead_makes_rows_relatively_cheaper() {
         // Two rows cost 1.5 one row: 0.4 expected tokens for one node do not pay (1.4 / 1.5
         // tokens per unit against 1), until every step also costs one unit beside its
-        // forward (1.4 / 2.5 against 1 / 2).
+        // forward (1.4 / 2.5 against 1 / 2). A cost per token yielded weighs on both alike
+        // and changes nothing here (1.4 / 3.2 against 1 / 2.5).
         let mut cost = CostCurve::new(vec![(1, 1.0), (2, 1.5), (8, 4.5)]).unwrap();
         let o = offer(&[0.4]);
         let offers = [(SeqId(1), &o)];
         assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![0]);
-        cost.set_step_overhead(1.0);
-        assert_eq!(cost.step(2), 2.5);
+        cost.set_step_overhead(1.0, 0.0);
+        assert_eq!(cost.step(2, 1.0), 2.5);
         assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![1]);
-        cost.set_step_overhead(f64::NAN);
-        assert_eq!(cost.step(1), 2.0);
+        cost.set_step_overhead(1.0, 0.5);
+        assert!((cost.step(2, 1.4) - 3.2).abs() < 1e-9);
+        assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![1]);
+        cost.set_step_overhead(0.0, 0.5);
+        assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![0]);
+        cost.set_step_overhead(f64::NAN, 0.0);
+        assert_eq!(cost.step(1, 1.0), 1.5);
     }
 
     #[test]

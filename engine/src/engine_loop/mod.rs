@@ -456,8 +456,12 @@ impl Engine {
             .map(|(row, &at)| (batch.token_ids[at], row.as_slice()));
         self.spec
             .observe_forward(batch.num_rows(), forward_seconds, computed);
+        let decided = Instant::now();
         let output = self.decide(scheduled, trees, logits, &masks)?;
+        let sampling = decided.elapsed().as_secs_f64();
         let emissions = self.update(scheduled, output)?;
+        let tokens = emissions.iter().map(|(_, t)| t.len()).sum();
+        self.spec.observe_sampling(tokens, sampling);
         for (seq, tokens) in emissions {
             for sampled in tokens {
                 if self.emit(seq, sampled.token_id, sampled.logprob)? {

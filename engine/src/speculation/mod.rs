@@ -116,12 +116,23 @@ pub(crate) struct Speculation {
     stats: HashMap<(SpecMethod, u8), AcceptanceStats>,
     /// Measured seconds per unit of the cost curve (moving average).
     seconds_per_unit: Option<f64>,
-    /// Measured seconds a step takes beside its forward and its drafting (moving average):
-    /// every step pays them whatever it yields, so they make verified rows relatively
-    /// cheaper than the forward's curve alone says.
+    /// Measured seconds a step takes beside its forward, its drafting and its sampling
+    /// (moving average): every step pays them whatever it yields, so they make verified rows
+    /// relatively cheaper than the forward's curve alone says.
     step_overhead: Option<f64>,
-    /// This step's forward and drafting seconds so far, until `observe_step`.
-    this_step: (Option<f64>, f64),
+    /// Measured seconds of sampling per token a step yields (moving average): verification
+    /// samples along the accepted path only, so every token pays them, drafted or not.
+    sampling_per_token: Option<f64>,
+    /// This step's measurements so far, until `observe_step`.
+    this_step: StepTimes,
+}
+
+/// What a step spent where, in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct StepTimes {
+    forward: Option<f64>,
+    drafting: f64,
+    sampling: f64,
 }
 
 /// Most prompt rows computed per step only for speculators that learn from them.
@@ -188,7 +199,8 @@ impl Speculation {
             stats: HashMap::new(),
             seconds_per_unit: None,
             step_overhead: None,
-            this_step: (None, 0.0),
+            sampling_per_token: None,
+            this_step: StepTimes::default(),
         })
     }
 
@@ -297,9 +309,10 @@ impl Speculation {
         }
         (!offers.is_empty()).then(|| {
             let mut cost = self.config.cost.clone();
-            if let (Some(overhead), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
+            if let (Some(fixed), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
                 if per_unit > 0.0 {
-                    cost.set_step_overhead(overhead / per_unit);
+                    let per_token = self.sampling_per_token.unwrap_or(0.0);
+                    cost.set_step_overhead(fixed / per_unit, per_token / per_unit);
                 }
             }
             DraftInputs { cost, offers }
@@ -316,7 +329,7 @@ impl Speculation {
     ) -> Vec<TokenTree> {
         let started = std::time::Instant::now();
         let trees = self.draft_granted(granted);
-        self.this_step.1 += started.elapsed().as_secs_f64();
+        self.this_step.drafting += started.elapsed().as_secs_f64();
         trees
     }
 
@@ -400,7 +413,7 @@ impl Speculation {
         computed: impl Iterator<Item = (u32, &'a [f32])>,
     ) {
         self.observe_cost(rows, seconds);
-        self.this_step.0 = Some(seconds);
+        self.this_step.forward = Some(seconds);
         for (token, logits) in computed {
             for speculator in &mut self.speculators {
                 speculator.observe_row(token, logits);
@@ -408,12 +421,21 @@ impl Speculation {
         }
     }
 
+    /// Sampling (and verifying) the `tokens` tokens a step yields took `seconds`.
+    pub(crate) fn observe_sampling(&mut self, tokens: usize, seconds: f64) {
+        self.this_step.sampling += seconds;
+        if tokens > 0 {
+            smooth(&mut self.sampling_per_token, seconds / tokens as f64);
+        }
+    }
+
     /// After a step that ran a forward took `seconds` in all: what it spent beside the
-    /// forward and the drafting refines the step overhead.
+    /// forward, the drafting and the sampling refines the step overhead.
     pub(crate) fn observe_step(&mut self, seconds: f64) {
-        let (forward, drafting) = std::mem::replace(&mut self.this_step, (None, 0.0));
-        if let Some(forward) = forward {
-            smooth(&mut self.step_overhead, seconds - forward - drafting);
+        let times = std::mem::take(&mut self.this_step);
+        if let Some(forward) = times.forward {
+            let rest = seconds - forward - times.drafting - times.sampling;
+            smooth(&mut self.step_overhead, rest.max(0.0));
         }
     }
 

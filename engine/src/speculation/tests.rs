@@ -170,17 +170,19 @@ fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
         let inputs = speculation
             .offers(std::iter::once((seq, &tokens[..], state, 0)))
             .expect("an offer");
-        inputs.cost.step(1) - inputs.cost.cost(1)
+        inputs.cost.step(1, 1.0) - inputs.cost.cost(1)
     };
     // No step measured yet: none.
     speculation.observe_forward(1, 0.010, std::iter::empty());
     assert_eq!(overhead(&mut speculation, &mut state), 0.0);
-    // A 13 ms step around a 10 ms forward (one unit of the flat curve): 0.3 units. A step
-    // without a forward teaches nothing.
+    // A 13 ms step around a 10 ms forward (one unit of the flat curve) and 1 ms of
+    // sampling two tokens: 0.2 units per step and 0.05 per token. A step without a forward
+    // teaches nothing.
+    speculation.observe_sampling(2, 0.001);
     speculation.observe_step(0.013);
     speculation.observe_step(0.500);
     let units = overhead(&mut speculation, &mut state);
-    assert!((units - 0.3).abs() < 1e-9, "{units}");
+    assert!((units - 0.25).abs() < 1e-9, "{units}");
 }
 
 #[test]
