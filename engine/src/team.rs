@@ -1,8 +1,9 @@
 //! `with_team`, `for_each` and `map`: the parallel loops of a forward on one team of the
 //! thread pool's workers, woken once per forward instead of once per loop. A CPU forward runs
 //! about nine parallel loops per layer (several hundred per forward); as rayon loops each one
-//! hands its work to the other workers through their queues and splits it as they steal,
-//! which cost a one-row forward about a fifth of its time on two cores. Inside `with_team`
+//! hands its work to the other workers through their queues and splits it as they steal (in
+//! a profile of a one-row forward on two cores, each worker spent about a fifth of its time
+//! scheduling, stealing and waiting). Inside `with_team`
 //! the calling worker (the leader) has recruited the pool's other workers once, as helpers
 //! that spin between loops. Each loop's tasks are dealt out in contiguous runs, one per member,
 //! each run in its own atomic word on its own cache line: a member claims its own run's tasks
