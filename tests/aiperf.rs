@@ -94,12 +94,13 @@ fn aiperf_profiles_thicket_with_the_exported_tokenizer() {
     assert_eq!(avg("completed_request_count"), REQUESTS as f64, "{report}");
     // The server generated exactly the tokens asked for. aiperf counts them again by
     // encoding the text, and a model's tokens are not always the canonical encoding of their
-    // text (two may merge into one), so its count may fall short by a token or so.
+    // text (two may merge into one), so its count may fall short: by up to 3 of 24 on the
+    // random prompts seen so far, so a quarter is allowed (a cut-short stream still fails).
     let stat = |metric: &str, key: &str| report[metric][key].as_f64().unwrap_or(f64::NAN);
     assert_eq!(stat("usage_completion_tokens", "min"), OUTPUT_TOKENS as f64);
     assert_eq!(stat("usage_completion_tokens", "max"), OUTPUT_TOKENS as f64);
     assert!(
-        stat("output_sequence_length", "min") >= OUTPUT_TOKENS as f64 - 2.0,
+        stat("output_sequence_length", "min") >= (OUTPUT_TOKENS - OUTPUT_TOKENS / 4) as f64,
         "{report}"
     );
     assert!(
