@@ -285,6 +285,16 @@ pub struct Disjoint<T>(*mut T);
 // SAFETY: tasks reach only disjoint runs (the contract of `run`), and values of `T: Send`
 // may be written from any thread.
 unsafe impl<T: Send> Sync for Disjoint<T> {}
+// SAFETY: as for `Sync`: the handle only carries the address.
+unsafe impl<T: Send> Send for Disjoint<T> {}
+
+impl<T> Clone for Disjoint<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Disjoint<T> {}
 
 impl<T> Disjoint<T> {
     /// Shares `buffer`'s values between the tasks of a loop that outlives no borrow of it.

@@ -306,9 +306,9 @@ impl Engine {
             return;
         }
         let ran = self.run_plan(&plan.scheduled, &plan.kv_copies);
-        if ran.is_ok() {
-            self.spec.observe_step(started.elapsed().as_secs_f64());
-        }
+        // A failed step's times are dropped, not carried into the next step's.
+        self.spec
+            .observe_step(ran.is_ok().then(|| started.elapsed().as_secs_f64()));
         if let Err(e) = ran {
             // The forward failed: the requests in it fail, everyone else goes on.
             tracing::warn!("a step failed, failing its requests: {e}");

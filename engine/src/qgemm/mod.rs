@@ -34,6 +34,7 @@ use std::sync::OnceLock;
 
 use candle_core::quantized::QTensor;
 
+use crate::team::Disjoint;
 use crate::{reduce, Error, Result};
 use activations::QuantizedRows;
 use formats::{QuantFormat, Shape};
@@ -89,26 +90,9 @@ struct Scratch {
     sub_pairs: Vec<i16>,
 }
 
-/// The result rows every task of one product writes its own tiles' columns of.
-#[derive(Clone, Copy)]
-struct SharedRows(*mut f32);
-
-// SAFETY: the tasks of one product write disjoint runs of the rows (see `product`), and the
-// rows outlive every task (they are borrowed for the whole parallel loop).
-unsafe impl Send for SharedRows {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for SharedRows {}
-
-impl SharedRows {
-    /// The `len` values from `at`.
-    ///
-    /// # Safety
-    /// They must lie inside the rows, and no other live reference may reach them.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(at), len)
-    }
-}
+/// The result rows every task of one product writes its own tiles' columns of (each tile
+/// belongs to one task, so the runs the tasks reach are disjoint).
+type SharedRows = Disjoint<f32>;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -294,7 +278,7 @@ impl QuantMatrix {
     fn product(&self, isa: Isa, rows: &QuantizedRows, out: &mut [f32]) {
         let m = rows.q.len() / self.k;
         assert!(out.len() >= m * self.n);
-        let result = SharedRows(out.as_mut_ptr());
+        let result = Disjoint::new(out);
         let (tasks, per_task) = self.split();
         crate::team::for_each(tasks, |task| self.task(isa, rows, task, per_task, result));
     }
@@ -465,7 +449,7 @@ pub(crate) fn matmul_quantized_all<'a>(
     rows: &Activations,
     products: impl IntoIterator<Item = (&'a QuantMatrix, &'a mut Vec<f32>)>,
 ) -> Result<()> {
-    let none = (None, SharedRows(std::ptr::null_mut()));
+    let none = (None, Disjoint::new(&mut []));
     let mut batch: [(Option<&QuantMatrix>, SharedRows); TOGETHER] = [none; TOGETHER];
     let mut filled = 0;
     for (weight, out) in products {
@@ -476,7 +460,7 @@ pub(crate) fn matmul_quantized_all<'a>(
         if m == 0 {
             continue;
         }
-        batch[filled] = (Some(weight), SharedRows(out.as_mut_ptr()));
+        batch[filled] = (Some(weight), Disjoint::new(out));
         filled += 1;
         if filled == TOGETHER {
             run_together(&rows.0, &batch);

@@ -429,11 +429,11 @@ impl Speculation {
         }
     }
 
-    /// After a step that ran a forward took `seconds` in all: what it spent beside the
-    /// forward, the drafting and the sampling refines the step overhead.
-    pub(crate) fn observe_step(&mut self, seconds: f64) {
+    /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
+    /// spent beside the forward, the drafting and the sampling refines the step overhead.
+    pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
         let times = std::mem::take(&mut self.this_step);
-        if let Some(forward) = times.forward {
+        if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
             let rest = seconds - forward - times.drafting - times.sampling;
             smooth(&mut self.step_overhead, rest.max(0.0));
         }

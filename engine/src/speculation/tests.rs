@@ -179,8 +179,8 @@ fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
     // sampling two tokens: 0.2 units per step and 0.05 per token. A step without a forward
     // teaches nothing.
     speculation.observe_sampling(2, 0.001);
-    speculation.observe_step(0.013);
-    speculation.observe_step(0.500);
+    speculation.observe_step(Some(0.013));
+    speculation.observe_step(Some(0.500));
     let units = overhead(&mut speculation, &mut state);
     assert!((units - 0.25).abs() < 1e-9, "{units}");
 }
