@@ -140,15 +140,49 @@ pub struct Sampled {
     pub logprob: Option<TokenLogprob>,
 }
 
-/// Index of the largest value; the first one on ties.
+/// Index of the largest value; the first one on ties (`0.0` and `-0.0` tie), NaN never
+/// chosen unless it comes first (then index 0, as a scan that moves on `x > best` gives).
+/// Two passes that vectorise: the largest value in sixteen lanes, then the first run of
+/// sixteen that holds it.
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
+    const LANES: usize = 16;
+    let Some(&first) = row.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let pick = |best: f32, x: f32| if x > best { x } else { best };
+    let mut lanes = [first; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (best, &x) in lanes.iter_mut().zip(chunk) {
+            *best = pick(*best, x);
         }
     }
-    best as u32
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(first, |best, &x| pick(best, x));
+    let run = row
+        .chunks(LANES)
+        .position(|c| c.iter().fold(false, |seen, &x| seen | (x == max)))
+        .unwrap_or(0);
+    let within = row[run * LANES..]
+        .iter()
+        .position(|&x| x == max)
+        .unwrap_or(0);
+    (run * LANES + within) as u32
+}
+
+/// Whether sampling leaves the logits as they are (no bias, penalty or suppressed token).
+fn leaves_logits(params: &SamplingParams, ctx: &SampleContext<'_>) -> bool {
+    params.logit_bias.is_empty()
+        && params.repetition_penalty == 1.0
+        && params.presence_penalty == 0.0
+        && params.frequency_penalty == 0.0
+        && ctx.suppress.is_empty()
 }
 
 /// The generator for output position `position` of sample `index` of a request.
@@ -163,6 +197,14 @@ pub fn token_rng(seed: u64, index: usize, position: usize) -> StdRng {
 
 /// Chooses the next token from `raw` logits.
 pub fn sample(raw: &[f32], params: &SamplingParams, ctx: &SampleContext<'_>) -> Sampled {
+    if params.is_greedy() && leaves_logits(params, ctx) {
+        // Greedy over untouched logits: no copy of the row.
+        let token_id = argmax(raw);
+        return Sampled {
+            token_id,
+            logprob: params.logprobs.map(|k| logprob_of(raw, token_id, k)),
+        };
+    }
     let mut logits = raw.to_vec();
     adjust_logits(&mut logits, params, ctx);
     let token_id = if params.is_greedy() {
@@ -310,6 +352,60 @@ mod tests {
             seed: 1,
             index: 0,
         }
+    }
+
+    /// The scan `argmax` must agree with: move on strictly greater.
+    fn scan(row: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate() {
+            if x > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_picks_what_a_scan_picks_on_ties_signed_zeros_and_nan() {
+        let mut s = 7u32;
+        let mut next = || {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            s >> 8
+        };
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        for len in (0..70).chain([49_152, 49_153]) {
+            for _ in 0..40 {
+                // Few distinct values, so that ties are common.
+                let row: Vec<f32> = (0..len)
+                    .map(|_| specials[next() as usize % specials.len()])
+                    .collect();
+                assert_eq!(argmax(&row), scan(&row), "{row:?}");
+                let row: Vec<f32> = (0..len).map(|_| (next() % 50) as f32 - 25.0).collect();
+                assert_eq!(argmax(&row), scan(&row), "len {len}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, 5.0]), 0);
+        assert_eq!(argmax(&[-0.0, 0.0]), 0);
+        assert_eq!(argmax(&[-1.0, 0.0, -0.0, f32::NAN, 0.0]), 1);
+    }
+
+    #[test]
+    fn greedy_on_untouched_logits_takes_the_first_largest() {
+        let mut raw = vec![0.5f32; 1000];
+        raw[700] = 2.0;
+        raw[300] = 2.0;
+        let params = SamplingParams::greedy();
+        assert_eq!(sample(&raw, &params, &ctx(&[], &[])).token_id, 300);
+        // Suppressing the first largest moves to the next, through the copying path.
+        assert_eq!(sample(&raw, &params, &ctx(&[], &[300])).token_id, 700);
     }
 
     #[test]
