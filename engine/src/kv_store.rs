@@ -1,12 +1,16 @@
 //! `PagedKvStore`: the K and V rows of every layer, addressed by `kvcache::Slot`. One row is
-//! `num_kv_heads * head_dim` values; a layer keeps each KV head's values apart, laid out
-//! `[kv_head][slot][dim]`, so a block of B slots is B consecutive head rows and the attention
-//! kernel, which works on one KV head at a time, reads a sequence's context straight from
-//! its blocks, contiguously, with no gather copy. Values are stored as f16 (the default:
-//! half the memory and half the bytes attention streams per step; rounded to nearest on
-//! write, and clamped to f16's range so that nothing overflows to infinity) or as f32 (the
-//! reference arithmetic's choice); `KvValue` says how each type is written and read. Which slots belong to whom is `kvcache`'s business; this type only
-//! stores rows and copies them for compaction.
+//! `num_kv_heads * head_dim` values; a layer keeps each KV head's values apart, so the
+//! attention kernel, which works on one KV head at a time, reads a sequence's context straight
+//! from its blocks with no gather copy. Values are laid out `[kv_head][slot][dim]`: a block of
+//! B slots is B consecutive head rows. Keys are laid out in tiles of [`KEY_TILE`] slots,
+//! `[kv_head][slot / 16][dim][slot % 16]`: dimension `d` of sixteen consecutive slots is one
+//! run, so attention scores sixteen keys at once with the keys in vector lanes and never
+//! transposes at read time (each key plane is padded to whole tiles). Values are stored as
+//! f16 (the default: half the memory and half the bytes attention streams per step; rounded
+//! to nearest on write, and clamped to f16's range so that nothing overflows to infinity) or
+//! as f32 (the reference arithmetic's choice); `KvValue` says how each type is written and
+//! read. Which slots belong to whom is `kvcache`'s business; this type only stores rows and
+//! copies them for compaction.
 
 use half::f16;
 use kvcache::{KvMove, Slot};
@@ -61,6 +65,10 @@ pub trait KvValue: Copy + Send + Sync {
     /// `dst[i] = src[i]`, as this type stores it.
     fn store(src: &[f32], dst: &mut [Self]);
 
+    /// Runs `f` on this thread's scratch buffer of this type (reused from call to call; `f`
+    /// must not call `with_scratch` of the same type).
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R;
+
     /// Sixteen values from `at`, as f32 lanes.
     ///
     /// # Safety
@@ -69,8 +77,17 @@ pub trait KvValue: Copy + Send + Sync {
     unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
 }
 
+thread_local! {
+    static SCRATCH_F32: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH_F16: std::cell::RefCell<Vec<f16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl KvValue for f32 {
     const ZERO: Self = 0.0;
+
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R {
+        SCRATCH_F32.with(|s| f(&mut s.borrow_mut()))
+    }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -91,6 +108,10 @@ impl KvValue for f32 {
 impl KvValue for f16 {
     const ZERO: Self = f16::ZERO;
 
+    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R {
+        SCRATCH_F16.with(|s| f(&mut s.borrow_mut()))
+    }
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -108,7 +129,18 @@ impl KvValue for f16 {
     }
 }
 
-/// Where a store's head rows lie: `[kv_head][slot][dim]`.
+/// Slots per key tile: dimension `d` of this many consecutive slots lie side by side.
+pub const KEY_TILE: usize = 16;
+
+/// Offset of `slot`'s key, dimension 0, within one KV head's key plane of `head_dim`-wide
+/// keys; dimension `d` lies `d * KEY_TILE` further on.
+#[inline]
+pub fn key_at(slot: usize, head_dim: usize) -> usize {
+    slot / KEY_TILE * KEY_TILE * head_dim + slot % KEY_TILE
+}
+
+/// Where a store's head rows lie: values `[kv_head][slot][dim]`, keys in tiles (see the
+/// module doc).
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
     num_slots: usize,
@@ -117,13 +149,24 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// Offset of `slot`'s row of KV head `head`.
-    fn at(&self, head: usize, slot: Slot) -> usize {
+    /// Offset of `slot`'s value row of KV head `head`.
+    fn value_at(&self, head: usize, slot: Slot) -> usize {
         (head * self.num_slots + slot.index()) * self.head_dim
+    }
+
+    /// Slots in one KV head's key plane: whole tiles.
+    fn key_slots(&self) -> usize {
+        self.num_slots.div_ceil(KEY_TILE) * KEY_TILE
+    }
+
+    /// Offset of `slot`'s key (dimension 0) of KV head `head`.
+    fn key_at(&self, head: usize, slot: Slot) -> usize {
+        head * self.key_slots() * self.head_dim + key_at(slot.index(), self.head_dim)
     }
 }
 
-/// One layer's K and V rows of one value type, each `[num_kv_heads][num_slots][head_dim]`.
+/// One layer's K and V of one value type: values `[num_kv_heads][num_slots][head_dim]`, keys
+/// in tiles of [`KEY_TILE`] slots per KV head (see the module doc).
 #[derive(Debug, Clone)]
 pub struct KvRows<T> {
     /// Keys.
@@ -133,21 +176,26 @@ pub struct KvRows<T> {
 }
 
 impl<T: KvValue> KvRows<T> {
-    fn zeroed(len: usize) -> Self {
+    fn zeroed(g: Geometry) -> Self {
         Self {
-            k: vec![T::ZERO; len],
-            v: vec![T::ZERO; len],
+            k: vec![T::ZERO; g.num_kv_heads * g.key_slots() * g.head_dim],
+            v: vec![T::ZERO; g.num_kv_heads * g.num_slots * g.head_dim],
         }
     }
 
     /// `k` and `v` (`[row][kv_head][dim]`) at `slots`.
     fn write(&mut self, g: Geometry, slots: &[Slot], k: &[f32], v: &[f32]) {
         let (d, w) = (g.head_dim, g.num_kv_heads * g.head_dim);
+        let mut key = vec![T::ZERO; d];
         for (row, &slot) in slots.iter().enumerate() {
             for h in 0..g.num_kv_heads {
-                let (at, src) = (g.at(h, slot), row * w + h * d);
-                T::store(&k[src..src + d], &mut self.k[at..at + d]);
+                let (at, src) = (g.value_at(h, slot), row * w + h * d);
                 T::store(&v[src..src + d], &mut self.v[at..at + d]);
+                T::store(&k[src..src + d], &mut key);
+                let at = g.key_at(h, slot);
+                for (i, &x) in key.iter().enumerate() {
+                    self.k[at + i * KEY_TILE] = x;
+                }
             }
         }
     }
@@ -156,16 +204,26 @@ impl<T: KvValue> KvRows<T> {
         let d = g.head_dim;
         for m in moves {
             for h in 0..g.num_kv_heads {
-                let (from, to) = (g.at(h, m.from), g.at(h, m.to));
-                self.k.copy_within(from..from + d, to);
+                let (from, to) = (g.value_at(h, m.from), g.value_at(h, m.to));
                 self.v.copy_within(from..from + d, to);
+                let (from, to) = (g.key_at(h, m.from), g.key_at(h, m.to));
+                for i in 0..d {
+                    self.k[to + i * KEY_TILE] = self.k[from + i * KEY_TILE];
+                }
             }
         }
     }
 
-    fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
-        let widen = |xs: &[T]| xs.iter().map(|x| x.to_f32()).collect();
-        (widen(&self.k), widen(&self.v))
+    /// Keys and values as f32, both `[num_kv_heads][num_slots][head_dim]`.
+    fn to_f32(&self, g: Geometry) -> (Vec<f32>, Vec<f32>) {
+        let mut k = Vec::with_capacity(self.v.len());
+        for h in 0..g.num_kv_heads {
+            for slot in 0..g.num_slots {
+                let at = g.key_at(h, Slot(slot as u32));
+                k.extend((0..g.head_dim).map(|i| self.k[at + i * KEY_TILE].to_f32()));
+            }
+        }
+        (k, self.v.iter().map(|x| x.to_f32()).collect())
     }
 }
 
@@ -178,13 +236,20 @@ pub enum LayerKv {
     F32(KvRows<f32>),
 }
 
-impl LayerKv {
-    /// Every key and value as f32 (`[num_kv_heads][num_slots][head_dim]` each): what
-    /// attention reads.
+/// One layer's keys and values with the geometry to read them: what attention reads.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerView<'a> {
+    /// The layer's storage.
+    pub kv: &'a LayerKv,
+    geometry: Geometry,
+}
+
+impl LayerView<'_> {
+    /// Every key and value as f32, both `[num_kv_heads][num_slots][head_dim]`.
     pub fn to_f32(&self) -> (Vec<f32>, Vec<f32>) {
-        match self {
-            Self::F16(rows) => rows.to_f32(),
-            Self::F32(rows) => rows.to_f32(),
+        match self.kv {
+            LayerKv::F16(rows) => rows.to_f32(self.geometry),
+            LayerKv::F32(rows) => rows.to_f32(self.geometry),
         }
     }
 }
@@ -209,19 +274,19 @@ impl PagedKvStore {
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
         // multi-GiB pool.
-        let len = num_slots * num_kv_heads * head_dim;
+        let geometry = Geometry {
+            num_slots,
+            num_kv_heads,
+            head_dim,
+        };
         let layers = (0..num_layers)
             .map(|_| match dtype {
-                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(len)),
-                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(len)),
+                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(geometry)),
+                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(geometry)),
             })
             .collect();
         Self {
-            geometry: Geometry {
-                num_slots,
-                num_kv_heads,
-                head_dim,
-            },
+            geometry,
             dtype,
             layers,
         }
@@ -242,14 +307,19 @@ impl PagedKvStore {
         self.dtype
     }
 
-    /// Bytes held.
+    /// Bytes held (each key plane padded to whole tiles).
     pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.num_slots() * self.row_width() * self.dtype.size()
+        let g = self.geometry;
+        let slots = g.num_slots + g.key_slots();
+        self.layers.len() * slots * self.row_width() * self.dtype.size()
     }
 
     /// One layer's rows.
-    pub fn layer(&self, layer: usize) -> &LayerKv {
-        &self.layers[layer]
+    pub fn layer(&self, layer: usize) -> LayerView<'_> {
+        LayerView {
+            kv: &self.layers[layer],
+            geometry: self.geometry,
+        }
     }
 
     /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots`.
@@ -368,7 +438,8 @@ mod tests {
             let (k, _) = store.layer(1).to_f32();
             assert_eq!(&k[0..3], &[1., 2., 3.]);
             assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
-            assert_eq!(store.bytes(), 2 * 2 * 8 * 3 * dtype.size());
+            // Keys padded to one tile of 16 slots, values 8.
+            assert_eq!(store.bytes(), 2 * (16 + 8) * 3 * dtype.size());
         }
     }
 

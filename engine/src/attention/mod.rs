@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::attention_kernels as kernels;
 use crate::batch::TreeBatch;
-use crate::kv_store::{KvRows, KvValue, LayerKv};
+use crate::kv_store::{key_at, KvRows, KvValue, LayerKv, LayerView, KEY_TILE};
 use crate::softmax::{exp, exp_in_place, softmax_in_place};
 use crate::Result;
 
@@ -63,11 +63,11 @@ pub struct HeadShape {
 /// already be in `kv`. Returns `[rows][num_heads * head_dim]`.
 pub fn paged_tree_attention(
     q: &[f32],
-    kv: &LayerKv,
+    kv: LayerView<'_>,
     batch: &TreeBatch,
     shape: HeadShape,
 ) -> Vec<f32> {
-    match kv {
+    match kv.kv {
         LayerKv::F16(kv) => paged_in(q, kv, batch, shape),
         LayerKv::F32(kv) => paged_in(q, kv, batch, shape),
     }
@@ -88,10 +88,11 @@ fn runs_of(keys: usize) -> usize {
     (keys / KEY_RUN).max(1)
 }
 
-/// Rows whose query heads (`group` per row) are scored together against each key: up to
-/// eight queries at once.
+/// Rows whose query heads (`group` per row) are scored together against each key: up to 32
+/// queries at once (the score loop reads each tile of keys once per four of them; the value
+/// loop takes them a few at a time).
 fn together(group: usize) -> usize {
-    (8 / group.max(1)).max(1)
+    (32 / group.max(1)).max(1)
 }
 
 /// One work item: a sequence's rows, for one KV head, over some of its key runs.
@@ -266,23 +267,28 @@ fn attend_group<T: KvValue>(
 ) -> Partials {
     let hd = shape.head_dim;
     let (seq, kh) = (&batch.seqs[item.seq], item.kv_head);
-    // This head's rows in the store: `[kv_head][slot][dim]`.
-    let head_base = kh * (kv.k.len() / shape.num_kv_heads.max(1));
+    // This head's value rows in the store (`[kv_head][slot][dim]`) and its key plane (tiles
+    // of slots).
+    let heads = shape.num_kv_heads.max(1);
+    let (plane, values) = (kv.k.len() / heads, kv.v.len() / heads);
+    let k = &kv.k[kh * plane..(kh + 1) * plane];
+    let v = &kv.v[kh * values..(kh + 1) * values];
     let total_rows = batch.num_rows();
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
     // Offsets of this head's K/V in the store: the context from the item's first run on
     // (`context[p - from]` for position p), then the tree's own rows.
     let c_len = seq.context_len;
     let from = (item.runs.start * KEY_RUN).min(c_len);
-    let context: Vec<usize> = seq.context_slots[from..]
+    let context_slots: Vec<usize> = seq.context_slots[from..]
         .iter()
-        .map(|slot| head_base + slot.index() * hd)
+        .map(|slot| slot.index())
         .collect();
-    let tree: Vec<usize> = seq
-        .rows
-        .clone()
-        .map(|r| head_base + batch.slots[r].index() * hd)
-        .collect();
+    let tree_slots: Vec<usize> = seq.rows.clone().map(|r| batch.slots[r].index()).collect();
+    // Checked once here; the runs take parts of them.
+    let context_values = kernels::Rows::new(&context_slots, hd, values)
+        .expect("invariant: batch validated every slot inside the store");
+    let context_keys = kernels::KeySlots::new(&context_slots, hd, plane)
+        .expect("invariant: batch validated every slot inside the store");
 
     let n = item.rows.len();
     let slots = item.runs.len() * group * n;
@@ -290,7 +296,6 @@ fn attend_group<T: KvValue>(
         values: vec![0.0f32; slots * hd],
         stats: vec![(0.0, 0.0); slots],
     };
-    let store = kv.k.len().min(kv.v.len());
     // Each row's runs.
     let runs: Vec<usize> = item
         .rows
@@ -301,9 +306,9 @@ fn attend_group<T: KvValue>(
     // read of the context's keys and values.
     let together = together(group);
     let mut scores: Vec<f32> = Vec::new();
-    let mut values: Vec<f32> = Vec::new();
+    let mut sums: Vec<f32> = Vec::new();
     let mut queries: Vec<&[f32]> = Vec::with_capacity(together * group);
-    // The visible tree keys of the rows taken together.
+    // The slots of the visible tree keys of the rows taken together.
     let mut visible: Vec<Vec<usize>> = vec![Vec::new(); together];
     let mut first = 0;
     while first < n {
@@ -317,7 +322,7 @@ fn attend_group<T: KvValue>(
         queries.clear();
         for (r, local) in item.rows.clone().skip(first).take(len).enumerate() {
             visible[r].clear();
-            visible[r].extend(seq.mask.visible(local).map(|j| tree[j]));
+            visible[r].extend(seq.mask.visible(local).map(|j| tree_slots[j]));
             let row = seq.rows.start + local;
             queries.extend((0..group).map(|g| {
                 let head = kh * group + g;
@@ -341,12 +346,8 @@ fn attend_group<T: KvValue>(
                 let len = v.len();
                 lo.saturating_sub(c_len).min(len)..hi.saturating_sub(c_len).min(len)
             };
-            let shared = kernels::Rows::new(
-                &context[lo.min(c_len) - from..hi.min(c_len) - from],
-                hd,
-                store,
-            )
-            .expect("invariant: batch validated every slot inside the store");
+            let run = lo.min(c_len) - from..hi.min(c_len) - from;
+            let (shared, shared_keys) = (context_values.part(run.clone()), context_keys.part(run));
             let longest = visible[..len]
                 .iter()
                 .map(|v| own(v).len())
@@ -356,15 +357,16 @@ fn attend_group<T: KvValue>(
             let stride = shared.len() + longest;
             scores.clear();
             scores.resize(queries.len() * stride, 0.0);
-            values.clear();
-            values.resize(queries.len() * hd, 0.0);
-            kernels::key_scores(&queries, &kv.k, shared, scale, &mut scores, stride);
+            sums.clear();
+            sums.resize(queries.len() * hd, 0.0);
+            kernels::key_scores(&queries, k, shared_keys, scale, &mut scores, stride);
             for (r, i) in chunk.clone().enumerate() {
-                let mine = kernels::Rows::new(&visible[r][own(&visible[r])], hd, store)
+                let slots = &visible[r][own(&visible[r])];
+                let mine = kernels::KeySlots::new(slots, hd, plane)
                     .expect("invariant: batch validated every slot inside the store");
                 let heads = &queries[r * group..(r + 1) * group];
                 let at = r * group * stride + shared.len();
-                kernels::key_scores(heads, &kv.k, mine, scale, &mut scores[at..], stride);
+                kernels::key_scores(heads, k, mine, scale, &mut scores[at..], stride);
                 for g in 0..group {
                     let start = (r * group + g) * stride;
                     let span = &mut scores[start..start + shared.len() + mine.len()];
@@ -376,13 +378,13 @@ fn attend_group<T: KvValue>(
                     };
                 }
             }
-            kernels::weighted_values(&scores, stride, &kv.v, shared, &mut values);
+            kernels::weighted_values(&scores, stride, v, shared, &mut sums);
             for (r, i) in chunk.clone().enumerate() {
-                let mine = kernels::Rows::new(&visible[r][own(&visible[r])], hd, store)
+                let mine = kernels::Rows::new(&visible[r][own(&visible[r])], hd, values)
                     .expect("invariant: batch validated every slot inside the store");
                 let at = r * group * stride + shared.len();
-                let dst = &mut values[r * group * hd..(r + 1) * group * hd];
-                kernels::weighted_values(&scores[at..], stride, &kv.v, mine, dst);
+                let dst = &mut sums[r * group * hd..(r + 1) * group * hd];
+                kernels::weighted_values(&scores[at..], stride, v, mine, dst);
                 for (g, value) in dst.chunks(hd).enumerate() {
                     let o = ((r_at * group + g) * n + i) * hd;
                     partials.values[o..o + hd].copy_from_slice(value);
@@ -411,7 +413,7 @@ fn attend_group<T: KvValue>(
 /// the sum over its ancestors as a chain computes it.
 pub fn gathered_tree_attention(
     q: &Tensor,
-    kv: &LayerKv,
+    kv: LayerView<'_>,
     batch: &TreeBatch,
     shape: HeadShape,
     device: &Device,
@@ -422,21 +424,15 @@ pub fn gathered_tree_attention(
     for seq in &batch.seqs {
         let n = seq.rows.len();
         let len = seq.context_len + n;
-        let offsets: Vec<usize> = seq
+        let slots: Vec<usize> = seq
             .context_slots
             .iter()
             .chain(&batch.slots[seq.rows.clone()])
-            .map(|slot| slot.index() * hd)
+            .map(|slot| slot.index())
             .collect();
-        let (k, v) = match kv {
-            LayerKv::F16(kv) => (
-                gather(&kv.k, &offsets, shape),
-                gather(&kv.v, &offsets, shape),
-            ),
-            LayerKv::F32(kv) => (
-                gather(&kv.k, &offsets, shape),
-                gather(&kv.v, &offsets, shape),
-            ),
+        let (k, v) = match kv.kv {
+            LayerKv::F16(kv) => (gather_keys(kv, &slots, shape), gather(kv, &slots, shape)),
+            LayerKv::F32(kv) => (gather_keys(kv, &slots, shape), gather(kv, &slots, shape)),
         };
         let k = Tensor::from_vec(k, (1, shape.num_kv_heads, len, hd), device)?;
         let v = Tensor::from_vec(v, (1, shape.num_kv_heads, len, hd), device)?;
@@ -465,16 +461,31 @@ pub fn gathered_tree_attention(
     Ok(Tensor::cat(&outputs, 0)?.to_dtype(DType::F32)?)
 }
 
-/// The head rows at `offsets` (within one KV head's rows) of every KV head of `store`
-/// (`[kv_head][slot][dim]`), as f32 laid out `[kv_head][offset][dim]`.
-fn gather<T: KvValue>(store: &[T], offsets: &[usize], shape: HeadShape) -> Vec<f32> {
+/// The value rows at `slots` of every KV head (`[kv_head][slot][dim]` in the store), as f32
+/// laid out `[kv_head][slot][dim]`.
+fn gather<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
     let hd = shape.head_dim;
-    let plane = store.len() / shape.num_kv_heads.max(1);
-    let mut out = Vec::with_capacity(shape.num_kv_heads * offsets.len() * hd);
+    let plane = kv.v.len() / shape.num_kv_heads.max(1);
+    let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * hd);
     for kh in 0..shape.num_kv_heads {
-        for &at in offsets {
-            let at = kh * plane + at;
-            out.extend(store[at..at + hd].iter().map(|x| x.to_f32()));
+        for &slot in slots {
+            let at = kh * plane + slot * hd;
+            out.extend(kv.v[at..at + hd].iter().map(|x| x.to_f32()));
+        }
+    }
+    out
+}
+
+/// The keys at `slots` of every KV head (tiled in the store, see `kv_store`), as f32 laid
+/// out `[kv_head][slot][dim]`.
+fn gather_keys<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let plane = kv.k.len() / shape.num_kv_heads.max(1);
+    let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * hd);
+    for kh in 0..shape.num_kv_heads {
+        for &slot in slots {
+            let at = kh * plane + key_at(slot, hd);
+            out.extend((0..hd).map(|d| kv.k[at + d * KEY_TILE].to_f32()));
         }
     }
     out

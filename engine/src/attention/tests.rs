@@ -68,7 +68,7 @@ fn check_against_naive(head_dim: usize, dtype: KvDtype) {
         visible.extend(tree.path_to(node).iter().map(|&j| batch.slots[j].index()));
         for head in 0..4 {
             let kh = head / 2;
-            // The store's layout: `[kv_head][slot][dim]`.
+            // `to_f32` gives `[kv_head][slot][dim]`.
             let key = |s: usize| &k[(kh * 32 + s) * hd..(kh * 32 + s + 1) * hd];
             let val = |s: usize| &v[(kh * 32 + s) * hd..(kh * 32 + s + 1) * hd];
             let keys: Vec<&[f32]> = visible.iter().map(|&s| key(s)).collect();
