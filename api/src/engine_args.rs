@@ -202,8 +202,9 @@ impl EngineArgs {
 /// kernels to thicket's on AVX-512; 10: products split into tasks of one size and the tile
 /// kernel compiled per format, which made many-row forwards cheaper; 11: one team of workers
 /// per forward and the next tile prefetched by the second group of rows, and each size timed
-/// after a forward of its own size: cost(1) had read above cost(2)).
-const COST_CURVE_VERSION: u32 = 11;
+/// after a forward of its own size: cost(1) had read above cost(2); 12: keys stored in tiles
+/// and scored with the keys in lanes, which made many-row attention cheaper).
+const COST_CURVE_VERSION: u32 = 12;
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
