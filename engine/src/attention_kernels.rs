@@ -205,7 +205,8 @@ mod tests {
     use super::*;
     use half::f16;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// Pseudo-random values in [-0.5, 0.5).
+    pub(super) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
         (0..n)
             .map(|_| {

@@ -464,28 +464,33 @@ pub fn gathered_tree_attention(
 /// The value rows at `slots` of every KV head (`[kv_head][slot][dim]` in the store), as f32
 /// laid out `[kv_head][slot][dim]`.
 fn gather<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let plane = kv.v.len() / shape.num_kv_heads.max(1);
-    let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * hd);
-    for kh in 0..shape.num_kv_heads {
-        for &slot in slots {
-            let at = kh * plane + slot * hd;
-            out.extend(kv.v[at..at + hd].iter().map(|x| x.to_f32()));
-        }
-    }
-    out
+    let (hd, plane) = (shape.head_dim, kv.v.len() / shape.num_kv_heads.max(1));
+    gather_with(slots, shape, |out, kh, slot| {
+        let at = kh * plane + slot * hd;
+        out.extend(kv.v[at..at + hd].iter().map(|x| x.to_f32()));
+    })
 }
 
 /// The keys at `slots` of every KV head (tiled in the store, see `kv_store`), as f32 laid
 /// out `[kv_head][slot][dim]`.
 fn gather_keys<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let plane = kv.k.len() / shape.num_kv_heads.max(1);
-    let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * hd);
+    let (hd, plane) = (shape.head_dim, kv.k.len() / shape.num_kv_heads.max(1));
+    gather_with(slots, shape, |out, kh, slot| {
+        let at = kh * plane + key_at(slot, hd);
+        out.extend((0..hd).map(|d| kv.k[at + d * KEY_TILE].to_f32()));
+    })
+}
+
+/// `push(out, kv_head, slot)` for every KV head and slot, in that order.
+fn gather_with(
+    slots: &[usize],
+    shape: HeadShape,
+    mut push: impl FnMut(&mut Vec<f32>, usize, usize),
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * shape.head_dim);
     for kh in 0..shape.num_kv_heads {
         for &slot in slots {
-            let at = kh * plane + key_at(slot, hd);
-            out.extend((0..hd).map(|d| kv.k[at + d * KEY_TILE].to_f32()));
+            push(&mut out, kh, slot);
         }
     }
     out

@@ -321,17 +321,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention_kernels::tests::values;
     use half::f16;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
 
     /// A key plane of `slots` keys of `hd` values, tiled as the store tiles it, and the same
     /// keys row by row.
