@@ -65,10 +65,6 @@ pub trait KvValue: Copy + Send + Sync {
     /// `dst[i] = src[i]`, as this type stores it.
     fn store(src: &[f32], dst: &mut [Self]);
 
-    /// Runs `f` on this thread's scratch buffer of this type (reused from call to call; `f`
-    /// must not call `with_scratch` of the same type).
-    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R;
-
     /// Sixteen values from `at`, as f32 lanes.
     ///
     /// # Safety
@@ -77,17 +73,8 @@ pub trait KvValue: Copy + Send + Sync {
     unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
 }
 
-thread_local! {
-    static SCRATCH_F32: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    static SCRATCH_F16: std::cell::RefCell<Vec<f16>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 impl KvValue for f32 {
     const ZERO: Self = 0.0;
-
-    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R {
-        SCRATCH_F32.with(|s| f(&mut s.borrow_mut()))
-    }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -107,10 +94,6 @@ impl KvValue for f32 {
 
 impl KvValue for f16 {
     const ZERO: Self = f16::ZERO;
-
-    fn with_scratch<R>(f: impl FnOnce(&mut Vec<Self>) -> R) -> R {
-        SCRATCH_F16.with(|s| f(&mut s.borrow_mut()))
-    }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {

@@ -3,12 +3,12 @@
 //! `d` is one run: a query's score against sixteen keys is one chain of fused multiply-adds
 //! over its dimensions, `acc = q[d] * key[d] + acc` for `d` in increasing order from zero,
 //! then times the scale, in sixteen lanes at once. No horizontal sum, no transpose at read
-//! time. Up to four tiles are scored at a time for every query of the call, four queries by
-//! four tiles in registers: read straight from the store when the keys are a tile's
-//! consecutive slots (as a context's are), gathered key by key into a scratch tile otherwise
-//! (as a tree's own keys may be). Every score is that one chain whoever computes it, so the AVX-512 loop and
-//! the portable one give the same bits, and a query's scores never depend on the other
-//! queries, keys or rows of the call.
+//! time. The keys of a call go in runs of consecutive slots within one tile (a context's whole
+//! tiles; a chain's or a tree's rows in shorter runs); up to four runs are scored at a time
+//! for every query of the call, four queries by four tiles in registers, each run as its whole
+//! tile with only its own lanes kept. Every score is that one chain whoever computes it, so
+//! the AVX-512 loop and the portable one give the same bits, and a query's scores never
+//! depend on the other queries, keys or rows of the call.
 
 use crate::kv_store::{key_at, KvValue, KEY_TILE};
 
@@ -52,8 +52,39 @@ impl<'a> KeySlots<'a> {
     }
 }
 
+/// Keys `first..first + len` of a call: consecutive slots within one tile, from lane `lane`.
+#[derive(Clone, Copy, Default)]
+struct Run {
+    /// Offset of the tile in the key plane.
+    tile: usize,
+    lane: usize,
+    first: usize,
+    len: usize,
+}
+
+/// The run of keys from `first` on: the longest stretch of consecutive slots that stays in
+/// the first key's tile.
+fn run_at(slots: &[usize], first: usize, hd: usize) -> Run {
+    let start = slots[first];
+    let lane = start % KEY_TILE;
+    let len = slots[first..]
+        .iter()
+        .take(KEY_TILE - lane)
+        .enumerate()
+        .take_while(|&(i, &s)| s == start + i)
+        .count();
+    Run {
+        tile: key_at(start - lane, hd),
+        lane,
+        first,
+        len,
+    }
+}
+
 /// `scores[g * stride + j] = score(queries[g], key j) * scale` for every query `g` (the query
 /// heads of the rows that share one KV head and these keys), `k` being that head's key plane.
+/// The keys go in runs of consecutive slots within a tile (a context's whole tiles, a chain's
+/// rows): each run is scored as its whole tile, and only its lanes are kept.
 pub fn key_scores<T: KvValue>(
     queries: &[&[f32]],
     k: &[T],
@@ -71,76 +102,44 @@ pub fn key_scores<T: KvValue>(
         return;
     }
     let tile_len = KEY_TILE * hd;
-    T::with_scratch(|gathered| {
-        for first in (0..len).step_by(TILES_AT_ONCE * KEY_TILE) {
-            let n = (len - first).min(TILES_AT_ONCE * KEY_TILE);
-            // The next group's tiles in the store, asked for while this group is scored.
-            let mut next = [None; TILES_AT_ONCE];
-            let ahead = first + TILES_AT_ONCE * KEY_TILE;
-            for (next, &slot) in next
-                .iter_mut()
-                .zip(keys.slots.iter().skip(ahead).step_by(KEY_TILE))
-            {
-                *next = Some(&k[key_at(slot - slot % KEY_TILE, hd)..][..tile_len]);
-            }
-            // Where each tile's keys lie: in the store (`Some(offset)`) or gathered.
-            let mut at = [None; TILES_AT_ONCE];
-            for (t, at) in at.iter_mut().take(n.div_ceil(KEY_TILE)).enumerate() {
-                let lo = first + t * KEY_TILE;
-                let slots = &keys.slots[lo..(lo + KEY_TILE).min(len)];
-                let base = slots[0];
-                let whole = base.is_multiple_of(KEY_TILE)
-                    && slots.iter().enumerate().all(|(i, &s)| s == base + i);
-                if whole {
-                    *at = Some(key_at(base, hd));
-                } else {
-                    gathered.resize(TILES_AT_ONCE * tile_len, T::ZERO);
-                    let dst = &mut gathered[t * tile_len..(t + 1) * tile_len];
-                    gather_tile(k, slots, hd, dst);
-                }
-            }
-            let mut tiles: [&[T]; TILES_AT_ONCE] = [&[]; TILES_AT_ONCE];
-            let nt = n.div_ceil(KEY_TILE);
-            for (t, (tile, at)) in tiles.iter_mut().zip(&at).take(nt).enumerate() {
-                *tile = match at {
-                    Some(at) => &k[*at..*at + tile_len],
-                    None => &gathered[t * tile_len..(t + 1) * tile_len],
-                };
-            }
-            score_tiles(
-                queries,
-                &tiles[..nt],
-                &next,
-                n,
-                scale,
-                &mut scores[first..],
-                stride,
-            );
+    let mut first = 0;
+    let mut runs = [Run::default(); TILES_AT_ONCE];
+    while first < len {
+        let mut count = 0;
+        let mut end = first;
+        while count < TILES_AT_ONCE && end < len {
+            runs[count] = run_at(keys.slots, end, hd);
+            end += runs[count].len;
+            count += 1;
         }
-    });
-}
-
-/// The keys at `slots` (at most one tile's worth) copied into `dst` as a tile, key `i` in
-/// lane `i`; the lanes past the last key keep what they held (their scores are never written).
-fn gather_tile<T: KvValue>(k: &[T], slots: &[usize], hd: usize, dst: &mut [T]) {
-    for (lane, &slot) in slots.iter().enumerate() {
-        let at = key_at(slot, hd);
-        for d in 0..hd {
-            dst[d * KEY_TILE + lane] = k[at + d * KEY_TILE];
+        // The tiles after these, asked for while these are scored.
+        let mut next = [None; TILES_AT_ONCE];
+        for (next, &slot) in next
+            .iter_mut()
+            .zip(keys.slots.iter().skip(end).step_by(KEY_TILE))
+        {
+            *next = Some(&k[key_at(slot - slot % KEY_TILE, hd)..][..tile_len]);
         }
+        let mut tiles: [&[T]; TILES_AT_ONCE] = [&[]; TILES_AT_ONCE];
+        for (tile, run) in tiles.iter_mut().zip(&runs[..count]) {
+            *tile = &k[run.tile..run.tile + tile_len];
+        }
+        let runs = &runs[..count];
+        score_tiles(queries, &tiles[..count], runs, &next, scale, scores, stride);
+        first = end;
     }
 }
 
-/// Scores of every query against the first `n` keys of `tiles` (each `[dim][lane]`, one tile
-/// of keys), written scaled to `scores[g * stride..][..n]`; lanes past the `n`-th key may
-/// hold anything and are never written. The AVX-512 loop asks for the `next` tiles as it
-/// goes, a few cache lines per dimension (asking for them all at once fills the core's miss
-/// queue and stalls it).
+/// Scores of every query against the keys of `runs`, run `r` in `tiles[r]` (`[dim][lane]`,
+/// one tile), written scaled to `scores[g * stride + run.first..][..run.len]` from the run's
+/// lanes; the tile's other lanes are computed and dropped. The AVX-512 loop asks for the
+/// `next` tiles as it goes, a cache line of each per dimension (asking for them all at once
+/// fills the core's miss queue and stalls it).
 fn score_tiles<T: KvValue>(
     queries: &[&[f32]],
     tiles: &[&[T]],
+    runs: &[Run],
     next: &[Option<&[T]>],
-    n: usize,
     scale: f32,
     scores: &mut [f32],
     stride: usize,
@@ -150,13 +149,13 @@ fn score_tiles<T: KvValue>(
     #[cfg(target_arch = "x86_64")]
     if super::avx512() {
         // SAFETY: AVX-512F and FMA were detected; every query holds `hd` values, every tile
-        // `16 * hd`, at most four tiles, and `scores` holds `(queries - 1) * stride + n`
-        // values (checked by `key_scores`).
-        unsafe { x86::score_tiles(queries, tiles, next, n, scale, scores, stride) };
+        // `16 * hd`, at most four tiles, and every run's scores lie inside `scores` (checked
+        // by `key_scores`: `(queries - 1) * stride + len` values).
+        unsafe { x86::score_tiles(queries, tiles, runs, next, scale, scores, stride) };
         return;
     }
     for (g, q) in queries.iter().enumerate() {
-        for (t, tile) in tiles.iter().enumerate() {
+        for (tile, run) in tiles.iter().zip(runs) {
             let mut acc = [0f32; KEY_TILE];
             for (d, &x) in q.iter().enumerate() {
                 let keys = &tile[d * KEY_TILE..(d + 1) * KEY_TILE];
@@ -164,9 +163,8 @@ fn score_tiles<T: KvValue>(
                     *a = x.mul_add(key.to_f32(), *a);
                 }
             }
-            let lo = t * KEY_TILE;
-            let m = (n - lo).min(KEY_TILE);
-            for (s, a) in scores[g * stride + lo..][..m].iter_mut().zip(acc) {
+            let out = &mut scores[g * stride + run.first..][..run.len];
+            for (s, a) in out.iter_mut().zip(&acc[run.lane..]) {
                 *s = a * scale;
             }
         }
@@ -177,7 +175,7 @@ fn score_tiles<T: KvValue>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{KvValue, KEY_TILE};
+    use super::{KvValue, Run, KEY_TILE};
 
     /// `super::score_tiles` in blocks of up to four queries by the call's tiles.
     ///
@@ -187,8 +185,8 @@ mod x86 {
     pub unsafe fn score_tiles<T: KvValue>(
         queries: &[&[f32]],
         tiles: &[&[T]],
+        runs: &[Run],
         next: &[Option<&[T]>],
-        n: usize,
         scale: f32,
         scores: &mut [f32],
         stride: usize,
@@ -212,13 +210,13 @@ mod x86 {
             // The first queries ask for the next tiles; the others find this group in cache.
             let job = Job {
                 tiles,
+                runs,
                 ahead: if g == 0 {
                     ahead
                 } else {
                     Ahead { count: 0, ..ahead }
                 },
                 hd,
-                n,
                 scale,
                 out,
                 stride,
@@ -245,9 +243,9 @@ mod x86 {
 
     struct Job<'a, T> {
         tiles: &'a [&'a [T]],
+        runs: &'a [Run],
         ahead: Ahead,
         hd: usize,
-        n: usize,
         scale: f32,
         out: *mut f32,
         stride: usize,
@@ -302,15 +300,15 @@ mod x86 {
             }
             let scale = _mm512_set1_ps(self.scale);
             for (g, acc) in acc.iter().enumerate() {
-                for (t, a) in acc.iter().enumerate() {
-                    let lo = t * KEY_TILE;
-                    let m = (self.n - lo).min(KEY_TILE);
-                    let mask = if m == KEY_TILE {
-                        u16::MAX
-                    } else {
-                        (1u16 << m) - 1
-                    };
-                    let dst = self.out.add(g * self.stride + lo);
+                for (a, run) in acc.iter().zip(self.runs) {
+                    // Lanes `run.lane..run.lane + run.len` to the run's scores: the store's
+                    // base sits `run.lane` values before them, and only those lanes are
+                    // written.
+                    let mask = (((1u32 << run.len) - 1) << run.lane) as u16;
+                    let dst = self
+                        .out
+                        .wrapping_add(g * self.stride + run.first)
+                        .wrapping_sub(run.lane);
                     _mm512_mask_storeu_ps(dst, mask, _mm512_mul_ps(*a, scale));
                 }
             }
