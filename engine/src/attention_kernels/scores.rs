@@ -52,6 +52,19 @@ impl<'a> KeySlots<'a> {
     }
 }
 
+/// Tests set this to run the portable loop on any CPU (both loops give the same bits, so
+/// other tests running meanwhile are unaffected).
+#[cfg(test)]
+static PORTABLE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the portable loop must run whatever the CPU has (only ever in tests).
+fn portable_only() -> bool {
+    #[cfg(test)]
+    return PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
 /// Keys `first..first + len` of a call: consecutive slots within one tile, from lane `lane`.
 #[derive(Clone, Copy, Default)]
 struct Run {
@@ -147,7 +160,7 @@ fn score_tiles<T: KvValue>(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = next;
     #[cfg(target_arch = "x86_64")]
-    if super::avx512() {
+    if super::avx512() && !portable_only() {
         // SAFETY: AVX-512F and FMA were detected; every query holds `hd` values, every tile
         // `16 * hd`, at most four tiles, and every run's scores lie inside `scores` (checked
         // by `key_scores`: `(queries - 1) * stride + len` values).
@@ -353,10 +366,14 @@ mod tests {
 
     #[test]
     fn scores_are_one_chain_per_key_whatever_the_keys_and_queries() {
-        for hd in [64, 128, 40] {
-            check::<f32>(hd, |x| x);
-            check::<f16>(hd, f16::from_f32);
+        for portable in [false, true] {
+            PORTABLE_ONLY.store(portable, std::sync::atomic::Ordering::Relaxed);
+            for hd in [64, 128, 40] {
+                check::<f32>(hd, |x| x);
+                check::<f16>(hd, f16::from_f32);
+            }
         }
+        PORTABLE_ONLY.store(false, std::sync::atomic::Ordering::Relaxed);
         assert!(KeySlots::new(&[16], 64, 16 * 64).is_none());
         assert!(KeySlots::new(&[15], 64, 16 * 64).is_some());
     }
