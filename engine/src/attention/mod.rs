@@ -275,8 +275,8 @@ fn attend_group<T: KvValue>(
     let v = &kv.v[kh * values..(kh + 1) * values];
     let total_rows = batch.num_rows();
     let scale = (1.0 / (hd as f64).sqrt()) as f32;
-    // Offsets of this head's K/V in the store: the context from the item's first run on
-    // (`context[p - from]` for position p), then the tree's own rows.
+    // Slots of the context from the item's first run on (`context_slots[p - from]` for
+    // position p), then of the tree's own rows.
     let c_len = seq.context_len;
     let from = (item.runs.start * KEY_RUN).min(c_len);
     let context_slots: Vec<usize> = seq.context_slots[from..]
