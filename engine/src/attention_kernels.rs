@@ -12,42 +12,9 @@
 use crate::kv_store::KvValue;
 
 mod scores;
-pub use scores::{key_scores, KeySlots};
-
-/// Slots of `width`-value rows (slot `s`'s row at `s * width`), each checked to lie inside a
-/// store of `len` values (so the unchecked loops may read them).
-#[derive(Clone, Copy)]
-pub struct Rows<'a> {
-    at: &'a [usize],
-    width: usize,
-    /// The store length the rows were checked against.
-    store: usize,
-}
-
-#[allow(clippy::len_without_is_empty)]
-impl<'a> Rows<'a> {
-    /// How many rows.
-    pub fn len(&self) -> usize {
-        self.at.len()
-    }
-
-    /// The rows in `range` (checked already, with the rest).
-    pub fn part(&self, range: std::ops::Range<usize>) -> Self {
-        Self {
-            at: &self.at[range],
-            ..*self
-        }
-    }
-
-    /// `None` unless every row lies inside `len` values.
-    pub fn new(at: &'a [usize], width: usize, len: usize) -> Option<Self> {
-        at.iter().all(|&a| (a + 1) * width <= len).then_some(Self {
-            at,
-            width,
-            store: len,
-        })
-    }
-}
+mod slots;
+pub use scores::key_scores;
+pub use slots::{KeySlots, Rows};
 
 /// Whether this CPU runs the AVX-512 loops (checked once).
 fn avx512() -> bool {
@@ -84,7 +51,7 @@ pub fn weighted_values<T: KvValue>(
     keys: Rows<'_>,
     dst: &mut [f32],
 ) {
-    let (hd, len) = (keys.width, keys.at.len());
+    let (hd, len) = (keys.width, keys.len());
     let nq = dst.len() / hd;
     assert!(dst.len() == nq * hd && len <= stride && keys.store <= v.len());
     assert!(nq == 0 || (nq - 1) * stride + len <= p.len());
@@ -94,7 +61,7 @@ pub fn weighted_values<T: KvValue>(
         let at_once = values_at_once(ch);
         for (c, dst) in dst.chunks_mut(at_once * hd).enumerate() {
             let p = &p[c * at_once * stride..];
-            let at = keys.at;
+            let at = keys.slots;
             // SAFETY: as in `key_scores`, for the value rows.
             unsafe {
                 match (ch, dst.len() / hd) {
@@ -115,10 +82,10 @@ pub fn weighted_values<T: KvValue>(
     for (g, dst) in dst.chunks_mut(hd).enumerate() {
         let p = &p[g * stride..][..len];
         match hd {
-            64 => fused_sum::<64, T>(p, v, keys.at, dst),
-            128 => fused_sum::<128, T>(p, v, keys.at, dst),
+            64 => fused_sum::<64, T>(p, v, keys.slots, dst),
+            128 => fused_sum::<128, T>(p, v, keys.slots, dst),
             _ => {
-                for (&p, &at) in p.iter().zip(keys.at) {
+                for (&p, &at) in p.iter().zip(keys.slots) {
                     for (y, x) in dst.iter_mut().zip(&v[at * hd..(at + 1) * hd]) {
                         *y += p * x.to_f32();
                     }

@@ -10,47 +10,11 @@
 //! the AVX-512 loop and the portable one give the same bits, and a query's scores never
 //! depend on the other queries, keys or rows of the call.
 
+use super::KeySlots;
 use crate::kv_store::{key_at, KvValue, KEY_TILE};
 
 /// Tiles scored together.
 const TILES_AT_ONCE: usize = 4;
-
-/// Slots of keys in one KV head's key plane (tiles of [`KEY_TILE`] slots, `width` values per
-/// key), each checked to lie inside a plane of `plane` values.
-#[derive(Clone, Copy)]
-pub struct KeySlots<'a> {
-    slots: &'a [usize],
-    width: usize,
-    plane: usize,
-}
-
-#[allow(clippy::len_without_is_empty)]
-impl<'a> KeySlots<'a> {
-    /// `None` unless every slot's whole tile lies inside `plane` values.
-    pub fn new(slots: &'a [usize], width: usize, plane: usize) -> Option<Self> {
-        slots
-            .iter()
-            .all(|&s| (s / KEY_TILE + 1) * KEY_TILE * width <= plane)
-            .then_some(Self {
-                slots,
-                width,
-                plane,
-            })
-    }
-
-    /// How many keys.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// The keys in `range` (checked already, with the rest).
-    pub fn part(&self, range: std::ops::Range<usize>) -> Self {
-        Self {
-            slots: &self.slots[range],
-            ..*self
-        }
-    }
-}
 
 /// Tests set this to run the portable loop on any CPU (both loops give the same bits, so
 /// other tests running meanwhile are unaffected).
@@ -110,7 +74,7 @@ pub fn key_scores<T: KvValue>(
     assert!(queries.iter().all(|q| q.len() == hd));
     assert!(len <= stride);
     assert!(queries.is_empty() || (queries.len() - 1) * stride + len <= scores.len());
-    assert!(keys.plane <= k.len());
+    assert!(keys.store <= k.len());
     if queries.is_empty() || len == 0 {
         return;
     }
@@ -374,8 +338,6 @@ mod tests {
             }
         }
         PORTABLE_ONLY.store(false, std::sync::atomic::Ordering::Relaxed);
-        assert!(KeySlots::new(&[16], 64, 16 * 64).is_none());
-        assert!(KeySlots::new(&[15], 64, 16 * 64).is_some());
     }
 
     fn check<T: KvValue>(hd: usize, cast: fn(f32) -> T) {
