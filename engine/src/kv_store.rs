@@ -55,7 +55,7 @@ impl KvDtype {
 }
 
 /// A stored key or value: how it is written from f32 and read back (exactly) as f32.
-pub trait KvValue: Copy + Send + Sync {
+pub trait KvValue: Copy + Send + Sync + bytemuck::Zeroable {
     /// Zero.
     const ZERO: Self;
 
@@ -159,25 +159,32 @@ pub struct KvRows<T> {
 }
 
 impl<T: KvValue> KvRows<T> {
+    /// Zeroed rows, allocated as zeroed memory: the OS maps the pages when they are first
+    /// written, so a multi-GiB pool costs nothing until it is used (`vec![T::ZERO; n]` would
+    /// write every value up front for a type the standard library cannot tell is zero).
     fn zeroed(g: Geometry) -> Self {
         Self {
-            k: vec![T::ZERO; g.num_kv_heads * g.key_slots() * g.head_dim],
-            v: vec![T::ZERO; g.num_kv_heads * g.num_slots * g.head_dim],
+            k: bytemuck::zeroed_vec(g.num_kv_heads * g.key_slots() * g.head_dim),
+            v: bytemuck::zeroed_vec(g.num_kv_heads * g.num_slots * g.head_dim),
         }
     }
 
     /// `k` and `v` (`[row][kv_head][dim]`) at `slots`.
     fn write(&mut self, g: Geometry, slots: &[Slot], k: &[f32], v: &[f32]) {
         let (d, w) = (g.head_dim, g.num_kv_heads * g.head_dim);
-        let mut key = vec![T::ZERO; d];
+        // A key is converted a few dimensions at a time, then spread over its tile.
+        let mut key = [T::ZERO; KEY_TILE];
         for (row, &slot) in slots.iter().enumerate() {
             for h in 0..g.num_kv_heads {
                 let (at, src) = (g.value_at(h, slot), row * w + h * d);
                 T::store(&v[src..src + d], &mut self.v[at..at + d]);
-                T::store(&k[src..src + d], &mut key);
                 let at = g.key_at(h, slot);
-                for (i, &x) in key.iter().enumerate() {
-                    self.k[at + i * KEY_TILE] = x;
+                for (c, part) in k[src..src + d].chunks(KEY_TILE).enumerate() {
+                    let key = &mut key[..part.len()];
+                    T::store(part, key);
+                    for (i, &x) in key.iter().enumerate() {
+                        self.k[at + (c * KEY_TILE + i) * KEY_TILE] = x;
+                    }
                 }
             }
         }
