@@ -9,6 +9,11 @@ use kvcache::CacheStats;
 pub const STEPS: &str = "thicket_engine_steps_total";
 /// Histogram: wall time of one step (schedule, forward, sampling, events).
 pub const STEP_DURATION: &str = "thicket_engine_step_duration_seconds";
+/// Histogram: seconds of one step spent in each of its phases, by `phase`: `forward`,
+/// `drafting` (building the granted draft trees), `sampling` (choosing and verifying tokens)
+/// and `other` (planning, offers, bookkeeping, emission). What `other` takes every step
+/// whatever it yields is what the planner calls the step's overhead.
+pub const STEP_PHASE: &str = "thicket_engine_step_phase_seconds";
 /// Histogram: tokens fed to the model in one step.
 pub const BATCH_TOKENS: &str = "thicket_engine_batch_tokens";
 /// Gauge: sequences running.
@@ -83,6 +88,11 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(STEPS, "Engine steps run");
     describe_histogram!(STEP_DURATION, Unit::Seconds, "Wall time of one engine step");
+    describe_histogram!(
+        STEP_PHASE,
+        Unit::Seconds,
+        "Wall time of one engine step's phase: forward, drafting, sampling or other"
+    );
     describe_histogram!(BATCH_TOKENS, "Tokens fed to the model in one step");
     describe_gauge!(SEQS_RUNNING, "Sequences running");
     describe_gauge!(SEQS_WAITING, "Sequences waiting for admission");

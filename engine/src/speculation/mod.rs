@@ -430,12 +430,22 @@ impl Speculation {
     }
 
     /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
-    /// spent beside the forward, the drafting and the sampling refines the step overhead.
+    /// spent beside the forward, the drafting and the sampling refines the step overhead, and
+    /// each phase's time goes to the step-phase histogram.
     pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
         let times = std::mem::take(&mut self.this_step);
         if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
-            let rest = seconds - forward - times.drafting - times.sampling;
-            smooth(&mut self.step_overhead, rest.max(0.0));
+            let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
+            smooth(&mut self.step_overhead, rest);
+            use crate::metrics::STEP_PHASE;
+            for (phase, spent) in [
+                ("forward", forward),
+                ("drafting", times.drafting),
+                ("sampling", times.sampling),
+                ("other", rest),
+            ] {
+                metrics::histogram!(STEP_PHASE, "phase" => phase).record(spent);
+            }
         }
     }
 
