@@ -55,10 +55,8 @@ impl KvDtype {
 }
 
 /// A stored key or value: how it is written from f32 and read back (exactly) as f32.
+/// Zero is `bytemuck::Zeroable`'s all-zero bits (0.0 in both types).
 pub trait KvValue: Copy + Send + Sync + bytemuck::Zeroable {
-    /// Zero.
-    const ZERO: Self;
-
     /// The value as f32 (exact).
     fn to_f32(self) -> f32;
 
@@ -74,8 +72,6 @@ pub trait KvValue: Copy + Send + Sync + bytemuck::Zeroable {
 }
 
 impl KvValue for f32 {
-    const ZERO: Self = 0.0;
-
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -93,8 +89,6 @@ impl KvValue for f32 {
 }
 
 impl KvValue for f16 {
-    const ZERO: Self = f16::ZERO;
-
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
@@ -160,7 +154,7 @@ pub struct KvRows<T> {
 
 impl<T: KvValue> KvRows<T> {
     /// Zeroed rows, allocated as zeroed memory: the OS maps the pages when they are first
-    /// written, so a multi-GiB pool costs nothing until it is used (`vec![T::ZERO; n]` would
+    /// written, so a multi-GiB pool costs nothing until it is used (`vec![zero; n]` would
     /// write every value up front for a type the standard library cannot tell is zero).
     fn zeroed(g: Geometry) -> Self {
         Self {
@@ -173,7 +167,7 @@ impl<T: KvValue> KvRows<T> {
     fn write(&mut self, g: Geometry, slots: &[Slot], k: &[f32], v: &[f32]) {
         let (d, w) = (g.head_dim, g.num_kv_heads * g.head_dim);
         // A key is converted a few dimensions at a time, then spread over its tile.
-        let mut key = [T::ZERO; KEY_TILE];
+        let mut key = [T::zeroed(); KEY_TILE];
         for (row, &slot) in slots.iter().enumerate() {
             for h in 0..g.num_kv_heads {
                 let (at, src) = (g.value_at(h, slot), row * w + h * d);

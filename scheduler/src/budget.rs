@@ -36,7 +36,7 @@ use kvcache::SeqId;
 pub struct CostCurve {
     points: Vec<(usize, f64)>,
     /// The points as first given (measured on a quiet engine, one tree per forward, every
-    /// row computing logits): `observe` never moves them. See [`CostCurve::extra`].
+    /// row computing logits): `observe` never moves them. See [`CostCurve::step_with`].
     first: Vec<(usize, f64)>,
     /// What a step costs beside its forward, in the curve's units: a fixed part, and a part
     /// per token the step yields.
@@ -132,9 +132,9 @@ impl CostCurve {
         along(&self.points, rows)
     }
 
-    /// What `extra` more rows add to a step of `base` rows that yields `tokens` tokens: what
-    /// the curve says, and never less than the curve as first measured says in proportion
-    /// to what the step costs now.
+    /// What a step of `base` rows with `extra` more rows, yielding `tokens` tokens, costs:
+    /// `step(base + extra, tokens)`, except that the extra rows are priced at no less than
+    /// the curve as first measured says, in proportion to what `base` rows cost now.
     ///
     /// Steps of many sequences, and prompt rows that compute no logits, teach `observe` a
     /// shape that no tree shows: at 16 clients the refined curve priced 16 -> 32 rows at
