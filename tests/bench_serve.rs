@@ -258,9 +258,10 @@ fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
         assert!(wall >= own, "{label}: {wall} < {own}");
     }
     for (round, pair) in ms.chunks(2).enumerate() {
-        // One question per round, on both engines, the first method alternating.
+        // One question per round, on both engines; rounds go in pairs, the second running
+        // the first's order backwards, and the order rotates from pair to pair.
         assert_eq!(pair[0]["question_id"], pair[1]["question_id"], "{pair:?}");
-        let first = if round % 2 == 0 {
+        let first = if (round / 2 + round) % 2 == 0 {
             "none"
         } else {
             "prompt_lookup"

@@ -396,6 +396,7 @@ fn cuda_every_method_is_lossless_on_smollm2() {
             cost: engine::CostCurve::flat(),
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     };
     let (handle, _thread) = engine::spawn(
         gpu.model.clone(),

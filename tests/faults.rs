@@ -90,6 +90,7 @@ fn faulty_server() -> (Router, EngineHandle, tempfile::TempDir) {
             cost: CostCurve::flat(),
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     };
     let backend = Box::new(FaultyBackend {
         inner: MockBackend::new(VOCAB, kv.num_blocks * kv.block_size),

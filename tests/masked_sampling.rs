@@ -41,6 +41,7 @@ fn engine() -> EngineHandle {
             cost: CostCurve::flat(),
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     })
 }
 

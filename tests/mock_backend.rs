@@ -40,6 +40,7 @@ fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
             max_draft_tokens: 12,
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     };
     let backend = Box::new(MockBackend::new(VOCAB, kv.num_blocks * kv.block_size));
     let (handle, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();

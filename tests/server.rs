@@ -93,6 +93,7 @@ fn server_over(max_pending: usize, max_body_bytes: usize, step: Duration) -> Ser
             cost: CostCurve::flat(),
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     };
     let backend = Box::new(SlowBackend {
         inner: MockBackend::new(VOCAB, kv.num_blocks * kv.block_size),

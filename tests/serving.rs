@@ -29,6 +29,8 @@ fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
         },
         max_pending: 256,
         speculation: SpeculationConfig::default(),
+        // The engine must behave the same with its pool mapped up front.
+        kv_prefault: true,
     }
 }
 

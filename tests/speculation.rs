@@ -72,6 +72,7 @@ fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
             draft_model: setup.draft_model,
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     };
     engine::spawn(
         loaded.model.clone(),

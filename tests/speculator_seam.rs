@@ -154,6 +154,7 @@ fn config(speculators: Vec<SpeculatorFactory>) -> EngineConfig {
             speculators,
             ..SpeculationConfig::default()
         },
+        kv_prefault: false,
     }
 }
 

@@ -42,6 +42,7 @@ fn start_with(speculation: SpeculationConfig) -> EngineHandle {
         },
         max_pending: 64,
         speculation,
+        kv_prefault: false,
     };
     spawn_smollm2(config)
 }

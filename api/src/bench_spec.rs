@@ -8,9 +8,11 @@
 //! outside the set), so no method reads another's prefixes from the prefix cache or its
 //! continuations from the recycling matrix, while the Token Recycling matrix still warms up
 //! over the questions as in the paper's hot start. The methods are interleaved question by
-//! question (rounds of `--concurrency` questions, the methods' order rotating), so the
-//! host's noise falls on all of them alike; `--control` adds a second `none` engine whose
-//! ratio to the first is the run's noise floor. `--out` writes every measurement as JSON;
+//! question (rounds of `--concurrency` questions, each method as often early in a round as
+//! late; with several at once, the questions shuffled so that rounds mix categories), so the
+//! host's noise falls on all of them alike, and every engine's KV cache is mapped before the
+//! timing starts; `--control` adds a second `none` engine whose ratio to the first is the
+//! run's noise floor. `--out` writes every measurement as JSON;
 //! `--plot-dir` draws acceptance by tree depth and MAT per method.
 
 use std::collections::BTreeMap;
@@ -21,6 +23,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::{Event, LoadedModel, Request, SpecMethod};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::bench_spec_charts as charts;
@@ -160,6 +164,11 @@ impl MethodEngine {
         let method = *method;
         let mut engine_args = args.engine.clone();
         engine_args.spec.speculation = method;
+        // Every engine's pages mapped before the timing starts: otherwise each pays the
+        // OS's first touch of its pool inside its rounds, and what a first touch costs
+        // varies with what the host did before (on one host the same round took 10% longer
+        // at some places in the rotation than at others).
+        engine_args.kv.kv_prefault = true;
         let config = engine_args.config(&loaded.model)?;
         let (handle, thread) = engine::spawn(
             loaded.model.clone(),
@@ -272,6 +281,23 @@ fn mat(ms: &[&Measurement]) -> f64 {
     }
 }
 
+/// The order in which `engines` engines run round `round`. Rounds go in pairs: the second
+/// of a pair runs the first's order backwards, so over each pair every engine's two places
+/// add up to the same (a host that slows down or speeds up along a round weighs on all
+/// alike, however few the rounds), and the order rotates by one from pair to pair.
+fn round_order(round: usize, engines: usize) -> Vec<usize> {
+    let pair = round / 2;
+    let order = (0..engines).map(move |turn| (pair + turn) % engines);
+    if round.is_multiple_of(2) {
+        order.collect()
+    } else {
+        order.rev().collect()
+    }
+}
+
+/// Seed of the questions' order when several run at once.
+const SHUFFLE_SEED: u64 = 17;
+
 /// Runs the bench and prints the table.
 pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     let mut methods = vec![SpecMethod::None];
@@ -292,7 +318,13 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     if args.control {
         methods.push((SpecMethod::None, CONTROL.to_string()));
     }
-    let questions = load_questions(args, loaded)?;
+    let mut questions = load_questions(args, loaded)?;
+    if args.concurrency > 1 {
+        // Spec-Bench files run category by category; in rounds of many questions that would
+        // make some rounds several times longer than others (long-context categories), and
+        // a long round weighs its few places in the methods' order heavily.
+        questions.shuffle(&mut rand::rngs::StdRng::seed_from_u64(SHUFFLE_SEED));
+    }
     let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
     let engines = methods
         .iter()
@@ -305,11 +337,10 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
         .collect();
     let mut busy = vec![0f64; methods.len()];
     // Rounds of `concurrency` questions; every method runs a round on its own engine before
-    // the next round starts, and the order of the methods rotates from round to round, so
-    // the host's noise falls on every method alike.
+    // the next round starts, in an order that puts every method as often early as late (see
+    // `round_order`), so the host's noise falls on every method alike.
     for (round, batch) in questions.chunks(args.concurrency.max(1)).enumerate() {
-        for turn in 0..engines.len() {
-            let i = (round + turn) % engines.len();
+        for i in round_order(round, engines.len()) {
             let before = counters.as_ref().map(charts::snapshot);
             let started = Instant::now();
             results.extend(engines[i].run(batch, args.max_tokens)?);
@@ -400,4 +431,37 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_order;
+
+    #[test]
+    fn every_engine_runs_as_often_early_as_late() {
+        for engines in 1..=7 {
+            let mut places = vec![0; engines];
+            for round in 0..2 * engines {
+                let order = round_order(round, engines);
+                let mut sorted = order.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..engines).collect::<Vec<_>>(), "a permutation");
+                for (place, &engine) in order.iter().enumerate() {
+                    places[engine] += place;
+                }
+                if !round.is_multiple_of(2) {
+                    // After each pair of rounds every engine's places add up alike.
+                    let each = round.div_ceil(2) * (engines - 1);
+                    assert_eq!(
+                        places,
+                        vec![each; engines],
+                        "{engines} engines, round {round}"
+                    );
+                }
+            }
+        }
+        // The first place rotates from pair to pair.
+        let firsts: Vec<usize> = (0..8).map(|r| round_order(r, 3)[0]).collect();
+        assert_eq!(firsts, [0, 2, 1, 0, 2, 1, 0, 2]);
+    }
 }

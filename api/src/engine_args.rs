@@ -19,6 +19,11 @@ pub struct KvArgs {
     /// Do not reuse the KV of previously computed prompt prefixes.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Have the OS map the whole KV cache at start rather than page by page as requests
+    /// first reach it: no request pays for that, at the cost of a slower start and the
+    /// whole cache resident from the start. `bench spec` and `bench engine` always do.
+    #[arg(long)]
+    pub kv_prefault: bool,
 }
 
 /// Scheduler and KV pool flags.
@@ -185,6 +190,7 @@ impl EngineArgs {
             },
             max_pending: self.max_queue + self.max_num_seqs,
             speculation: self.spec.config(model)?,
+            kv_prefault: self.kv.kv_prefault,
         };
         if let Err(e) = config.scheduler.validate() {
             bail!("{e}");

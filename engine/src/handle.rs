@@ -33,6 +33,10 @@ pub struct EngineConfig {
     pub max_pending: usize,
     /// Speculative decoding.
     pub speculation: SpeculationConfig,
+    /// Whether the KV pool's memory is written at start ([`Backend::prefault_kv`]), so that
+    /// no request pays the OS's first touch of its pages (start-up takes longer, and the
+    /// whole pool is resident from the start).
+    pub kv_prefault: bool,
 }
 
 impl EngineConfig {
@@ -76,7 +80,10 @@ pub fn spawn(
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
     let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
-    let backend = backend::for_model(model, num_slots)?;
+    let mut backend = backend::for_model(model, num_slots)?;
+    if config.kv_prefault {
+        backend.prefault_kv();
+    }
     tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
 }

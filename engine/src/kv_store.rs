@@ -109,6 +109,9 @@ impl KvValue for f16 {
 /// Slots per key tile: dimension `d` of this many consecutive slots lie side by side.
 pub const KEY_TILE: usize = 16;
 
+/// Bytes of the smallest memory page the OS maps (larger pages are touched more than once).
+const PAGE_BYTES: usize = 4096;
+
 /// Offset of `slot`'s key, dimension 0, within one KV head's key plane of `head_dim`-wide
 /// keys; dimension `d` lies `d * KEY_TILE` further on.
 #[inline]
@@ -160,6 +163,17 @@ impl<T: KvValue> KvRows<T> {
         Self {
             k: bytemuck::zeroed_vec(g.num_kv_heads * g.key_slots() * g.head_dim),
             v: bytemuck::zeroed_vec(g.num_kv_heads * g.num_slots * g.head_dim),
+        }
+    }
+
+    /// Writes one value in every page back (see [`PagedKvStore::prefault`]).
+    fn prefault(&mut self) {
+        let step = (PAGE_BYTES / std::mem::size_of::<T>()).max(1);
+        for values in [&mut self.k, &mut self.v] {
+            for i in (0..values.len()).step_by(step) {
+                // `black_box` hides that the value is unchanged, so the write is kept.
+                values[i] = std::hint::black_box(values[i]);
+            }
         }
     }
 
@@ -273,6 +287,17 @@ impl PagedKvStore {
             geometry,
             dtype,
             layers,
+        }
+    }
+
+    /// Writes one value of every memory page back, unchanged, so that the OS maps all the
+    /// pool's pages now rather than while the first requests that reach them are running.
+    pub fn prefault(&mut self) {
+        for layer in &mut self.layers {
+            match layer {
+                LayerKv::F16(rows) => rows.prefault(),
+                LayerKv::F32(rows) => rows.prefault(),
+            }
         }
     }
 
@@ -397,6 +422,24 @@ unsafe fn x86_to_f16(src: &[f32], dst: &mut [f16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefault_keeps_what_the_pool_holds() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            // Keys and values of many pages each.
+            let (slots, width) = (4096, 8);
+            let mut store = PagedKvStore::new(2, slots, (2, width / 2), dtype);
+            let rows: Vec<Slot> = (0..slots as u32).step_by(7).map(Slot).collect();
+            let k: Vec<f32> = (0..rows.len() * width).map(|i| (i % 97) as f32).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x - 1.0).collect();
+            store.write(1, &rows, &k, &v).unwrap();
+            let before = store.layer(1).to_f32();
+            assert!(before.1.iter().any(|&x| x != 0.0));
+            store.prefault();
+            assert_eq!(store.layer(1).to_f32(), before, "{dtype:?}");
+            assert!(store.layer(0).to_f32().0.iter().all(|&x| x == 0.0));
+        }
+    }
 
     #[test]
     fn write_then_move_keeps_rows_intact() {

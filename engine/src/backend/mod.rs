@@ -43,6 +43,10 @@ pub trait Backend: Send + 'static {
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
     /// Copies KV rows, in order (copy-on-write and compaction).
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
+    /// Has the OS map the KV pool's memory now, before any request runs, where it is
+    /// allocated lazily (host memory); a backend whose pool is resident from allocation does
+    /// nothing.
+    fn prefault_kv(&mut self) {}
 }
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
@@ -124,5 +128,9 @@ impl Backend for CandleBackend {
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
         self.store.apply_moves(moves)
+    }
+
+    fn prefault_kv(&mut self) {
+        self.store.prefault();
     }
 }
