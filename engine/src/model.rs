@@ -228,7 +228,11 @@ impl Model {
         // The whole forward runs on a worker of the CPU thread pool, so the parallel matmuls
         // and attention inside it hand work to the other workers directly instead of each
         // waking the pool from outside (hundreds of times per forward).
-        rayon::scope(|_| self.forward_on_pool(batch, kv))
+        rayon::scope(|_| {
+            let logits = self.forward_on_pool(batch, kv);
+            crate::team::linger();
+            logits
+        })
     }
 
     fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {

@@ -11,7 +11,8 @@
 //! leader never waits for a helper to arrive, only for the tasks helpers claimed to finish: a
 //! helper whose worker is busy elsewhere (another engine's forward) simply never joins, and
 //! the leader takes its run. Outside a team, `for_each` and `map` are rayon loops. Which
-//! thread runs a task never changes its result.
+//! thread runs a task never changes its result. As a forward ends, one worker `linger`s,
+//! polling for the next forward's work a little while before it lets its core idle.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -227,6 +228,35 @@ pub fn with_team<R>(body: impl FnOnce() -> R) -> R {
     body()
 }
 
+/// How long a pool worker keeps polling for work after a forward before it lets its core
+/// idle.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Keeps one pool worker polling for the next piece of pool work (the next forward, or its
+/// helpers' jobs) for [`LINGER`], yielding its core between polls, instead of going to sleep
+/// at once. Called as a forward ends. Between two forwards the engine thread plans and
+/// samples for a fraction of a millisecond; a worker asleep that long may let its core idle,
+/// and on a virtual machine a core that idles is handed back to the host, which can take
+/// milliseconds to give it back: the next forward's helper then joins late, and the leader
+/// works alone meanwhile.
+pub fn linger() {
+    linger_for(LINGER);
+}
+
+/// [`linger`] for `limit`.
+fn linger_for(limit: std::time::Duration) {
+    rayon::spawn(move || {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            match rayon::yield_now() {
+                Some(rayon::Yield::Idle) => std::thread::yield_now(),
+                // Work ran (a forward lingers again as it ends), or this is no pool thread.
+                Some(rayon::Yield::Executed) | None => return,
+            }
+        }
+    });
+}
+
 /// Runs `f(i)` for every `i` in `0..tasks`, spread over the team this thread leads, or over
 /// the rayon pool outside a team.
 pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
@@ -342,6 +372,23 @@ mod tests {
                     }
                 })
             });
+        }
+    }
+
+    #[test]
+    fn a_lingering_worker_gives_way_to_pool_work() {
+        // One worker, lingering far longer than the test may take: work reaching the pool
+        // meanwhile runs on it at once, and the linger ends there.
+        let pool = pool(1);
+        let limit = std::time::Duration::from_secs(30);
+        for _ in 0..20 {
+            pool.install(|| linger_for(limit));
+            let started = std::time::Instant::now();
+            assert_eq!(
+                pool.install(|| (0..100u32).into_par_iter().sum::<u32>()),
+                4950
+            );
+            assert!(started.elapsed() < limit / 10, "{:?}", started.elapsed());
         }
     }
 
