@@ -80,17 +80,14 @@ pub fn spawn(
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
     let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
-    let mut backend = backend::for_model(model, num_slots)?;
-    if config.kv_prefault {
-        backend.prefault_kv();
-    }
+    let backend = backend::for_model(model, num_slots)?;
     tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
 }
 
 /// Starts the engine thread over any [`Backend`] (a real model, or a mock in tests).
 pub fn spawn_with_backend(
-    backend: Box<dyn Backend>,
+    mut backend: Box<dyn Backend>,
     tokenizer: Arc<ModelTokenizer>,
     eos_ids: Vec<u32>,
     config: EngineConfig,
@@ -116,6 +113,9 @@ pub fn spawn_with_backend(
         max_n: config.scheduler.max_num_seqs,
         methods: spec.methods(),
     };
+    if config.kv_prefault {
+        backend.prefault_kv();
+    }
     let engine = Engine::new(EngineParts {
         backend,
         tokenizer: Arc::clone(&tokenizer),
