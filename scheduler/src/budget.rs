@@ -157,6 +157,48 @@ impl CostCurve {
         self.step(base, tokens) + refined.max(floor)
     }
 
+    /// A gain per draft node at or below which no draft pays on a step of `base` rows that
+    /// yields `base` tokens: however many nodes (1 ..= `max_extra`) it adds, each expected
+    /// to add that many tokens, the rate [`allocate`] maximises does not rise above the
+    /// step's without drafts. The engine asks a sequence's drafter for an offer only when
+    /// the sequence's best case gains more, so at a load where rows cost more than drafts
+    /// return, no drafter prepares anything.
+    ///
+    /// Nodes of gain `g` pay for some `m` exactly when `g * (cost(base) + fixed overhead) >
+    /// base * extra(m) / m`, where `extra(m)` is what [`CostCurve::step_with`] adds for `m`
+    /// rows: the larger of the refined curve's price and the first curve's floor. Each of
+    /// those two, per row, is least at a knot or at an end (it is linear between knots),
+    /// so the larger of their two least values is a lower bound on the least price per row,
+    /// and the gain returned is a lower bound too: exact while the curve has not been
+    /// refined, never above the true break-even. Infinite when no row may be added.
+    pub fn break_even_gain(&self, base: usize, max_extra: usize) -> f64 {
+        if max_extra == 0 {
+            return f64::INFINITY;
+        }
+        let base = base.max(1);
+        let now = self.cost(base);
+        let first_now = along(&self.first, base);
+        let mut extras = vec![1, max_extra];
+        extras.extend(
+            self.points
+                .iter()
+                .chain(&self.first)
+                .map(|&(rows, _)| rows.saturating_sub(base))
+                .filter(|&m| m > 1 && m < max_extra),
+        );
+        let (mut refined, mut floor) = (f64::INFINITY, f64::INFINITY);
+        for m in extras {
+            let rows = m as f64;
+            refined = refined.min((self.cost(base + m) - now) / rows);
+            if first_now > 0.0 {
+                floor = floor.min(now * (along(&self.first, base + m) / first_now - 1.0) / rows);
+            }
+        }
+        let floor = if floor.is_finite() { floor } else { 0.0 };
+        let per_row = refined.max(floor).max(0.0);
+        base as f64 * per_row / (now + self.overhead.0)
+    }
+
     /// How many rows (at most `max`) a forward of `base` rows can take on while its estimated
     /// cost grows by at most `share` of itself.
     pub fn rows_within(&self, base: usize, share: f64, max: usize) -> usize {

@@ -25,6 +25,13 @@ pub struct ScheduledSeq {
     pub draft_budget: usize,
 }
 
+impl ScheduledSeq {
+    /// Whether it decodes one token this step (it may then feed a draft tree instead).
+    pub fn decodes(&self) -> bool {
+        self.samples && self.num_new_tokens == 1
+    }
+}
+
 /// Everything the engine needs to run one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepPlan {

@@ -8,6 +8,8 @@
 //!   2 if nobody was preempted: admit waiting sequences in arrival order while the sequence
 //!     cap, the budget and the blocks allow (reusing cached prefix blocks); stop at the first
 //!     that does not fit, so nobody overtakes it
+//!  grant_drafts(plan, offers):  split the room left among the decoding sequences' offers
+//!   (`crate::budget`)
 //!  commit(seq, progress, new tokens):  computed += fed (or accepted path), tokens += new
 //! ```
 //! Preempted sequences drop their KV and go to the front of the queue in arrival order; they
@@ -182,14 +184,35 @@ impl Scheduler {
         self.blocks.stats()
     }
 
-    /// Plans the next step with no speculation (see the module diagram).
-    pub fn schedule(&mut self) -> StepPlan {
-        self.schedule_with(None)
+    /// Plans the next step; with `drafts`, decoding sequences that made an offer also get
+    /// draft budgets (see [`crate::budget`]): [`Scheduler::schedule`], then
+    /// [`Scheduler::grant_drafts`].
+    pub fn schedule_with(&mut self, drafts: Option<&DraftInputs>) -> StepPlan {
+        let mut plan = self.schedule();
+        if let Some(drafts) = drafts {
+            self.grant_drafts(&mut plan, drafts);
+        }
+        plan
     }
 
-    /// Plans the next step; with `drafts`, decoding sequences that made an offer also get
-    /// draft budgets (see [`crate::budget`]).
-    pub fn schedule_with(&mut self, drafts: Option<&DraftInputs>) -> StepPlan {
+    /// Rows a step planned as `plan` may still add as draft nodes.
+    pub fn draft_room(&self, plan: &StepPlan) -> usize {
+        self.config
+            .max_num_batched_tokens
+            .saturating_sub(plan.num_batched_tokens)
+    }
+
+    /// Gives the decoding sequences of `plan` (just planned by [`Scheduler::schedule`]) that
+    /// made an offer their draft budgets, within [`Scheduler::draft_room`]. An engine that
+    /// asks for offers only once it knows the step's rows calls this after `schedule`;
+    /// once per plan.
+    pub fn grant_drafts(&mut self, plan: &mut StepPlan, drafts: &DraftInputs) {
+        let budget = self.draft_room(plan);
+        self.assign_draft_budgets(drafts, budget, plan);
+    }
+
+    /// Plans the next step with no speculation (see the module diagram).
+    pub fn schedule(&mut self) -> StepPlan {
         self.steps += 1;
         for seq in self.seqs.values_mut() {
             seq.scheduled = 0;
@@ -223,9 +246,6 @@ impl Scheduler {
         if plan.preempted.is_empty() {
             self.admit_waiting(&mut budget, &mut plan);
         }
-        if let Some(drafts) = drafts {
-            self.assign_draft_budgets(drafts, budget, &mut plan);
-        }
         plan
     }
 
@@ -234,7 +254,7 @@ impl Scheduler {
             .scheduled
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.samples && s.num_new_tokens == 1)
+            .filter(|(_, s)| s.decodes())
             .filter_map(|(i, s)| drafts.offers.get(&s.seq).map(|o| (i, s.seq, o)))
             .collect();
         if candidates.is_empty() {

@@ -4,8 +4,9 @@
 //!
 //! ```text
 //!  intake     queued submissions -> scheduler; dropped streams -> abort (blocks freed)
-//!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions, and a
-//!             draft budget for each decoding sequence that offered one
+//!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions; then
+//!             the decoding sequences whose best case could pay at the plan's size
+//!             prepare their drafters and offer, and each offer may get a draft budget
 //!  batch      speculation drafts every granted sequence's tree (each method's speculator
 //!             runs its batched work first); constrained sequences' trees become their
 //!             format's forced tokens or keep only what it allows (constrain.rs); ONE
@@ -21,7 +22,7 @@
 //! ```
 //! No lock guards any of this: callers talk to the thread only through channels.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -285,9 +286,9 @@ impl Engine {
 
     fn step(&mut self) {
         let started = Instant::now();
-        let drafts = self.draft_offers();
-        let plan = self.scheduler.schedule_with(drafts.as_ref());
-        if drafts.is_some() {
+        let mut plan = self.scheduler.schedule();
+        if let Some(drafts) = self.draft_offers(&plan) {
+            self.scheduler.grant_drafts(&mut plan, &drafts);
             let budgets: Vec<(u64, usize)> = plan
                 .scheduled
                 .iter()
@@ -330,19 +331,28 @@ impl Engine {
         names::publish_kv(&self.scheduler.cache_stats());
     }
 
-    /// Offers of every running sequence that has caught up with its tokens and speculates,
-    /// with the tokens its output format forces (if it has one) offered as certain.
-    fn draft_offers(&mut self) -> Option<scheduler::DraftInputs> {
+    /// Offers of every sequence that decodes in `plan` and speculates (and whose best case
+    /// could pay at the plan's size), with the tokens its output format forces (if it has
+    /// one) offered as certain.
+    fn draft_offers(&mut self, plan: &scheduler::StepPlan) -> Option<scheduler::DraftInputs> {
+        let decoding: HashSet<SeqId> = plan
+            .scheduled
+            .iter()
+            .filter(|s| s.decodes())
+            .map(|s| s.seq)
+            .collect();
+        if decoding.is_empty() {
+            return None;
+        }
         let scheduler = &self.scheduler;
+        let room = scheduler.draft_room(plan);
         let mut candidates = Vec::new();
         let mut constraints = Vec::new();
         for (&id, record) in self.records.iter_mut() {
             let (Some(drafter), Some(seq)) = (record.drafter.as_mut(), scheduler.seq(id)) else {
                 continue;
             };
-            let ready = seq.status() == scheduler::SeqStatus::Running
-                && seq.num_computed() + 1 == seq.tokens().len()
-                && seq.pending_forks() == 0;
+            let ready = decoding.contains(&id) && seq.pending_forks() == 0;
             if ready {
                 candidates.push((id, seq.tokens(), drafter));
                 constraints.push(record.constraint.as_mut());
@@ -362,7 +372,7 @@ impl Engine {
             .into_iter()
             .zip(forced)
             .map(|((id, tokens, drafter), forced)| (id, tokens, drafter, forced));
-        self.spec.offers(offers)
+        self.spec.offers(offers, plan.num_batched_tokens, room)
     }
 
     /// Nothing could be scheduled although work is queued: with nothing running, the head

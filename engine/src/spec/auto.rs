@@ -75,16 +75,16 @@ pub struct AutoDrafter {
 }
 
 impl AutoDrafter {
-    /// Drafters for a sequence whose known tokens are `tokens`; Token Recycling walks
-    /// `tree` over the shared `matrix`; `choices` is the engine-wide record.
+    /// Drafters for a sequence (the n-gram trie takes its tokens in when it first
+    /// prepares); Token Recycling walks `tree` over the shared `matrix`; `choices` is the
+    /// engine-wide record.
     fn with_choices(
-        tokens: &[u32],
         matrix: Arc<RecyclingMatrix>,
         tree: Arc<StaticTree>,
         choices: Arc<Choices>,
     ) -> Self {
         let drafters: Vec<Box<dyn Drafter>> = vec![
-            Box::new(NgramTrie::from_tokens(tokens)),
+            Box::new(NgramTrie::new()),
             Box::new(PromptLookup::new()),
             Box::new(TokenRecycling::new(matrix, tree)),
         ];
@@ -95,9 +95,9 @@ impl AutoDrafter {
         }
     }
 
-    /// Drafters for a sequence whose known tokens are `tokens`, with a record of its own.
-    pub fn new(tokens: &[u32], matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
-        Self::with_choices(tokens, matrix, tree, Arc::new(Choices::new(DRAFTERS)))
+    /// Drafters for a sequence, with a record of its own.
+    pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
+        Self::with_choices(matrix, tree, Arc::new(Choices::new(DRAFTERS)))
     }
 }
 
@@ -186,9 +186,8 @@ impl Speculator for AutoSpeculator {
         SpecMethod::Auto
     }
 
-    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
         Some(Box::new(AutoDrafter::with_choices(
-            tokens,
             Arc::clone(&self.matrix),
             Arc::clone(&self.tree),
             Arc::clone(&self.choices),
@@ -209,7 +208,7 @@ mod tests {
         let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
         let matrix = Arc::new(RecyclingMatrix::new(16, 8));
         let ctx = DraftContext { tokens: &tokens };
-        let mut auto = AutoDrafter::new(&tokens, matrix, Arc::new(StaticTree::paper()));
+        let mut auto = AutoDrafter::new(matrix, Arc::new(StaticTree::paper()));
         // Recycling has no rows, so only the context drafters can propose.
         for _ in 0..20 {
             assert!(auto.prepare(&ctx) > 0);
@@ -236,8 +235,7 @@ mod tests {
         // successes do not move them aside.
         let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
         let ctx = DraftContext { tokens: &tokens };
-        let mut auto =
-            AutoDrafter::new(&tokens, Arc::clone(&matrix), Arc::new(StaticTree::paper()));
+        let mut auto = AutoDrafter::new(Arc::clone(&matrix), Arc::new(StaticTree::paper()));
         for _ in 0..10 {
             assert!(auto.prepare(&ctx) > 0);
             assert_ne!(auto.method(), SpecMethod::Recycling);
@@ -246,7 +244,7 @@ mod tests {
         // A context that never repeats: only recycling has something to propose.
         let fresh: Vec<u32> = (0..12).collect();
         let ctx = DraftContext { tokens: &fresh };
-        let mut auto = AutoDrafter::new(&fresh, matrix, Arc::new(StaticTree::paper()));
+        let mut auto = AutoDrafter::new(matrix, Arc::new(StaticTree::paper()));
         assert!(auto.prepare(&ctx) > 0);
         assert_eq!(auto.method(), SpecMethod::Recycling);
     }

@@ -14,7 +14,9 @@
 //! continuation dominates, so the engine learns how well each kind is accepted.
 //! The trie grows incrementally: each new token extends the keys of every window still
 //! open (a cursor per sub-prefix), so extending with accepted output costs O(n * Lp) and
-//! gives exactly the trie a full rebuild would.
+//! gives exactly the trie a full rebuild would. It grows when it prepares, with the tokens
+//! the sequence gained since: a sequence that never drafts (at a load where no tree pays)
+//! never builds it, and one that drafts again catches up once.
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
@@ -72,13 +74,28 @@ impl Default for NgramTrie {
 }
 
 impl NgramTrie {
+    /// An empty trie, for a sequence whose tokens it takes in when it first prepares.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// A trie over `tokens`.
     pub fn from_tokens(tokens: &[u32]) -> Self {
         let mut trie = Self::default();
-        for &t in tokens {
-            trie.append(t);
-        }
+        trie.catch_up(tokens);
         trie
+    }
+
+    /// Appends the tokens of `tokens` (the sequence's known tokens, of which those taken in
+    /// so far are a prefix) it has not taken in yet.
+    pub fn catch_up(&mut self, tokens: &[u32]) {
+        debug_assert!(
+            tokens.starts_with(&self.tokens),
+            "a sequence's tokens only grow"
+        );
+        for &t in tokens.get(self.tokens.len()..).unwrap_or_default() {
+            self.append(t);
+        }
     }
 
     /// Nodes in the trie (the root included).
@@ -151,6 +168,7 @@ impl Drafter for NgramTrie {
     fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
         self.candidates.clear();
         let tokens = ctx.tokens;
+        self.catch_up(tokens);
         self.evidence = 0;
         let matched = (1..=MAX_PREFIX.min(tokens.len()))
             .rev()
@@ -200,12 +218,8 @@ impl Drafter for NgramTrie {
         self.candidates.tree(pending, budget)
     }
 
-    fn observe(&mut self, tokens: &[u32], appended: usize) {
-        let start = tokens.len().saturating_sub(appended).max(self.tokens.len());
-        for &t in &tokens[start..] {
-            self.append(t);
-        }
-    }
+    /// Nothing until it next prepares, which takes in every token gained since.
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 #[cfg(test)]
@@ -216,7 +230,9 @@ mod tests {
     fn incremental_growth_equals_a_rebuild() {
         let tokens: Vec<u32> = (0..200).map(|i| (i * 7 + i / 13) % 23).collect();
         let mut grown = NgramTrie::from_tokens(&tokens[..50]);
-        grown.observe(&tokens, 150);
+        grown.catch_up(&tokens[..120]);
+        // Preparing takes in what the sequence gained since.
+        grown.prepare(&DraftContext { tokens: &tokens });
         let rebuilt = NgramTrie::from_tokens(&tokens);
         assert_eq!(grown.num_nodes(), rebuilt.num_nodes());
         let freq = |t: &NgramTrie, key: &[u32]| t.find(key).map(|n| t.nodes[n as usize].frequency);
@@ -269,5 +285,20 @@ mod tests {
         assert_eq!(evidence_after(&contested), 5);
         // Only the last token was seen before: one token matched.
         assert_eq!(evidence_after(&[5, 6, 7, 1, 9, 2, 7]), 2);
+    }
+
+    #[test]
+    fn a_trie_that_never_prepares_takes_nothing_in() {
+        let tokens: Vec<u32> = (0..100).map(|i| i % 17).collect();
+        let mut lazy = NgramTrie::new();
+        lazy.observe(&tokens, 100);
+        assert_eq!(lazy.num_nodes(), 1);
+        let ctx = DraftContext { tokens: &tokens };
+        let eager = NgramTrie::from_tokens(&tokens).prepare(&ctx);
+        assert_eq!(lazy.prepare(&ctx), eager);
+        assert_eq!(
+            lazy.num_nodes(),
+            NgramTrie::from_tokens(&tokens).num_nodes()
+        );
     }
 }

@@ -95,6 +95,17 @@ impl AcceptanceStats {
         self.observations
     }
 
+    /// The most a tree of at most `max_nodes` nodes is expected to accept per node (the
+    /// steepest slope from the origin of [`AcceptanceStats::curve`]): no node of such a tree
+    /// is worth more to the planner.
+    pub fn best_per_node(&self, max_nodes: usize) -> f32 {
+        self.curve(max_nodes)
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| e / (i + 1) as f32)
+            .fold(0.0, f32::max)
+    }
+
     /// Expected accepted tokens for 1..=`max_nodes` nodes, with each bucket's exploration
     /// bonus: linear between the buckets' upper sizes, non-decreasing, never above the
     /// number of nodes. A bucket never tried expects at least what the last two buckets'
@@ -166,6 +177,29 @@ mod tests {
         }
         // After a hundred failures one node is expected to accept almost nothing.
         assert!(s.curve(1)[0] < 0.05, "{:?}", s.curve(1));
+    }
+
+    #[test]
+    fn no_node_is_worth_more_than_the_best_per_node() {
+        let mut s = AcceptanceStats::default();
+        for _ in 0..50 {
+            s.record(1, 0);
+            s.record(4, 3);
+        }
+        let best = s.best_per_node(16);
+        let c = s.curve(16);
+        assert!(c
+            .iter()
+            .enumerate()
+            .all(|(i, &e)| e <= best * (i + 1) as f32 + 1e-6));
+        // Reached by a tree of more than one node: one node alone accepts half the time,
+        // while two nodes (a prefix of four) were both accepted.
+        assert!(c
+            .iter()
+            .enumerate()
+            .skip(1)
+            .any(|(i, &e)| (e - best * (i + 1) as f32).abs() < 1e-6));
+        assert!(best > c[0] + 0.3, "{best} {c:?}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The engine thread's speculation state: one [`Speculator`] per method (built in, or
 //! registered through [`SpeculationConfig::speculators`]), per-method acceptance statistics
 //! and the forward-cost curve. A speculating sequence's drafter ([`SeqDrafter`]) lives in
-//! the engine's record of it. The engine loop asks this for the scheduler's draft offers,
+//! the engine's record of it. The engine loop asks this for the scheduler's draft offers
+//! once it knows the step's rows (a drafter prepares only where its best case could pay),
 //! once before the forward for every granted tree (and the prompt rows worth learning from),
 //! and once after it with every computed row; it never names a method. Metrics per method
 //! (`crate::metrics::spec`): drafted and accepted tokens, verify steps, acceptances per tree
@@ -155,7 +156,8 @@ const PROBE_VERIFICATIONS: u64 = 8;
 /// Most nodes a probing tree has.
 const PROBE_NODES: usize = 4;
 
-/// How far a sequence's acceptance ratio drifts back towards 1 per step it could draft.
+/// How far a sequence's acceptance ratio drifts back towards 1 per step it decodes and
+/// could draft.
 const RATIO_RECOVERY: f32 = 0.02;
 
 impl Speculation {
@@ -168,8 +170,8 @@ impl Speculation {
         let mut speculators: Vec<Box<dyn Speculator>> = vec![
             Box::new(recycling),
             Box::new(AutoSpeculator::new(matrix, tree)),
-            Box::new(ContextSpeculator::new(SpecMethod::NgramTrie, |tokens| {
-                Box::new(NgramTrie::from_tokens(tokens))
+            Box::new(ContextSpeculator::new(SpecMethod::NgramTrie, |_| {
+                Box::new(NgramTrie::new())
             })),
             Box::new(ContextSpeculator::new(SpecMethod::PromptLookup, |_| {
                 Box::new(PromptLookup::new())
@@ -253,29 +255,52 @@ impl Speculation {
         }
     }
 
-    /// Prepares every candidate's drafter and returns the scheduler's draft inputs. A
+    /// Prepares the drafter of every candidate whose best case could pay on a step of
+    /// `base` rows with room for `room` more, and returns the scheduler's draft inputs. A
     /// candidate's `forced` tokens (what its output format forces next) are offered as
     /// certain: each of the first `forced` nodes is expected to be accepted.
+    ///
+    /// A candidate's best case is its method's best acceptance per node (any evidence
+    /// level), scaled by the sequence's ratio, at most one token a node. Where that is no
+    /// more than the cost curve's break-even gain at this step's size
+    /// (`CostCurve::break_even_gain`), no tree of the sequence's could raise the step's
+    /// rate on its own, so its drafter does not prepare and it makes no offer: at a load
+    /// where rows cost more than drafts return, speculation costs no work per step.
     pub(crate) fn offers<'a>(
         &mut self,
         candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter, usize)>,
+        base: usize,
+        room: usize,
     ) -> Option<DraftInputs> {
+        let cost = self.planning_cost();
+        let break_even = cost.break_even_gain(base, room);
+        let mut best_per_node: HashMap<SpecMethod, f32> = HashMap::new();
         let mut offers = HashMap::new();
         for (seq, tokens, state, forced) in candidates {
-            let ctx = DraftContext { tokens };
-            state.available = state.drafter.prepare(&ctx).min(state.max_draft);
-            let forced = forced.min(state.max_draft);
-            if state.available == 0 && forced == 0 {
-                continue;
-            }
             // Without drafts there is no evidence, so a ratio that failures pushed below
             // what drafting needs would never rise again: it drifts back towards the
             // method's average, and the sequence tries a small tree now and then.
             state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
-            let key = (state.drafter.method(), state.drafter.evidence());
-            let stats = self.stats.entry(key).or_default();
+            state.available = 0;
             let speculator = &self.speculators[state.speculator];
             let costly = speculator.draft_seconds(1).is_some();
+            let forced = forced.min(state.max_draft);
+            if forced == 0 && !costly {
+                let method = state.drafter.method();
+                let per_node = *best_per_node
+                    .entry(method)
+                    .or_insert_with(|| self.best_per_node(method));
+                if f64::from((per_node * state.ratio).min(1.0)) <= break_even {
+                    continue;
+                }
+            }
+            let ctx = DraftContext { tokens };
+            state.available = state.drafter.prepare(&ctx).min(state.max_draft);
+            if state.available == 0 && forced == 0 {
+                continue;
+            }
+            let key = (state.drafter.method(), state.drafter.evidence());
+            let stats = self.stats.entry(key).or_default();
             let mut expected_accepted: Vec<f32> =
                 if costly && stats.observations() < PROBE_VERIFICATIONS {
                     state.available = state.available.min(PROBE_NODES);
@@ -307,16 +332,34 @@ impl Speculation {
                 },
             );
         }
-        (!offers.is_empty()).then(|| {
-            let mut cost = self.config.cost.clone();
-            if let (Some(fixed), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
-                if per_unit > 0.0 {
-                    let per_token = self.sampling_per_token.unwrap_or(0.0);
-                    cost.set_step_overhead(fixed / per_unit, per_token / per_unit);
-                }
+        (!offers.is_empty()).then_some(DraftInputs { cost, offers })
+    }
+
+    /// The most `method`'s statistics at any evidence level (the prior for a level not
+    /// seen yet) expect a node of a tree to accept.
+    fn best_per_node(&self, method: SpecMethod) -> f32 {
+        let max_nodes = self.config.max_draft_tokens;
+        self.stats
+            .iter()
+            .filter(|((m, _), _)| *m == method)
+            .map(|(_, stats)| stats.best_per_node(max_nodes))
+            .fold(
+                AcceptanceStats::default().best_per_node(max_nodes),
+                f32::max,
+            )
+    }
+
+    /// The cost curve the planner prices a step with: the configured one, refined by the
+    /// forwards measured, with what a step costs beside its forward.
+    fn planning_cost(&self) -> CostCurve {
+        let mut cost = self.config.cost.clone();
+        if let (Some(fixed), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
+            if per_unit > 0.0 {
+                let per_token = self.sampling_per_token.unwrap_or(0.0);
+                cost.set_step_overhead(fixed / per_unit, per_token / per_unit);
             }
-            DraftInputs { cost, offers }
-        })
+        }
+        cost
     }
 
     /// Every granted sequence's draft tree, in the order given: `(seq, known tokens,

@@ -1,13 +1,19 @@
 //! Unit tests of the speculation state: acceptance learnt per evidence level, a costly
-//! method probed and then charged by tree size, learning rows charged on the cost curve.
+//! method probed and then charged by tree size, learning rows charged on the cost curve,
+//! drafters left unprepared where no tree could pay.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::*;
 
 /// Speculation with one registered method, `name`, made by `make`, over a vocabulary of 16,
-/// and a drafter of that method for a sequence of one token.
+/// with free rows (so that every drafter is asked), and a drafter of that method for a
+/// sequence of one token.
 fn one_method(name: &'static str, make: fn() -> Box<dyn Speculator>) -> (Speculation, SeqDrafter) {
     let config = SpeculationConfig {
         speculators: vec![SpeculatorFactory::new(name, move |_| make())],
+        cost: CostCurve::flat(),
         ..SpeculationConfig::default()
     };
     let speculation = Speculation::new(config, 16).expect("a new method name");
@@ -62,7 +68,7 @@ fn acceptance_is_learnt_per_evidence_level() {
     // After odd tokens every node is accepted, after even ones none.
     for step in 0..200u32 {
         let tokens = [step];
-        let offered = speculation.offers(std::iter::once((seq, &tokens[..], &mut state, 0)));
+        let offered = speculation.offers(std::iter::once((seq, &tokens[..], &mut state, 0)), 1, 80);
         assert!(offered.is_some());
         let accepted: Vec<usize> = if step % 2 == 1 {
             (0..5).collect()
@@ -74,7 +80,7 @@ fn acceptance_is_learnt_per_evidence_level() {
     let mut expected = |token: u32| {
         let tokens = [token];
         let inputs = speculation
-            .offers(std::iter::once((seq, &tokens[..], &mut state, 0)))
+            .offers(std::iter::once((seq, &tokens[..], &mut state, 0)), 1, 80)
             .expect("an offer");
         inputs.offers[&seq].expected_accepted.clone()
     };
@@ -121,7 +127,7 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
     let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
         let tokens = [3];
         let inputs = speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)))
+            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
             .expect("an offer");
         inputs.offers[&seq].clone()
     };
@@ -156,7 +162,7 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
         .expect("prompt lookup drafts");
     let tokens = [3, 4, 3];
     let inputs = speculation
-        .offers(std::iter::once((seq, &tokens[..], &mut lookup, 0)))
+        .offers(std::iter::once((seq, &tokens[..], &mut lookup, 0)), 1, 80)
         .expect("a continuation of 3 to offer");
     assert!(inputs.offers[&seq].is_free());
 }
@@ -168,7 +174,7 @@ fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
     let overhead = |speculation: &mut Speculation, state: &mut SeqDrafter| {
         let tokens = [3];
         let inputs = speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)))
+            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
             .expect("an offer");
         inputs.cost.step(1, 1.0) - inputs.cost.cost(1)
     };
@@ -216,4 +222,80 @@ fn learning_rows_are_charged_on_the_cost_curve() {
     // Rows that cost a tenth of a step each (a flat curve's start, then a slope).
     let gentle = CostCurve::new(vec![(1, 1.0), (101, 2.0)]).expect("a curve");
     assert_eq!(rows_of(gentle, 80).len(), 1);
+}
+
+/// Counts its preparations; proposes four nodes.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drafter for Counted {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("counted")
+    }
+    fn prepare(&mut self, _ctx: &DraftContext<'_>) -> usize {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        4
+    }
+    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
+        TokenTree::chain(&ctx.tokens[ctx.tokens.len() - 1..])
+    }
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+struct CountedSpeculator(Arc<AtomicUsize>);
+
+impl Speculator for CountedSpeculator {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("counted")
+    }
+    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(Counted(self.0.clone())))
+    }
+}
+
+#[test]
+fn a_drafter_prepares_only_where_its_best_case_could_pay() {
+    let prepared = Arc::new(AtomicUsize::new(0));
+    let counter = prepared.clone();
+    // One row costs 1, a second 0.1 more; from 64 rows on each row costs 0.6 (a step of 64
+    // sequences pays 0.31 per token, and no gain per node reaches 0.6 / 0.31).
+    let cost = CostCurve::new(vec![(1, 1.0), (2, 1.1), (64, 20.0), (128, 60.0)]).expect("a curve");
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new("counted", move |_| {
+            Box::new(CountedSpeculator(counter.clone()))
+        })],
+        cost: cost.clone(),
+        ..SpeculationConfig::default()
+    };
+    let mut speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named("counted"),
+        max_draft_tokens: None,
+    };
+    let mut state = speculation
+        .drafter_for(Some(request), &[0])
+        .expect("the method drafts");
+    let seq = SeqId(1);
+    let tokens = [5];
+    let mut offer = |base: usize, forced: usize| {
+        speculation
+            .offers(
+                std::iter::once((seq, &tokens[..], &mut state, forced)),
+                base,
+                80,
+            )
+            .map(|inputs| inputs.offers[&seq].expected_accepted.clone())
+    };
+    // Alone, a second row costs a tenth of the first: the prior's trees could pay.
+    assert!(cost.break_even_gain(1, 80) < 0.2);
+    let alone = offer(1, 0).expect("an offer");
+    assert_eq!(alone.len(), 4);
+    assert_eq!(prepared.load(Ordering::Relaxed), 1);
+    // Among 64 rows no tree could: the drafter is not asked.
+    assert!(cost.break_even_gain(64, 80) > 1.0);
+    assert_eq!(offer(64, 0), None);
+    assert_eq!(prepared.load(Ordering::Relaxed), 1);
+    // Tokens an output format forces are certain: they are offered at any load.
+    let forced = offer(64, 2).expect("forced tokens are offered");
+    assert_eq!(forced[..2], [1.0, 2.0]);
+    assert_eq!(prepared.load(Ordering::Relaxed), 2);
 }
