@@ -4,8 +4,8 @@
 //! own continuation (every node must be accepted), the other always a wrong token (none
 //! may be); output stays exact either way, the batched prepare sees several sequences at
 //! once, every computed row is observed, asked-for prompt rows are computed, and each
-//! sequence is released once when it leaves. Bad registrations and unknown names are
-//! refused.
+//! sequence is released once when it leaves. A speculator maps its own KV at start exactly
+//! when the engine is asked to prefault. Bad registrations and unknown names are refused.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,8 @@ const CONTRARIAN: SpecMethod = SpecMethod::Named("contrarian");
 /// What the test speculators saw.
 #[derive(Debug, Default)]
 struct Seen {
+    /// Calls asking for the speculator's own KV to be mapped.
+    prefaulted: usize,
     /// Sequences granted per `prepare` call.
     prepared: Vec<usize>,
     /// Tokens fed in rows the forward computed.
@@ -104,6 +106,10 @@ impl Speculator for TestSpeculator {
 
     fn release(&mut self, seq: SeqId) {
         self.seen.lock().unwrap().released.push(seq);
+    }
+
+    fn prefault_kv(&mut self) {
+        self.seen.lock().unwrap().prefaulted += 1;
     }
 }
 
@@ -264,5 +270,31 @@ fn a_registered_method_must_have_a_new_name() {
         );
         let error = started.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("needs a new name"), "{taken:?}: {error:?}");
+    }
+}
+
+#[test]
+fn a_speculator_maps_its_own_kv_at_start_when_the_engine_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for prefault in [false, true] {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let config = EngineConfig {
+            kv_prefault: prefault,
+            ..config(vec![factory(ORACLE, oracle_next, false, &seen)])
+        };
+        let backend = Box::new(MockBackend::new(VOCAB, 200 * 4));
+        let (handle, thread) =
+            engine::spawn_with_backend(backend, tokenizer(dir.path()), Vec::new(), config).unwrap();
+        let prompt: Vec<u32> = (0..6).collect();
+        let out = handle
+            .submit(request(prompt.clone(), ORACLE, 12))
+            .unwrap()
+            .wait()
+            .unwrap()
+            .remove(0);
+        assert_eq!(out.token_ids, MockBackend::continuation(&prompt, 12, VOCAB));
+        handle.shutdown();
+        thread.join().unwrap();
+        assert_eq!(seen.lock().unwrap().prefaulted, usize::from(prefault));
     }
 }

@@ -33,9 +33,9 @@ pub struct EngineConfig {
     pub max_pending: usize,
     /// Speculative decoding.
     pub speculation: SpeculationConfig,
-    /// Whether the KV pool's memory is written at start ([`Backend::prefault_kv`]), so that
-    /// no request pays the OS's first touch of its pages (start-up takes longer, and the
-    /// whole pool is resident from the start).
+    /// Whether the KV pool's memory is written at start ([`Backend::prefault_kv`]), and a
+    /// draft model's pool with it, so that no request pays the OS's first touch of their
+    /// pages (start-up takes longer, and the whole pools are resident from the start).
     pub kv_prefault: bool,
 }
 
@@ -106,7 +106,7 @@ pub fn spawn_with_backend(
     let grammar_eos = eos_ids.first().or(tokenizer.eos_ids().first()).copied();
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
-    let spec = Speculation::new(config.speculation.clone(), vocab_size)?;
+    let mut spec = Speculation::new(config.speculation.clone(), vocab_size)?;
     let limits = RequestLimits {
         vocab_size,
         max_model_len: config.scheduler.max_model_len,
@@ -115,6 +115,7 @@ pub fn spawn_with_backend(
     };
     if config.kv_prefault {
         backend.prefault_kv();
+        spec.prefault_kv();
     }
     let engine = Engine::new(EngineParts {
         backend,

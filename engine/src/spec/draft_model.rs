@@ -77,6 +77,11 @@ impl DraftModelRunner {
         })
     }
 
+    /// Has the OS map the draft model's KV pool now ([`Backend::prefault_kv`]).
+    pub fn prefault_kv(&mut self) {
+        self.backend.prefault_kv();
+    }
+
     /// Most nodes a tree of this `k_config` has.
     pub fn max_nodes(&self) -> usize {
         let mut width = 1;
@@ -281,6 +286,10 @@ impl Speculator for DraftModelSpeculator {
 
     fn draft_seconds(&self, nodes: usize) -> Option<f64> {
         self.runner.draft_seconds(nodes)
+    }
+
+    fn prefault_kv(&mut self) {
+        self.runner.prefault_kv();
     }
 
     fn prepare(&mut self, granted: &[Granted<'_>]) -> Result<()> {

@@ -74,6 +74,11 @@ pub trait Speculator: Send {
     /// One row the forward computed, for every sequence: `token` was fed, `logits` came out.
     fn observe_row(&mut self, _token: u32, _logits: &[f32]) {}
 
+    /// Have the OS map the memory of the KV the speculator keeps of its own (a draft model's
+    /// pool) now, before any request, as `--kv-prefault` asks of the target's pool. By
+    /// default there is none.
+    fn prefault_kv(&mut self) {}
+
     /// `seq` left the engine: forget what is kept for it.
     fn release(&mut self, _seq: SeqId) {}
 

@@ -545,6 +545,13 @@ impl Speculation {
         }
     }
 
+    /// Every speculator has the OS map the KV it keeps of its own (a draft model's pool).
+    pub(crate) fn prefault_kv(&mut self) {
+        for speculator in &mut self.speculators {
+            speculator.prefault_kv();
+        }
+    }
+
     /// Every speculator persists what should outlive the engine (the recycling matrix).
     pub(crate) fn save(&self) {
         for speculator in &self.speculators {
