@@ -49,10 +49,9 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
     let schema = fuzz_dir.join("openai-subset.yaml");
     let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
-    // schemathesis keeps a cache of what it found in `.schemathesis/` under its working
-    // directory: run it beside its install under `target/`, not in the source tree.
-    let work = deps.with_file_name(format!("schemathesis-{SCHEMATHESIS_VERSION}-run"));
-    std::fs::create_dir_all(&work).expect("creating schemathesis' working directory");
+    // schemathesis and Hypothesis keep caches (`.schemathesis/`, `.hypothesis/`) in their
+    // working directory: a temporary one, not the source tree.
+    let work = tempfile::tempdir().expect("a temporary directory");
     let run = || {
         Command::new("python3")
             .args(["-m", "schemathesis.cli", "run"])
@@ -66,7 +65,7 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .args(["--max-examples", "300", "--workers", "1", "--seed", "1"])
             // Generations are short, but other tests may be sharing the two cores.
             .args(["--request-timeout", "300"])
-            .current_dir(&work)
+            .current_dir(work.path())
             .env("PYTHONPATH", &python_path)
             .env("SCHEMATHESIS_HOOKS", "hooks")
             .env("THICKET_FUZZ_MODEL", "smollm2")
