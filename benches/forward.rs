@@ -6,8 +6,8 @@
 
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use engine::attention::{gathered_tree_attention, paged_tree_attention, HeadShape};
-use engine::kv_store::KvDtype;
+use engine::cpu::attention::{gathered_tree_attention, paged_tree_attention, HeadShape};
+use engine::cpu::kv_store::KvDtype;
 use engine::{LogitRows, PagedKvStore, TokenTree, TreeBatch};
 use kvcache::{BlockPool, BlockTable, Slot};
 

@@ -7,8 +7,8 @@
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use engine::qgemm::formats::QuantFormat;
-use engine::qgemm::QuantMatrix;
+use engine::cpu::qgemm::formats::QuantFormat;
+use engine::cpu::qgemm::QuantMatrix;
 
 fn format() -> QuantFormat {
     let name = std::env::var("QGEMM_BENCH_FORMAT").unwrap_or_else(|_| "q4_1".into());

@@ -31,7 +31,7 @@ fn aiperf_profiles_thicket_with_the_exported_tokenizer() {
         .expect("running thicket fetch");
     assert!(fetch.status.success(), "{fetch:?}");
     // A relative path would be read as a hub repository's name.
-    let tokenizer = engine::fetch::models_dir()
+    let tokenizer = engine::model::fetch::models_dir()
         .join("smollm2-135m.tokenizer")
         .canonicalize()
         .expect("thicket fetch wrote the tokenizer directory");

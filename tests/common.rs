@@ -4,8 +4,8 @@
 use std::sync::OnceLock;
 
 use candle_core::Tensor;
-use engine::fetch::{resolve_model, ModelSource};
-use engine::testing::{write_tiny_hf_model, TinyModelSpec};
+use engine::model::fetch::{resolve_model, ModelSource};
+use engine::model::testing::{write_tiny_hf_model, TinyModelSpec};
 use engine::{LoadOptions, LoadedModel, Model, PagedKvStore, WeightDType};
 use kvcache::{BlockPool, BlockTable};
 
@@ -55,7 +55,7 @@ pub fn tiny_model(spec: &TinyModelSpec) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_tiny_hf_model(dir.path(), spec).expect("write tiny model");
     let (model, _) =
-        engine::load::load_hf_model(dir.path(), WeightDType::F32, &candle_core::Device::Cpu)
+        engine::model::load::load_hf_model(dir.path(), WeightDType::F32, &candle_core::Device::Cpu)
             .expect("load tiny model");
     (dir, model)
 }

@@ -5,7 +5,7 @@ use crate::greedy::{generate_greedy, GreedyOptions};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use engine::testing::TinyModelSpec;
+use engine::model::testing::TinyModelSpec;
 use engine::{load_model, Error, LoadOptions};
 
 use crate::common::tiny_model;
@@ -65,7 +65,7 @@ fn unsupported_architecture_is_reported() {
 #[test]
 fn hf_dir_without_weights_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    engine::testing::write_tiny_hf_model(dir.path(), &TinyModelSpec::default()).unwrap();
+    engine::model::testing::write_tiny_hf_model(dir.path(), &TinyModelSpec::default()).unwrap();
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
     let err = load_err(dir.path().to_str().unwrap());
     assert!(matches!(err, Error::MissingFile(_)), "{err:?}");

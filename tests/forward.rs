@@ -6,8 +6,8 @@ use crate::greedy::{
     cache_config_for, generate_greedy, generate_greedy_with, GreedyOptions, KvCache,
 };
 use candle_core::{IndexOp, Tensor};
-use engine::attention::AttentionKernel;
-use engine::testing::TinyModelSpec;
+use engine::cpu::attention::AttentionKernel;
+use engine::model::testing::TinyModelSpec;
 use engine::{LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
 use kvcache::{BlockId, BlockPool, BlockTable, ManagerConfig};
 use rand::rngs::StdRng;
@@ -345,8 +345,8 @@ fn fused_cpu_pass_gives_the_candle_ops_bits() {
         architecture: engine::Architecture::Qwen2,
         ..TinyModelSpec::default()
     };
-    engine::testing::write_tiny_hf_model(dir.path(), &qwen).unwrap();
-    let (tiny_qwen, _) = engine::load::load_hf_model(
+    engine::model::testing::write_tiny_hf_model(dir.path(), &qwen).unwrap();
+    let (tiny_qwen, _) = engine::model::load::load_hf_model(
         dir.path(),
         engine::WeightDType::Quantized,
         &candle_core::Device::Cpu,

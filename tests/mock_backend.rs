@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use engine::testing::write_tiny_tokenizer;
-use engine::tokenizer::ModelTokenizer;
+use engine::model::testing::write_tiny_tokenizer;
+use engine::model::tokenizer::ModelTokenizer;
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
     SpeculationConfig,

@@ -12,11 +12,11 @@ use std::sync::Mutex;
 use crate::greedy::{generate_greedy, GreedyOptions};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2, qwen2};
-use engine::attention::AttentionKernel;
-use engine::config::Architecture;
-use engine::kv_store::KvDtype;
+use engine::cpu::attention::AttentionKernel;
+use engine::cpu::kv_store::KvDtype;
+use engine::model::config::Architecture;
+use engine::model::testing::TinyModelSpec;
 use engine::sampler::argmax;
-use engine::testing::TinyModelSpec;
 use engine::QuantKernel;
 use engine::{LogitRows, TokenTree, TreeBatch};
 

@@ -11,8 +11,8 @@ use axum::body::Body;
 use axum::http::{header, Request as HttpRequest, StatusCode};
 use axum::Router;
 use engine::handle::EngineHandle;
-use engine::testing::write_tiny_tokenizer;
-use engine::tokenizer::ModelTokenizer;
+use engine::model::testing::write_tiny_tokenizer;
+use engine::model::tokenizer::ModelTokenizer;
 use engine::{
     Backend, CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SamplingParams,
     SchedulerConfig, SpeculationConfig, StopConditions, TreeBatch,

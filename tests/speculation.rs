@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use engine::handle::EngineHandle;
-use engine::testing::{write_tiny_hf_model, write_tiny_tokenizer, TinyModelSpec};
+use engine::model::testing::{write_tiny_hf_model, write_tiny_tokenizer, TinyModelSpec};
 use engine::{
     CostCurve, DraftModelSetup, EngineConfig, LoadOptions, LoadedModel, ManagerConfig, Request,
     SampleOutput, SamplingParams, SchedulerConfig, SpecMethod, SpeculationConfig, WeightDType,
@@ -414,7 +414,7 @@ fn recycling_matrix_is_shared_between_requests_and_survives_a_restart() {
 
 #[test]
 fn recycling_learns_from_prompt_rows_only_for_requests_that_use_it() {
-    use engine::spec::recycling::{RecyclingMatrix, TOP_K};
+    use engine::spec::methods::recycling::{RecyclingMatrix, TOP_K};
     let dir = tempfile::tempdir().unwrap();
     let loaded = tiny_loaded(dir.path(), 256);
     // 40 distinct tokens, prefilled in chunks of 16 (at most 32 learning rows a step).

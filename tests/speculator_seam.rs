@@ -10,10 +10,10 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use engine::model::testing::write_tiny_tokenizer;
+use engine::model::tokenizer::ModelTokenizer;
 use engine::spec::speculator::{Granted, Speculator, SpeculatorFactory};
 use engine::spec::{DraftContext, Drafter};
-use engine::testing::write_tiny_tokenizer;
-use engine::tokenizer::ModelTokenizer;
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
     SpeculationConfig, TokenTree,

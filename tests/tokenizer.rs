@@ -47,7 +47,7 @@ fn smollm2_special_tokens_and_digits() {
 #[test]
 fn qwen_tokenizer_matches_known_ids() {
     // Only the GGUF header and metadata are read: the tokenizer lives there.
-    let (content, _) = engine::gguf::read_content(&crate::common::qwen_path()).unwrap();
+    let (content, _) = engine::model::gguf::read_content(&crate::common::qwen_path()).unwrap();
     let tok = engine::ModelTokenizer::from_gguf(&content).unwrap();
     assert_eq!(tok.encode("def").unwrap(), vec![750]);
     assert_eq!(tok.encode(" fibonacci").unwrap(), vec![75698]);
@@ -72,7 +72,7 @@ fn qwen_tokenizer_matches_known_ids() {
 
 #[test]
 fn incremental_detokenizer_never_emits_a_broken_character() {
-    use engine::detokenizer::IncrementalDetokenizer;
+    use engine::model::detokenizer::IncrementalDetokenizer;
     let tokenizer = &smollm2().tokenizer;
     let text = "Grüße aus 東京 😀🎉 — naïve café ∑x² ok";
     let ids = tokenizer.encode(text).unwrap();
@@ -140,7 +140,8 @@ fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
     for (alias, tokenizer) in [
         ("smollm2-135m", smollm2().tokenizer.clone()),
         ("qwen2.5-coder-0.5b", {
-            let (content, _) = engine::gguf::read_content(&crate::common::qwen_path()).unwrap();
+            let (content, _) =
+                engine::model::gguf::read_content(&crate::common::qwen_path()).unwrap();
             engine::ModelTokenizer::from_gguf(&content).unwrap()
         }),
     ] {
@@ -150,7 +151,7 @@ fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
             .output()
             .expect("running thicket fetch");
         assert!(fetch.status.success(), "{fetch:?}");
-        let dir = engine::fetch::models_dir().join(format!("{alias}.tokenizer"));
+        let dir = engine::model::fetch::models_dir().join(format!("{alias}.tokenizer"));
         let config: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap(),
         )

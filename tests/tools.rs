@@ -32,7 +32,7 @@ fn conversation() -> Vec<ChatMessageIn> {
 }
 
 fn qwen_tokenizer() -> ModelTokenizer {
-    let (content, _) = engine::gguf::read_content(&qwen_path()).unwrap();
+    let (content, _) = engine::model::gguf::read_content(&qwen_path()).unwrap();
     ModelTokenizer::from_gguf(&content).unwrap()
 }
 

@@ -25,7 +25,7 @@ pub fn forward(
             Some(engine::QuantKernel::Thicket) => "thicket",
             None => "none (dense weights)",
         },
-        engine::qgemm::process_isa().name(),
+        engine::cpu::qgemm::process_isa().name(),
         if loaded.model.is_fused() {
             "fused CPU pass"
         } else {

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use engine::attention::AttentionKernel;
-use engine::fetch::{find_alias, models_dir, DEFAULT_MODEL};
-use engine::kv_store::KvDtype;
+use engine::cpu::attention::AttentionKernel;
+use engine::cpu::kv_store::KvDtype;
+use engine::model::fetch::{find_alias, models_dir, DEFAULT_MODEL};
 use engine::QuantKernel;
 use engine::{load_model, DeviceChoice, LoadOptions, LoadedModel, WeightDType};
 
@@ -228,12 +228,12 @@ fn fetch(alias: &str) -> anyhow::Result<()> {
     let Some(model) = find_alias(alias) else {
         bail!(
             "unknown model alias '{alias}' (known: {})",
-            engine::fetch::alias_names().join(", ")
+            engine::model::fetch::alias_names().join(", ")
         );
     };
-    let path = engine::fetch::fetch(model, &models_dir())?;
+    let path = engine::model::fetch::fetch(model, &models_dir())?;
     println!("{}", path.display());
-    let (content, _) = engine::gguf::read_content(&path)?;
+    let (content, _) = engine::model::gguf::read_content(&path)?;
     let tokenizer = engine::ModelTokenizer::from_gguf(&content)?;
     let dir = models_dir().join(format!("{alias}.tokenizer"));
     tokenizer.export_hf(&dir)?;

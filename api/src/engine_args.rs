@@ -229,11 +229,11 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
             Some(kernel) => format!("{kernel:?}"),
             None => "dense".into(),
         },
-        engine::qgemm::process_isa().name(),
+        engine::cpu::qgemm::process_isa().name(),
         if model.is_fused() { "fused" } else { "ops" },
         model.kv_dtype().name()
     );
-    let path = engine::fetch::models_dir().join(name);
+    let path = engine::model::fetch::models_dir().join(name);
     if let Ok(text) = std::fs::read_to_string(&path) {
         let points: Option<Vec<(usize, f64)>> = serde_json::from_str(&text).ok();
         if let Some(curve) = points.and_then(CostCurve::new) {
@@ -255,7 +255,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     );
     if let Ok(json) = serde_json::to_string(curve.points()) {
         // A cache only: failing to write it costs a re-measurement next time.
-        let _ = std::fs::create_dir_all(engine::fetch::models_dir());
+        let _ = std::fs::create_dir_all(engine::model::fetch::models_dir());
         let _ = std::fs::write(&path, json);
     }
     Ok(curve)

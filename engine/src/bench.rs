@@ -8,10 +8,11 @@ use std::time::Instant;
 use kvcache::{BlockPool, BlockTable};
 
 use crate::backend;
-use crate::batch::{LogitRows, TreeBatch};
-use crate::fused::{self, ForwardProfile};
+use crate::model::fused_pass;
+pub use crate::model::fused_pass::ForwardProfile;
 use crate::model::Model;
 use crate::tree::TokenTree;
+use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::{Error, Result};
 
 /// One measured point.
@@ -38,9 +39,10 @@ pub fn forward_cost(
 /// How long forwards of a size run untimed before one of them is timed.
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(6);
 
-/// One model's measured curve, with the fused pass's breakdown where it ran.
+/// One model's measured curve, with the fused pass's breakdown where it ran (a record of
+/// measurements; the planner's curve built from such points is `scheduler::CostCurve`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CostCurve {
+pub struct MeasuredCurve {
     /// The backend that ran it ([`crate::Backend::describe`]).
     pub backend: String,
     /// Median seconds per size.
@@ -57,7 +59,7 @@ pub fn forward_costs(
     context_len: usize,
     sizes: &[usize],
     repeats: usize,
-) -> Result<Vec<CostCurve>> {
+) -> Result<Vec<MeasuredCurve>> {
     let block_size = 16;
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let mut pool = BlockPool::new((context_len + largest).div_ceil(block_size), block_size);
@@ -82,9 +84,9 @@ pub fn forward_costs(
         }
         backends.push(backend);
     }
-    let mut curves: Vec<CostCurve> = backends
+    let mut curves: Vec<MeasuredCurve> = backends
         .iter()
-        .map(|b| CostCurve {
+        .map(|b| MeasuredCurve {
             backend: b.describe(),
             points: Vec::new(),
             parts: Vec::new(),
@@ -129,11 +131,11 @@ pub fn forward_costs(
                         warm.elapsed() < SETTLE
                     } {}
                 }
-                fused::profile(timed && backend.profiles_parts());
+                fused_pass::profile(timed && backend.profiles_parts());
                 let t = Instant::now();
                 backend.forward(batch)?;
                 let elapsed = t.elapsed().as_secs_f64();
-                let part = fused::profile(false);
+                let part = fused_pass::profile(false);
                 if timed {
                     times[s][i].push(elapsed);
                     parts[s][i].add(&part);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A model argument that is neither a known alias, a GGUF file nor an HF directory.
-    #[error("model '{0}' not found: pass an alias ({aliases}), a .gguf file, or a directory with config.json + *.safetensors + tokenizer.json", aliases = crate::fetch::alias_names().join(", "))]
+    #[error("model '{0}' not found: pass an alias ({aliases}), a .gguf file, or a directory with config.json + *.safetensors + tokenizer.json", aliases = crate::model::fetch::alias_names().join(", "))]
     ModelNotFound(String),
     /// A file the loader needs is missing.
     #[error("missing file {0}")]

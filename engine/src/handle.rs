@@ -15,13 +15,13 @@ use crate::backend::{self, Backend};
 use crate::constraint::Grammars;
 pub use crate::engine_loop::EngineStats;
 use crate::engine_loop::{Command, Engine, EngineParts, Submission};
+use crate::model::tokenizer::ModelTokenizer;
 use crate::model::Model;
 use crate::request::Usage;
 use crate::request::{
     invalid_field, Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob,
 };
-use crate::speculation::{Speculation, SpeculationConfig};
-use crate::tokenizer::ModelTokenizer;
+use crate::spec::coordinator::{Speculation, SpeculationConfig};
 use crate::{Error, Result};
 
 /// How the engine is set up.

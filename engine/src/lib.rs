@@ -1,62 +1,71 @@
-//! thicket's engine: everything that touches candle. Models are fetched (`fetch`) and loaded
-//! (`load`, from GGUF or HF directories) with their tokenizer; the `Model` forward takes a
-//! `TreeBatch` of many sequences, each with a cached prefix in the `PagedKvStore` and its own
-//! tree of new tokens, and returns logits for the rows asked for. The engine thread
-//! (`handle::spawn`) serves many requests at once through that forward: continuous batching
-//! with chunked prefill and preemption (the `scheduler` crate), sampling, stop conditions and
-//! streamed events. Token ids in, token ids (and their text) out.
+//! thicket's engine: everything that touches candle. Models are fetched and loaded (from GGUF
+//! or HF directories) with their tokenizer; the `Model` forward takes a `TreeBatch` of many
+//! sequences, each with a cached prefix in the `PagedKvStore` and its own tree of new tokens,
+//! and returns logits for the rows asked for. The engine thread (`handle::spawn`) serves many
+//! requests at once through that forward: continuous batching with chunked prefill and
+//! preemption (the `scheduler` crate), speculative drafting verified in the same forward,
+//! sampling, stop conditions and streamed events. Token ids in, token ids (and their text) out.
+//!
+//! # Map
+//!
+//! ```text
+//! cpu/          thicket's CPU kernels, no engine state: qgemm/ (quantized matmuls),
+//!               attention/ (paged tree attention: driver, scores, values, slots,
+//!               reference), kv_store, softmax, silu, reduce, team
+//! model/        what a model is and how it is obtained: config, weights and `Model`,
+//!               fused_pass (one pass over the layers on the CPU), linear, load, gguf, hf,
+//!               fetch, tokenizer, detokenizer, testing (tiny random models)
+//! backend/      the `Backend` trait and `for_model`: cpu (host KV, thicket's kernels),
+//!               cuda/ (device KV, feature `cuda`), mock (no tensors)
+//! spec/         speculation: the drafter and speculator traits, verify, stats,
+//!               methods/ (one file per draft source) and the engine-side coordinator
+//! constraint/   output formats (llguidance): JSON schema, grammars, tool calls
+//! engine_loop/  the one thread's step: intake -> schedule -> batch -> forward -> decide
+//!               -> update -> emit (the diagram in engine_loop/mod.rs)
+//! handle        spawning the engine thread; the channels in and out
+//! request, sampler, metrics, error, bench (the measured forward-cost curve)
+//! tree, tree_batch   the shared data types: a token tree and its mask, the batch a
+//!               forward takes (the CPU attention reads a TreeBatch)
+//! ```
+//!
+//! Dependencies point one way, each layer using only those before it:
+//! `tree, tree_batch <- cpu <- model <- backend <- spec <- engine_loop <- handle`, with
+//! `request`, `sampler`, `constraint` and `metrics` beside the loop (the mock backend and
+//! `verify` use the sampler's greedy choice).
 
 #![deny(missing_docs)]
 
-pub mod attention;
-mod attention_kernels;
 pub mod backend;
-pub mod batch;
 pub mod bench;
-pub mod config;
 pub mod constraint;
-pub mod detokenizer;
+pub mod cpu;
 mod engine_loop;
 mod error;
-pub mod fetch;
-pub mod fused;
-pub mod gguf;
 pub mod handle;
-pub mod hf;
-pub mod kv_store;
-pub mod linear;
-pub mod load;
 pub mod metrics;
 pub mod model;
-pub mod qgemm;
-mod reduce;
 pub mod request;
 pub mod sampler;
-pub mod silu;
-pub mod softmax;
 pub mod spec;
-pub mod speculation;
-pub mod team;
-pub mod testing;
-pub mod tokenizer;
 pub mod tree;
+pub(crate) mod tree_batch;
 
-pub use backend::{Backend, CandleBackend, MockBackend};
-pub use batch::{LogitRows, TreeBatch};
-pub use config::{Architecture, ModelConfig};
+pub use backend::{Backend, CpuBackend, MockBackend};
+pub use cpu::kv_store::PagedKvStore;
 pub use error::{Error, Result};
 pub use handle::{
     spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError,
 };
-pub use kv_store::PagedKvStore;
 pub use kvcache::ManagerConfig;
-pub use linear::{QuantKernel, WeightDType};
-pub use load::{load_model, DeviceChoice, LoadOptions, LoadedModel};
+pub use model::config::{Architecture, ModelConfig};
+pub use model::linear::{QuantKernel, WeightDType};
+pub use model::load::{load_model, DeviceChoice, LoadOptions, LoadedModel};
+pub use model::tokenizer::ModelTokenizer;
 pub use model::Model;
 pub use request::{Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage};
 pub use sampler::SamplingParams;
 pub use scheduler::{CostCurve, SchedulerConfig};
+pub use spec::coordinator::{DraftModelSetup, SpeculationConfig};
 pub use spec::{SpecMethod, SpecRequest};
-pub use speculation::{DraftModelSetup, SpeculationConfig};
-pub use tokenizer::ModelTokenizer;
 pub use tree::{TokenTree, TreeMask};
+pub use tree_batch::{LogitRows, SeqEntry, TreeBatch};

@@ -5,7 +5,7 @@
 use kvcache::KvMove;
 
 use super::Backend;
-use crate::batch::TreeBatch;
+use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 
 /// A tensor-free stand-in for a model: the next token after a sequence is
@@ -124,8 +124,8 @@ impl Backend for MockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::LogitRows;
     use crate::tree::TokenTree;
+    use crate::tree_batch::LogitRows;
     use kvcache::{BlockId, BlockTable};
 
     #[test]

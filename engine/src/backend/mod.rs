@@ -6,24 +6,26 @@
 //! gets is decided in one place, [`for_model`]: a device with its own kernels and
 //! device-resident KV is a new type behind this trait, chosen there.
 //!
-//! [`CandleBackend`] is the model over a host paged KV store (the fused CPU pass on the
-//! CPU, candle's ops elsewhere); `CudaBackend` (feature `cuda`) keeps the KV cache on an
-//! NVIDIA GPU and runs thicket's own paged tree attention there; [`MockBackend`] has no
-//! tensors at all.
+//! [`CpuBackend`] (`cpu.rs`) is the model over a host paged KV store (the fused CPU pass and
+//! thicket's kernels on the CPU, candle's ops around host attention elsewhere);
+//! `CudaBackend` (`cuda/`, feature `cuda`) keeps the KV cache on an NVIDIA GPU and runs
+//! thicket's own paged tree attention there; [`MockBackend`] (`mock.rs`) has no tensors at
+//! all.
 
+mod cpu;
 #[cfg(any(test, feature = "cuda"))]
 mod cuda;
 mod mock;
 
 use kvcache::KvMove;
 
+pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 pub use mock::MockBackend;
 
-use crate::batch::TreeBatch;
-use crate::kv_store::PagedKvStore;
 use crate::model::Model;
+use crate::tree_batch::TreeBatch;
 use crate::Result;
 
 /// A model the engine loop can run.
@@ -34,7 +36,7 @@ pub trait Backend: Send + 'static {
     fn num_slots(&self) -> usize;
     /// Where and how it runs, for reports (device, forward path, kernels).
     fn describe(&self) -> String;
-    /// Whether its forwards record the fused CPU pass's per-part times (`fused::profile`).
+    /// Whether its forwards record the fused CPU pass's per-part times (`fused_pass::profile`).
     fn profiles_parts(&self) -> bool {
         false
     }
@@ -51,7 +53,7 @@ pub trait Backend: Send + 'static {
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
 /// rows per layer: [`CudaBackend`] for a model on a CUDA device (built with `cuda`) whose
-/// shape its kernels take, [`CandleBackend`] for every other (on a GPU: candle's ops with
+/// shape its kernels take, [`CpuBackend`] for every other (on a GPU: candle's ops with
 /// attention on the host, slower but any shape).
 pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
@@ -64,73 +66,5 @@ pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
             model.config().head_dim
         );
     }
-    Ok(Box::new(CandleBackend::new(model, num_slots)))
-}
-
-/// The model over a host paged KV store.
-#[derive(Debug)]
-pub struct CandleBackend {
-    model: Model,
-    store: PagedKvStore,
-}
-
-impl CandleBackend {
-    /// `model` with a zeroed KV store of `num_slots` rows.
-    pub fn new(model: Model, num_slots: usize) -> Self {
-        let store = model.new_kv_store(num_slots);
-        Self { model, store }
-    }
-}
-
-impl Backend for CandleBackend {
-    fn vocab_size(&self) -> usize {
-        self.model.config().vocab_size
-    }
-
-    fn num_slots(&self) -> usize {
-        self.store.num_slots()
-    }
-
-    fn describe(&self) -> String {
-        let device = match self.model.device() {
-            candle_core::Device::Cpu => "cpu".to_string(),
-            other => format!("{other:?}").to_lowercase(),
-        };
-        let path = if self.model.is_fused() {
-            "fused CPU pass"
-        } else {
-            "candle ops"
-        };
-        let kernel = match self.model.quant_kernel() {
-            Some(crate::linear::QuantKernel::Thicket) => {
-                format!(
-                    "thicket kernel, {} path",
-                    crate::qgemm::process_isa().name()
-                )
-            }
-            Some(crate::linear::QuantKernel::Candle) => "candle kernel".to_string(),
-            None => "dense weights".to_string(),
-        };
-        let kv = self.model.kv_dtype().name();
-        format!("{device}, {path}, {kernel}, host KV ({kv})")
-    }
-
-    fn profiles_parts(&self) -> bool {
-        self.model.is_fused()
-    }
-
-    fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
-        Ok(self
-            .model
-            .forward(batch, &mut self.store)?
-            .to_vec2::<f32>()?)
-    }
-
-    fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
-        self.store.apply_moves(moves)
-    }
-
-    fn prefault_kv(&mut self) {
-        self.store.prefault();
-    }
+    Ok(Box::new(CpuBackend::new(model, num_slots)))
 }

@@ -13,7 +13,7 @@ use llguidance::{Matcher, ParserFactory};
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
 use super::{Constraint, ConstraintSpec, TokenMask};
-use crate::tokenizer::ModelTokenizer;
+use crate::model::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
 
 /// Compiles constraint specs for one model; the token trie is built on first use.

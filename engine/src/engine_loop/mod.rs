@@ -20,6 +20,12 @@
 //!  emit       stop conditions, detokenize, events out; finished sequences leave (emit.rs)
 //!  metrics    step time, batch tokens, queue lengths, preemptions, KV use, latencies
 //! ```
+//! The crate's folders by stage: `schedule` is the `scheduler` crate with `spec/`'s offers
+//! (`spec::coordinator`); `batch` is `spec/` (the methods in `spec/methods/`), `constraint/`
+//! and `tree_batch`; `forward` is `backend/` (`backend::cpu` runs `model/` on the kernels of
+//! `cpu/`); `decide` is `sampler` and `spec::verify`; `emit` is `request` and
+//! `model::detokenizer`; `metrics` is `metrics`. The channels in and out are `handle`.
+//!
 //! No lock guards any of this: callers talk to the thread only through channels.
 
 use std::collections::{HashMap, HashSet};
@@ -39,14 +45,14 @@ mod step_output;
 use record::SeqRecord;
 
 use crate::backend::Backend;
-use crate::batch::{LogitRows, TreeBatch};
 use crate::constraint::{Constraint, TokenMask};
 use crate::metrics as names;
+use crate::model::tokenizer::ModelTokenizer;
 use crate::request::{Event, Failure, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
-use crate::speculation::Speculation;
-use crate::tokenizer::ModelTokenizer;
+use crate::spec::coordinator::Speculation;
 use crate::tree::TokenTree;
+use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::Result;
 
 /// Messages from handles to the engine thread.

@@ -9,9 +9,9 @@
 use std::time::Instant;
 
 use crate::constraint::Constraint;
-use crate::detokenizer::{IncrementalDetokenizer, StopStringFilter};
+use crate::model::detokenizer::{IncrementalDetokenizer, StopStringFilter};
 use crate::request::Request;
-use crate::speculation::SeqDrafter;
+use crate::spec::coordinator::SeqDrafter;
 
 /// One live sequence (one sample of a request).
 pub(super) struct SeqRecord {

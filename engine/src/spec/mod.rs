@@ -9,13 +9,14 @@
 //! (shared state, batched work, what it learns from the forward's rows) is a
 //! [`speculator::Speculator`]. Adding a method means adding a drafter and a speculator type,
 //! built in or registered by name ([`SpecMethod::Named`]); the engine loop never changes.
+//!
+//! Here: the traits and request types (this file, `speculator`), verification (`verify`),
+//! acceptance statistics (`stats`), the methods themselves (`methods/`, one file per draft
+//! source) and the engine thread's side that holds every method's speculator and turns
+//! drafters into the scheduler's offers and the forward's trees (`coordinator`).
 
-pub mod auto;
-pub mod draft_model;
-pub mod likely_tree;
-pub mod ngram_trie;
-pub mod prompt_lookup;
-pub mod recycling;
+pub(crate) mod coordinator;
+pub mod methods;
 pub mod speculator;
 pub mod stats;
 pub mod verify;

@@ -20,9 +20,9 @@ use kvcache::KvMove;
 use super::fused::FusedPass;
 use super::plan::{move_waves, AttentionPlan};
 use crate::backend::Backend;
-use crate::batch::TreeBatch;
-use crate::config::ModelConfig;
+use crate::model::config::ModelConfig;
 use crate::model::Model;
+use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/thicket_kernels.ptx"));
@@ -500,7 +500,11 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
-        batch.validate(&self.config, self.gpu.num_slots)?;
+        batch.validate(
+            self.config.vocab_size,
+            self.config.max_position_embeddings,
+            self.gpu.num_slots,
+        )?;
         self.gpu.bind()?;
         let logits = match &self.pass {
             Pass::Fused(fused) => fused.forward(&mut self.gpu, &self.config, batch)?,

@@ -12,10 +12,10 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::f16;
 
 use super::device::{device_err, grid, view, Gpu, ROW_THREADS};
-use crate::batch::TreeBatch;
-use crate::config::{ModelConfig, RopeStyle};
-use crate::linear::Linear;
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::linear::Linear;
 use crate::model::Model;
+use crate::tree_batch::TreeBatch;
 use crate::Result;
 
 /// One decoder block's weights as the fused pass reads them.

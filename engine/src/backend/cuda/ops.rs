@@ -6,8 +6,8 @@ use candle_core::{DType, Device, Tensor};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::device::{device_err, grid, view, Gpu, Uploaded};
-use crate::batch::TreeBatch;
 use crate::model::Model;
+use crate::tree_batch::TreeBatch;
 use crate::Result;
 
 /// Runs `batch`; the f32 logits of its logit rows, or `None` when it asks for none.

@@ -7,7 +7,7 @@
 
 use kvcache::KvMove;
 
-use crate::batch::TreeBatch;
+use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 
 /// Per-row fields in [`AttentionPlan::words`]: context length, offset of the sequence's block
@@ -115,8 +115,8 @@ pub fn move_waves(moves: &[KvMove]) -> Vec<Vec<KvMove>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::LogitRows;
     use crate::tree::TokenTree;
+    use crate::tree_batch::LogitRows;
     use kvcache::{BlockId, BlockTable, Slot};
 
     #[test]

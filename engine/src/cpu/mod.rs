@@ -1,0 +1,15 @@
+//! thicket's CPU kernels, holding no engine state: the quantized matmuls (`qgemm`), paged
+//! tree attention (`attention`: its driver and inner loops), the paged KV store it reads and
+//! writes in place (`kv_store`), the vectorised softmax and `exp`, SiLU, fixed-order
+//! reductions (`reduce`) and the team of pool workers a forward runs its parallel loops on
+//! (`team`). The model's one-pass forward (`crate::model`) is built from these; nothing here
+//! knows what a model, a request or a drafter is. Every kernel computes a row's result
+//! independently of the other rows of its batch, which lossless tree verification needs.
+
+pub mod attention;
+pub mod kv_store;
+pub mod qgemm;
+pub(crate) mod reduce;
+pub(crate) mod silu;
+pub(crate) mod softmax;
+pub(crate) mod team;

@@ -1,0 +1,142 @@
+//! Turning a growing list of output tokens into text that is safe to show as it arrives.
+//! [`IncrementalDetokenizer`] decodes a small window of recent tokens and releases text only
+//! when it does not end in an incomplete UTF-8 character (U+FFFD), so a character split
+//! across tokens is never emitted broken. [`StopStringFilter`] holds back just enough text
+//! to recognise a stop string spanning tokens, and cuts the text where one starts (the stop
+//! string itself is never emitted).
+
+use crate::model::tokenizer::ModelTokenizer;
+use crate::Result;
+
+/// Decodes output tokens incrementally (special tokens skipped).
+#[derive(Debug, Clone, Default)]
+pub struct IncrementalDetokenizer {
+    tokens: Vec<u32>,
+    /// Start of the window whose text was already released up to `read_offset`.
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl IncrementalDetokenizer {
+    /// An empty detokenizer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one token and returns the text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &ModelTokenizer, token: u32) -> Result<String> {
+        self.tokens.push(token);
+        let prefix =
+            tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..])?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
+            if let Some(delta) = full.get(prefix.len()..) {
+                let delta = delta.to_string();
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.tokens.len();
+                return Ok(delta);
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// Text of the tokens not yet released (at the end of the sample; may hold U+FFFD when
+    /// the sample ended inside a character).
+    pub fn flush(&mut self, tokenizer: &ModelTokenizer) -> Result<String> {
+        let prefix =
+            tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..])?;
+        self.prefix_offset = self.tokens.len();
+        self.read_offset = self.tokens.len();
+        Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
+    }
+}
+
+/// Holds back the tail of the text that could be the start of a stop string.
+#[derive(Debug, Clone, Default)]
+pub struct StopStringFilter {
+    stops: Vec<String>,
+    held: String,
+    hold_bytes: usize,
+}
+
+impl StopStringFilter {
+    /// A filter for `stops` (none: text passes straight through).
+    pub fn new(stops: &[String]) -> Self {
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        Self {
+            stops: stops.to_vec(),
+            held: String::new(),
+            hold_bytes: longest.saturating_sub(1),
+        }
+    }
+
+    /// Adds text; returns what may be shown now and, when a stop string appeared, which one
+    /// (the returned text then ends right before it, and the filter is done).
+    pub fn push(&mut self, text: &str) -> (String, Option<String>) {
+        if self.stops.is_empty() {
+            return (text.to_string(), None);
+        }
+        self.held.push_str(text);
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first {
+            let stop = stop.clone();
+            let shown = self.held[..at].to_string();
+            self.held.clear();
+            return (shown, Some(stop));
+        }
+        let mut cut = self.held.len().saturating_sub(self.hold_bytes);
+        while !self.held.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let rest = self.held.split_off(cut);
+        (std::mem::replace(&mut self.held, rest), None)
+    }
+
+    /// Everything still held (the sample ended without a stop string).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_string_spanning_pushes_is_cut_and_never_shown() {
+        let mut f = StopStringFilter::new(&["END".to_string(), "\n\n".to_string()]);
+        let mut shown = String::new();
+        let mut stopped = None;
+        for piece in ["Hello", " wor", "ld E", "N", "D and more"] {
+            let (text, stop) = f.push(piece);
+            shown.push_str(&text);
+            assert!(
+                !shown.contains('E') || shown.ends_with("world "),
+                "{shown:?}"
+            );
+            if stop.is_some() {
+                stopped = stop;
+                break;
+            }
+        }
+        assert_eq!(shown, "Hello world ");
+        assert_eq!(stopped.as_deref(), Some("END"));
+    }
+
+    #[test]
+    fn held_text_is_released_on_flush_and_respects_char_boundaries() {
+        let mut f = StopStringFilter::new(&["xyz".to_string()]);
+        let (text, stop) = f.push("héé");
+        assert_eq!(stop, None);
+        // Two bytes are held back, which here is the whole last 'é'.
+        assert_eq!(text, "hé");
+        assert_eq!(f.flush(), "é");
+        let mut none = StopStringFilter::new(&[]);
+        assert_eq!(none.push("abc"), ("abc".to_string(), None));
+    }
+}

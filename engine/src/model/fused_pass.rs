@@ -1,0 +1,515 @@
+//! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer
+//! over preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v
+//! products (and once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into
+//! the head-major layout the attention kernel reads and K in place, SwiGLU is computed row by
+//! row as the down projection quantizes its input (row-parallel), and the residual adds run
+//! over the rows in place: where every projection is on thicket's kernel
+//! (the default for GGUF's 32-value formats, and for Q4_K/Q6_K on AVX-512) there is no candle
+//! op dispatch and no tensor allocation per layer, and the matmuls and attention spread over
+//! one team of the thread pool's workers, recruited once per forward (`team`). Projections thicket's kernel does not take (dense
+//! weights; Q4_K/Q6_K without AVX-512) run through their candle `Linear` inside the same
+//! pass. Every operation repeats the arithmetic of the candle-ops forward in `Model::forward`
+//! (candle's expressions and order; SwiGLU's gate is thicket's `silu` in both), so the logits
+//! are bit-identical to it (tested), and a row's result still never depends on the other rows.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use candle_core::{Device, Storage, Tensor};
+
+use crate::cpu::attention::{paged_tree_attention, HeadShape};
+use crate::cpu::kv_store::PagedKvStore;
+use crate::cpu::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::linear::Linear;
+use crate::model::ModelWeights;
+use crate::tree_batch::TreeBatch;
+use crate::{Error, Result};
+
+/// One projection: thicket's quantized matrix and its bias, or (weights in a format or dtype
+/// thicket's kernel does not take) the model's own `Linear`, run through candle.
+#[derive(Debug, Clone)]
+enum Projection {
+    Packed {
+        weight: Arc<QuantMatrix>,
+        bias: Option<Vec<f32>>,
+    },
+    Candle(Linear),
+}
+
+impl Projection {
+    fn from_linear(linear: &Linear) -> Result<Self> {
+        Ok(match linear.packed() {
+            Some(weight) => Self::Packed {
+                weight: weight.clone(),
+                bias: linear.bias_values()?,
+            },
+            None => Self::Candle(linear.clone()),
+        })
+    }
+
+    /// Whether activations quantized for `other` serve this projection as they are.
+    fn shares_activations(&self, other: &Projection) -> bool {
+        match (self, other) {
+            (Self::Packed { weight: a, .. }, Self::Packed { weight: b, .. }) => {
+                a.same_activations(b)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Projects the `rows` rows of `x` through each projection into its buffer. `x` is quantized
+/// once for each kind of activations the packed projections read, in `acts`, and the packed
+/// projections that read the same activations run as one parallel product.
+fn project(
+    x: &[f32],
+    rows: usize,
+    outputs: &mut [(&Projection, &mut Vec<f32>)],
+    acts: &mut Activations,
+) -> Result<()> {
+    let mut start = 0;
+    while start < outputs.len() {
+        let (first, rest) = outputs[start..].split_first_mut().expect("start < len");
+        match first.0 {
+            Projection::Packed { weight, .. } => {
+                weight.quantize(x, acts);
+                // The following packed projections that read these activations join it.
+                let run = 1 + rest
+                    .iter()
+                    .take_while(|(p, _)| p.shares_activations(first.0))
+                    .count();
+                let group = &mut outputs[start..start + run];
+                let products = group.iter_mut().filter_map(|(p, out)| match p {
+                    Projection::Packed { weight, .. } => Some((&**weight, &mut **out)),
+                    Projection::Candle(_) => None,
+                });
+                matmul_quantized_all(acts, products)?;
+                for (projection, out) in group.iter_mut() {
+                    if let Projection::Packed { bias, .. } = projection {
+                        add_bias(bias, out);
+                    }
+                }
+                start += run;
+            }
+            Projection::Candle(linear) => {
+                let input = Tensor::from_slice(x, (rows, x.len() / rows.max(1)), &Device::Cpu)?;
+                let y = linear.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
+                first.1.clear();
+                first.1.extend_from_slice(&y);
+                start += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds the bias, if any, to every row of `out`.
+fn add_bias(bias: &Option<Vec<f32>>, out: &mut [f32]) {
+    if let Some(bias) = bias {
+        for row in out.chunks_exact_mut(bias.len()) {
+            for (y, b) in row.iter_mut().zip(bias) {
+                *y += *b;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FusedLayer {
+    attn_norm: Vec<f32>,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+    mlp_norm: Vec<f32>,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
+}
+
+/// The weights in the form the fused pass reads (projections shared with the model's).
+#[derive(Debug, Clone)]
+pub struct FusedWeights {
+    layers: Vec<FusedLayer>,
+    final_norm: Vec<f32>,
+    lm_head: Projection,
+    /// `[max_positions][head_dim / 2]`, the model's RoPE table.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+/// Seconds spent in each part of fused forwards on this thread, when `profile` is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForwardProfile {
+    /// Quantized matrix products of the layers (activation quantization included).
+    pub matmul: f64,
+    /// Attention, K/V writes included.
+    pub attention: f64,
+    /// Norms, RoPE, SwiGLU, residual adds, embedding lookup.
+    pub other: f64,
+    /// The final norm and the vocabulary projection.
+    pub head: f64,
+}
+
+impl ForwardProfile {
+    /// Adds `other`'s times.
+    pub fn add(&mut self, other: &ForwardProfile) {
+        self.matmul += other.matmul;
+        self.attention += other.attention;
+        self.other += other.other;
+        self.head += other.head;
+    }
+
+    /// Every time times `factor`.
+    pub fn scaled(&self, factor: f64) -> ForwardProfile {
+        ForwardProfile {
+            matmul: self.matmul * factor,
+            attention: self.attention * factor,
+            other: self.other * factor,
+            head: self.head * factor,
+        }
+    }
+
+    /// The sum of the parts.
+    pub fn total(&self) -> f64 {
+        self.matmul + self.attention + self.other + self.head
+    }
+}
+
+/// Reusable buffers of one thread's forwards.
+#[derive(Default)]
+struct Workspace {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q_heads: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    out: Vec<f32>,
+    rows: Activations,
+}
+
+thread_local! {
+    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
+}
+
+/// What fused forwards measured while `profile` was on (`None` while off).
+static PROFILE: Mutex<Option<ForwardProfile>> = Mutex::new(None);
+
+/// Starts (or stops) timing the parts of every fused forward in this process, returning what
+/// was measured since the last call. Timing costs a clock read per stage.
+pub fn profile(on: bool) -> ForwardProfile {
+    let mut profile = PROFILE.lock().unwrap_or_else(|e| e.into_inner());
+    let taken = profile.take().unwrap_or_default();
+    *profile = on.then(ForwardProfile::default);
+    taken
+}
+
+fn profiling() -> bool {
+    PROFILE.lock().map(|p| p.is_some()).unwrap_or(false)
+}
+
+/// A float tensor's values on the CPU.
+fn host_values(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
+}
+
+impl FusedWeights {
+    /// The fused form of `weights`, or `None` off the CPU.
+    pub fn build(
+        weights: &ModelWeights,
+        rope: (&Tensor, &Tensor),
+        device: &Device,
+    ) -> Result<Option<Self>> {
+        if !device.is_cpu() {
+            return Ok(None);
+        }
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for l in &weights.layers {
+            let p = Projection::from_linear;
+            layers.push(FusedLayer {
+                attn_norm: host_values(&l.attn_norm)?,
+                q: p(&l.q)?,
+                k: p(&l.k)?,
+                v: p(&l.v)?,
+                o: p(&l.o)?,
+                mlp_norm: host_values(&l.mlp_norm)?,
+                gate: p(&l.gate)?,
+                up: p(&l.up)?,
+                down: p(&l.down)?,
+            });
+        }
+        Ok(Some(Self {
+            layers,
+            final_norm: host_values(&weights.final_norm)?,
+            lm_head: Projection::from_linear(&weights.lm_head)?,
+            rope_cos: host_values(rope.0)?,
+            rope_sin: host_values(rope.1)?,
+        }))
+    }
+
+    /// The forward of `Model::forward` (already validated), on the calling pool worker.
+    pub fn forward(
+        &self,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        batch: &TreeBatch,
+        kv: &mut PagedKvStore,
+    ) -> Result<Tensor> {
+        // The forward's parallel loops run on one team of the pool's workers, recruited once.
+        crate::cpu::team::with_team(|| {
+            WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut w) => self.forward_in(cfg, weights, batch, kv, &mut w),
+                // A forward of another engine run by this worker while it waits inside its
+                // own (a rayon call of a candle projection): it gets buffers of its own.
+                Err(_) => self.forward_in(cfg, weights, batch, kv, &mut Workspace::default()),
+            })
+        })
+    }
+
+    fn forward_in(
+        &self,
+        cfg: &ModelConfig,
+        weights: &ModelWeights,
+        batch: &TreeBatch,
+        kv: &mut PagedKvStore,
+        w: &mut Workspace,
+    ) -> Result<Tensor> {
+        let rows = batch.num_rows();
+        let hidden = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps as f32;
+        let shape = HeadShape {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        };
+        let mut clock = Clock::new(profiling());
+        embed(&weights.embedding, &batch.token_ids, hidden, &mut w.x)?;
+        w.h.resize(rows * hidden, 0.0);
+        for (index, layer) in self.layers.iter().enumerate() {
+            rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
+            clock.lap(|p| &mut p.other);
+            project(
+                &w.h,
+                rows,
+                &mut [
+                    (&layer.q, &mut w.q),
+                    (&layer.k, &mut w.k),
+                    (&layer.v, &mut w.v),
+                ],
+                &mut w.rows,
+            )?;
+            clock.lap(|p| &mut p.matmul);
+            let positions = &batch.positions;
+            let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
+            self.rotate(cfg, positions, &w.q, heads, &mut w.q_heads, true);
+            self.rotate(cfg, positions, &[], kv_heads, &mut w.k, false);
+            clock.lap(|p| &mut p.other);
+            kv.write(index, &batch.slots, &w.k, &w.v)?;
+            let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
+            clock.lap(|p| &mut p.attention);
+            project(&attn, rows, &mut [(&layer.o, &mut w.out)], &mut w.rows)?;
+            clock.lap(|p| &mut p.matmul);
+            add_into(&w.out, &mut w.x);
+            rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
+            clock.lap(|p| &mut p.other);
+            project(
+                &w.h,
+                rows,
+                &mut [(&layer.gate, &mut w.gate), (&layer.up, &mut w.up)],
+                &mut w.rows,
+            )?;
+            clock.lap(|p| &mut p.matmul);
+            if let Projection::Packed { weight, bias } = &layer.down {
+                // SwiGLU row by row as the down projection quantizes its input, in one
+                // row-parallel pass (counted as matmul time).
+                let (gate, up, k) = (&w.gate, &w.up, weight.cols());
+                weight.quantize_rows(rows, &mut w.rows, |r, row| {
+                    let at = r * k..(r + 1) * k;
+                    crate::cpu::silu::swiglu_into(&gate[at.clone()], &up[at], row)
+                });
+                matmul_quantized_all(&w.rows, [(&**weight, &mut w.out)])?;
+                add_bias(bias, &mut w.out);
+            } else {
+                crate::cpu::silu::swiglu(&mut w.gate, &w.up);
+                clock.lap(|p| &mut p.other);
+                project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
+            }
+            clock.lap(|p| &mut p.matmul);
+            add_into(&w.out, &mut w.x);
+            clock.lap(|p| &mut p.other);
+        }
+        let wanted = &batch.logit_rows;
+        let vocab = cfg.vocab_size;
+        if wanted.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, vocab),
+                candle_core::DType::F32,
+                &Device::Cpu,
+            )?);
+        }
+        w.h.clear();
+        for &r in wanted {
+            w.h.extend_from_slice(&w.x[r * hidden..(r + 1) * hidden]);
+        }
+        let mut last = vec![0f32; w.h.len()];
+        rms_norm(&w.h, &self.final_norm, eps, &mut last);
+        let mut logits = Vec::new();
+        project(
+            &last,
+            wanted.len(),
+            &mut [(&self.lm_head, &mut logits)],
+            &mut w.rows,
+        )?;
+        let logits = Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?;
+        clock.lap(|p| &mut p.head);
+        Ok(logits)
+    }
+
+    /// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
+    /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
+    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
+    fn rotate(
+        &self,
+        cfg: &ModelConfig,
+        positions: &[u32],
+        src: &[f32],
+        heads: usize,
+        dst: &mut Vec<f32>,
+        head_major: bool,
+    ) {
+        let d = cfg.head_dim;
+        let half = d / 2;
+        let rows = positions.len();
+        if head_major {
+            dst.resize(rows * heads * d, 0.0);
+        }
+        for (r, &pos) in positions.iter().enumerate() {
+            let cos = &self.rope_cos[pos as usize * half..][..half];
+            let sin = &self.rope_sin[pos as usize * half..][..half];
+            for h in 0..heads {
+                let from = (r * heads + h) * d;
+                let to = if head_major { (h * rows + r) * d } else { from };
+                let out = &mut dst[to..to + d];
+                if !src.is_empty() {
+                    out.copy_from_slice(&src[from..from + d]);
+                }
+                // Each pair `(a, b)` becomes `(a cos - b sin, a sin + b cos)`, in place.
+                let turn = |a: &mut f32, b: &mut f32, (cos, sin): (&f32, &f32)| {
+                    let (x, y) = (*a, *b);
+                    *a = x * cos - y * sin;
+                    *b = x * sin + y * cos;
+                };
+                let angles = cos.iter().zip(sin);
+                match cfg.rope_style {
+                    RopeStyle::Halves => {
+                        let (lo, hi) = out.split_at_mut(half);
+                        for ((a, b), angle) in lo.iter_mut().zip(hi.iter_mut()).zip(angles) {
+                            turn(a, b, angle);
+                        }
+                    }
+                    RopeStyle::Interleaved => {
+                        for (two, angle) in out.chunks_exact_mut(2).zip(angles) {
+                            let [a, b] = two else { continue };
+                            turn(a, b, angle);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Times consecutive stages when profiling.
+struct Clock(Option<(Instant, ForwardProfile)>);
+
+impl Clock {
+    fn new(on: bool) -> Self {
+        Self(on.then(|| (Instant::now(), ForwardProfile::default())))
+    }
+
+    /// Charges the time since the last lap to `part`.
+    fn lap(&mut self, part: fn(&mut ForwardProfile) -> &mut f64) {
+        if let Some((started, profile)) = self.0.as_mut() {
+            let now = Instant::now();
+            *part(profile) += (now - *started).as_secs_f64();
+            *started = now;
+        }
+    }
+}
+
+impl Drop for Clock {
+    /// Adds this forward's times to the process's profile.
+    fn drop(&mut self) {
+        if let (Some((_, mine)), Ok(mut total)) = (self.0.take(), PROFILE.lock()) {
+            if let Some(total) = total.as_mut() {
+                total.add(&mine);
+            }
+        }
+    }
+}
+
+/// The embedding rows of `ids` into `x`.
+fn embed(embedding: &Tensor, ids: &[u32], hidden: usize, x: &mut Vec<f32>) -> Result<()> {
+    let (storage, layout) = embedding.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(Error::InvalidBatch("embedding off the CPU".into()));
+    };
+    let all = cpu.as_slice::<f32>()?;
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::InvalidBatch("embedding not contiguous".into()))?;
+    let all = &all[start..end];
+    x.clear();
+    for &id in ids {
+        let row = all
+            .get(id as usize * hidden..(id as usize + 1) * hidden)
+            .ok_or_else(|| Error::InvalidBatch(format!("token id {id} outside the embedding")))?;
+        x.extend_from_slice(row);
+    }
+    Ok(())
+}
+
+/// Rows whose RMSNorm sums run side by side.
+const NORM_ROWS: usize = 8;
+
+/// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`. Each row's sum of
+/// squares adds its values in order, as candle's does, but up to eight rows' sums advance
+/// together, so their chains of dependent adds overlap instead of waiting on each other.
+fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
+    let n = alpha.len();
+    for (src, dst) in x.chunks(NORM_ROWS * n).zip(out.chunks_mut(NORM_ROWS * n)) {
+        let mut sums = [0f32; NORM_ROWS];
+        if src.len() == NORM_ROWS * n {
+            for i in 0..n {
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let v = src[r * n + i];
+                    *sum += v * v;
+                }
+            }
+        } else {
+            for (sum, row) in sums.iter_mut().zip(src.chunks_exact(n)) {
+                *sum = row.iter().map(|&v| v * v).sum::<f32>();
+            }
+        }
+        for ((src, dst), sum2) in src.chunks_exact(n).zip(dst.chunks_exact_mut(n)).zip(sums) {
+            let m = (sum2 / n as f32 + eps).sqrt();
+            for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
+                *d = *s / m * *a;
+            }
+        }
+    }
+}
+
+/// `x = y + x`, the residual add (float addition commutes, so this is candle's `y + x`).
+fn add_into(y: &[f32], x: &mut [f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += *y;
+    }
+}

@@ -1,0 +1,386 @@
+//! What a model is and how it is obtained: its hyper-parameters (`config`), its weights and
+//! the `Model` that runs them, the one-pass CPU forward over the layers (`fused_pass`), the
+//! linear layers (`linear`), loading from GGUF (`gguf`) or a Hugging Face directory (`hf`)
+//! behind `load`, fetching pinned packages (`fetch`), the tokenizer and the incremental
+//! detokenizer, and tiny random models for tests (`testing`). It computes with the kernels in
+//! `crate::cpu`; backends (`crate::backend`) run it.
+//!
+//! `Model`: a llama / qwen2 decoder (RMSNorm, RoPE at arbitrary positions, GQA, SwiGLU MLP,
+//! optional q/k/v biases, tied or untied head) whose forward takes a whole `TreeBatch`: many
+//! sequences, each with its cached prefix in the paged KV store and its own tree of new
+//! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
+//!
+//! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
+//! per-row arithmetic does not depend on the row count for the quantized formats we load;
+//! SiLU is thicket's own `silu` on the CPU with thicket's attention, candle's otherwise);
+//! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
+//! `cpu::attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU the
+//! same forward runs as the fused pass of `fused_pass` instead (bit-identical; no candle op per
+//! layer where every projection runs on thicket's quantized kernel). The KV stores it makes
+//! keep f16 with thicket's attention and f32 with the reference's, unless told otherwise.
+
+pub mod config;
+pub mod detokenizer;
+pub mod fetch;
+pub(crate) mod fused_pass;
+pub mod gguf;
+pub(crate) mod hf;
+pub(crate) mod linear;
+pub mod load;
+pub mod testing;
+pub mod tokenizer;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::cpu::attention::{
+    gathered_tree_attention, paged_tree_attention, AttentionKernel, HeadShape,
+};
+use std::sync::Arc;
+
+use crate::cpu::kv_store::{KvDtype, PagedKvStore};
+use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::fused_pass::FusedWeights;
+use crate::model::linear::{Linear, QuantKernel};
+use crate::tree_batch::TreeBatch;
+use crate::{Error, Result};
+
+/// One decoder block's weights.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// RMSNorm before attention.
+    pub attn_norm: Tensor,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// RMSNorm before the MLP.
+    pub mlp_norm: Tensor,
+    /// SwiGLU gate.
+    pub gate: Linear,
+    /// SwiGLU up.
+    pub up: Linear,
+    /// SwiGLU down.
+    pub down: Linear,
+}
+
+/// All weights of a decoder, as loaded.
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    /// `[vocab, hidden]` f32.
+    pub embedding: Tensor,
+    /// Blocks, bottom first.
+    pub layers: Vec<LayerWeights>,
+    /// Final RMSNorm.
+    pub final_norm: Tensor,
+    /// Vocabulary projection (the embedding when tied).
+    pub lm_head: Linear,
+}
+
+/// A loaded decoder.
+#[derive(Debug, Clone)]
+pub struct Model {
+    config: ModelConfig,
+    weights: ModelWeights,
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+    device: Device,
+    attention: AttentionKernel,
+    /// How KV stores keep values (`None`: see `kv_dtype`).
+    kv_dtype: Option<KvDtype>,
+    /// The fused CPU pass's view of the weights, where it applies.
+    fused: Option<Arc<FusedWeights>>,
+}
+
+impl Model {
+    /// Assembles a model; validates the config and precomputes the RoPE table.
+    pub fn new(config: ModelConfig, weights: ModelWeights, device: Device) -> Result<Self> {
+        config.validate()?;
+        if weights.layers.len() != config.num_layers {
+            return Err(Error::Metadata(format!(
+                "{} layers of weights for {} layers in the config",
+                weights.layers.len(),
+                config.num_layers
+            )));
+        }
+        let (rope_cos, rope_sin) = rope_table(&config, &device)?;
+        let mut model = Self {
+            config,
+            weights,
+            rope_cos,
+            rope_sin,
+            device,
+            attention: AttentionKernel::default(),
+            kv_dtype: None,
+            fused: None,
+        };
+        model.rebuild_fused()?;
+        Ok(model)
+    }
+
+    /// Rebuilds the fused pass's view after the weights changed.
+    fn rebuild_fused(&mut self) -> Result<()> {
+        self.fused = FusedWeights::build(
+            &self.weights,
+            (&self.rope_cos, &self.rope_sin),
+            &self.device,
+        )?
+        .map(Arc::new);
+        Ok(())
+    }
+
+    /// The same model computing attention with `kernel`.
+    pub fn with_attention(mut self, kernel: AttentionKernel) -> Self {
+        self.attention = kernel;
+        self
+    }
+
+    /// The same model keeping K and V as `dtype` in the stores it makes.
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = Some(dtype);
+        self
+    }
+
+    /// How the KV stores this model makes keep values: as set, else f16 with thicket's
+    /// attention and f32 with the reference arithmetic (whose K/V are the reference's f32).
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype.unwrap_or(match self.attention {
+            AttentionKernel::Fused => KvDtype::F16,
+            AttentionKernel::Reference => KvDtype::F32,
+        })
+    }
+
+    /// Bytes of K and V one position takes in every layer.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.config.num_layers * 2 * self.config.kv_row_width() * self.kv_dtype().size()
+    }
+
+    /// The same model multiplying its quantized weights with `kernel`.
+    pub fn with_quant_kernel(mut self, kernel: QuantKernel) -> Result<Self> {
+        for layer in &mut self.weights.layers {
+            for l in [
+                &mut layer.q,
+                &mut layer.k,
+                &mut layer.v,
+                &mut layer.o,
+                &mut layer.gate,
+                &mut layer.up,
+                &mut layer.down,
+            ] {
+                l.set_kernel(kernel)?;
+            }
+        }
+        self.weights.lm_head.set_kernel(kernel)?;
+        self.rebuild_fused()?;
+        Ok(self)
+    }
+
+    /// The kernel multiplying the quantized weights, `None` when all weights are dense.
+    pub fn quant_kernel(&self) -> Option<QuantKernel> {
+        self.weights.layers.iter().find_map(|l| l.q.kernel())
+    }
+
+    /// The attention kernel in use.
+    pub fn attention(&self) -> AttentionKernel {
+        self.attention
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weights, as loaded (a device backend runs its own forward over them).
+    pub fn weights(&self) -> &ModelWeights {
+        &self.weights
+    }
+
+    /// RoPE's cos and sin for every position (`[max_positions, head_dim / 2]` each).
+    pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
+        (&self.rope_cos, &self.rope_sin)
+    }
+
+    /// RoPE's cos and sin for each of `positions` (`[rows, head_dim / 2]` each).
+    pub fn rope_rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.rope_cos.index_select(positions, 0)?.contiguous()?,
+            self.rope_sin.index_select(positions, 0)?.contiguous()?,
+        ))
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of projection weights read by one decode step (embedding lookup excluded).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .weights
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.weight_bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + self.weights.lm_head.weight_bytes()
+    }
+
+    /// A KV store with room for `num_slots` rows in every layer.
+    pub fn new_kv_store(&self, num_slots: usize) -> PagedKvStore {
+        PagedKvStore::new(
+            self.config.num_layers,
+            num_slots,
+            (self.config.num_kv_heads, self.config.head_dim),
+            self.kv_dtype(),
+        )
+    }
+
+    /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
+    /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
+    pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        // The whole forward runs on a worker of the CPU thread pool, so the parallel matmuls
+        // and attention inside it hand work to the other workers directly instead of each
+        // waking the pool from outside (hundreds of times per forward).
+        rayon::scope(|_| {
+            let logits = self.forward_on_pool(batch, kv);
+            crate::cpu::team::linger();
+            logits
+        })
+    }
+
+    fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        batch.validate(
+            self.config.vocab_size,
+            self.config.max_position_embeddings,
+            kv.num_slots(),
+        )?;
+        if let (Some(fused), AttentionKernel::Fused) = (&self.fused, self.attention) {
+            return fused.forward(&self.config, &self.weights, batch, kv);
+        }
+        self.forward_candle(batch, kv)
+    }
+
+    /// Whether forwards take the fused CPU pass (`fused`) rather than candle's ops.
+    pub fn is_fused(&self) -> bool {
+        self.fused.is_some() && self.attention == AttentionKernel::Fused
+    }
+
+    /// The same model running its forward with candle's ops even where the fused CPU pass
+    /// applies (the reference the fused pass is tested against).
+    pub fn without_fused_pass(mut self) -> Self {
+        self.fused = None;
+        self
+    }
+
+    /// The forward as candle ops (any device, any weights).
+    fn forward_candle(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        let cfg = &self.config;
+        let rows = batch.num_rows();
+        let ids = Tensor::new(batch.token_ids.as_slice(), &self.device)?;
+        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
+        let (cos, sin) = self.rope_rows(&positions)?;
+        let shape = HeadShape {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        };
+        let eps = cfg.rms_norm_eps as f32;
+
+        let mut x = self.weights.embedding.index_select(&ids, 0)?;
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let q = self.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
+            let k = self.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
+            let v = layer.v.forward(&h)?;
+            // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
+            let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+            kv.write(
+                index,
+                &batch.slots,
+                &k.flatten_all()?.to_vec1::<f32>()?,
+                &v.flatten_all()?.to_vec1::<f32>()?,
+            )?;
+            let attn = match self.attention {
+                AttentionKernel::Reference => {
+                    gathered_tree_attention(&q, kv.layer(index), batch, shape, &self.device)?
+                }
+                AttentionKernel::Fused => {
+                    let q = q.flatten_all()?.to_vec1::<f32>()?;
+                    let attn = paged_tree_attention(&q, kv.layer(index), batch, shape);
+                    Tensor::from_vec(attn, (rows, cfg.hidden_size), &self.device)?
+                }
+            };
+            x = (layer.o.forward(&attn)? + x)?;
+
+            let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+            let gated = (self.silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+            x = (layer.down.forward(&gated)? + x)?;
+        }
+        if batch.logit_rows.is_empty() {
+            return Ok(Tensor::zeros(
+                (0, cfg.vocab_size),
+                DType::F32,
+                &self.device,
+            )?);
+        }
+        let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
+        let wanted = Tensor::new(wanted.as_slice(), &self.device)?;
+        let x = x.index_select(&wanted, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.weights.final_norm, eps)?;
+        self.weights.lm_head.forward(&x)
+    }
+
+    /// SiLU: thicket's own (`silu`, what the fused pass computes) on the CPU with thicket's
+    /// attention, candle's where the arithmetic is the reference's or off the CPU.
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        if self.attention == AttentionKernel::Fused
+            && x.device().is_cpu()
+            && x.dtype() == DType::F32
+        {
+            let mut values = x.flatten_all()?.to_vec1::<f32>()?;
+            for v in &mut values {
+                *v = crate::cpu::silu::silu(*v);
+            }
+            return Ok(Tensor::from_vec(values, x.shape(), x.device())?);
+        }
+        Ok(candle_nn::ops::silu(x)?)
+    }
+
+    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
+    pub fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let x = x
+            .reshape((1, rows, heads, self.config.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        Ok(match self.config.rope_style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+        })
+    }
+}
+
+/// cos/sin for every position, `[max_positions, head_dim / 2]`, computed as candle's
+/// reference models do (f32 inverse frequencies, position * frequency, then cos and sin).
+fn rope_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let hd = cfg.head_dim;
+    let inv_freq: Vec<f32> = (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / cfg.rope_theta.powf(i as f32 / hd as f32))
+        .collect();
+    let half = inv_freq.len();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let n = cfg.max_position_embeddings;
+    let positions = Tensor::arange(0u32, n as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((n, 1))?;
+    let angles = positions.matmul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}

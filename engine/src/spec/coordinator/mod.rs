@@ -1,0 +1,564 @@
+//! The engine thread's speculation state: one [`Speculator`] per method (built in, or
+//! registered through [`SpeculationConfig::speculators`]), per-method acceptance statistics
+//! and the forward-cost curve. A speculating sequence's drafter ([`SeqDrafter`]) lives in
+//! the engine's record of it. The engine loop asks this for the scheduler's draft offers
+//! once it knows the step's rows (a drafter prepares only where its best case could pay),
+//! once before the forward for every granted tree (and the prompt rows worth learning from),
+//! and once after it with every computed row; it never names a method. Metrics per method
+//! (`crate::metrics::spec`): drafted and accepted tokens, verify steps, acceptances per tree
+//! depth.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+
+use kvcache::{ManagerConfig, SeqId};
+use scheduler::{CostCurve, DraftInputs, DraftOffer};
+
+use crate::model::Model;
+use crate::spec::methods::auto::AutoSpeculator;
+use crate::spec::methods::draft_model::{DraftModelRunner, DraftModelSpeculator};
+use crate::spec::methods::ngram_trie::NgramTrie;
+use crate::spec::methods::prompt_lookup::PromptLookup;
+use crate::spec::methods::recycling::RecyclingSpeculator;
+use crate::spec::speculator::{ContextSpeculator, Granted, Speculator, SpeculatorFactory};
+use crate::spec::stats::{smooth, AcceptanceStats};
+use crate::spec::{DraftContext, Drafter, SpecMethod, SpecRequest};
+use crate::tree::TokenTree;
+use crate::{Error, Result};
+
+/// How the engine speculates.
+#[derive(Debug, Clone)]
+pub struct SpeculationConfig {
+    /// Used by requests that do not choose.
+    pub default: SpecRequest,
+    /// Most draft nodes per sequence per step.
+    pub max_draft_tokens: usize,
+    /// The forward-cost curve the draft budgets are planned with.
+    pub cost: CostCurve,
+    /// Where the Token Recycling matrix is loaded from at start and saved at shutdown.
+    pub recycling_state: Option<PathBuf>,
+    /// A draft model for `draft_model` requests.
+    pub draft_model: Option<DraftModelSetup>,
+    /// Methods beyond the built-in ones, each named by its speculator
+    /// ([`SpecMethod::Named`]).
+    pub speculators: Vec<SpeculatorFactory>,
+}
+
+/// A draft model and how it drafts.
+#[derive(Debug, Clone)]
+pub struct DraftModelSetup {
+    /// The model (same tokenizer as the target).
+    pub model: Model,
+    /// Candidates per depth, e.g. `[4, 2, 1, 1]`.
+    pub k_config: Vec<usize>,
+    /// Its KV pool.
+    pub kv: ManagerConfig,
+}
+
+impl Default for SpeculationConfig {
+    fn default() -> Self {
+        Self {
+            default: SpecRequest {
+                method: SpecMethod::None,
+                max_draft_tokens: None,
+            },
+            max_draft_tokens: 80,
+            cost: CostCurve::linear(),
+            recycling_state: None,
+            draft_model: None,
+            speculators: Vec::new(),
+        }
+    }
+}
+
+/// One speculating sequence's drafting state; it lives in the engine's record of the
+/// sequence and goes with it.
+pub(crate) struct SeqDrafter {
+    drafter: Box<dyn Drafter>,
+    /// Index of its method's speculator.
+    speculator: usize,
+    request: SpecRequest,
+    max_draft: usize,
+    /// How this sequence accepts relative to its method's statistics.
+    ratio: f32,
+    /// Nodes the drafter prepared this step.
+    available: usize,
+    /// What it drafted and had accepted so far.
+    totals: SpecTotals,
+}
+
+impl SeqDrafter {
+    /// Its totals so far.
+    pub(crate) fn totals(&self) -> SpecTotals {
+        self.totals
+    }
+
+    /// The sequence's known tokens grew by their last `appended`.
+    pub(crate) fn observe(&mut self, tokens: &[u32], appended: usize) {
+        self.drafter.observe(tokens, appended);
+    }
+}
+
+/// Per-sequence totals of speculation, reported with the finished sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpecTotals {
+    /// Verification steps.
+    pub steps: usize,
+    /// Draft nodes verified.
+    pub drafted: usize,
+    /// Draft nodes accepted.
+    pub accepted: usize,
+}
+
+pub(crate) struct Speculation {
+    config: SpeculationConfig,
+    speculators: Vec<Box<dyn Speculator>>,
+    /// Per method and evidence level (`Drafter::evidence`).
+    stats: HashMap<(SpecMethod, u8), AcceptanceStats>,
+    /// Measured seconds per unit of the cost curve (moving average).
+    seconds_per_unit: Option<f64>,
+    /// Measured seconds a step takes beside its forward, its drafting and its sampling
+    /// (moving average): every step pays them whatever it yields, so they make verified rows
+    /// relatively cheaper than the forward's curve alone says.
+    step_overhead: Option<f64>,
+    /// Measured seconds of sampling per token a step yields (moving average): verification
+    /// samples along the accepted path only, so every token pays them, drafted or not.
+    sampling_per_token: Option<f64>,
+    /// This step's measurements so far, until `observe_step`.
+    this_step: StepTimes,
+}
+
+/// What a step spent where, in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct StepTimes {
+    forward: Option<f64>,
+    drafting: f64,
+    sampling: f64,
+}
+
+/// Most prompt rows computed per step only for speculators that learn from them.
+const PROMPT_LEARNING_ROWS: usize = 32;
+
+/// The most of a step's estimated cost that its learning rows may add. Learning yields no
+/// token this step, and on SmolLM2 on a CPU 32 of them cost 3-4% of the time to the first
+/// token with no measurable gain in tokens per step later, so they are only taken where
+/// rows are (nearly) free.
+const LEARNING_SHARE: f64 = 0.01;
+
+/// A method whose drafting costs time of its own (a draft model) is first offered as if
+/// every node of a tree of at most [`PROBE_NODES`] nodes would be accepted, until this
+/// many of its trees were verified. From the pessimistic prior alone such a method never
+/// drafts: a draft model's forwards cost about as much as a target step, which the
+/// prior's fraction of a token never repays, so it would never show what it accepts. The
+/// probe costs a few steps once per engine; the evidence then keeps or stops it.
+const PROBE_VERIFICATIONS: u64 = 8;
+
+/// Most nodes a probing tree has.
+const PROBE_NODES: usize = 4;
+
+/// How far a sequence's acceptance ratio drifts back towards 1 per step it decodes and
+/// could draft.
+const RATIO_RECOVERY: f32 = 0.02;
+
+impl Speculation {
+    /// State for a model with `vocab` logits per row: the built-in speculators (Token
+    /// Recycling's matrix loaded if saved; the draft model's when one is set up) and the
+    /// registered ones. Errors on a registered method that is not a new name.
+    pub(crate) fn new(mut config: SpeculationConfig, vocab: usize) -> Result<Self> {
+        let recycling = RecyclingSpeculator::new(vocab, config.recycling_state.clone());
+        let (matrix, tree) = recycling.shared();
+        let mut speculators: Vec<Box<dyn Speculator>> = vec![
+            Box::new(recycling),
+            Box::new(AutoSpeculator::new(matrix, tree)),
+            Box::new(ContextSpeculator::new(SpecMethod::NgramTrie, |_| {
+                Box::new(NgramTrie::new())
+            })),
+            Box::new(ContextSpeculator::new(SpecMethod::PromptLookup, |_| {
+                Box::new(PromptLookup::new())
+            })),
+        ];
+        if let Some(d) = &config.draft_model {
+            let runner = DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone())?;
+            speculators.push(Box::new(DraftModelSpeculator::new(runner)));
+        }
+        for factory in std::mem::take(&mut config.speculators) {
+            let speculator = factory.build(vocab);
+            let method = speculator.method();
+            if !matches!(method, SpecMethod::Named(_))
+                || speculators.iter().any(|s| s.method() == method)
+            {
+                return Err(Error::Metadata(format!(
+                    "speculator {factory:?} serves method '{}', which is taken: a registered \
+                     method needs a new name",
+                    method.as_str()
+                )));
+            }
+            speculators.push(speculator);
+        }
+        Ok(Self {
+            config,
+            speculators,
+            stats: HashMap::new(),
+            seconds_per_unit: None,
+            step_overhead: None,
+            sampling_per_token: None,
+            this_step: StepTimes::default(),
+        })
+    }
+
+    /// Every method this engine can draft with.
+    pub(crate) fn methods(&self) -> Vec<SpecMethod> {
+        self.speculators.iter().map(|s| s.method()).collect()
+    }
+
+    /// A drafter for a sequence that asked for `request` (the default when `None`) with
+    /// known tokens `tokens`; `None` for method `none` and methods no speculator serves.
+    pub(crate) fn drafter_for(
+        &self,
+        request: Option<SpecRequest>,
+        tokens: &[u32],
+    ) -> Option<SeqDrafter> {
+        let request = request.unwrap_or(self.config.default);
+        let max_draft = request
+            .max_draft_tokens
+            .unwrap_or(self.config.max_draft_tokens)
+            .min(self.config.max_draft_tokens);
+        if max_draft == 0 {
+            return None;
+        }
+        let speculator = self
+            .speculators
+            .iter()
+            .position(|s| s.method() == request.method)?;
+        let drafter = self.speculators[speculator].drafter(tokens)?;
+        Some(SeqDrafter {
+            drafter,
+            speculator,
+            request,
+            max_draft,
+            ratio: 1.0,
+            available: 0,
+            totals: SpecTotals::default(),
+        })
+    }
+
+    /// A drafter for a sequence forked from one drafting with `parent`.
+    pub(crate) fn fork(&self, parent: &SeqDrafter, tokens: &[u32]) -> Option<SeqDrafter> {
+        self.drafter_for(Some(parent.request), tokens)
+    }
+
+    /// `seq` (which drafted with `state`) left: its speculator forgets what it kept for it
+    /// (the draft model's KV).
+    pub(crate) fn release(&mut self, seq: SeqId, state: &SeqDrafter) {
+        if let Some(speculator) = self.speculators.get_mut(state.speculator) {
+            speculator.release(seq);
+        }
+    }
+
+    /// Prepares the drafter of every candidate whose best case could pay on a step of
+    /// `base` rows with room for `room` more, and returns the scheduler's draft inputs. A
+    /// candidate's `forced` tokens (what its output format forces next) are offered as
+    /// certain: each of the first `forced` nodes is expected to be accepted.
+    ///
+    /// A candidate's best case is its method's best acceptance per node (any evidence
+    /// level), scaled by the sequence's ratio, at most one token a node. Where that is no
+    /// more than the cost curve's break-even gain at this step's size
+    /// (`CostCurve::break_even_gain`), no tree of the sequence's could raise the step's
+    /// rate on its own, so its drafter does not prepare and it makes no offer: at a load
+    /// where rows cost more than drafts return, speculation costs no work per step.
+    pub(crate) fn offers<'a>(
+        &mut self,
+        candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter, usize)>,
+        base: usize,
+        room: usize,
+    ) -> Option<DraftInputs> {
+        let cost = self.planning_cost();
+        let break_even = cost.break_even_gain(base, room);
+        let mut best_per_node: HashMap<SpecMethod, f32> = HashMap::new();
+        let mut offers = HashMap::new();
+        for (seq, tokens, state, forced) in candidates {
+            // Without drafts there is no evidence, so a ratio that failures pushed below
+            // what drafting needs would never rise again: it drifts back towards the
+            // method's average, and the sequence tries a small tree now and then.
+            state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
+            state.available = 0;
+            let speculator = &self.speculators[state.speculator];
+            let costly = speculator.draft_seconds(1).is_some();
+            let forced = forced.min(state.max_draft);
+            if forced == 0 && !costly {
+                let method = state.drafter.method();
+                let per_node = *best_per_node
+                    .entry(method)
+                    .or_insert_with(|| self.best_per_node(method));
+                if f64::from((per_node * state.ratio).min(1.0)) <= break_even {
+                    continue;
+                }
+            }
+            let ctx = DraftContext { tokens };
+            state.available = state.drafter.prepare(&ctx).min(state.max_draft);
+            if state.available == 0 && forced == 0 {
+                continue;
+            }
+            let key = (state.drafter.method(), state.drafter.evidence());
+            let stats = self.stats.entry(key).or_default();
+            let mut expected_accepted: Vec<f32> =
+                if costly && stats.observations() < PROBE_VERIFICATIONS {
+                    state.available = state.available.min(PROBE_NODES);
+                    (1..=state.available).map(|n| n as f32).collect()
+                } else {
+                    stats
+                        .curve(state.available)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
+                        .collect()
+                };
+            let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
+            expected_accepted.resize(state.available.max(forced), drafted_best);
+            for (i, e) in expected_accepted.iter_mut().enumerate() {
+                *e = e.max((i + 1).min(forced) as f32);
+            }
+            let draft_cost = match self.seconds_per_unit {
+                Some(per_unit) if costly && per_unit > 0.0 => (1..=expected_accepted.len())
+                    .map(|n| speculator.draft_seconds(n).unwrap_or(0.0) / per_unit)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            offers.insert(
+                seq,
+                DraftOffer {
+                    expected_accepted,
+                    draft_cost,
+                },
+            );
+        }
+        (!offers.is_empty()).then_some(DraftInputs { cost, offers })
+    }
+
+    /// The most `method`'s statistics at any evidence level (the prior for a level not
+    /// seen yet) expect a node of a tree to accept.
+    fn best_per_node(&self, method: SpecMethod) -> f32 {
+        let max_nodes = self.config.max_draft_tokens;
+        self.stats
+            .iter()
+            .filter(|((m, _), _)| *m == method)
+            .map(|(_, stats)| stats.best_per_node(max_nodes))
+            .fold(
+                AcceptanceStats::default().best_per_node(max_nodes),
+                f32::max,
+            )
+    }
+
+    /// The cost curve the planner prices a step with: the configured one, refined by the
+    /// forwards measured, with what a step costs beside its forward.
+    fn planning_cost(&self) -> CostCurve {
+        let mut cost = self.config.cost.clone();
+        if let (Some(fixed), Some(per_unit)) = (self.step_overhead, self.seconds_per_unit) {
+            if per_unit > 0.0 {
+                let per_token = self.sampling_per_token.unwrap_or(0.0);
+                cost.set_step_overhead(fixed / per_unit, per_token / per_unit);
+            }
+        }
+        cost
+    }
+
+    /// Every granted sequence's draft tree, in the order given: `(seq, known tokens,
+    /// budget, drafter)`. Each method's speculator first does its batched work for all of
+    /// its granted sequences (a draft model's forwards), then each one's tree is cut to its
+    /// budget.
+    pub(crate) fn draft_all(
+        &mut self,
+        granted: &mut [(SeqId, &[u32], usize, &mut SeqDrafter)],
+    ) -> Vec<TokenTree> {
+        let started = std::time::Instant::now();
+        let trees = self.draft_granted(granted);
+        self.this_step.drafting += started.elapsed().as_secs_f64();
+        trees
+    }
+
+    /// `draft_all`'s work.
+    fn draft_granted(
+        &mut self,
+        granted: &mut [(SeqId, &[u32], usize, &mut SeqDrafter)],
+    ) -> Vec<TokenTree> {
+        for (index, speculator) in self.speculators.iter_mut().enumerate() {
+            let mine: Vec<Granted<'_>> = granted
+                .iter()
+                .filter(|g| g.3.speculator == index)
+                .map(|g| Granted {
+                    seq: g.0,
+                    tokens: g.1,
+                    budget: g.2.min(g.3.available),
+                })
+                .collect();
+            if mine.iter().all(|g| g.budget == 0) {
+                continue;
+            }
+            if let Err(e) = speculator.prepare(&mine) {
+                tracing::warn!(
+                    "{} failed to prepare drafts, decoding without them: {e}",
+                    speculator.method().as_str()
+                );
+            }
+        }
+        granted
+            .iter_mut()
+            .map(|(seq, tokens, budget, state)| {
+                let ctx = DraftContext { tokens };
+                let budget = (*budget).min(state.available);
+                match self.speculators.get_mut(state.speculator) {
+                    Some(s) => s.draft(*seq, &ctx, budget, state.drafter.as_mut()),
+                    None => TokenTree::chain(&tokens[tokens.len().saturating_sub(1)..]),
+                }
+            })
+            .collect()
+    }
+
+    /// Which of the prompt rows `(row, token fed, drafter of its sequence)` of a step of
+    /// `step_rows` rows should have their logits computed: those whose sequence's
+    /// speculator wants them, each token once, at most [`PROMPT_LEARNING_ROWS`] a step. They
+    /// are charged like draft nodes, each as one more row on the cost curve (whose rows all
+    /// compute logits, so this is an upper bound), and taken only while together they add at
+    /// most [`LEARNING_SHARE`] to the step's cost: all of them where extra rows are free, few
+    /// or none where each row costs a sizeable part of a step.
+    pub(crate) fn learning_rows(
+        &self,
+        rows: &[(usize, u32, &SeqDrafter)],
+        step_rows: usize,
+    ) -> Vec<usize> {
+        let affordable =
+            self.config
+                .cost
+                .rows_within(step_rows, LEARNING_SHARE, PROMPT_LEARNING_ROWS);
+        let mut seen = HashSet::new();
+        let mut chosen = Vec::new();
+        for &(row, token, state) in rows {
+            if seen.len() >= affordable {
+                break;
+            }
+            let wants = self
+                .speculators
+                .get(state.speculator)
+                .is_some_and(|s| s.wants_logits(token));
+            if wants && seen.insert(token) {
+                chosen.push(row);
+            }
+        }
+        chosen
+    }
+
+    /// After a forward of `rows` rows that took `seconds`: the cost curve learns its time,
+    /// and every speculator sees each computed row (`(token fed, logits)`).
+    pub(crate) fn observe_forward<'a>(
+        &mut self,
+        rows: usize,
+        seconds: f64,
+        computed: impl Iterator<Item = (u32, &'a [f32])>,
+    ) {
+        self.observe_cost(rows, seconds);
+        self.this_step.forward = Some(seconds);
+        for (token, logits) in computed {
+            for speculator in &mut self.speculators {
+                speculator.observe_row(token, logits);
+            }
+        }
+    }
+
+    /// Sampling (and verifying) the `tokens` tokens a step yields took `seconds`.
+    pub(crate) fn observe_sampling(&mut self, tokens: usize, seconds: f64) {
+        self.this_step.sampling += seconds;
+        if tokens > 0 {
+            smooth(&mut self.sampling_per_token, seconds / tokens as f64);
+        }
+    }
+
+    /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
+    /// spent beside the forward, the drafting and the sampling refines the step overhead, and
+    /// each phase's time goes to the step-phase histogram.
+    pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
+        let times = std::mem::take(&mut self.this_step);
+        if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
+            let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
+            smooth(&mut self.step_overhead, rest);
+            use crate::metrics::STEP_PHASE;
+            for (phase, spent) in [
+                ("forward", forward),
+                ("drafting", times.drafting),
+                ("sampling", times.sampling),
+                ("other", rest),
+            ] {
+                metrics::histogram!(STEP_PHASE, "phase" => phase).record(spent);
+            }
+        }
+    }
+
+    /// Refines the cost curve with one measured forward of `rows` rows.
+    fn observe_cost(&mut self, rows: usize, seconds: f64) {
+        let units = self.config.cost.cost(rows);
+        if units > 0.0 {
+            smooth(&mut self.seconds_per_unit, seconds / units);
+        }
+        self.config.cost.observe(rows, seconds);
+    }
+
+    /// Records a verification by `state`'s sequence: its tree and the accepted nodes
+    /// (root first).
+    pub(crate) fn verified(
+        &mut self,
+        state: &mut SeqDrafter,
+        tree: &TokenTree,
+        accepted: &[usize],
+    ) {
+        let drafted = tree.len().saturating_sub(1);
+        if drafted == 0 {
+            return;
+        }
+        let accepted_drafts = accepted.len().saturating_sub(1);
+        let method = state.drafter.method();
+        let evidence = state.drafter.evidence();
+        let stats = self.stats.entry((method, evidence)).or_default();
+        let expected = stats
+            .curve(drafted)
+            .last()
+            .copied()
+            .unwrap_or(0.0)
+            .max(0.05);
+        let ratio = (accepted_drafts as f32 / expected).clamp(0.05, 3.0);
+        // A tree expected to accept little says little about the sequence (with a weak
+        // proposal, nothing accepted is what was expected): its outcome weighs in as much
+        // as a token is expected.
+        state.ratio += 0.2 * expected.min(1.0) * (ratio - state.ratio);
+        stats.record(drafted, accepted_drafts);
+        state.drafter.record(drafted, accepted_drafts);
+        let totals = &mut state.totals;
+        totals.steps += 1;
+        totals.drafted += drafted;
+        totals.accepted += accepted_drafts;
+        let name = method.as_str();
+        use crate::metrics::spec::*;
+        metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
+        metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
+        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
+        for depth in 1..accepted.len() {
+            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
+                .increment(1);
+        }
+    }
+
+    /// Every speculator has the OS map the KV it keeps of its own (a draft model's pool).
+    pub(crate) fn prefault_kv(&mut self) {
+        for speculator in &mut self.speculators {
+            speculator.prefault_kv();
+        }
+    }
+
+    /// Every speculator persists what should outlive the engine (the recycling matrix).
+    pub(crate) fn save(&self) {
+        for speculator in &self.speculators {
+            speculator.save();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,13 @@
+//! The speculation methods, one file per draft source, each a `Drafter` (per sequence) with
+//! its `Speculator` (engine-wide state and batched work): Token Recycling's shared adjacency
+//! matrix (`recycling`), the n-gram trie of a request's own context (`ngram_trie`), prompt
+//! lookup (`prompt_lookup`), a small draft model (`draft_model`, growing trees of its
+//! likeliest paths with `likely_tree`), and `auto`, which picks per request among the
+//! model-free sources. A new method is a new file here behind the traits in `crate::spec`.
+
+pub mod auto;
+pub mod draft_model;
+pub mod likely_tree;
+pub mod ngram_trie;
+pub mod prompt_lookup;
+pub mod recycling;

@@ -1,0 +1,279 @@
+//! `TreeBatch`: everything one forward needs, flattened. Rows are the new tokens of every
+//! sequence, concatenated; each row carries its RoPE position and the slot its K/V is written
+//! to. Each sequence carries its cached context (`context_len` positions in its block table)
+//! and the ancestor mask over its own rows. Sequences never see each other.
+//!
+//! ```text
+//!  seq A: context 5, tree of 3     seq B: context 0, chain (prefill) of 4
+//!  rows   [a0 a1 a2 | b0 b1 b2 b3]
+//!  pos    [ 5  6  6 |  0  1  2  3]    position = context_len + depth
+//!  slot   [sA(5) sA(6) sA(7) | sB(0) sB(1) sB(2) sB(3)]   node i -> slot(context_len + i)
+//! ```
+//! Node i of a tree is written at position index `context_len + i` of its block table (not at
+//! its RoPE position): siblings need distinct rows. After verification the accepted path is
+//! moved to consecutive slots.
+
+use std::ops::Range;
+
+use kvcache::{BlockTable, Slot};
+
+use crate::tree::{TokenTree, TreeMask};
+use crate::{Error, Result};
+
+/// Which rows of a sequence need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prefill chunk that does not end the prompt).
+    None,
+    /// Only the last node.
+    Last,
+    /// Every node (verification).
+    All,
+}
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone)]
+pub struct SeqEntry {
+    /// Positions already in the KV store.
+    pub context_len: usize,
+    /// Blocks backing context and new rows.
+    pub block_table: BlockTable,
+    /// This sequence's rows in the batch.
+    pub rows: Range<usize>,
+    /// Ancestor mask over its rows.
+    pub mask: TreeMask,
+    /// The slot of each context position, in position order (looked up once per batch, for
+    /// every layer and KV head that reads the context).
+    pub context_slots: Vec<Slot>,
+}
+
+/// One forward's input.
+#[derive(Debug, Clone, Default)]
+pub struct TreeBatch {
+    /// Token of each row.
+    pub token_ids: Vec<u32>,
+    /// RoPE position of each row.
+    pub positions: Vec<u32>,
+    /// KV slot each row writes.
+    pub slots: Vec<Slot>,
+    /// The sequences, in row order.
+    pub seqs: Vec<SeqEntry>,
+    /// Rows whose logits are returned, in this order.
+    pub logit_rows: Vec<usize>,
+    /// Slots per block of every block table.
+    pub block_size: usize,
+}
+
+impl TreeBatch {
+    /// An empty batch over blocks of `block_size` slots.
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+
+    /// Appends one sequence's tree. `block_table` must already cover
+    /// `context_len + tree.len()` positions. Returns the rows the tree occupies.
+    pub fn push(
+        &mut self,
+        context_len: usize,
+        block_table: &BlockTable,
+        tree: &TokenTree,
+        logits: LogitRows,
+    ) -> Result<Range<usize>> {
+        if tree.is_empty() {
+            return Err(Error::InvalidBatch("a sequence with no new token".into()));
+        }
+        let needed = context_len + tree.len();
+        if block_table.capacity(self.block_size) < needed {
+            return Err(Error::InvalidBatch(format!(
+                "block table holds {} positions, {needed} needed",
+                block_table.capacity(self.block_size)
+            )));
+        }
+        let context_slots = context_slots(block_table, context_len, self.block_size)
+            .ok_or_else(|| Error::InvalidBatch("context outside block table".into()))?;
+        let start = self.token_ids.len();
+        for (i, (&token, &depth)) in tree.tokens().iter().zip(tree.depths()).enumerate() {
+            let position = u32::try_from(context_len + depth)
+                .map_err(|_| Error::InvalidBatch("position overflows u32".into()))?;
+            let slot = block_table
+                .slot(context_len + i, self.block_size)
+                .ok_or_else(|| Error::InvalidBatch("slot outside block table".into()))?;
+            self.token_ids.push(token);
+            self.positions.push(position);
+            self.slots.push(slot);
+        }
+        let rows = start..self.token_ids.len();
+        match logits {
+            LogitRows::None => {}
+            LogitRows::Last => self.logit_rows.push(rows.end - 1),
+            LogitRows::All => self.logit_rows.extend(rows.clone()),
+        }
+        self.seqs.push(SeqEntry {
+            context_len,
+            block_table: block_table.clone(),
+            rows: rows.clone(),
+            mask: tree.mask(),
+            context_slots,
+        });
+        Ok(rows)
+    }
+
+    /// Also returns the logits of `row` (after every row requested so far).
+    pub fn request_logits(&mut self, row: usize) -> Result<()> {
+        if row >= self.num_rows() {
+            return Err(Error::InvalidBatch(format!(
+                "logit row {row} outside batch of {} rows",
+                self.num_rows()
+            )));
+        }
+        self.logit_rows.push(row);
+        Ok(())
+    }
+
+    /// Checks this batch against a model of `vocab_size` tokens and `max_positions`
+    /// positions and a KV store of `num_slots` rows: every token, position, logit row, slot
+    /// and context block in range, sequences contiguous.
+    pub fn validate(
+        &self,
+        vocab_size: usize,
+        max_positions: usize,
+        num_slots: usize,
+    ) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidBatch(msg));
+        let rows = self.num_rows();
+        if rows == 0 {
+            return bad("empty batch".into());
+        }
+        if self.positions.len() != rows || self.slots.len() != rows {
+            return bad("token, position and slot counts differ".into());
+        }
+        if let Some(t) = self.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return bad(format!("token id {t} outside vocabulary of {vocab_size}"));
+        }
+        let max_pos = max_positions;
+        if let Some(p) = self.positions.iter().find(|&&p| p as usize >= max_pos) {
+            return bad(format!(
+                "position {p} beyond the model's {max_pos} positions"
+            ));
+        }
+        if let Some(&r) = self.logit_rows.iter().find(|&&r| r >= rows) {
+            return bad(format!("logit row {r} outside batch of {rows} rows"));
+        }
+        if let Some(s) = self.slots.iter().find(|s| s.index() >= num_slots) {
+            return bad(format!(
+                "slot {} outside KV store of {num_slots} slots",
+                s.0
+            ));
+        }
+        let mut next_row = 0;
+        for seq in &self.seqs {
+            if seq.rows.start != next_row || seq.mask.len() != seq.rows.len() {
+                return bad("sequence rows are not contiguous or mask size differs".into());
+            }
+            next_row = seq.rows.end;
+            // The context lives in whole blocks: checking each block that backs it (rather
+            // than every position) proves every context slot is inside the store.
+            let context_blocks = seq.context_len.div_ceil(self.block_size);
+            let blocks = seq.block_table.blocks();
+            if blocks.len() < context_blocks {
+                return bad("block table does not cover the cached context".into());
+            }
+            if let Some(b) = blocks[..context_blocks]
+                .iter()
+                .find(|b| (b.0 as usize + 1) * self.block_size > num_slots)
+            {
+                return bad(format!(
+                    "block {} outside KV store of {num_slots} slots",
+                    b.0
+                ));
+            }
+        }
+        if next_row != rows {
+            return bad("rows not covered by any sequence".into());
+        }
+        Ok(())
+    }
+
+    /// Rows in the batch.
+    pub fn num_rows(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Slot of context position `position` of sequence `seq`.
+    pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
+        seq.block_table.slot(position, self.block_size)
+    }
+}
+
+/// The slots of the first `context_len` positions of `table`, in position order: a block's
+/// positions are consecutive slots, so this looks up each block once (no division per
+/// position). `None` where the table does not cover them.
+fn context_slots(table: &BlockTable, context_len: usize, block_size: usize) -> Option<Vec<Slot>> {
+    let bs = block_size.max(1);
+    let mut slots = Vec::with_capacity(context_len);
+    for start in (0..context_len).step_by(bs) {
+        let first = table.slot(start, bs)?;
+        let len = bs.min(context_len - start);
+        slots.extend((first.0..).take(len).map(Slot));
+    }
+    Some(slots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache::BlockId;
+
+    #[test]
+    fn context_slots_are_each_positions_slot() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(3), BlockId(1), BlockId(6)]);
+        batch
+            .push(10, &table, &TokenTree::chain(&[5]), LogitRows::All)
+            .unwrap();
+        let seq = &batch.seqs[0];
+        let each: Vec<Slot> = (0..10)
+            .map(|p| batch.context_slot(seq, p).unwrap())
+            .collect();
+        assert_eq!(seq.context_slots, each);
+        assert_eq!(each[4], Slot(4));
+        assert_eq!(each[9], Slot(25));
+    }
+
+    #[test]
+    fn rows_positions_and_slots_follow_the_diagram() {
+        let mut batch = TreeBatch::new(4);
+        let table_a = BlockTable::from_blocks(vec![BlockId(3), BlockId(1)]);
+        let tree = TokenTree::new(vec![7, 8, 9], vec![None, Some(0), Some(0)]).unwrap();
+        let rows_a = batch.push(5, &table_a, &tree, LogitRows::All).unwrap();
+        let table_b = BlockTable::from_blocks(vec![BlockId(0)]);
+        let rows_b = batch
+            .push(
+                0,
+                &table_b,
+                &TokenTree::chain(&[1, 2, 3, 4]),
+                LogitRows::Last,
+            )
+            .unwrap();
+        assert_eq!(rows_a, 0..3);
+        assert_eq!(rows_b, 3..7);
+        assert_eq!(batch.positions, vec![5, 6, 6, 0, 1, 2, 3]);
+        // seq A: positions 5,6,7 -> block 1 (second entry) offsets 1,2,3 -> slots 5,6,7.
+        let slots: Vec<u32> = batch.slots.iter().map(|s| s.0).collect();
+        assert_eq!(slots, vec![5, 6, 7, 0, 1, 2, 3]);
+        assert_eq!(batch.logit_rows, vec![0, 1, 2, 6]);
+    }
+
+    #[test]
+    fn too_small_block_table_is_an_error() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(0)]);
+        let err = batch
+            .push(3, &table, &TokenTree::chain(&[1, 2]), LogitRows::Last)
+            .unwrap_err();
+        assert!(err.to_string().contains("block table"), "{err}");
+    }
+}
