@@ -29,9 +29,10 @@
 //! ```
 //!
 //! Dependencies point one way, each layer using only those before it:
-//! `tree, tree_batch <- cpu <- model <- backend <- spec <- engine_loop <- handle`, with
-//! `request`, `sampler`, `constraint` and `metrics` beside the loop (the mock backend and
-//! `verify` use the sampler's greedy choice).
+//! `tree, tree_batch <- cpu <- model <- backend <- spec <- engine_loop <- handle`. Beside that
+//! line sit the request's own types, which the loop and `handle` use: `request` (which names
+//! its speculation method and output format), `sampler` (whose draws `spec::verify` checks),
+//! `constraint` (on the model's tokenizer) and `metrics`.
 
 #![deny(missing_docs)]
 

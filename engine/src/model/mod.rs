@@ -14,10 +14,11 @@
 //! per-row arithmetic does not depend on the row count for the quantized formats we load;
 //! SiLU is thicket's own `silu` on the CPU with thicket's attention, candle's otherwise);
 //! RoPE uses candle's kernels with cos/sin gathered by each row's position; attention is
-//! `cpu::attention::paged_tree_attention`, which reads K/V in place from the blocks. On the CPU the
-//! same forward runs as the fused pass of `fused_pass` instead (bit-identical; no candle op per
-//! layer where every projection runs on thicket's quantized kernel). The KV stores it makes
-//! keep f16 with thicket's attention and f32 with the reference's, unless told otherwise.
+//! `cpu::attention::paged_tree_attention`, which reads K/V in place from the blocks. On the
+//! CPU the same forward runs as the fused pass of `fused_pass` instead (bit-identical; no
+//! candle op per layer where every projection runs on thicket's quantized kernel). The KV
+//! stores it makes keep f16 with thicket's attention and f32 with the reference's, unless
+//! told otherwise.
 
 pub mod config;
 pub mod detokenizer;

@@ -1,8 +1,8 @@
 //! Paged attention's second inner loop (the first is `scores`): the probability-weighted sum
-//! of a row's values. For head widths that are multiples of 16 (64, 128) the value sum uses fused
-//! multiply-adds in sixteen lanes, adding `p * v` per key, in key order, with one rounding
-//! each; the AVX-512 version and the portable one give the same bits (an FMA rounds once
-//! whoever computes it). The AVX-512 version reads each value row once for several queries and
+//! of a row's values. For head widths that are multiples of 16 (64, 128) the value sum uses
+//! fused multiply-adds in sixteen lanes, adding `p * v` per key, in key order, with one
+//! rounding each; the AVX-512 version and the portable one give the same bits (an FMA rounds
+//! once whoever computes it). The AVX-512 version reads each value row once for several queries and
 //! asks for the rows 32 keys ahead of the one it reads (a context's blocks are short
 //! contiguous runs, which the hardware prefetcher alone follows late). Other widths use
 //! separate multiplies and adds. Every sum runs over one row's keys in one order, so a row's
