@@ -78,6 +78,7 @@ fn sample(
                     max_draft_tokens: Some(4),
                 }),
                 constraint: format.then(|| ConstraintSpec::Regex(FORMAT.into())),
+                prediction: None,
             };
             handle.submit(request).unwrap()
         })

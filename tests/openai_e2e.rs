@@ -1,8 +1,9 @@
 //! End to end with the official `openai` Python package: starts the real `thicket serve` on
 //! SmolLM2 (with an API key, on a free port), runs `tests/e2e/openai_client.py` against it
 //! (chat, completions, streaming, n, stop strings, logprobs, seeds, invalid requests, 20
-//! clients that disconnect mid-stream), then stops the server with SIGTERM and checks it
-//! exits cleanly. The Python package is installed, pinned, under `target/` on first use.
+//! clients that disconnect mid-stream) and `tests/e2e/openai_prediction.py` (Predicted
+//! Outputs: both shapes, streamed usage, n, a JSON schema, bad predictions), then stops the
+//! server with SIGTERM and checks it exits cleanly. The Python package is installed, pinned, under `target/` on first use.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,6 +56,17 @@ fn the_openai_client_works_against_the_real_server() {
             .args([&server.base, key, "smollm2"])
             .env("PYTHONPATH", &deps),
         "the openai client script",
+    );
+    assert!(stdout.contains("checks passed"), "{stdout}");
+    eprintln!("{stdout}");
+    // Predicted Outputs, on the same server.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/openai_prediction.py");
+    let stdout = run_ok(
+        Command::new("python3")
+            .arg(&script)
+            .args([&server.base, key, "smollm2"])
+            .env("PYTHONPATH", &deps),
+        "the openai prediction script",
     );
     assert!(stdout.contains("checks passed"), "{stdout}");
     eprintln!("{stdout}");

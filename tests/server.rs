@@ -699,6 +699,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         n: 1,
         speculation: None,
         constraint: None,
+        prediction: None,
     };
     let busy = [
         s.engine.submit(long()).unwrap(),

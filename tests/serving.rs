@@ -142,6 +142,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
         n: 2,
         speculation: None,
         constraint: None,
+        prediction: None,
     };
     let alone = handle.submit(sampled(7)).unwrap().wait().unwrap();
     // The same request among others with other seeds and prompts.

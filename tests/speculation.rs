@@ -27,14 +27,14 @@ const METHODS: [SpecMethod; 5] = [
     SpecMethod::Auto,
 ];
 
-struct Setup {
-    draft_model: Option<DraftModelSetup>,
-    num_blocks: usize,
-    block_size: usize,
-    budget: usize,
-    max_draft: usize,
-    cost: CostCurve,
-    recycling_state: Option<std::path::PathBuf>,
+pub(crate) struct Setup {
+    pub(crate) draft_model: Option<DraftModelSetup>,
+    pub(crate) num_blocks: usize,
+    pub(crate) block_size: usize,
+    pub(crate) budget: usize,
+    pub(crate) max_draft: usize,
+    pub(crate) cost: CostCurve,
+    pub(crate) recycling_state: Option<std::path::PathBuf>,
 }
 
 impl Default for Setup {
@@ -51,7 +51,7 @@ impl Default for Setup {
     }
 }
 
-fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
+pub(crate) fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_batched_tokens: setup.budget,
@@ -83,12 +83,12 @@ fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHandle<()>) {
     .unwrap()
 }
 
-fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
+pub(crate) fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
     Request::greedy(prompt.to_vec(), max_tokens, Some(method))
 }
 
 /// Submits every request at once and waits for all.
-fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
+pub(crate) fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
     let streams: Vec<_> = requests
         .into_iter()
         .map(|r| handle.submit(r).unwrap())
@@ -99,7 +99,7 @@ fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
         .collect()
 }
 
-fn tiny_loaded(dir: &Path, vocab: usize) -> LoadedModel {
+pub(crate) fn tiny_loaded(dir: &Path, vocab: usize) -> LoadedModel {
     let spec = TinyModelSpec {
         vocab_size: vocab,
         ..TinyModelSpec::default()
@@ -281,7 +281,7 @@ fn every_method_is_lossless_on_smollm2() {
 }
 
 /// Two-sample chi-square statistic over token counts.
-fn chi_square(a: &[usize], b: &[usize]) -> f64 {
+pub(crate) fn chi_square(a: &[usize], b: &[usize]) -> f64 {
     let (na, nb) = (
         a.iter().sum::<usize>() as f64,
         b.iter().sum::<usize>() as f64,

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use engine::model::testing::write_tiny_tokenizer;
 use engine::model::tokenizer::ModelTokenizer;
 use engine::spec::speculator::{Granted, Speculator, SpeculatorFactory};
-use engine::spec::{DraftContext, Drafter};
+use engine::spec::{DraftContext, Drafter, NewSequence};
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
     SpeculationConfig, TokenTree,
@@ -79,7 +79,7 @@ impl Speculator for TestSpeculator {
         self.method
     }
 
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(ChainDrafter {
             method: self.method,
             next: self.next,

@@ -73,6 +73,7 @@ fn request(prompt: Vec<u32>, spec: ConstraintSpec, sampling: SamplingParams, n: 
             max_draft_tokens: None,
         }),
         constraint: Some(spec),
+        prediction: None,
     }
 }
 
@@ -308,7 +309,10 @@ impl engine::spec::speculator::Speculator for Wrong {
     fn method(&self) -> SpecMethod {
         SpecMethod::Named(self.name)
     }
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn engine::spec::Drafter>> {
+    fn drafter(
+        &self,
+        _seq: &engine::spec::NewSequence<'_>,
+    ) -> Option<Box<dyn engine::spec::Drafter>> {
         Some(Box::new(*self))
     }
 }

@@ -20,6 +20,7 @@ mod masked_sampling;
 mod mock_backend;
 mod openai_e2e;
 mod oracle;
+mod prediction;
 mod processes;
 mod router;
 mod security;

@@ -163,6 +163,7 @@ pub fn engine(
         n: 1,
         speculation: None,
         constraint: None,
+        prediction: None,
     };
     // Warm-up: page in the weights.
     handle

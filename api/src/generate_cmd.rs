@@ -87,6 +87,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
         n: 1,
         speculation: None,
         constraint: None,
+        prediction: None,
     };
     let started = Instant::now();
     let stream = handle.submit(request)?;

@@ -66,7 +66,7 @@ pub use model::Model;
 pub use request::{Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage};
 pub use sampler::SamplingParams;
 pub use scheduler::{CostCurve, SchedulerConfig};
-pub use spec::coordinator::{DraftModelSetup, SpeculationConfig};
+pub use spec::coordinator::{DraftModelSetup, SourceTotals, SpeculationConfig};
 pub use spec::{SpecMethod, SpecRequest};
 pub use tree::{TokenTree, TreeMask};
 pub use tree_batch::{LogitRows, SeqEntry, TreeBatch};

@@ -39,7 +39,8 @@ pub const PROMPT_TOKENS: &str = "thicket_prompt_tokens_total";
 /// computed beside the forward.
 pub const CONSTRAINT_DURATION: &str = "thicket_engine_constraint_duration_seconds";
 
-/// Speculation metrics.
+/// Speculation metrics. Their `method` label names the draft source: the method, or under
+/// `auto` the source it picked, and `prediction` for drafts from a request's prediction.
 pub mod spec {
     /// Counter `{method}`: draft tokens proposed and verified.
     pub const DRAFT_TOKENS: &str = "thicket_spec_draft_tokens_total";

@@ -2,8 +2,11 @@
 //! parameters, stop conditions, `n`), validated in the caller's thread before it is queued,
 //! and the [`Event`]s streamed back per request (text and tokens, then a finish per sample).
 
+use std::sync::Arc;
+
 use crate::constraint::ConstraintSpec;
 use crate::sampler::SamplingParams;
+use crate::spec::coordinator::SourceTotals;
 use crate::spec::{SpecMethod, SpecRequest};
 
 /// Most draft tokens a request may ask for per step.
@@ -57,6 +60,10 @@ pub struct Request {
     pub speculation: Option<SpecRequest>,
     /// A format the output must follow (`response_format`); none when absent.
     pub constraint: Option<ConstraintSpec>,
+    /// What the client expects the output to be, tokenized (OpenAI's `prediction`): drafted
+    /// from first under every speculation method but `none`. Output is the same with or
+    /// without it; only its speed changes. At most the model's length.
+    pub prediction: Option<Arc<[u32]>>,
 }
 
 /// Why a sample ended.
@@ -94,7 +101,7 @@ pub struct TokenLogprob {
 }
 
 /// Token counts of a finished sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -108,6 +115,35 @@ pub struct Usage {
     pub draft_tokens: usize,
     /// Draft tokens accepted.
     pub accepted_tokens: usize,
+    /// The same per draft source (`SpecMethod::Prediction` for the request's prediction).
+    pub sources: Vec<SourceTotals>,
+}
+
+impl Usage {
+    /// Draft tokens from the request's prediction that verification accepted.
+    pub fn accepted_prediction_tokens(&self) -> usize {
+        self.source(SpecMethod::Prediction).accepted
+    }
+
+    /// Draft tokens from the request's prediction that verification rejected.
+    pub fn rejected_prediction_tokens(&self) -> usize {
+        let p = self.source(SpecMethod::Prediction);
+        p.drafted - p.accepted
+    }
+
+    /// `method`'s part of the speculation counts.
+    pub fn source(&self, method: SpecMethod) -> SourceTotals {
+        self.sources
+            .iter()
+            .find(|s| s.method == method)
+            .copied()
+            .unwrap_or(SourceTotals {
+                method,
+                steps: 0,
+                drafted: 0,
+                accepted: 0,
+            })
+    }
 }
 
 /// What the engine streams back for a request.
@@ -220,6 +256,7 @@ impl Request {
                 max_draft_tokens: None,
             }),
             constraint: None,
+            prediction: None,
         }
     }
 
@@ -250,6 +287,30 @@ impl Request {
                     limits.max_model_len
                 ),
             ));
+        }
+        if let Some(prediction) = &self.prediction {
+            if prediction.len() > limits.max_model_len {
+                return Err(invalid(
+                    "prediction",
+                    format!(
+                        "the prediction has {} tokens; this model's maximum length is {} tokens",
+                        prediction.len(),
+                        limits.max_model_len
+                    ),
+                ));
+            }
+            if let Some(bad) = prediction
+                .iter()
+                .find(|&&t| t as usize >= limits.vocab_size)
+            {
+                return Err(invalid(
+                    "prediction",
+                    format!(
+                        "token id {bad} outside the vocabulary of {}",
+                        limits.vocab_size
+                    ),
+                ));
+            }
         }
         if self.n == 0 || self.n > limits.max_n {
             return Err(invalid(

@@ -103,6 +103,9 @@ pub struct CommonFields {
     /// A format the output must follow, in vLLM's shape: one of `json` (a schema),
     /// `json_object`, `regex`, `choice` or `grammar` (Lark).
     pub structured_outputs: Option<serde_json::Value>,
+    /// What the client expects the output to be (OpenAI's Predicted Outputs: `{"type":
+    /// "content", "content": text or text parts}`), read by [`super::convert::prediction`].
+    pub prediction: Option<serde_json::Value>,
 }
 
 /// `POST /v1/completions`.
@@ -234,6 +237,19 @@ pub struct UsageBody {
     pub total_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub prompt_tokens_details: PromptTokensDetails,
+    /// What became of the prediction's tokens.
+    pub completion_tokens_details: CompletionTokensDetails,
+}
+
+/// `usage.completion_tokens_details`: of the tokens drafted from the request's `prediction`,
+/// how many verification accepted (they are in the output) and rejected (drafted, then
+/// found not to be what the model generates there). Both are 0 without a prediction.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct CompletionTokensDetails {
+    /// Prediction tokens drafted and accepted.
+    pub accepted_prediction_tokens: usize,
+    /// Prediction tokens drafted and rejected.
+    pub rejected_prediction_tokens: usize,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -244,14 +260,14 @@ pub struct PromptTokensDetails {
 }
 
 /// The `thicket` extension object of a response: speculation statistics.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ThicketBody {
     /// Totals over every choice.
     pub speculation: SpeculationStats,
 }
 
 /// Speculation totals.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct SpeculationStats {
     /// Verification steps that had draft tokens.
     pub verify_steps: usize,
@@ -261,6 +277,19 @@ pub struct SpeculationStats {
     pub accepted_tokens: usize,
     /// Tokens per verification step (the papers' MAT); 1 without speculation.
     pub mean_accepted_tokens: f64,
+    /// The same per draft source that drafted (`prediction`, and `auto`'s sources apart).
+    pub sources: BTreeMap<&'static str, SourceStats>,
+}
+
+/// One draft source's speculation totals.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct SourceStats {
+    /// Verification steps of its trees.
+    pub verify_steps: usize,
+    /// Its draft tokens verified.
+    pub draft_tokens: usize,
+    /// Its draft tokens accepted.
+    pub accepted_tokens: usize,
 }
 
 /// A completion choice's `logprobs` (the legacy completions shape).

@@ -122,6 +122,15 @@ pub fn totals(choices: &[ChoiceState], n: usize) -> (UsageBody, ThicketBody) {
         spec.verify_steps += c.usage.spec_steps;
         spec.draft_tokens += c.usage.draft_tokens;
         spec.accepted_tokens += c.usage.accepted_tokens;
+        let details = &mut usage.completion_tokens_details;
+        details.accepted_prediction_tokens += c.usage.accepted_prediction_tokens();
+        details.rejected_prediction_tokens += c.usage.rejected_prediction_tokens();
+        for source in &c.usage.sources {
+            let totals = spec.sources.entry(source.method.as_str()).or_default();
+            totals.verify_steps += source.steps;
+            totals.draft_tokens += source.drafted;
+            totals.accepted_tokens += source.accepted;
+        }
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
     // Every step yields one token plus the accepted drafts.

@@ -98,6 +98,7 @@ impl Engine {
             spec_steps: spec.steps,
             draft_tokens: spec.drafted,
             accepted_tokens: spec.accepted,
+            sources: spec.sources,
         };
         let _ = request.events.send(Event::Finished {
             index: state.index,

@@ -221,7 +221,12 @@ impl Engine {
             return;
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
-        let drafter = self.spec.drafter_for(request.speculation, &request.prompt);
+        let drafter = self.spec.drafter_for(
+            request.speculation,
+            &request.prompt,
+            request.prompt.len(),
+            request.prediction.as_ref(),
+        );
         self.records
             .insert(seq, SeqRecord::new(id, 0, &request, drafter, constraint));
         self.requests.insert(

@@ -41,6 +41,10 @@ pub enum SpecMethod {
     /// A method the embedding program registered with its own speculator
     /// (`SpeculationConfig::speculators`), by its name.
     Named(&'static str),
+    /// The request's own prediction of its output (`prediction`): not a method a request
+    /// names, but the source that drafts first under every method except `none` wherever
+    /// the request gave one, so its acceptance is learnt, counted and reported apart.
+    Prediction,
 }
 
 impl SpecMethod {
@@ -70,6 +74,7 @@ impl SpecMethod {
             SpecMethod::DraftModel => "draft_model",
             SpecMethod::Auto => "auto",
             SpecMethod::Named(name) => name,
+            SpecMethod::Prediction => "prediction",
         }
     }
 }
@@ -88,6 +93,22 @@ pub struct SpecRequest {
 pub struct DraftContext<'a> {
     /// Every known token of the sequence; the last one is the pending token (the root).
     pub tokens: &'a [u32],
+}
+
+/// What a speculator knows of a sequence when it makes the sequence's drafter: the request's
+/// own context, beyond its tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSequence<'a> {
+    /// Its known tokens: the prompt, and for a fork of an `n` > 1 request the output its
+    /// parent had when it forked, with the fork's own first token last.
+    pub tokens: &'a [u32],
+    /// How many of `tokens` are the prompt (the output starts after them).
+    pub prompt_len: usize,
+    /// The request's prediction of its output (`prediction`), tokenized; `None` when it
+    /// gave none (or an empty one). Where there is one, the engine drafts from it first
+    /// (`methods::prediction::PredictionFirst`) around whatever drafter the speculator
+    /// makes, so a speculator need not read it.
+    pub prediction: Option<&'a [u32]>,
 }
 
 /// One sequence's drafter.
@@ -109,6 +130,13 @@ pub trait Drafter: Send {
     fn observe(&mut self, tokens: &[u32], appended: usize);
     /// Outcome of the last draft: nodes drafted and how many were accepted.
     fn record(&mut self, _drafted: usize, _accepted: usize) {}
+    /// Whether this step's tree needs its speculator's batched work (a draft model's
+    /// forwards) and comes from the speculator's `draft`. A drafter that drafted this step
+    /// from what it holds itself (a prediction) says no, and the engine takes its tree
+    /// directly.
+    fn needs_speculator(&self) -> bool {
+        true
+    }
 }
 
 /// Draft nodes under the pending token, best first; each node's parent is the root

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kvcache::SeqId;
 
-use super::{DraftContext, Drafter, SpecMethod};
+use super::{DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::Result;
 
@@ -31,9 +31,9 @@ pub trait Speculator: Send {
     /// The method it serves; requests name it.
     fn method(&self) -> SpecMethod;
 
-    /// A drafter for a new sequence (admitted, or forked) whose known tokens are `tokens`;
-    /// `None` when the method cannot draft for it.
-    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>>;
+    /// A drafter for a new sequence (admitted, or forked), from what the request tells of
+    /// it; `None` when the method cannot draft for it.
+    fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>>;
 
     /// What [`Speculator::prepare`]'s own work (a model's forwards) costs a drafting
     /// sequence in a step for a tree of `nodes` nodes, in seconds, as the speculator
@@ -139,7 +139,7 @@ impl Speculator for ContextSpeculator {
         self.method
     }
 
-    fn drafter(&self, tokens: &[u32]) -> Option<Box<dyn Drafter>> {
-        Some((self.make)(tokens))
+    fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
+        Some((self.make)(seq.tokens))
     }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kvcache::{ManagerConfig, SeqId};
 use scheduler::{CostCurve, DraftInputs, DraftOffer};
@@ -18,11 +19,12 @@ use crate::model::Model;
 use crate::spec::methods::auto::AutoSpeculator;
 use crate::spec::methods::draft_model::{DraftModelRunner, DraftModelSpeculator};
 use crate::spec::methods::ngram_trie::NgramTrie;
+use crate::spec::methods::prediction::{Prediction, PredictionDrafter, PredictionFirst};
 use crate::spec::methods::prompt_lookup::PromptLookup;
 use crate::spec::methods::recycling::RecyclingSpeculator;
 use crate::spec::speculator::{ContextSpeculator, Granted, Speculator, SpeculatorFactory};
 use crate::spec::stats::{smooth, AcceptanceStats};
-use crate::spec::{DraftContext, Drafter, SpecMethod, SpecRequest};
+use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -78,9 +80,14 @@ pub(crate) struct SeqDrafter {
     /// Index of its method's speculator.
     speculator: usize,
     request: SpecRequest,
+    /// Where its output starts, and its request's prediction (forks take both).
+    prompt_len: usize,
+    prediction: Option<Arc<Prediction>>,
     max_draft: usize,
-    /// How this sequence accepts relative to its method's statistics.
-    ratio: f32,
+    /// How this sequence accepts relative to each source's statistics (a source missing
+    /// here: as they say), so that one source failing for it (a wrong prediction) does not
+    /// lower its trust in the others.
+    ratios: Vec<(SpecMethod, f32)>,
     /// Nodes the drafter prepared this step.
     available: usize,
     /// What it drafted and had accepted so far.
@@ -90,7 +97,26 @@ pub(crate) struct SeqDrafter {
 impl SeqDrafter {
     /// Its totals so far.
     pub(crate) fn totals(&self) -> SpecTotals {
-        self.totals
+        self.totals.clone()
+    }
+
+    /// Its acceptance ratio for `method`.
+    fn ratio(&self, method: SpecMethod) -> f32 {
+        self.ratios
+            .iter()
+            .find(|(m, _)| *m == method)
+            .map_or(1.0, |r| r.1)
+    }
+
+    fn ratio_mut(&mut self, method: SpecMethod) -> &mut f32 {
+        let at = match self.ratios.iter().position(|(m, _)| *m == method) {
+            Some(at) => at,
+            None => {
+                self.ratios.push((method, 1.0));
+                self.ratios.len() - 1
+            }
+        };
+        &mut self.ratios[at].1
     }
 
     /// The sequence's known tokens grew by their last `appended`.
@@ -100,7 +126,7 @@ impl SeqDrafter {
 }
 
 /// Per-sequence totals of speculation, reported with the finished sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SpecTotals {
     /// Verification steps.
     pub steps: usize,
@@ -108,6 +134,46 @@ pub struct SpecTotals {
     pub drafted: usize,
     /// Draft nodes accepted.
     pub accepted: usize,
+    /// The same per draft source (`auto`'s sources and the prediction apart), in the order
+    /// they first drafted.
+    pub sources: Vec<SourceTotals>,
+}
+
+/// One draft source's part of a sequence's [`SpecTotals`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceTotals {
+    /// The source.
+    pub method: SpecMethod,
+    /// Verification steps of its trees.
+    pub steps: usize,
+    /// Its draft nodes verified.
+    pub drafted: usize,
+    /// Its draft nodes accepted.
+    pub accepted: usize,
+}
+
+impl SpecTotals {
+    fn add(&mut self, method: SpecMethod, drafted: usize, accepted: usize) {
+        self.steps += 1;
+        self.drafted += drafted;
+        self.accepted += accepted;
+        let at = match self.sources.iter().position(|s| s.method == method) {
+            Some(at) => at,
+            None => {
+                self.sources.push(SourceTotals {
+                    method,
+                    steps: 0,
+                    drafted: 0,
+                    accepted: 0,
+                });
+                self.sources.len() - 1
+            }
+        };
+        let source = &mut self.sources[at];
+        source.steps += 1;
+        source.drafted += drafted;
+        source.accepted += accepted;
+    }
 }
 
 pub(crate) struct Speculation {
@@ -212,11 +278,30 @@ impl Speculation {
     }
 
     /// A drafter for a sequence that asked for `request` (the default when `None`) with
-    /// known tokens `tokens`; `None` for method `none` and methods no speculator serves.
+    /// known tokens `tokens` of which the first `prompt_len` are the prompt, and a
+    /// `prediction` of its output (tokenized; `None` or empty: none); `None` for method
+    /// `none` and methods no speculator serves. Where there is a prediction it drafts first
+    /// ([`PredictionFirst`]) around the method's own drafter.
     pub(crate) fn drafter_for(
         &self,
         request: Option<SpecRequest>,
         tokens: &[u32],
+        prompt_len: usize,
+        prediction: Option<&Arc<[u32]>>,
+    ) -> Option<SeqDrafter> {
+        let prediction = prediction
+            .filter(|p| !p.is_empty())
+            .map(|p| Arc::new(Prediction::new(Arc::clone(p))));
+        self.new_drafter(request, tokens, prompt_len, prediction)
+    }
+
+    /// [`Speculation::drafter_for`] with the prediction indexed (forks share the index).
+    fn new_drafter(
+        &self,
+        request: Option<SpecRequest>,
+        tokens: &[u32],
+        prompt_len: usize,
+        prediction: Option<Arc<Prediction>>,
     ) -> Option<SeqDrafter> {
         let request = request.unwrap_or(self.config.default);
         let max_draft = request
@@ -226,17 +311,34 @@ impl Speculation {
         if max_draft == 0 {
             return None;
         }
+        if request.method == SpecMethod::None {
+            return None;
+        }
         let speculator = self
             .speculators
             .iter()
             .position(|s| s.method() == request.method)?;
-        let drafter = self.speculators[speculator].drafter(tokens)?;
+        let new = NewSequence {
+            tokens,
+            prompt_len,
+            prediction: prediction.as_deref().map(Prediction::tokens),
+        };
+        let own = self.speculators[speculator].drafter(&new);
+        let drafter: Box<dyn Drafter> = match &prediction {
+            Some(p) => Box::new(PredictionFirst::new(
+                PredictionDrafter::new(Arc::clone(p), prompt_len),
+                own,
+            )),
+            None => own?,
+        };
         Some(SeqDrafter {
             drafter,
             speculator,
             request,
+            prompt_len,
+            prediction,
             max_draft,
-            ratio: 1.0,
+            ratios: Vec::new(),
             available: 0,
             totals: SpecTotals::default(),
         })
@@ -244,7 +346,12 @@ impl Speculation {
 
     /// A drafter for a sequence forked from one drafting with `parent`.
     pub(crate) fn fork(&self, parent: &SeqDrafter, tokens: &[u32]) -> Option<SeqDrafter> {
-        self.drafter_for(Some(parent.request), tokens)
+        self.new_drafter(
+            Some(parent.request),
+            tokens,
+            parent.prompt_len,
+            parent.prediction.clone(),
+        )
     }
 
     /// `seq` (which drafted with `state`) left: its speculator forgets what it kept for it
@@ -280,17 +387,29 @@ impl Speculation {
             // Without drafts there is no evidence, so a ratio that failures pushed below
             // what drafting needs would never rise again: it drifts back towards the
             // method's average, and the sequence tries a small tree now and then.
-            state.ratio += RATIO_RECOVERY * (1.0 - state.ratio);
+            for (_, ratio) in &mut state.ratios {
+                *ratio += RATIO_RECOVERY * (1.0 - *ratio);
+            }
             state.available = 0;
             let speculator = &self.speculators[state.speculator];
-            let costly = speculator.draft_seconds(1).is_some();
+            let costly = speculator.draft_seconds(1).is_some() && state.drafter.needs_speculator();
             let forced = forced.min(state.max_draft);
             if forced == 0 && !costly {
-                let method = state.drafter.method();
-                let per_node = *best_per_node
-                    .entry(method)
-                    .or_insert_with(|| self.best_per_node(method));
-                if f64::from((per_node * state.ratio).min(1.0)) <= break_even {
+                // The best any of its sources could do (a prediction is one of them).
+                let mut best = 0.0f32;
+                for method in [
+                    Some(state.drafter.method()),
+                    state.prediction.as_ref().map(|_| SpecMethod::Prediction),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    let per_node = *best_per_node
+                        .entry(method)
+                        .or_insert_with(|| self.best_per_node(method));
+                    best = best.max(per_node * state.ratio(method));
+                }
+                if f64::from(best.min(1.0)) <= break_even {
                     continue;
                 }
             }
@@ -299,7 +418,12 @@ impl Speculation {
             if state.available == 0 && forced == 0 {
                 continue;
             }
-            let key = (state.drafter.method(), state.drafter.evidence());
+            // Whether this step's tree is the speculator's costly work (a prediction drafts
+            // for free whatever the method).
+            let costly = speculator.draft_seconds(1).is_some() && state.drafter.needs_speculator();
+            let method = state.drafter.method();
+            let ratio = state.ratio(method);
+            let key = (method, state.drafter.evidence());
             let stats = self.stats.entry(key).or_default();
             let mut expected_accepted: Vec<f32> =
                 if costly && stats.observations() < PROBE_VERIFICATIONS {
@@ -310,7 +434,7 @@ impl Speculation {
                         .curve(state.available)
                         .into_iter()
                         .enumerate()
-                        .map(|(i, e)| (e * state.ratio).min((i + 1) as f32))
+                        .map(|(i, e)| (e * ratio).min((i + 1) as f32))
                         .collect()
                 };
             let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
@@ -384,7 +508,7 @@ impl Speculation {
         for (index, speculator) in self.speculators.iter_mut().enumerate() {
             let mine: Vec<Granted<'_>> = granted
                 .iter()
-                .filter(|g| g.3.speculator == index)
+                .filter(|g| g.3.speculator == index && g.3.drafter.needs_speculator())
                 .map(|g| Granted {
                     seq: g.0,
                     tokens: g.1,
@@ -407,7 +531,10 @@ impl Speculation {
                 let ctx = DraftContext { tokens };
                 let budget = (*budget).min(state.available);
                 match self.speculators.get_mut(state.speculator) {
-                    Some(s) => s.draft(*seq, &ctx, budget, state.drafter.as_mut()),
+                    Some(s) if state.drafter.needs_speculator() => {
+                        s.draft(*seq, &ctx, budget, state.drafter.as_mut())
+                    }
+                    Some(_) => state.drafter.draft(&ctx, budget),
                     None => TokenTree::chain(&tokens[tokens.len().saturating_sub(1)..]),
                 }
             })
@@ -527,13 +654,11 @@ impl Speculation {
         // A tree expected to accept little says little about the sequence (with a weak
         // proposal, nothing accepted is what was expected): its outcome weighs in as much
         // as a token is expected.
-        state.ratio += 0.2 * expected.min(1.0) * (ratio - state.ratio);
+        let own = state.ratio_mut(method);
+        *own += 0.2 * expected.min(1.0) * (ratio - *own);
         stats.record(drafted, accepted_drafts);
         state.drafter.record(drafted, accepted_drafts);
-        let totals = &mut state.totals;
-        totals.steps += 1;
-        totals.drafted += drafted;
-        totals.accepted += accepted_drafts;
+        state.totals.add(method, drafted, accepted_drafts);
         let name = method.as_str();
         use crate::metrics::spec::*;
         metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);

@@ -22,7 +22,7 @@ fn one_method(name: &'static str, make: fn() -> Box<dyn Speculator>) -> (Specula
         max_draft_tokens: None,
     };
     let state = speculation
-        .drafter_for(Some(request), &[0])
+        .drafter_for(Some(request), &[0], 1, None)
         .expect("the method drafts");
     (speculation, state)
 }
@@ -55,7 +55,7 @@ impl Speculator for ParitySpeculator {
     fn method(&self) -> SpecMethod {
         SpecMethod::Named("parity")
     }
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(Parity { last: 0 }))
     }
 }
@@ -110,7 +110,7 @@ impl Speculator for Costly {
     fn method(&self) -> SpecMethod {
         SpecMethod::Named("costly")
     }
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(Costly))
     }
     fn draft_seconds(&self, nodes: usize) -> Option<f64> {
@@ -158,6 +158,8 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
                 max_draft_tokens: None,
             }),
             &[3, 4, 3],
+            1,
+            None,
         )
         .expect("prompt lookup drafts");
     let tokens = [3, 4, 3];
@@ -204,7 +206,7 @@ fn learning_rows_are_charged_on_the_cost_curve() {
             max_draft_tokens: None,
         };
         let state = speculation
-            .drafter_for(Some(request), &[0])
+            .drafter_for(Some(request), &[0], 1, None)
             .expect("recycling drafts");
         // Prompt rows feeding 50 distinct tokens, then repeats: an empty matrix wants
         // each token once.
@@ -247,7 +249,7 @@ impl Speculator for CountedSpeculator {
     fn method(&self) -> SpecMethod {
         SpecMethod::Named("counted")
     }
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(Counted(self.0.clone())))
     }
 }
@@ -272,7 +274,7 @@ fn a_drafter_prepares_only_where_its_best_case_could_pay() {
         max_draft_tokens: None,
     };
     let mut state = speculation
-        .drafter_for(Some(request), &[0])
+        .drafter_for(Some(request), &[0], 1, None)
         .expect("the method drafts");
     let seq = SeqId(1);
     let tokens = [5];

@@ -15,7 +15,7 @@ use super::ngram_trie::NgramTrie;
 use super::prompt_lookup::PromptLookup;
 use super::recycling::{RecyclingMatrix, StaticTree, TokenRecycling};
 use crate::spec::speculator::Speculator;
-use crate::spec::{DraftContext, Drafter, SpecMethod};
+use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 
 /// Evidence levels told apart (higher ones count as the highest).
@@ -186,7 +186,7 @@ impl Speculator for AutoSpeculator {
         SpecMethod::Auto
     }
 
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(AutoDrafter::with_choices(
             Arc::clone(&self.matrix),
             Arc::clone(&self.tree),
@@ -259,8 +259,13 @@ mod tests {
                 Arc::new(StaticTree::paper()),
             )
         };
+        let new = NewSequence {
+            tokens: &tokens,
+            prompt_len: tokens.len(),
+            prediction: None,
+        };
         let shared = speculator();
-        let mut first = shared.drafter(&tokens).expect("auto drafts");
+        let mut first = shared.drafter(&new).expect("auto drafts");
         for _ in 0..20 {
             assert!(first.prepare(&ctx) > 0);
             let accepted = if first.method() == SpecMethod::PromptLookup {
@@ -272,11 +277,11 @@ mod tests {
         }
         // Both context drafters propose with their strongest evidence here; a new
         // sequence of the same engine starts with the one that was accepted.
-        let mut next = shared.drafter(&tokens).expect("auto drafts");
+        let mut next = shared.drafter(&new).expect("auto drafts");
         assert!(next.prepare(&ctx) > 0);
         assert_eq!(next.method(), SpecMethod::PromptLookup);
         // Another engine has no record: it starts with the first drafter, the trie.
-        let mut other = speculator().drafter(&tokens).expect("auto drafts");
+        let mut other = speculator().drafter(&new).expect("auto drafts");
         assert!(other.prepare(&ctx) > 0);
         assert_eq!(other.method(), SpecMethod::NgramTrie);
     }

@@ -29,7 +29,7 @@ use crate::backend::{self, Backend};
 use crate::model::Model;
 use crate::spec::speculator::{Granted, Speculator};
 use crate::spec::stats::smooth;
-use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::Result;
@@ -280,7 +280,7 @@ impl Speculator for DraftModelSpeculator {
         SpecMethod::DraftModel
     }
 
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(DraftModelDrafter::new(self.runner.max_nodes())))
     }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::spec::speculator::Speculator;
-use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
@@ -345,7 +345,7 @@ impl Speculator for RecyclingSpeculator {
         SpecMethod::Recycling
     }
 
-    fn drafter(&self, _tokens: &[u32]) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         let (matrix, tree) = self.shared();
         Some(Box::new(TokenRecycling::new(matrix, tree)))
     }

@@ -1,0 +1,353 @@
+//! Predicted Outputs: drafting from the text a request expects its output to be (OpenAI's
+//! `prediction`; a file before an edit, a document before it is reformatted). The prediction
+//! is tokenized once, and an index of where each token occurs in it is built once per
+//! request ([`Prediction`]). Each step [`PredictionDrafter`] finds where the output stands
+//! in the prediction: the longest match of the output's last tokens in the prediction
+//! (ties go to the occurrence nearest the anchor, the place the output last followed the
+//! prediction for a few tokens), so that an output that departs from the prediction and
+//! later rejoins it is followed again. It drafts what follows that match as a chain, and
+//! where the anchor points elsewhere (the output left the prediction and may come back
+//! where it left) a second branch from the anchor: an inserted line rejoins the prediction
+//! where it left it, a replaced line a line later. The evidence is the match length.
+//!
+//! [`PredictionFirst`] puts the prediction before any other drafter: it drafts while the
+//! output follows the prediction and hands the step to the wrapped drafter (the request's
+//! method: `auto`'s sources, or any other) where the output has left it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::tree::TokenTree;
+
+/// Longest match measured (a longer one is as strong as this).
+const MAX_MATCH: usize = 32;
+/// Most nodes of the chain after the best match.
+const PRIMARY_NODES: usize = 128;
+/// Most nodes of the branch from the anchor (or the second-best match).
+const SECONDARY_NODES: usize = 32;
+/// A match this long moves the anchor (shorter ones are too ambiguous in text that repeats
+/// itself, as code does), as does one that covers the whole output so far.
+const ANCHOR_MATCH: usize = 3;
+/// Below this match length, the first nodes of both branches come before the rest of the
+/// best one: neither alignment is sure.
+const SURE_MATCH: usize = 4;
+/// Nodes of each branch that come first when neither alignment is sure.
+const UNSURE_HEAD: usize = 4;
+
+/// A request's prediction: its tokens and, per token, where it occurs.
+#[derive(Debug)]
+pub struct Prediction {
+    tokens: Arc<[u32]>,
+    positions: HashMap<u32, Vec<u32>>,
+}
+
+impl Prediction {
+    /// The index of `tokens`.
+    pub fn new(tokens: Arc<[u32]>) -> Self {
+        let mut positions: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            positions.entry(t).or_default().push(i as u32);
+        }
+        Self { tokens, positions }
+    }
+
+    /// Its tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Tokens in it.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Every place the output's end matches: `(start of the continuation, match length)`
+    /// for each occurrence of `output`'s last token, the length counted backwards (at most
+    /// [`MAX_MATCH`] and the output's length).
+    fn matches<'a>(&'a self, output: &'a [u32]) -> impl Iterator<Item = (usize, usize)> + 'a {
+        let last = output.last().copied();
+        let positions = last
+            .and_then(|t| self.positions.get(&t))
+            .map_or(&[][..], Vec::as_slice);
+        let cap = MAX_MATCH.min(output.len());
+        positions.iter().map(move |&p| {
+            let p = p as usize;
+            let k = (0..cap.min(p + 1))
+                .take_while(|&j| self.tokens[p - j] == output[output.len() - 1 - j])
+                .count();
+            (p + 1, k)
+        })
+    }
+}
+
+/// One sequence's drafter from its request's prediction.
+#[derive(Debug)]
+pub struct PredictionDrafter {
+    prediction: Arc<Prediction>,
+    /// Where the output starts in the sequence's tokens.
+    prompt_len: usize,
+    /// Where in the prediction the output is expected to continue: after the last place it
+    /// followed the prediction for [`ANCHOR_MATCH`] tokens (the start, before that).
+    anchor: usize,
+    candidates: Candidates,
+    evidence: u8,
+}
+
+/// How far continuing at `start` is from continuing at `anchor`, forwards first: an output
+/// that left the prediction mostly comes back further on.
+fn distance(start: usize, anchor: usize, len: usize) -> usize {
+    if start >= anchor {
+        start - anchor
+    } else {
+        anchor - start + len
+    }
+}
+
+/// The nodes of two branches under the root as `(parent, token)`, each parent an earlier
+/// node (or the root), in the order they are worth drafting. The second branch shares the
+/// nodes it agrees with the first on. The first branch comes first; where the alignment is
+/// `unsure`, the first [`UNSURE_HEAD`] nodes of both come before the rest of the first.
+fn merge_branches(first: &[u32], second: &[u32], unsure: bool) -> Vec<(Option<usize>, u32)> {
+    // (parent, token, rank) in push order; sorted by rank below.
+    let mut nodes: Vec<(Option<usize>, u32, usize)> =
+        Vec::with_capacity(first.len() + second.len());
+    let mut parent = None;
+    for (i, &token) in first.iter().enumerate() {
+        let rank = if unsure && i >= UNSURE_HEAD {
+            i + UNSURE_HEAD
+        } else {
+            i
+        };
+        nodes.push((parent, token, rank));
+        parent = Some(nodes.len() - 1);
+    }
+    let mut parent = None;
+    let mut shared = true;
+    for (j, &token) in second.iter().enumerate() {
+        if shared && first.get(j) == Some(&token) {
+            parent = Some(j);
+            continue;
+        }
+        shared = false;
+        let rank = if unsure && j < UNSURE_HEAD {
+            UNSURE_HEAD + j
+        } else {
+            first.len() + UNSURE_HEAD + j
+        };
+        nodes.push((parent, token, rank));
+        parent = Some(nodes.len() - 1);
+    }
+    // A child's rank is above its parent's, so parents stay first.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by_key(|&i| nodes[i].2);
+    let mut placed = vec![0usize; nodes.len()];
+    order
+        .iter()
+        .enumerate()
+        .map(|(at, &i)| {
+            placed[i] = at;
+            let (parent, token, _) = nodes[i];
+            (parent.map(|p| placed[p]), token)
+        })
+        .collect()
+}
+
+/// The evidence level of a match of `k` tokens: 1 for none (the anchor's branch alone),
+/// then growing with the length; a short match that is the whole output so far, at the
+/// prediction's very start, has levels of its own (it says more than the same length
+/// elsewhere).
+fn level(k: usize, whole_prefix: bool) -> u8 {
+    match k {
+        0 => 1,
+        1..=3 if whole_prefix => 11 + k as u8,
+        1..=3 => 1 + k as u8,
+        4..=5 => 5,
+        6..=7 => 6,
+        8..=11 => 7,
+        12..=15 => 8,
+        16..=23 => 9,
+        24..=31 => 10,
+        _ => 11,
+    }
+}
+
+impl PredictionDrafter {
+    /// A drafter for a sequence whose output starts after `prompt_len` tokens.
+    pub fn new(prediction: Arc<Prediction>, prompt_len: usize) -> Self {
+        Self {
+            prediction,
+            prompt_len,
+            anchor: 0,
+            candidates: Candidates::new(),
+            evidence: 0,
+        }
+    }
+
+    /// Where the output is expected to continue in the prediction.
+    pub fn anchor(&self) -> usize {
+        self.anchor
+    }
+}
+
+impl Drafter for PredictionDrafter {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Prediction
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        self.candidates.clear();
+        self.evidence = 0;
+        let output = &ctx.tokens[self.prompt_len.min(ctx.tokens.len())..];
+        let len = self.prediction.len();
+        if output.is_empty() || len == 0 {
+            return 0;
+        }
+        // The best match and the best one continuing elsewhere (the longer first, then the
+        // nearer the anchor).
+        let anchor = self.anchor;
+        let rank =
+            |(start, k): (usize, usize)| (k, std::cmp::Reverse(distance(start, anchor, len)));
+        let mut best: Option<(usize, usize)> = None;
+        let mut second: Option<(usize, usize)> = None;
+        for m in self.prediction.matches(output).filter(|m| m.1 > 0) {
+            if best.is_none_or(|b| rank(m) > rank(b)) {
+                second = best;
+                best = Some(m);
+            } else if second.is_none_or(|s| rank(m) > rank(s)) {
+                second = Some(m);
+            }
+        }
+        let k = best.map_or(0, |b| b.1);
+        if let Some((start, k)) = best {
+            if k >= ANCHOR_MATCH.min(output.len()) {
+                self.anchor = start;
+            }
+        }
+        // The second branch: from the anchor where the best match continues elsewhere,
+        // else from the runner-up.
+        let other = match best {
+            Some((start, _)) if start != self.anchor => Some(self.anchor),
+            Some(_) => second.map(|s| s.0),
+            None => Some(self.anchor),
+        };
+        let prediction = Arc::clone(&self.prediction);
+        let tokens = prediction.tokens();
+        let branch = |start: usize, most: usize| &tokens[start.min(len)..(start + most).min(len)];
+        let primary = best.map_or(&[][..], |(start, _)| branch(start, PRIMARY_NODES));
+        let secondary = other.map_or(&[][..], |s| branch(s, SECONDARY_NODES));
+        for (parent, token) in merge_branches(primary, secondary, k < SURE_MATCH) {
+            self.candidates.push(parent, token);
+        }
+        if !self.candidates.is_empty() {
+            let whole_prefix = best.is_some_and(|(start, k)| k == output.len() && start == k);
+            self.evidence = level(k, whole_prefix);
+        }
+        self.candidates.len()
+    }
+
+    fn evidence(&self) -> u8 {
+        self.evidence
+    }
+
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        self.candidates.tree(pending, budget)
+    }
+
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+}
+
+/// The prediction before another drafter: the prediction drafts while the output follows it
+/// (a match of two tokens or more, or the output so far being its start); elsewhere the
+/// wrapped drafter does, and the prediction's weaker guesses only where that one has none.
+pub struct PredictionFirst {
+    prediction: PredictionDrafter,
+    inner: Option<Box<dyn Drafter>>,
+    /// Whether the prediction drafts this step.
+    using_prediction: bool,
+}
+
+/// The evidence from which the prediction goes before the wrapped drafter: any match of
+/// two tokens, and a one-token match that is the whole output so far.
+fn follows(level: u8) -> bool {
+    level >= 3
+}
+
+impl PredictionFirst {
+    /// `prediction` first, then `inner` (none: the prediction alone).
+    pub fn new(prediction: PredictionDrafter, inner: Option<Box<dyn Drafter>>) -> Self {
+        Self {
+            prediction,
+            inner,
+            using_prediction: true,
+        }
+    }
+
+    fn current(&self) -> &dyn Drafter {
+        match &self.inner {
+            Some(inner) if !self.using_prediction => inner.as_ref(),
+            _ => &self.prediction,
+        }
+    }
+
+    fn current_mut(&mut self) -> &mut dyn Drafter {
+        match &mut self.inner {
+            Some(inner) if !self.using_prediction => inner.as_mut(),
+            _ => &mut self.prediction,
+        }
+    }
+}
+
+impl Drafter for PredictionFirst {
+    fn method(&self) -> SpecMethod {
+        self.current().method()
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        let own = self.prediction.prepare(ctx);
+        self.using_prediction = true;
+        if own > 0 && follows(self.prediction.evidence()) {
+            return own;
+        }
+        if let Some(inner) = self.inner.as_mut() {
+            let theirs = inner.prepare(ctx);
+            if theirs > 0 || own == 0 {
+                self.using_prediction = false;
+                return theirs;
+            }
+        }
+        own
+    }
+
+    fn evidence(&self) -> u8 {
+        self.current().evidence()
+    }
+
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        self.current_mut().draft(ctx, budget)
+    }
+
+    fn observe(&mut self, tokens: &[u32], appended: usize) {
+        self.prediction.observe(tokens, appended);
+        if let Some(inner) = self.inner.as_mut() {
+            inner.observe(tokens, appended);
+        }
+    }
+
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        self.current_mut().record(drafted, accepted);
+    }
+
+    fn needs_speculator(&self) -> bool {
+        !self.using_prediction && self.inner.as_ref().is_some_and(|d| d.needs_speculator())
+    }
+}
+
+#[cfg(test)]
+mod tests;
