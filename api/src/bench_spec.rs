@@ -145,6 +145,76 @@ const WARM_UP: &str = "List the days of the week.";
 /// The label of the second `none` engine (`--control`).
 const CONTROL: &str = "none (control)";
 
+/// Starts an engine of `engine_args` drafting with `method` by default, with its KV cache
+/// mapped, warmed up untimed on [`WARM_UP`].
+pub(crate) fn start_warm(
+    loaded: &LoadedModel,
+    engine_args: &EngineArgs,
+    method: SpecMethod,
+) -> anyhow::Result<(engine::EngineHandle, std::thread::JoinHandle<()>)> {
+    let mut engine_args = engine_args.clone();
+    engine_args.spec.speculation = method;
+    // Every engine's pages mapped before the timing starts: otherwise each pays the OS's
+    // first touch of its pool inside its rounds, and what a first touch costs varies with
+    // what the host did before (on one host the same round took 10% longer at some places
+    // in the rotation than at others).
+    engine_args.kv.kv_prefault = true;
+    let config = engine_args.config(&loaded.model)?;
+    let (handle, thread) = engine::spawn(
+        loaded.model.clone(),
+        Arc::new(loaded.tokenizer.clone()),
+        loaded.tokenizer.eos_ids().to_vec(),
+        config,
+    )?;
+    let prompt = loaded
+        .tokenizer
+        .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?;
+    let warm = Request::greedy(prompt, 8, Some(method));
+    handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
+    Ok((handle, thread))
+}
+
+/// One request's stream read to its end, timed from its submission.
+pub(crate) struct Timed {
+    /// Its text.
+    pub text: String,
+    /// Its tokens.
+    pub tokens: usize,
+    /// Submission to the last token.
+    pub seconds: f64,
+    /// Submission to the first token.
+    pub ttft_seconds: f64,
+    /// Its usage.
+    pub usage: engine::Usage,
+}
+
+/// Reads `stream` (submitted at `started`) to its end.
+pub(crate) fn read_timed(started: Instant, stream: engine::RequestStream) -> anyhow::Result<Timed> {
+    let (mut first, mut tokens, mut text, mut usage) = (None, 0, String::new(), None);
+    while let Some(event) = stream.recv() {
+        match event {
+            Event::Output {
+                token_ids, text: t, ..
+            } => {
+                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                tokens += token_ids.len();
+                text.push_str(&t);
+            }
+            Event::Finished { usage: u, .. } => usage = Some(u),
+            Event::Error(e) => bail!("{e}"),
+        }
+    }
+    let usage = usage.context("the engine stopped early")?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Timed {
+        text,
+        tokens,
+        seconds,
+        ttft_seconds: first.unwrap_or(seconds),
+        usage,
+    })
+}
+
 /// One method's own engine, alive for the whole bench so that questions can be interleaved
 /// across methods while each method still sees only its own traffic.
 struct MethodEngine {
@@ -162,25 +232,7 @@ impl MethodEngine {
         (method, label): &(SpecMethod, String),
     ) -> anyhow::Result<Self> {
         let method = *method;
-        let mut engine_args = args.engine.clone();
-        engine_args.spec.speculation = method;
-        // Every engine's pages mapped before the timing starts: otherwise each pays the
-        // OS's first touch of its pool inside its rounds, and what a first touch costs
-        // varies with what the host did before (on one host the same round took 10% longer
-        // at some places in the rotation than at others).
-        engine_args.kv.kv_prefault = true;
-        let config = engine_args.config(&loaded.model)?;
-        let (handle, thread) = engine::spawn(
-            loaded.model.clone(),
-            Arc::new(loaded.tokenizer.clone()),
-            loaded.tokenizer.eos_ids().to_vec(),
-            config,
-        )?;
-        let prompt = loaded
-            .tokenizer
-            .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?;
-        let warm = Request::greedy(prompt, 8, Some(method));
-        handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
+        let (handle, thread) = start_warm(loaded, &args.engine, method)?;
         Ok(Self {
             method,
             label: label.clone(),
@@ -231,31 +283,18 @@ fn read(
     started: Instant,
     stream: engine::RequestStream,
 ) -> anyhow::Result<Measurement> {
-    let (mut first, mut tokens, mut usage) = (None, 0, None);
-    while let Some(event) = stream.recv() {
-        match event {
-            Event::Output { token_ids, .. } => {
-                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                tokens += token_ids.len();
-            }
-            Event::Finished { usage: u, .. } => usage = Some(u),
-            Event::Error(e) => bail!("question {}: {e}", q.id),
-        }
-    }
-    let usage = usage.context("the engine stopped early")?;
-    let seconds = started.elapsed().as_secs_f64();
-    let first = first.unwrap_or(seconds);
+    let timed = read_timed(started, stream).with_context(|| format!("question {}", q.id))?;
     Ok(Measurement {
         question_id: q.id.clone(),
         category: q.category.clone(),
         method: label.to_string(),
-        output_tokens: tokens,
-        seconds,
-        ttft_seconds: first,
-        decode_seconds: seconds - first,
-        verify_steps: usage.spec_steps,
-        draft_tokens: usage.draft_tokens,
-        accepted_tokens: usage.accepted_tokens,
+        output_tokens: timed.tokens,
+        seconds: timed.seconds,
+        ttft_seconds: timed.ttft_seconds,
+        decode_seconds: timed.seconds - timed.ttft_seconds,
+        verify_steps: timed.usage.spec_steps,
+        draft_tokens: timed.usage.draft_tokens,
+        accepted_tokens: timed.usage.accepted_tokens,
     })
 }
 
@@ -285,7 +324,7 @@ fn mat(ms: &[&Measurement]) -> f64 {
 /// of a pair runs the first's order backwards, so over each pair every engine's two places
 /// add up to the same (a host that slows down or speeds up along a round weighs on all
 /// alike, however few the rounds), and the order rotates by one from pair to pair.
-fn round_order(round: usize, engines: usize) -> Vec<usize> {
+pub(crate) fn round_order(round: usize, engines: usize) -> Vec<usize> {
     let pair = round / 2;
     let order = (0..engines).map(move |turn| (pair + turn) % engines);
     if round.is_multiple_of(2) {

@@ -13,6 +13,7 @@ use engine::{load_model, DeviceChoice, LoadOptions, LoadedModel, WeightDType};
 
 use crate::batch::{self, BatchArgs};
 use crate::bench_cmd;
+use crate::bench_edits::{self, EditBenchArgs};
 use crate::bench_serve::{self, sweep::SweepArgs, tot::TotArgs, ServeBenchArgs};
 use crate::bench_spec::{self, SpecBenchArgs};
 use crate::engine_args::EngineArgs;
@@ -135,6 +136,8 @@ enum BenchCommand {
     },
     /// Speculation methods on Spec-Bench questions: speedup per category, MAT, tokens/s.
     Spec(SpecBenchArgs),
+    /// Real code edits, whole file back, with and without the file as the prediction.
+    Edits(EditBenchArgs),
     /// Load on any OpenAI-compatible server: throughput, TTFT, TPOT, ITL, E2E, goodput.
     Serve(Box<ServeBenchArgs>),
     /// `bench serve` over concurrency levels with speculation on and off, with charts.
@@ -212,6 +215,9 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             bench: BenchCommand::Spec(args),
         } => bench_spec::run(&load(&args.model)?, &args),
+        Command::Bench {
+            bench: BenchCommand::Edits(args),
+        } => bench_edits::run(&load(&args.model)?, &args),
         Command::Bench {
             bench: BenchCommand::Serve(args),
         } => bench_serve::run(&args),

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod bench_cmd;
+pub mod bench_edits;
 pub mod bench_serve;
 pub mod bench_spec;
 pub mod bench_spec_charts;
