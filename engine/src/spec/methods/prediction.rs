@@ -159,23 +159,24 @@ fn merge_branches(first: &[u32], second: &[u32], unsure: bool) -> Vec<(Option<us
 }
 
 /// The evidence level of a match of `k` tokens: 1 for none (the anchor's branch alone),
-/// then growing with the length; a short match that is the whole output so far, at the
-/// prediction's very start, has levels of its own (it says more than the same length
-/// elsewhere).
-fn level(k: usize, whole_prefix: bool) -> u8 {
+/// then growing with the length. A short match `near` the anchor (continuing at most
+/// [`NEAR`] tokens after it: the output starting to follow the prediction from its start,
+/// or rejoining it where it left or a line later) has levels of its own: it says more than
+/// the same length anywhere else.
+fn level(k: usize, near: bool) -> u8 {
     match k {
         0 => 1,
-        1..=3 if whole_prefix => 11 + k as u8,
+        1..=7 if near => 11 + k as u8,
         1..=3 => 1 + k as u8,
-        4..=5 => 5,
-        6..=7 => 6,
-        8..=11 => 7,
-        12..=15 => 8,
-        16..=23 => 9,
-        24..=31 => 10,
-        _ => 11,
+        4..=7 => 5,
+        8..=15 => 6,
+        16..=31 => 7,
+        _ => 8,
     }
 }
+
+/// How far after the anchor a match may continue and still count as rejoining there.
+const NEAR: usize = 48;
 
 impl PredictionDrafter {
     /// A drafter for a sequence whose output starts after `prompt_len` tokens.
@@ -224,6 +225,7 @@ impl Drafter for PredictionDrafter {
             }
         }
         let k = best.map_or(0, |b| b.1);
+        let anchor_before = self.anchor;
         if let Some((start, k)) = best {
             if k >= ANCHOR_MATCH.min(output.len()) {
                 self.anchor = start;
@@ -245,8 +247,10 @@ impl Drafter for PredictionDrafter {
             self.candidates.push(parent, token);
         }
         if !self.candidates.is_empty() {
-            let whole_prefix = best.is_some_and(|(start, k)| k == output.len() && start == k);
-            self.evidence = level(k, whole_prefix);
+            let near = best.is_some_and(|(start, _)| {
+                start >= anchor_before && start - anchor_before <= NEAR + k
+            });
+            self.evidence = level(k, near);
         }
         self.candidates.len()
     }
@@ -274,7 +278,7 @@ pub struct PredictionFirst {
 }
 
 /// The evidence from which the prediction goes before the wrapped drafter: any match of
-/// two tokens, and a one-token match that is the whole output so far.
+/// two tokens, and a one-token match near the anchor.
 fn follows(level: u8) -> bool {
     level >= 3
 }

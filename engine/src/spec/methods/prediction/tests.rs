@@ -29,17 +29,23 @@ fn drafted(d: &mut PredictionDrafter, output: &[u32], budget: usize) -> Vec<u32>
 
 #[test]
 fn follows_the_prediction_from_its_first_token() {
-    let prediction: Vec<u32> = (10..60).collect();
+    let prediction: Vec<u32> = (10..200).collect();
     let mut d = drafter(&prediction);
     assert_eq!(drafted(&mut d, &[10], 5), vec![11, 12, 13, 14, 15]);
-    // The output so far is the prediction's start: a level of its own.
+    // The output starts to follow the prediction from its start: a level of its own.
     assert_eq!(d.evidence(), level(1, true));
+    assert!(level(1, true) > level(1, false));
     assert_eq!(
         drafted(&mut d, &[10, 11, 12, 13, 14, 15, 16], 3),
         vec![17, 18, 19]
     );
-    assert_eq!(d.evidence(), level(7, false));
+    assert_eq!(d.evidence(), level(7, true));
     assert_eq!(d.anchor(), 7);
+    // Far from the anchor the same length is weaker evidence; from 8 tokens on, the length
+    // alone counts.
+    assert_eq!(drafted(&mut d, &[10, 11, 150, 151], 2), vec![152, 153]);
+    assert_eq!(d.evidence(), level(2, false));
+    assert_eq!(level(9, true), level(9, false));
     // Nothing before the output is matched: with no output there is nothing to draft.
     let mut fresh = drafter(&prediction);
     let all = tokens(&[]);
@@ -79,7 +85,8 @@ fn a_replaced_line_continues_at_the_next_line() {
     let tree_tokens = drafted(&mut d, &out, 64);
     assert_eq!(tree_tokens[..3], [22, eq, 3]);
     assert!(tree_tokens.contains(&2), "{tree_tokens:?}");
-    assert_eq!(d.evidence(), level(1, false));
+    // The next line starts near the anchor: a rejoin.
+    assert_eq!(d.evidence(), level(1, true));
 }
 
 #[test]
