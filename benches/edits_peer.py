@@ -88,11 +88,12 @@ def main():
     parser.add_argument("--dataset", default="benches/data/code_edits.jsonl")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--skip", type=int, default=0)
+    parser.add_argument("--every", type=int, default=1, help="take every Nth edit only")
     parser.add_argument("--out")
     parser.add_argument("servers", nargs="+", help="NAME=BASE_URL (NAME ending in +prediction sends it)")
     args = parser.parse_args()
     servers = [s.split("=", 1) for s in args.servers]
-    edits = [json.loads(line) for line in open(args.dataset) if line.strip()][args.skip :]
+    edits = [json.loads(line) for line in open(args.dataset) if line.strip()][args.skip :: args.every]
     if args.limit:
         edits = edits[: args.limit]
     results = {name: [] for name, _ in servers}

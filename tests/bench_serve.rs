@@ -1,8 +1,9 @@
 //! `thicket bench serve`, `bench sweep` and `bench tot` end to end against a real
 //! `thicket serve` on SmolLM2, with a handful of short requests: the JSON reports hold every
 //! metric with sane values, and the charts are valid SVG and PNG files. `bench spec` runs its
-//! methods on engines of their own, interleaved question by question. `bench forward` names
-//! its kernel path and holds one row against the memory-bandwidth bound.
+//! methods on engines of their own, interleaved question by question; `bench edits` its
+//! configurations on the same code edits. `bench forward` names its kernel path and holds
+//! one row against the memory-bandwidth bound.
 
 use std::path::Path;
 use std::process::Output;
@@ -335,4 +336,61 @@ fn bench_forward_names_its_path_and_counts_the_context_in_the_bound() {
     // Reading 6% more bytes lowers the bound, so one row is nearer it (the printed
     // percentages are rounded, and a busy host can make both small).
     assert!(weights > 0.0 && kv >= weights, "{weights}% vs {kv}%");
+}
+
+#[test]
+fn bench_edits_runs_each_configuration_on_the_same_edits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("edits.json");
+    let model = smollm2_path();
+    let output = run(&[
+        "bench",
+        "edits",
+        "--model",
+        model.to_str().unwrap(),
+        "--limit",
+        "2",
+        "--configs",
+        "prompt_lookup+prediction",
+        "--control",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8_lossy(&output.stdout).into_owned();
+    for label in [
+        "| none |",
+        "| prompt_lookup+prediction |",
+        "| none (control) |",
+    ] {
+        assert!(table.contains(label), "{label} missing: {table}");
+    }
+    let report = read_json(&out);
+    let measurements = report["measurements"].as_array().unwrap();
+    assert_eq!(measurements.len(), 6, "{report}");
+    let mut edits: Vec<&str> = measurements
+        .iter()
+        .filter(|m| m["config"] == "none")
+        .map(|m| m["edit"].as_str().unwrap())
+        .collect();
+    edits.sort();
+    assert_eq!(edits.len(), 2);
+    for m in measurements {
+        // Greedy: every configuration writes the same number of tokens for an edit.
+        let plain = measurements
+            .iter()
+            .find(|p| p["config"] == "none" && p["edit"] == m["edit"])
+            .unwrap();
+        assert_eq!(m["output_tokens"], plain["output_tokens"], "{m}");
+        if m["config"] != "prompt_lookup+prediction" {
+            assert_eq!(m["draft_tokens"], 0, "{m}");
+        }
+    }
+    let drafted: u64 = measurements
+        .iter()
+        .map(|m| {
+            m["accepted_prediction_tokens"].as_u64().unwrap()
+                + m["rejected_prediction_tokens"].as_u64().unwrap()
+        })
+        .sum();
+    assert!(drafted > 0, "the prediction never drafted: {report}");
 }

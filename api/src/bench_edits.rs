@@ -62,6 +62,9 @@ pub struct EditBenchArgs {
     /// Skip the first N edits (with `--limit`, to run a set in parts).
     #[arg(long, default_value_t = 0)]
     pub skip: usize,
+    /// Take every Nth edit only (a sample across every repository of the set).
+    #[arg(long, default_value_t = 1)]
+    pub every: usize,
     /// Where to write every measurement as JSON.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -136,7 +139,7 @@ fn load_edits(args: &EditBenchArgs, loaded: &LoadedModel) -> anyhow::Result<Vec<
     let max_len = args.engine.config(&loaded.model)?.scheduler.max_model_len;
     let mut edits = Vec::new();
     let lines = text.lines().filter(|l| !l.trim().is_empty());
-    for (n, line) in lines.enumerate().skip(args.skip) {
+    for (n, line) in lines.enumerate().skip(args.skip).step_by(args.every.max(1)) {
         if args.limit.is_some_and(|limit| edits.len() >= limit) {
             break;
         }

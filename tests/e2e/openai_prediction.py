@@ -1,7 +1,7 @@
 """Predicted Outputs through the official `openai` client against the real thicket server:
 `prediction=` in both shapes (a string and a list of text parts) on chat, on completions
-(as an extra field), streamed with include_usage, with n = 2 and a seed, under a JSON schema,
-and a prediction that departs from the output and rejoins it. Every output must be the
+(as an extra field), streamed with include_usage, with a stop string, with n = 2 and a seed,
+under a JSON schema, and a prediction that departs from the output and rejoins it. Every output must be the
 output without a prediction; the usage must say what the prediction's drafts became. Bad
 predictions get a 400 that names `prediction`; an empty one is accepted.
 
@@ -118,6 +118,12 @@ def chat_and_stream():
     check(usage is not None, "no usage chunk")
     accepted, rejected = details(usage)
     check(accepted > 0, f"stream: nothing of a right prediction accepted: {usage}")
+    # A stop string: the output ends at the same place with and without a prediction.
+    stop = dict(model=MODEL, messages=messages, max_tokens=160, temperature=0, stop=["\n\n"])
+    a = client.chat.completions.create(**stop)
+    b = client.chat.completions.create(**stop, prediction=prediction)
+    check(a.choices[0].message.content == b.choices[0].message.content, "a stop string with a prediction")
+    check(b.choices[0].finish_reason == a.choices[0].finish_reason, "finish reason with a stop string")
     # n = 2 with a seed: the same samples with and without a prediction.
     sampled = dict(model=MODEL, messages=messages, max_tokens=48, temperature=0.8, seed=5, n=2)
     a = client.chat.completions.create(**sampled)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use engine::constraint::ConstraintSpec;
 use engine::request::RequestLimits;
-use engine::{ModelTokenizer, Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
+use engine::{Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
 
 use super::error::{ApiError, ApiResult};
 use super::protocol::CommonFields;
@@ -266,7 +266,7 @@ pub fn settings(
         speculation,
         constraint: structured_outputs(common.structured_outputs.as_ref())?,
         constraint_field: "structured_outputs",
-        prediction_text: prediction(common.prediction.as_ref())?,
+        prediction_text: super::prediction::prediction(common.prediction.as_ref())?,
         prediction: None,
         options: ResponseOptions {
             n,
@@ -334,96 +334,6 @@ impl Settings {
         };
         request.validate(limits)?;
         Ok(request)
-    }
-
-    /// Tokenizes the prediction (once for every prompt of the request), as the model's
-    /// output would be: no special tokens added. An empty one is none.
-    pub fn predict(&mut self, tokenizer: &ModelTokenizer, limits: &RequestLimits) -> ApiResult<()> {
-        let Some(text) = self.prediction_text.take() else {
-            return Ok(());
-        };
-        let tokens = tokenizer
-            .encode_plain(&text)
-            .map_err(|e| ApiError::invalid("prediction", e.to_string()))?;
-        if tokens.len() > limits.max_model_len {
-            return Err(ApiError::invalid(
-                "prediction",
-                format!(
-                    "the prediction has {} tokens; this model's maximum length is {} tokens",
-                    tokens.len(),
-                    limits.max_model_len
-                ),
-            ));
-        }
-        self.prediction = (!tokens.is_empty()).then(|| tokens.into());
-        Ok(())
-    }
-}
-
-/// The text of a `prediction` (OpenAI's Predicted Outputs): `{"type": "content", "content":
-/// "..."}`, or `content` as a list of `{"type": "text", "text": "..."}` parts, joined. Null
-/// or absent: none. An empty prediction is accepted and drafts nothing.
-pub fn prediction(value: Option<&serde_json::Value>) -> ApiResult<Option<String>> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let object = value.as_object().ok_or_else(|| {
-        ApiError::invalid(
-            "prediction",
-            "prediction must be an object: {\"type\": \"content\", \"content\": ...}",
-        )
-    })?;
-    match object.get("type").and_then(|t| t.as_str()) {
-        Some("content") => {}
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "prediction.type",
-                format!("unknown prediction type {other:?}: only \"content\" is supported"),
-            ))
-        }
-        None => {
-            return Err(ApiError::invalid(
-                "prediction.type",
-                "prediction needs \"type\": \"content\"",
-            ))
-        }
-    }
-    match object.get("content") {
-        Some(serde_json::Value::String(text)) => Ok(Some(text.clone())),
-        Some(serde_json::Value::Array(parts)) => {
-            let mut text = String::new();
-            for (i, part) in parts.iter().enumerate() {
-                let path = format!("prediction.content[{i}]");
-                match (
-                    part.get("type").and_then(|t| t.as_str()),
-                    part.get("text").and_then(|t| t.as_str()),
-                ) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some("text"), None) => {
-                        return Err(ApiError::invalid(path, "a text part needs a string `text`"))
-                    }
-                    (Some(kind), _) => {
-                        return Err(ApiError::invalid(
-                            path,
-                            format!(
-                                "prediction parts of type {kind:?} are not supported; only text"
-                            ),
-                        ))
-                    }
-                    (None, _) => {
-                        return Err(ApiError::invalid(
-                            path,
-                            "a prediction part needs \"type\": \"text\" and a `text`",
-                        ))
-                    }
-                }
-            }
-            Ok(Some(text))
-        }
-        _ => Err(ApiError::invalid(
-            "prediction.content",
-            "prediction.content must be a string or a list of text parts",
-        )),
     }
 }
 

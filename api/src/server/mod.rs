@@ -10,6 +10,7 @@ pub mod convert;
 pub mod error;
 pub mod generate;
 mod load;
+pub mod prediction;
 pub mod protocol;
 pub mod responses;
 pub mod serve_cmd;

@@ -28,6 +28,11 @@ use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
+mod seq;
+
+pub(crate) use seq::SeqDrafter;
+pub use seq::{SourceTotals, SpecTotals};
+
 /// How the engine speculates.
 #[derive(Debug, Clone)]
 pub struct SpeculationConfig {
@@ -70,109 +75,6 @@ impl Default for SpeculationConfig {
             draft_model: None,
             speculators: Vec::new(),
         }
-    }
-}
-
-/// One speculating sequence's drafting state; it lives in the engine's record of the
-/// sequence and goes with it.
-pub(crate) struct SeqDrafter {
-    drafter: Box<dyn Drafter>,
-    /// Index of its method's speculator.
-    speculator: usize,
-    request: SpecRequest,
-    /// Where its output starts, and its request's prediction (forks take both).
-    prompt_len: usize,
-    prediction: Option<Arc<Prediction>>,
-    max_draft: usize,
-    /// How this sequence accepts relative to each source's statistics (a source missing
-    /// here: as they say), so that one source failing for it (a wrong prediction) does not
-    /// lower its trust in the others.
-    ratios: Vec<(SpecMethod, f32)>,
-    /// Nodes the drafter prepared this step.
-    available: usize,
-    /// What it drafted and had accepted so far.
-    totals: SpecTotals,
-}
-
-impl SeqDrafter {
-    /// Its totals so far.
-    pub(crate) fn totals(&self) -> SpecTotals {
-        self.totals.clone()
-    }
-
-    /// Its acceptance ratio for `method`.
-    fn ratio(&self, method: SpecMethod) -> f32 {
-        self.ratios
-            .iter()
-            .find(|(m, _)| *m == method)
-            .map_or(1.0, |r| r.1)
-    }
-
-    fn ratio_mut(&mut self, method: SpecMethod) -> &mut f32 {
-        let at = match self.ratios.iter().position(|(m, _)| *m == method) {
-            Some(at) => at,
-            None => {
-                self.ratios.push((method, 1.0));
-                self.ratios.len() - 1
-            }
-        };
-        &mut self.ratios[at].1
-    }
-
-    /// The sequence's known tokens grew by their last `appended`.
-    pub(crate) fn observe(&mut self, tokens: &[u32], appended: usize) {
-        self.drafter.observe(tokens, appended);
-    }
-}
-
-/// Per-sequence totals of speculation, reported with the finished sample.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SpecTotals {
-    /// Verification steps.
-    pub steps: usize,
-    /// Draft nodes verified.
-    pub drafted: usize,
-    /// Draft nodes accepted.
-    pub accepted: usize,
-    /// The same per draft source (`auto`'s sources and the prediction apart), in the order
-    /// they first drafted.
-    pub sources: Vec<SourceTotals>,
-}
-
-/// One draft source's part of a sequence's [`SpecTotals`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SourceTotals {
-    /// The source.
-    pub method: SpecMethod,
-    /// Verification steps of its trees.
-    pub steps: usize,
-    /// Its draft nodes verified.
-    pub drafted: usize,
-    /// Its draft nodes accepted.
-    pub accepted: usize,
-}
-
-impl SpecTotals {
-    fn add(&mut self, method: SpecMethod, drafted: usize, accepted: usize) {
-        self.steps += 1;
-        self.drafted += drafted;
-        self.accepted += accepted;
-        let at = match self.sources.iter().position(|s| s.method == method) {
-            Some(at) => at,
-            None => {
-                self.sources.push(SourceTotals {
-                    method,
-                    steps: 0,
-                    drafted: 0,
-                    accepted: 0,
-                });
-                self.sources.len() - 1
-            }
-        };
-        let source = &mut self.sources[at];
-        source.steps += 1;
-        source.drafted += drafted;
-        source.accepted += accepted;
     }
 }
 
