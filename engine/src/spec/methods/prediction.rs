@@ -225,7 +225,6 @@ impl Drafter for PredictionDrafter {
             }
         }
         let k = best.map_or(0, |b| b.1);
-        let anchor_before = self.anchor;
         if let Some((start, k)) = best {
             if k >= ANCHOR_MATCH.min(output.len()) {
                 self.anchor = start;
@@ -247,9 +246,8 @@ impl Drafter for PredictionDrafter {
             self.candidates.push(parent, token);
         }
         if !self.candidates.is_empty() {
-            let near = best.is_some_and(|(start, _)| {
-                start >= anchor_before && start - anchor_before <= NEAR + k
-            });
+            // Near the anchor as it was before this step's match moved it.
+            let near = best.is_some_and(|(start, _)| start >= anchor && start - anchor <= NEAR + k);
             self.evidence = level(k, near);
         }
         self.candidates.len()
