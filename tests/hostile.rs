@@ -1,6 +1,6 @@
 //! Hostile input against the real `thicket serve` on SmolLM2: malformed bytes, pathological
-//! JSON, oversized bodies, out-of-range numbers, absurd counts and lengths, bad roles and
-//! token ids. Every one must be answered with a 4xx and an OpenAI-shaped JSON error, and
+//! JSON, oversized bodies, out-of-range numbers, absurd counts and lengths, bad roles,
+//! token ids and predictions. Every one must be answered with a 4xx and an OpenAI-shaped JSON error, and
 //! the server must keep serving afterwards.
 
 use serde_json::{json, Value};
@@ -232,6 +232,31 @@ fn hostile_requests_get_a_4xx_with_a_json_error() {
             chat(
                 json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]),
             ),
+            400,
+        ),
+        (
+            "prediction longer than the model",
+            "/v1/completions",
+            completion(json!({"prediction": {"type": "content", "content": "word ".repeat(500)}})),
+            400,
+        ),
+        (
+            "prediction not an object",
+            "/v1/completions",
+            completion(json!({"prediction": 5})),
+            400,
+        ),
+        (
+            "prediction part that is not text",
+            "/v1/completions",
+            completion(json!({"prediction": {"type": "content",
+                "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}})),
+            400,
+        ),
+        (
+            "prediction parts nested",
+            "/v1/completions",
+            completion(json!({"prediction": {"type": "content", "content": [[["x"]]]}})),
             400,
         ),
         ("empty body", "/v1/chat/completions", Vec::new(), 400),
