@@ -137,12 +137,7 @@ impl Usage {
             .iter()
             .find(|s| s.method == method)
             .copied()
-            .unwrap_or(SourceTotals {
-                method,
-                steps: 0,
-                drafted: 0,
-                accepted: 0,
-            })
+            .unwrap_or(SourceTotals::none(method))
     }
 }
 
@@ -239,6 +234,17 @@ fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
     }
 }
 
+/// An error naming `field` unless every one of `ids` is a token of a vocabulary of `vocab`.
+fn in_vocabulary(field: &'static str, ids: &[u32], vocab: usize) -> Result<(), InvalidRequest> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(invalid(
+            field,
+            format!("token id {bad} outside the vocabulary of {vocab}"),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Request {
     /// One greedy sample of at most `max_tokens` tokens after `prompt`, speculating as
     /// `method` asks (the engine's default when `None`), no format.
@@ -265,19 +271,7 @@ impl Request {
         if self.prompt.is_empty() {
             return Err(invalid("prompt", "the prompt has no tokens"));
         }
-        if let Some(bad) = self
-            .prompt
-            .iter()
-            .find(|&&t| t as usize >= limits.vocab_size)
-        {
-            return Err(invalid(
-                "prompt",
-                format!(
-                    "token id {bad} outside the vocabulary of {}",
-                    limits.vocab_size
-                ),
-            ));
-        }
+        in_vocabulary("prompt", &self.prompt, limits.vocab_size)?;
         if self.prompt.len() >= limits.max_model_len {
             return Err(invalid(
                 "prompt",
@@ -299,18 +293,7 @@ impl Request {
                     ),
                 ));
             }
-            if let Some(bad) = prediction
-                .iter()
-                .find(|&&t| t as usize >= limits.vocab_size)
-            {
-                return Err(invalid(
-                    "prediction",
-                    format!(
-                        "token id {bad} outside the vocabulary of {}",
-                        limits.vocab_size
-                    ),
-                ));
-            }
+            in_vocabulary("prediction", prediction, limits.vocab_size)?;
         }
         if self.n == 0 || self.n > limits.max_n {
             return Err(invalid(

@@ -136,7 +136,7 @@ pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<
         ));
     }
     let mut settings = settings(&body.common, body.common.max_tokens, body.logprobs, limits)?;
-    settings.predict(engine.tokenizer(), limits)?;
+    settings.predict(engine.tokenizer())?;
     if let Some(best_of) = body.best_of {
         if best_of != settings.options.n {
             return Err(ApiError::invalid(
@@ -240,7 +240,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         .messages
         .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let tokenizer = engine.tokenizer();
-    settings.predict(tokenizer, limits)?;
+    settings.predict(tokenizer)?;
     let shown = tools.as_ref().map(ToolRequest::shown).unwrap_or_default();
     let text = render_messages(tokenizer, &messages, &shown)?;
     let prompt = tokenizer

@@ -2,7 +2,6 @@
 //! "content", "content": text or text parts}`, with a 400 naming the part that is wrong)
 //! and tokenized once per request, as the model's output would be.
 
-use engine::request::RequestLimits;
 use engine::ModelTokenizer;
 
 use super::convert::Settings;
@@ -10,24 +9,15 @@ use super::error::{ApiError, ApiResult};
 
 impl Settings {
     /// Tokenizes the prediction (once for every prompt of the request), as the model's
-    /// output would be: no special tokens added. An empty one is none.
-    pub fn predict(&mut self, tokenizer: &ModelTokenizer, limits: &RequestLimits) -> ApiResult<()> {
+    /// output would be: no special tokens added. An empty one is none. Its length is checked
+    /// with each request it goes into (`Request::validate`).
+    pub fn predict(&mut self, tokenizer: &ModelTokenizer) -> ApiResult<()> {
         let Some(text) = self.prediction_text.take() else {
             return Ok(());
         };
         let tokens = tokenizer
             .encode_plain(&text)
             .map_err(|e| ApiError::invalid("prediction", e.to_string()))?;
-        if tokens.len() > limits.max_model_len {
-            return Err(ApiError::invalid(
-                "prediction",
-                format!(
-                    "the prediction has {} tokens; this model's maximum length is {} tokens",
-                    tokens.len(),
-                    limits.max_model_len
-                ),
-            ));
-        }
         self.prediction = (!tokens.is_empty()).then(|| tokens.into());
         Ok(())
     }

@@ -87,6 +87,18 @@ pub struct SourceTotals {
     pub accepted: usize,
 }
 
+impl SourceTotals {
+    /// `method`'s totals before it drafted.
+    pub fn none(method: SpecMethod) -> Self {
+        Self {
+            method,
+            steps: 0,
+            drafted: 0,
+            accepted: 0,
+        }
+    }
+}
+
 impl SpecTotals {
     pub(super) fn add(&mut self, method: SpecMethod, drafted: usize, accepted: usize) {
         self.steps += 1;
@@ -95,12 +107,7 @@ impl SpecTotals {
         let at = match self.sources.iter().position(|s| s.method == method) {
             Some(at) => at,
             None => {
-                self.sources.push(SourceTotals {
-                    method,
-                    steps: 0,
-                    drafted: 0,
-                    accepted: 0,
-                });
+                self.sources.push(SourceTotals::none(method));
                 self.sources.len() - 1
             }
         };
