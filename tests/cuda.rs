@@ -1,9 +1,10 @@
 //! The CUDA backend on a real GPU, SmolLM2-135M: greedy decoding follows the CPU path's,
 //! tree rows equal their root paths run as chains, a row does not depend on the rows beside
-//! it, KV moves on the device keep what attention reads, and every drafter is lossless. Each
-//! test prints why it skipped and passes when there is no CUDA device (a binary built without
-//! the `cuda` feature, or a machine without a GPU): `scripts/build-cuda.sh --tests` builds
-//! these to run where one is.
+//! it, KV moves on the device keep what attention reads, every drafter is lossless, and steps
+//! replayed from CUDA graphs give what they give launch by launch. Each test prints why it
+//! skipped and passes when there is no CUDA device (a binary built without the `cuda`
+//! feature, or a machine without a GPU): `scripts/build-cuda.sh --tests` builds these to run
+//! where one is.
 
 use std::sync::{Arc, OnceLock};
 
@@ -442,9 +443,9 @@ fn cuda_every_method_is_lossless_on_smollm2() {
     assert!(accepted > 0, "no draft was accepted on the GPU");
 }
 
-/// Rows that see more than 512 keys are split into runs merged by a second kernel: a tree
-/// over a long context still matches its root paths, and a short row beside a long one (so
-/// the batch takes the split kernels) keeps the bits it has alone.
+/// Rows that see more keys than one run holds are split into runs merged by a second
+/// kernel: a tree over a long context still matches its root paths, and a short row beside a
+/// long one (so the batch takes the split kernels) keeps the bits it has alone.
 #[test]
 fn cuda_long_contexts_split_without_changing_a_row() {
     let Some(gpu) = on_gpu("cuda_long_contexts_split_without_changing_a_row") else {
@@ -483,4 +484,112 @@ fn cuda_long_contexts_split_without_changing_a_row() {
         .unwrap();
     let beside = backend.forward(&batch).unwrap();
     assert_eq!(alone[0], beside[0], "a short row changed beside a long one");
+}
+
+/// Steps replayed from CUDA graphs give what the same steps give launch by launch: one
+/// sequence's decoding past 512 keys (attention in runs), trees of 5 rows (a captured size)
+/// and 9 rows (padded to 12), and two sequences side by side, each shape run until its graph
+/// replays. Unpadded shapes give the same bits; padded ones the same top tokens within
+/// `BATCH_TOLERANCE` (the products then run at the captured row count).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_graph_steps_equal_launch_by_launch_steps() {
+    let Some(gpu) = on_gpu("cuda_graph_steps_equal_launch_by_launch_steps") else {
+        return;
+    };
+    let mut pool = BlockPool::new(256, BLOCK);
+    let make = |graphs: bool| {
+        let mut backend =
+            engine::backend::CudaBackend::new(gpu.model.clone(), pool.num_slots()).unwrap();
+        backend.set_graphs(graphs);
+        backend
+    };
+    let (mut graphed, mut plain) = (make(true), make(false));
+    let text = PROMPTS.join(" ").repeat(6);
+    let long: Vec<u32> = gpu.tokenizer.encode(&text).unwrap();
+    assert!(
+        long.len() > 512,
+        "{} tokens: attention must run in parts",
+        long.len()
+    );
+    let short = gpu.tokenizer.encode(PROMPTS[1]).unwrap();
+    let long_table = table(&mut pool, long.len() + 64);
+    let short_table = table(&mut pool, short.len() + 64);
+    let mut worst = 0f32;
+    let mut both = |batch: &TreeBatch, exact: bool| {
+        let a = graphed.forward(batch).unwrap();
+        let b = plain.forward(batch).unwrap();
+        assert_eq!(a.len(), b.len());
+        for (row, (a, b)) in a.iter().zip(&b).enumerate() {
+            let diff = max_diff(a, b);
+            worst = worst.max(diff);
+            assert_eq!(argmax(a), argmax(b), "row {row} of {}", batch.num_rows());
+            if exact {
+                assert_eq!(a, b, "row {row} of {}: differs by {diff}", batch.num_rows());
+            }
+            assert!(diff <= BATCH_TOLERANCE, "row {row}: {diff}");
+        }
+    };
+    let one = |context: usize, table: &BlockTable, tree: &TokenTree| {
+        let mut batch = TreeBatch::new(BLOCK);
+        batch.push(context, table, tree, LogitRows::All).unwrap();
+        batch
+    };
+    both(&one(0, &long_table, &TokenTree::chain(&long)), false);
+    both(&one(0, &short_table, &TokenTree::chain(&short)), false);
+    let (mut at_long, mut at_short) = (long.len(), short.len());
+    for step in 0..8u32 {
+        both(
+            &one(at_long, &long_table, &TokenTree::chain(&[100 + step])),
+            true,
+        );
+        at_long += 1;
+    }
+    let five = TokenTree::new(
+        vec![11, 22, 33, 44, 55],
+        vec![None, Some(0), Some(0), Some(1), Some(3)],
+    )
+    .unwrap();
+    let nine = TokenTree::new(
+        (1..=9).map(|t| 200 + t).collect(),
+        vec![
+            None,
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(1),
+            Some(2),
+            Some(3),
+            Some(4),
+            Some(7),
+        ],
+    )
+    .unwrap();
+    for _ in 0..3 {
+        both(&one(at_long, &long_table, &five), true);
+        both(&one(at_short, &short_table, &nine), false);
+    }
+    for step in 0..4u32 {
+        let mut batch = TreeBatch::new(BLOCK);
+        let (a, b) = (
+            TokenTree::chain(&[300 + step]),
+            TokenTree::chain(&[400 + step]),
+        );
+        batch
+            .push(at_long, &long_table, &a, LogitRows::Last)
+            .unwrap();
+        batch
+            .push(at_short, &short_table, &b, LogitRows::Last)
+            .unwrap();
+        both(&batch, true);
+        at_long += 1;
+        at_short += 1;
+    }
+    let (replays, captures) = graphed.graph_counts();
+    eprintln!("graphs: {captures} captured, {replays} replays; largest difference {worst}");
+    assert!(
+        captures >= 4 && replays >= 10,
+        "{captures} captured, {replays} replays"
+    );
+    assert_eq!(plain.graph_counts(), (0, 0));
 }

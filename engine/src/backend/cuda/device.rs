@@ -2,7 +2,8 @@
 //! [`Gpu`] owns what every pass shares: the stream, thicket's kernels (`kernels.cu`, loaded
 //! once), the cache (one f16 allocation, `[layer][K|V][slot][kv_head][head_dim]`), the
 //! per-forward plan upload and KV moves. The forward itself is one of two passes: the fused
-//! f16 pass (`fused`: nine launches a layer, for f16 weights, the default) or candle's ops
+//! f16 pass (`fused`: nine launches a layer, for f16 weights, the default; a decode or tree
+//! step replayed from a CUDA graph) or candle's ops
 //! around thicket's attention (`ops`: any other weights, e.g. `--dtype q`). Only the logits of
 //! the rows asked for come back to the host.
 
@@ -11,14 +12,13 @@ use std::sync::Arc;
 use candle_core::cuda::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{Device, Layout, Storage, Tensor};
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
 use half::f16;
 use kvcache::KvMove;
 
+use super::attend::AttendAt;
 use super::fused::FusedPass;
-use super::plan::{move_waves, AttentionPlan};
+use super::plan::{attention_runs, move_waves, AttentionPlan, GRAPH_ROWS, SPLIT_KEYS};
 use crate::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model::Model;
@@ -32,9 +32,6 @@ pub(super) const ATTENTION_THREADS: u32 = 128;
 pub(super) const ROW_THREADS: u32 = 256;
 /// The widest head `kernels.cu` holds (q in shared memory, two dimensions per thread).
 const MAX_HEAD_DIM: usize = 256;
-/// Keys per attention block: a row that sees more is split into runs of this many, merged
-/// by a second kernel (so a long context spreads over the GPU).
-const SPLIT_KEYS: usize = 512;
 
 /// A driver error as the engine's.
 pub(super) fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -64,64 +61,27 @@ pub(super) struct Kernels {
     pub rope_kv: CudaFunction,
     pub swiglu: CudaFunction,
     pub kv_copy: CudaFunction,
+    pub gather_rows: CudaFunction,
 }
 
 /// The device, its stream, thicket's kernels and the KV cache.
 pub(super) struct Gpu {
     pub device: CudaDevice,
     pub stream: Arc<CudaStream>,
+    /// candle's cuBLAS handle for the device, on `stream`.
+    pub blas: Arc<cudarc::cublas::CudaBlas>,
     pub kernels: Kernels,
+    /// `num_slots` slots and one spare (padding rows of a captured step write and read it).
     pub cache: CudaSlice<f16>,
+    /// Slots the engine allocates.
     pub num_slots: usize,
+    /// Keys per attention run (`SPLIT_KEYS`, or `THICKET_CUDA_SPLIT_KEYS`).
+    pub split: usize,
     /// Halves in one slot of one plane (`kv_heads * head_dim`).
     pub width: usize,
     pub num_layers: usize,
     /// Page-locked staging for logits, grown to the largest copy so far.
     pinned: Option<cudarc::driver::PinnedHostSlice<f32>>,
-}
-
-/// The arguments the attention kernels share, pushed in their order: `lead` before the
-/// output, `tail` after it.
-struct AttentionArgs {
-    q_row: i64,
-    q_head: i64,
-    k_at: i64,
-    v_at: i64,
-    heads: i32,
-    kv_heads: i32,
-    dim: i32,
-    block_size: i32,
-    scale: f32,
-}
-
-impl AttentionArgs {
-    /// q, its strides, the cache, the layer's planes and the plan.
-    fn lead<'a>(
-        &'a self,
-        launch: &mut LaunchArgs<'a>,
-        q: &'a CudaView<'_, f32>,
-        cache: &'a CudaSlice<f16>,
-        plan: &'a CudaSlice<i32>,
-    ) {
-        launch
-            .arg(q)
-            .arg(&self.q_row)
-            .arg(&self.q_head)
-            .arg(cache)
-            .arg(&self.k_at)
-            .arg(&self.v_at)
-            .arg(plan);
-    }
-
-    /// The shape, block size and softmax scale.
-    fn tail<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
-        launch
-            .arg(&self.heads)
-            .arg(&self.kv_heads)
-            .arg(&self.dim)
-            .arg(&self.block_size)
-            .arg(&self.scale);
-    }
 }
 
 /// A forward's plan on the device.
@@ -159,15 +119,24 @@ impl Gpu {
             rope_kv: load("rope_kv")?,
             swiglu: load("swiglu")?,
             kv_copy: load("kv_copy")?,
+            gather_rows: load("gather_rows")?,
         };
         let width = cfg.kv_row_width();
         let stream = device.cuda_stream();
         let cache = stream
-            .alloc_zeros::<f16>(cfg.num_layers * 2 * num_slots * width)
+            .alloc_zeros::<f16>(cfg.num_layers * 2 * (num_slots + 1) * width)
             .map_err(device_err("allocating the KV cache"))?;
+        let blas = device.cublas_handle();
+        let split = std::env::var("THICKET_CUDA_SPLIT_KEYS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| v > 0)
+            .unwrap_or(SPLIT_KEYS);
         Ok(Self {
             device,
             stream,
+            blas,
+            split,
             kernels,
             cache,
             num_slots,
@@ -188,11 +157,31 @@ impl Gpu {
             .map_err(device_err("making the CUDA context current"))
     }
 
+    /// Slots in one plane of the cache: the engine's and the spare one.
+    fn plane_slots(&self) -> usize {
+        self.num_slots + 1
+    }
+
+    /// The slot no sequence owns, written and read only by padding rows.
+    pub fn spare_slot(&self) -> usize {
+        self.num_slots
+    }
+
     /// Offsets of layer `layer`'s K and V planes in the cache.
     pub fn planes(&self, layer: usize) -> (i64, i64) {
-        let plane = (self.num_slots * self.width) as i64;
+        let plane = (self.plane_slots() * self.width) as i64;
         let k = 2 * layer as i64 * plane;
         (k, k + plane)
+    }
+
+    /// Where attention reads `plan`.
+    pub fn attend_at<'a>(&self, plan: &'a Uploaded) -> AttendAt<'a> {
+        AttendAt {
+            words: &plan.words,
+            rows: plan.rows,
+            runs: attention_runs(plan.max_keys, self.split),
+            block_size: plan.block_size,
+        }
     }
 
     /// `batch`'s plan on the device, and the most keys a row sees.
@@ -210,88 +199,26 @@ impl Gpu {
         })
     }
 
-    /// Paged tree attention of layer `layer` for every row of `plan` into `out`
-    /// (`[rows, heads * dim]`, f32 or f16 by `out_f16`); q's element (row, head, d) is at
-    /// `row * q_row + head * q_head + d`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend<O: cudarc::driver::DeviceRepr>(
-        &self,
-        cfg: &ModelConfig,
-        layer: usize,
-        plan: &Uploaded,
-        q: &CudaView<f32>,
-        (q_row, q_head): (i64, i64),
-        out: &mut CudaSlice<O>,
-        out_f16: bool,
-    ) -> Result<()> {
-        let (k_at, v_at) = self.planes(layer);
-        let args = AttentionArgs {
-            q_row,
-            q_head,
-            k_at,
-            v_at,
-            heads: cfg.num_heads as i32,
-            kv_heads: cfg.num_kv_heads as i32,
-            dim: cfg.head_dim as i32,
-            block_size: plan.block_size as i32,
-            scale: 1f32 / (cfg.head_dim as f32).sqrt(),
-        };
-        let (heads, rows) = (cfg.num_heads as u32, plan.rows as u32);
-        let runs = plan.max_keys.div_ceil(SPLIT_KEYS).max(1);
-        if runs == 1 {
-            let kernel = if out_f16 {
-                &self.kernels.attention_f16
-            } else {
-                &self.kernels.attention
-            };
-            let mut launch = self.stream.launch_builder(kernel);
-            args.lead(&mut launch, q, &self.cache, &plan.words);
-            launch.arg(out);
-            args.tail(&mut launch);
-            // SAFETY: tree_attention's signature; the plan's block ids and slots were checked
-            // against the cache by `TreeBatch::validate`, and out holds rows * heads * dim.
-            unsafe { launch.launch(grid((heads, rows, 1), ATTENTION_THREADS)) }
-                .map_err(device_err("tree_attention"))?;
-            return Ok(());
-        }
-        let mut parts =
-            self.scratch::<f32>(plan.rows * cfg.num_heads * runs * (cfg.head_dim + 2))?;
-        let split = SPLIT_KEYS as i32;
-        let mut launch = self.stream.launch_builder(&self.kernels.attention_part);
-        args.lead(&mut launch, q, &self.cache, &plan.words);
-        launch.arg(&mut parts);
-        args.tail(&mut launch);
-        launch.arg(&split);
-        // SAFETY: tree_attention_part's signature; as above, and parts holds a run's
-        // dim + 2 values for every (row, head, run).
-        unsafe { launch.launch(grid((heads, rows, runs as u32), ATTENTION_THREADS)) }
-            .map_err(device_err("tree_attention_part"))?;
-        let kernel = if out_f16 {
-            &self.kernels.attention_merge_f16
-        } else {
-            &self.kernels.attention_merge
-        };
-        let runs_i = runs as i32;
-        let mut launch = self.stream.launch_builder(kernel);
-        launch
-            .arg(&parts)
-            .arg(&plan.words)
-            .arg(out)
-            .arg(&args.heads)
-            .arg(&args.dim)
-            .arg(&split)
-            .arg(&runs_i);
-        // SAFETY: tree_attention_merge's signature; every run a row uses was written above.
-        unsafe { launch.launch(grid((heads, rows, 1), 128)) }
-            .map_err(device_err("tree_attention_merge"))?;
-        Ok(())
-    }
-
-    /// The f32 logits `[rows, vocab]` on the host, through a page-locked buffer kept for
-    /// the next forward (a pageable copy of many rows' logits costs more than the forward).
+    /// The f32 logits `[rows, vocab]` of a tensor on the host.
     pub fn logits_to_host(&mut self, logits: &Tensor) -> Result<Vec<Vec<f32>>> {
         let (rows, vocab) = logits.dims2()?;
+        let (store, layout) = logits.storage_and_layout();
+        let src = view::<f32>(&store, layout)?;
+        self.copy_logits(&src, rows, vocab)
+    }
+
+    /// `rows` rows of `vocab` f32 logits on the host, through a page-locked buffer kept for
+    /// the next forward (a pageable copy of many rows' logits costs more than the forward).
+    pub fn copy_logits(
+        &mut self,
+        src: &CudaView<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<Vec<Vec<f32>>> {
         let len = rows * vocab;
+        if src.len() < len {
+            return Err(Error::Device("logits shorter than their rows".into()));
+        }
         if self.pinned.as_ref().is_none_or(|p| p.len() < len) {
             self.pinned = None;
             // SAFETY: the buffer is written by the copy below before it is read.
@@ -307,15 +234,11 @@ impl Gpu {
             .as_mut_slice()
             .map_err(device_err("page-locked memory"))?;
         let host = &mut host[..len];
-        {
-            let (store, layout) = logits.storage_and_layout();
-            let src = view::<f32>(&store, layout)?;
-            // A copy into host memory is asynchronous and, on one stream, followed by no
-            // event: wait for it before reading.
-            stream
-                .memcpy_dtoh(&src, host)
-                .map_err(device_err("copying logits"))?;
-        }
+        // A copy into host memory is asynchronous and, on one stream, followed by no event:
+        // wait for it before reading.
+        stream
+            .memcpy_dtoh(&src.slice(..len), host)
+            .map_err(device_err("copying logits"))?;
         stream.synchronize().map_err(device_err("copying logits"))?;
         Ok(host.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect())
     }
@@ -355,7 +278,7 @@ impl Gpu {
             )));
         }
         let planes = (2 * self.num_layers) as u32;
-        let plane = (self.num_slots * self.width) as i64;
+        let plane = (self.plane_slots() * self.width) as i64;
         let width = self.width as i32;
         for wave in move_waves(moves) {
             let pairs: Vec<i32> = wave
@@ -412,9 +335,9 @@ pub(super) fn view<'a, T: candle_core::cuda::CudaDType>(
 /// How the forward runs.
 enum Pass {
     /// thicket's fused f16 pass.
-    Fused(FusedPass),
+    Fused(Box<FusedPass>),
     /// candle's ops around thicket's attention.
-    Ops(Model),
+    Ops(Box<Model>),
 }
 
 /// A model on a CUDA device with a device-resident paged KV cache.
@@ -464,8 +387,8 @@ impl CudaBackend {
             }
         };
         let pass = match FusedPass::new(&model)? {
-            Some(fused) => Pass::Fused(fused),
-            None => Pass::Ops(model),
+            Some(fused) => Pass::Fused(Box::new(fused)),
+            None => Pass::Ops(Box::new(model)),
         };
         Ok(Self {
             gpu,
@@ -473,6 +396,25 @@ impl CudaBackend {
             pass,
             weights,
         })
+    }
+}
+
+impl CudaBackend {
+    /// Turns capturing steps as CUDA graphs on or off (on by default unless
+    /// `THICKET_CUDA_GRAPHS=0`); off, every step runs launch by launch. Only the fused pass
+    /// captures steps.
+    pub fn set_graphs(&mut self, on: bool) {
+        if let Pass::Fused(fused) = &mut self.pass {
+            fused.set_graphs(on);
+        }
+    }
+
+    /// Steps replayed from CUDA graphs, and graphs captured, so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        match &self.pass {
+            Pass::Fused(fused) => fused.graph_counts(),
+            Pass::Ops(_) => (0, 0),
+        }
     }
 }
 
@@ -488,9 +430,13 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         let context = self.gpu.stream.context();
         let name = context.name().unwrap_or_else(|_| "unnamed GPU".into());
-        let pass = match self.pass {
-            Pass::Fused(_) => "fused f16 pass",
-            Pass::Ops(_) => "candle ops",
+        let pass = match &self.pass {
+            Pass::Fused(fused) if fused.graphs_enabled() => format!(
+                "fused f16 pass, steps of up to {} rows replayed as CUDA graphs",
+                GRAPH_ROWS[GRAPH_ROWS.len() - 1]
+            ),
+            Pass::Fused(_) => "fused f16 pass, launch by launch".into(),
+            Pass::Ops(_) => "candle ops".into(),
         };
         format!(
             "cuda:{} ({name}), {pass}, thicket's paged tree attention, {}, device KV (f16)",
@@ -506,8 +452,8 @@ impl Backend for CudaBackend {
             self.gpu.num_slots,
         )?;
         self.gpu.bind()?;
-        let logits = match &self.pass {
-            Pass::Fused(fused) => fused.forward(&mut self.gpu, &self.config, batch)?,
+        let logits = match &mut self.pass {
+            Pass::Fused(fused) => return fused.forward(&mut self.gpu, &self.config, batch),
             Pass::Ops(model) => super::ops::forward(&mut self.gpu, model, batch)?,
         };
         match logits {

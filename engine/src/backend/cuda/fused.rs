@@ -5,18 +5,24 @@
 //! tree attention, SwiGLU. Nine launches a layer, against about thirty for candle's ops
 //! (each of which also converts f32 activations to f16 and back around every product).
 //! Activations between kernels are f16 (what the f16 products read anyway); the residual
-//! stream, norms, RoPE, softmax and SwiGLU are f32.
+//! stream, norms, RoPE, softmax and SwiGLU are f32. The products are cuBLAS calls on the
+//! pass's own buffers (`arena`), so a step allocates nothing and can be captured as a CUDA
+//! graph (`graphs`): a decode or tree step is then one launch.
 
 use candle_core::{DType, Tensor};
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::f16;
 
+use super::arena::{Arena, Buffers, Room};
+use super::attend::AttendAt;
 use super::device::{device_err, grid, view, Gpu, ROW_THREADS};
+use super::graphs::{Graphs, Shape};
+use super::plan::{attention_runs, graph_rows, graph_runs, AttentionPlan};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::linear::Linear;
 use crate::model::Model;
 use crate::tree_batch::TreeBatch;
-use crate::Result;
+use crate::{Error, Result};
 
 /// One decoder block's weights as the fused pass reads them.
 struct FusedLayer {
@@ -32,8 +38,15 @@ struct FusedLayer {
     down: Tensor,
 }
 
-/// The fused pass's weights.
+/// The fused pass: its weights, the buffers its steps reuse and its captured steps.
 pub(super) struct FusedPass {
+    weights: Weights,
+    buffers: Buffers,
+    graphs: Graphs,
+}
+
+/// The fused pass's weights, each product's `[out, in]` f16 and contiguous.
+struct Weights {
     /// `[vocab, hidden]` f32.
     embedding: Tensor,
     layers: Vec<FusedLayer>,
@@ -52,7 +65,7 @@ fn f16_weight(linear: &Linear) -> Option<Tensor> {
     linear
         .dense_weight()
         .filter(|w| w.dtype() == DType::F16 && linear.bias().is_none())
-        .cloned()
+        .and_then(|w| w.contiguous().ok())
 }
 
 /// An f32 contiguous copy (norm weights, the embedding).
@@ -120,7 +133,7 @@ impl FusedPass {
             .cuda_stream()
             .alloc_zeros::<f32>(1)
             .map_err(device_err("allocating"))?;
-        Ok(Some(Self {
+        let weights = Weights {
             embedding: f32_contiguous(&weights.embedding)?,
             layers,
             final_norm: f32_contiguous(&weights.final_norm)?,
@@ -129,17 +142,119 @@ impl FusedPass {
             sin: f32_contiguous(sin)?,
             interleaved: i32::from(model.config().rope_style == RopeStyle::Interleaved),
             no_bias,
+        };
+        Ok(Some(Self {
+            weights,
+            buffers: Buffers::default(),
+            graphs: Graphs::new(),
         }))
     }
 
-    /// Runs `batch`; the f32 logits of its logit rows, or `None` when it asks for none.
+    /// Turns capturing steps as graphs on or off.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Whether steps are captured as graphs.
+    pub fn graphs_enabled(&self) -> bool {
+        self.graphs.enabled()
+    }
+
+    /// Steps replayed from graphs and graphs captured so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        (self.graphs.replays, self.graphs.captures)
+    }
+
+    /// Runs `batch`; the f32 logits of its logit rows (none when it asks for none). A batch
+    /// of up to `GRAPH_ROWS`' largest rows runs padded to its captured size, from a CUDA
+    /// graph once its shape has recurred; a larger one runs launch by launch.
     pub fn forward(
-        &self,
+        &mut self,
         gpu: &mut Gpu,
         cfg: &ModelConfig,
         batch: &TreeBatch,
-    ) -> Result<Option<Tensor>> {
-        let rows = batch.num_rows();
+    ) -> Result<Vec<Vec<f32>>> {
+        let wanted = batch.logit_rows.len();
+        let padded = if self.graphs.enabled() {
+            graph_rows(batch.num_rows())
+        } else {
+            None
+        };
+        let (plan, rows, runs, logits) = match padded {
+            Some(rows) => {
+                let plan = AttentionPlan::padded(batch, rows, gpu.spare_slot())?;
+                let runs = graph_runs(plan.max_keys, gpu.split);
+                (plan, rows, runs, if wanted > 0 { rows } else { 0 })
+            }
+            None => {
+                let plan = AttentionPlan::new(batch)?;
+                let runs = attention_runs(plan.max_keys, gpu.split);
+                (plan, batch.num_rows(), runs, wanted)
+            }
+        };
+        let room = Room {
+            rows,
+            logits,
+            runs,
+            words: plan.words.len(),
+        };
+        let stream = gpu.stream.clone();
+        let (arena, grown) = self.buffers.hold(&stream, cfg, room)?;
+        if grown {
+            self.graphs.clear();
+        }
+        let mut words = arena.plan.slice_mut(..plan.words.len());
+        stream
+            .memcpy_htod(plan.words.as_slice(), &mut words)
+            .map_err(device_err("uploading the step's plan"))?;
+        let step = Step {
+            rows,
+            runs,
+            logits,
+            logits_at: plan.logits_at as i32,
+            block_size: batch.block_size,
+        };
+        let weights = &self.weights;
+        let replayed = match padded {
+            Some(_) => {
+                let shape = Shape {
+                    rows,
+                    runs,
+                    logits: logits > 0,
+                };
+                self.graphs
+                    .run(&stream, shape, || weights.record(gpu, arena, cfg, &step))?
+            }
+            None => false,
+        };
+        if !replayed {
+            weights.record(gpu, arena, cfg, &step)?;
+        }
+        if wanted == 0 {
+            gpu.synchronize()?;
+            return Ok(Vec::new());
+        }
+        let logits = arena.logits.slice(..wanted * cfg.vocab_size);
+        gpu.copy_logits(&logits, wanted, cfg.vocab_size)
+    }
+}
+
+/// One step's shape as the launches see it.
+struct Step {
+    rows: usize,
+    runs: usize,
+    /// Rows through the LM head (the first of the plan's logit list).
+    logits: usize,
+    logits_at: i32,
+    block_size: usize,
+}
+
+impl Weights {
+    /// Queues `step`'s launches: the embedding, every layer, the final norm, and the LM head
+    /// over the rows of the plan's logit list, into `arena.logits`. Queued on the stream as
+    /// they are (launch by launch) or into a capture (a graph), alike.
+    fn record(&self, gpu: &Gpu, arena: &mut Arena, cfg: &ModelConfig, step: &Step) -> Result<()> {
+        let rows = step.rows;
         let (hidden, heads, kv_heads, dim) = (
             cfg.hidden_size,
             cfg.num_heads,
@@ -147,34 +262,60 @@ impl FusedPass {
             cfg.head_dim,
         );
         let ffn = cfg.intermediate_size;
-        let plan = gpu.upload_plan(batch)?;
         let by_rows = grid((rows as u32, 1, 1), ROW_THREADS);
-        let (hidden_i, heads_i, kv_i, dim_i) =
-            (hidden as i32, heads as i32, kv_heads as i32, dim as i32);
-
-        let mut x = gpu.scratch::<f32>(rows * hidden)?;
+        let (hidden_i, heads_i, kv_i, dim_i, ffn_i) = (
+            hidden as i32,
+            heads as i32,
+            kv_heads as i32,
+            dim as i32,
+            ffn as i32,
+        );
+        let eps = cfg.rms_norm_eps as f32;
+        let Arena {
+            plan,
+            x,
+            h,
+            qkv,
+            q,
+            attn,
+            delta,
+            gate_up,
+            gated,
+            parts,
+            picked,
+            logits,
+            ..
+        } = arena;
         {
             let (table, layout) = self.embedding.storage_and_layout();
             let table = view::<f32>(&table, layout)?;
             let mut launch = gpu.stream.launch_builder(&gpu.kernels.embed);
-            launch
-                .arg(&table)
-                .arg(&plan.words)
-                .arg(&mut x)
-                .arg(&hidden_i);
-            // SAFETY: embed's signature; every token was checked against the vocabulary.
+            launch.arg(&table).arg(&*plan).arg(&mut *x).arg(&hidden_i);
+            // SAFETY: embed's signature; every token was checked against the vocabulary
+            // (padding rows read token 0).
             unsafe { launch.launch(by_rows) }.map_err(device_err("embed"))?;
         }
-        // The last projection's output, not yet added to x.
-        let mut delta: Option<Tensor> = None;
+        let at = AttendAt {
+            words: &*plan,
+            rows,
+            runs: step.runs,
+            block_size: step.block_size,
+        };
         for (index, layer) in self.layers.iter().enumerate() {
-            let h = self.residual_norm(gpu, &mut x, delta.as_ref(), &layer.attn_norm, rows, cfg)?;
-            let qkv = gpu.tensor(h, (rows, hidden)).matmul(&layer.qkv.t()?)?;
+            let first = index == 0;
+            norm(
+                gpu,
+                x,
+                (!first).then_some(&*delta),
+                &layer.attn_norm,
+                h,
+                rows,
+                (hidden_i, eps),
+            )?;
+            let qkv_n = (heads + 2 * kv_heads) * dim;
+            gemm(gpu, h, &layer.qkv, qkv, false, (rows, qkv_n, hidden))?;
             let (k_at, v_at) = gpu.planes(index);
-            let mut q = gpu.scratch::<f32>(rows * heads * dim)?;
             {
-                let (store, layout) = qkv.storage_and_layout();
-                let qkv = view::<f16>(&store, layout)?;
                 let (cos_store, cos_layout) = self.cos.storage_and_layout();
                 let (sin_store, sin_layout) = self.sin.storage_and_layout();
                 let cos = view::<f32>(&cos_store, cos_layout)?;
@@ -187,14 +328,14 @@ impl FusedPass {
                 };
                 let mut launch = gpu.stream.launch_builder(&gpu.kernels.rope_kv);
                 launch
-                    .arg(&qkv)
+                    .arg(&*qkv)
                     .arg(&bias)
                     .arg(&has_bias)
                     .arg(&cos)
                     .arg(&sin)
-                    .arg(&plan.words)
-                    .arg(&mut q)
-                    .arg(&mut gpu.cache)
+                    .arg(at.words)
+                    .arg(&mut *q)
+                    .arg(&gpu.cache)
                     .arg(&k_at)
                     .arg(&v_at)
                     .arg(&heads_i)
@@ -202,83 +343,187 @@ impl FusedPass {
                     .arg(&dim_i)
                     .arg(&self.interleaved);
                 // SAFETY: rope_kv's signature; slots and positions were checked by
-                // `TreeBatch::validate` (positions below the RoPE table's length).
+                // `TreeBatch::validate` (positions below the RoPE table's length; padding
+                // rows write the spare slot at position 0).
                 unsafe { launch.launch(by_rows) }.map_err(device_err("rope_kv"))?;
             }
-            let mut attn = gpu.scratch::<f16>(rows * heads * dim)?;
             // q is [rows, heads, dim].
             let strides = ((heads * dim) as i64, dim as i64);
-            gpu.attend(cfg, index, &plan, &q.slice(..), strides, &mut attn, true)?;
-            let o = gpu
-                .tensor(attn, (rows, heads * dim))
-                .matmul(&layer.o.t()?)?;
-            let h = self.residual_norm(gpu, &mut x, Some(&o), &layer.mlp_norm, rows, cfg)?;
-            let gate_up = gpu.tensor(h, (rows, hidden)).matmul(&layer.gate_up.t()?)?;
-            let mut gated = gpu.scratch::<f16>(rows * ffn)?;
+            gpu.attend(
+                cfg,
+                index,
+                &at,
+                &q.slice(..),
+                strides,
+                attn,
+                true,
+                Some(&mut *parts),
+            )?;
+            gemm(
+                gpu,
+                attn,
+                &layer.o,
+                delta,
+                false,
+                (rows, hidden, heads * dim),
+            )?;
+            norm(
+                gpu,
+                x,
+                Some(&*delta),
+                &layer.mlp_norm,
+                h,
+                rows,
+                (hidden_i, eps),
+            )?;
+            gemm(
+                gpu,
+                h,
+                &layer.gate_up,
+                gate_up,
+                false,
+                (rows, 2 * ffn, hidden),
+            )?;
             {
-                let (store, layout) = gate_up.storage_and_layout();
-                let gate_up = view::<f16>(&store, layout)?;
-                let ffn_i = ffn as i32;
                 let mut launch = gpu.stream.launch_builder(&gpu.kernels.swiglu);
-                launch.arg(&gate_up).arg(&mut gated).arg(&ffn_i);
+                launch.arg(&*gate_up).arg(&mut *gated).arg(&ffn_i);
                 // SAFETY: swiglu's signature; gate_up holds rows * 2 * ffn values.
                 unsafe { launch.launch(by_rows) }.map_err(device_err("swiglu"))?;
             }
-            delta = Some(gpu.tensor(gated, (rows, ffn)).matmul(&layer.down.t()?)?);
+            gemm(gpu, gated, &layer.down, delta, false, (rows, hidden, ffn))?;
         }
-        let h = self.residual_norm(gpu, &mut x, delta.as_ref(), &self.final_norm, rows, cfg)?;
-        if batch.logit_rows.is_empty() {
-            return Ok(None);
+        norm(
+            gpu,
+            x,
+            Some(&*delta),
+            &self.final_norm,
+            h,
+            rows,
+            (hidden_i, eps),
+        )?;
+        if step.logits == 0 {
+            return Ok(());
         }
-        let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
-        let wanted = Tensor::new(wanted.as_slice(), self.lm_head.device())?;
-        let h = gpu.tensor(h, (rows, hidden)).index_select(&wanted, 0)?;
-        Ok(Some(h.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?))
+        {
+            let mut launch = gpu.stream.launch_builder(&gpu.kernels.gather_rows);
+            launch
+                .arg(&*h)
+                .arg(&*plan)
+                .arg(&step.logits_at)
+                .arg(&mut *picked)
+                .arg(&hidden_i);
+            // SAFETY: gather_rows's signature; the logit list holds `logits` row indices
+            // below `rows`, and picked holds logits * hidden values.
+            unsafe { launch.launch(grid((step.logits as u32, 1, 1), ROW_THREADS)) }
+                .map_err(device_err("gather_rows"))?;
+        }
+        gemm(
+            gpu,
+            picked,
+            &self.lm_head,
+            logits,
+            true,
+            (step.logits, cfg.vocab_size, hidden),
+        )
     }
+}
 
-    /// `x += delta` (when given), then RMSNorm of `x` with `gamma`, as f16 rows.
-    fn residual_norm(
-        &self,
-        gpu: &Gpu,
-        x: &mut CudaSlice<f32>,
-        delta: Option<&Tensor>,
-        gamma: &Tensor,
-        rows: usize,
-        cfg: &ModelConfig,
-    ) -> Result<CudaSlice<f16>> {
-        let hidden = cfg.hidden_size as i32;
-        let eps = cfg.rms_norm_eps as f32;
-        let mut out = gpu.scratch::<f16>(rows * cfg.hidden_size)?;
-        let (gamma_store, gamma_layout) = gamma.storage_and_layout();
-        let gamma = view::<f32>(&gamma_store, gamma_layout)?;
-        let config = grid((rows as u32, 1, 1), ROW_THREADS);
-        match delta {
-            Some(delta) => {
-                let (store, layout) = delta.storage_and_layout();
-                let delta = view::<f16>(&store, layout)?;
-                let mut launch = gpu.stream.launch_builder(&gpu.kernels.add_rms_norm);
-                launch
-                    .arg(x)
-                    .arg(&delta)
-                    .arg(&gamma)
-                    .arg(&mut out)
-                    .arg(&hidden)
-                    .arg(&eps);
-                // SAFETY: add_rms_norm's signature; x, delta and out hold rows * hidden.
-                unsafe { launch.launch(config) }.map_err(device_err("add_rms_norm"))?;
-            }
-            None => {
-                let mut launch = gpu.stream.launch_builder(&gpu.kernels.rms_norm);
-                launch
-                    .arg(x)
-                    .arg(&gamma)
-                    .arg(&mut out)
-                    .arg(&hidden)
-                    .arg(&eps);
-                // SAFETY: rms_norm's signature; x and out hold rows * hidden values.
-                unsafe { launch.launch(config) }.map_err(device_err("rms_norm"))?;
-            }
-        }
-        Ok(out)
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ` (row-major), f16 operands accumulated in f32 by cuBLAS
+/// (as candle's f16 matmul does), `out` f16 or, with `out_f32`, f32.
+fn gemm<T: cudarc::driver::DeviceRepr>(
+    gpu: &Gpu,
+    x: &CudaSlice<f16>,
+    w: &Tensor,
+    out: &mut CudaSlice<T>,
+    out_f32: bool,
+    (m, n, k): (usize, usize, usize),
+) -> Result<()> {
+    use cudarc::cublas::sys::{
+        cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+    };
+    let (store, layout) = w.storage_and_layout();
+    let w = view::<f16>(&store, layout)?;
+    if x.len() < m * k || w.len() < n * k || out.len() < m * n {
+        return Err(Error::Device(format!(
+            "a product of {m}x{k} by {k}x{n} overruns its buffers"
+        )));
     }
+    let stream = &gpu.stream;
+    let (x_ptr, _x) = x.device_ptr(stream);
+    let (w_ptr, _w) = w.device_ptr(stream);
+    let (out_ptr, _out) = out.device_ptr_mut(stream);
+    let (alpha, beta) = (1f32, 0f32);
+    let out_type = if out_f32 {
+        cudaDataType_t::CUDA_R_32F
+    } else {
+        cudaDataType_t::CUDA_R_16F
+    };
+    let int = |v: usize| i32::try_from(v).map_err(|_| Error::Device(format!("{v} overflows i32")));
+    // SAFETY: the pointers are live device buffers of the sizes checked above on the
+    // handle's stream; column-major, out^T [n, m] = w [n, k] · x^T [k, m].
+    unsafe {
+        cudarc::cublas::result::gemm_strided_batched_ex(
+            *gpu.blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            int(n)?,
+            int(m)?,
+            int(k)?,
+            (&alpha as *const f32).cast(),
+            w_ptr as *const std::ffi::c_void,
+            cudaDataType_t::CUDA_R_16F,
+            int(k)?,
+            (n * k) as i64,
+            x_ptr as *const std::ffi::c_void,
+            cudaDataType_t::CUDA_R_16F,
+            int(k)?,
+            (m * k) as i64,
+            (&beta as *const f32).cast(),
+            out_ptr as *mut std::ffi::c_void,
+            out_type,
+            int(n)?,
+            (m * n) as i64,
+            1,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+        )
+    }
+    .map_err(|e| Error::Device(format!("cuBLAS product: {e:?}")))
+}
+
+/// `x += delta` (when given), then RMSNorm of `x` with `gamma` into `out` as f16 rows.
+#[allow(clippy::too_many_arguments)]
+fn norm(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    delta: Option<&CudaSlice<f16>>,
+    gamma: &Tensor,
+    out: &mut CudaSlice<f16>,
+    rows: usize,
+    (hidden, eps): (i32, f32),
+) -> Result<()> {
+    let (gamma_store, gamma_layout) = gamma.storage_and_layout();
+    let gamma = view::<f32>(&gamma_store, gamma_layout)?;
+    let config = grid((rows as u32, 1, 1), ROW_THREADS);
+    match delta {
+        Some(delta) => {
+            let mut launch = gpu.stream.launch_builder(&gpu.kernels.add_rms_norm);
+            launch
+                .arg(x)
+                .arg(delta)
+                .arg(&gamma)
+                .arg(out)
+                .arg(&hidden)
+                .arg(&eps);
+            // SAFETY: add_rms_norm's signature; x, delta and out hold rows * hidden.
+            unsafe { launch.launch(config) }.map_err(device_err("add_rms_norm"))?;
+        }
+        None => {
+            let mut launch = gpu.stream.launch_builder(&gpu.kernels.rms_norm);
+            launch.arg(x).arg(&gamma).arg(out).arg(&hidden).arg(&eps);
+            // SAFETY: rms_norm's signature; x and out hold rows * hidden values.
+            unsafe { launch.launch(config) }.map_err(device_err("rms_norm"))?;
+        }
+    }
+    Ok(())
 }

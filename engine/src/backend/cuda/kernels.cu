@@ -377,3 +377,12 @@ extern "C" __global__ void kv_copy(__half* __restrict__ cache, const int* __rest
     __half* dst = cache + base + (long long)m[1] * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
 }
+
+// out[i] = h[plan[list_at + i]]: the rows whose logits are wanted, gathered before the LM
+// head (f16 rows of `hidden`). grid: wanted rows.
+extern "C" __global__ void gather_rows(const __half* __restrict__ h, const int* __restrict__ plan,
+                                       int list_at, __half* __restrict__ out, int hidden) {
+    long long from = plan[list_at + blockIdx.x];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[(long long)blockIdx.x * hidden + i] = h[from * hidden + i];
+}

@@ -94,7 +94,8 @@ fn attend(gpu: &Gpu, layer: usize, q: &Tensor, plan: &Uploaded, model: &Model) -
         let q_view = view::<f32>(&q_store, q_layout)?;
         // q is [1, heads, rows, dim]: a row's next is dim values on, a head's rows * dim.
         let strides = (dim as i64, (rows * dim) as i64);
-        gpu.attend(cfg, layer, plan, &q_view, strides, &mut out, false)?;
+        let at = gpu.attend_at(plan);
+        gpu.attend(cfg, layer, &at, &q_view, strides, &mut out, false, None)?;
     }
     Ok(gpu.tensor(out, (rows, heads * dim)))
 }

@@ -1,7 +1,8 @@
 //! What the CUDA kernels are told, worked out on the host: a forward's plan (for every row,
 //! its token, position and slot, its sequence's context length and block table and the slots
-//! of the tree rows it sees, packed into one `i32` buffer so one upload per forward carries
-//! it all) and the
+//! of the tree rows it sees, and which rows' logits are wanted, packed into one `i32` buffer
+//! so one upload per forward carries it all; padded to a captured step's row count where a
+//! graph runs it), the row and run counts steps are captured at (`bucket`), and the
 //! waves a list of KV moves runs in (moves that may run at once, in an order that gives what
 //! running them one by one gives). Plain data, testable without a GPU.
 
@@ -16,20 +17,37 @@ use crate::{Error, Result};
 pub const ROW_FIELDS: usize = 7;
 
 /// One forward's attention metadata as the kernel reads it: `rows * ROW_FIELDS` row words,
-/// then every sequence's block table (block ids), then every row's visible tree slots
-/// (ancestors first, the row itself last). Offsets are from the start of `words`.
+/// then the logit list (the rows whose logits are wanted, one word each, padded with row 0
+/// to `rows` entries), then every sequence's block table (block ids), then every row's
+/// visible tree slots (ancestors first, the row itself last), then the spare slot where the
+/// plan has padding rows. Offsets are from the start of `words`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttentionPlan {
     /// The packed buffer.
     pub words: Vec<i32>,
     /// The most keys any row sees (context plus visible tree rows).
     pub max_keys: usize,
+    /// Where the logit list starts (`rows * ROW_FIELDS`).
+    pub logits_at: usize,
 }
 
 impl AttentionPlan {
-    /// The plan for `batch`.
+    /// The plan for `batch`, one header per row.
     pub fn new(batch: &TreeBatch) -> Result<Self> {
-        let rows = batch.num_rows();
+        Self::padded(batch, batch.num_rows(), 0)
+    }
+
+    /// The plan for `batch` padded to `rows` rows (at least the batch's): each padding row
+    /// has token 0 at position 0, no context, and writes and reads only `spare`, a slot
+    /// outside the engine's (so a captured step of `rows` rows can run a smaller batch and
+    /// leave every real row's result and every real slot as the batch alone would).
+    pub fn padded(batch: &TreeBatch, rows: usize, spare: usize) -> Result<Self> {
+        let real = batch.num_rows();
+        if rows < real {
+            return Err(Error::InvalidBatch(format!(
+                "a plan of {rows} rows for a batch of {real}"
+            )));
+        }
         let word = |x: usize| {
             i32::try_from(x).map_err(|_| Error::InvalidBatch(format!("{x} overflows i32")))
         };
@@ -60,17 +78,37 @@ impl AttentionPlan {
                 ]);
             }
         }
-        let tables_at = word(header.len())?;
-        let visible_at = word(header.len() + tables.len())?;
-        for row in header.chunks_mut(ROW_FIELDS) {
+        let mut logits: Vec<i32> = Vec::with_capacity(rows);
+        for &r in &batch.logit_rows {
+            logits.push(word(r)?);
+        }
+        logits.resize(rows, 0);
+        let logits_at = header.len();
+        let tables_at = word(logits_at + logits.len())?;
+        let visible_at = word(logits_at + logits.len() + tables.len())?;
+        for row in header[..real * ROW_FIELDS].chunks_mut(ROW_FIELDS) {
             row[1] += tables_at;
             row[2] += visible_at;
         }
+        let spare_at = word(logits_at + logits.len() + tables.len() + visible.len())?;
+        let spare = word(spare)?;
+        for row in header[real * ROW_FIELDS..].chunks_mut(ROW_FIELDS) {
+            // No context, one visible slot (the spare one, its own), token 0 at position 0.
+            row.copy_from_slice(&[0, tables_at, spare_at, 1, spare, 0, 0]);
+        }
         let mut words = header;
+        words.extend(logits);
         words.extend(tables);
         words.extend(visible);
+        if rows > real {
+            words.push(spare);
+        }
         word(words.len())?;
-        Ok(Self { words, max_keys })
+        Ok(Self {
+            words,
+            max_keys: max_keys.max(usize::from(rows > real)),
+            logits_at,
+        })
     }
 
     /// The slots row `row` reads, in the order the kernel visits them (context positions
@@ -85,6 +123,35 @@ impl AttentionPlan {
         slots.extend(self.words[at..at + seen].iter().map(|&s| s as usize));
         slots
     }
+}
+
+/// Keys per attention block by default (`split` in `kernels.cu`; `THICKET_CUDA_SPLIT_KEYS`
+/// sets another): a row that sees more is split into runs of this many, one block each,
+/// merged by a second kernel, so even one row over a long context spreads over the GPU.
+/// One tile of keys per block. Where the runs fall depends only on the row's own keys.
+pub const SPLIT_KEYS: usize = 128;
+
+/// The row counts a step is captured at as a CUDA graph: a batch runs in the smallest that
+/// holds it (padded, `AttentionPlan::padded`), so a few graphs serve every decode and tree
+/// batch; larger batches (prefill chunks) run launch by launch.
+pub const GRAPH_ROWS: [usize; 18] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
+];
+
+/// The captured row count for a batch of `rows`, `None` past the largest.
+pub fn graph_rows(rows: usize) -> Option<usize> {
+    GRAPH_ROWS.iter().copied().find(|&b| b >= rows.max(1))
+}
+
+/// Runs of `split` keys the longest row needs (at least one).
+pub fn attention_runs(max_keys: usize, split: usize) -> usize {
+    max_keys.div_ceil(split.max(1)).max(1)
+}
+
+/// The run count a graph is captured at: one, or the next power of two (extra runs start
+/// past a row's keys and are skipped; a row's result depends only on its own keys).
+pub fn graph_runs(max_keys: usize, split: usize) -> usize {
+    attention_runs(max_keys, split).next_power_of_two()
 }
 
 /// `moves` split into waves: within a wave no slot is both read and written, and no slot is
@@ -153,6 +220,52 @@ mod tests {
             .map(|p| batch.context_slot(seq, p).unwrap().index())
             .collect();
         assert_eq!(direct, context);
+    }
+
+    #[test]
+    fn padding_rows_see_only_the_spare_slot_and_leave_real_rows_alone() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(2), BlockId(5)]);
+        let tree = TokenTree::new(vec![7, 8, 9], vec![None, Some(0), Some(1)]).unwrap();
+        batch.push(3, &table, &tree, LogitRows::All).unwrap();
+        let plain = AttentionPlan::new(&batch).unwrap();
+        let padded = AttentionPlan::padded(&batch, 8, 99).unwrap();
+        for row in 0..3 {
+            assert_eq!(plain.key_slots(row, 4), padded.key_slots(row, 4));
+            let h =
+                |p: &AttentionPlan| p.words[row * ROW_FIELDS + 4..(row + 1) * ROW_FIELDS].to_vec();
+            assert_eq!(h(&plain), h(&padded));
+        }
+        for row in 3..8 {
+            assert_eq!(padded.key_slots(row, 4), vec![99]);
+            let h = &padded.words[row * ROW_FIELDS..(row + 1) * ROW_FIELDS];
+            assert_eq!((h[4], h[5], h[6]), (99, 0, 0));
+        }
+        // The logit list: the batch's rows first, row 0 after, as many entries as rows.
+        let list = |p: &AttentionPlan, n: usize| p.words[p.logits_at..p.logits_at + n].to_vec();
+        assert_eq!(list(&plain, 3), vec![0, 1, 2]);
+        assert_eq!(list(&padded, 8), vec![0, 1, 2, 0, 0, 0, 0, 0]);
+        assert_eq!(padded.max_keys, plain.max_keys);
+        assert!(AttentionPlan::padded(&batch, 2, 99).is_err());
+    }
+
+    #[test]
+    fn batches_run_in_the_smallest_captured_size_that_holds_them() {
+        assert_eq!(graph_rows(0), Some(1));
+        assert_eq!(graph_rows(1), Some(1));
+        assert_eq!(graph_rows(9), Some(12));
+        assert_eq!(graph_rows(64), Some(64));
+        assert_eq!(graph_rows(65), Some(96));
+        assert_eq!(graph_rows(256), Some(256));
+        assert_eq!(graph_rows(257), None);
+        assert!(GRAPH_ROWS.windows(2).all(|w| w[0] < w[1]));
+        let runs = |keys| (attention_runs(keys, 512), graph_runs(keys, 512));
+        assert_eq!(runs(0), (1, 1));
+        assert_eq!(runs(512), (1, 1));
+        assert_eq!(runs(513), (2, 2));
+        assert_eq!(runs(1537), (4, 4));
+        assert_eq!(runs(2049), (5, 8));
+        assert_eq!(attention_runs(512, SPLIT_KEYS), 512 / SPLIT_KEYS);
     }
 
     fn run(slots: &mut [u32], moves: &[KvMove]) {
