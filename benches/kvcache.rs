@@ -44,7 +44,7 @@ fn block_manager(c: &mut Criterion) {
             let mut tokens = prompt.clone();
             tokens[0] = id;
             let seq = SeqId(u64::from(id));
-            m.admit(seq, &tokens, tokens.len())
+            m.admit(seq, &tokens, tokens.len(), None)
                 .expect("new id")
                 .expect("room");
             m.commit(seq, &tokens).expect("fits");
@@ -54,7 +54,7 @@ fn block_manager(c: &mut Criterion) {
 
     group.bench_function("prefix_hit_admit_release_512_tokens", |b| {
         let mut m = manager(4096);
-        m.admit(SeqId(0), &prompt, prompt.len())
+        m.admit(SeqId(0), &prompt, prompt.len(), None)
             .expect("new")
             .expect("room");
         m.commit(SeqId(0), &prompt).expect("fits");
@@ -64,7 +64,7 @@ fn block_manager(c: &mut Criterion) {
             id += 1;
             let seq = SeqId(id);
             let hit = m
-                .admit(seq, &prompt, prompt.len())
+                .admit(seq, &prompt, prompt.len(), None)
                 .expect("new")
                 .expect("room");
             assert_eq!(hit, 496);
@@ -74,7 +74,7 @@ fn block_manager(c: &mut Criterion) {
 
     group.bench_function("fork_and_release_512_tokens", |b| {
         let mut m = manager(4096);
-        m.admit(SeqId(0), &prompt, prompt.len())
+        m.admit(SeqId(0), &prompt, prompt.len(), None)
             .expect("new")
             .expect("room");
         m.commit(SeqId(0), &prompt).expect("fits");
@@ -96,7 +96,7 @@ fn block_manager(c: &mut Criterion) {
         // One decode step's bookkeeping for one sequence: room for one more token, commit.
         let mut m = manager(1 << 16);
         let mut tokens: Vec<u32> = prompt.clone();
-        m.admit(SeqId(0), &tokens, tokens.len())
+        m.admit(SeqId(0), &tokens, tokens.len(), None)
             .expect("new")
             .expect("room");
         m.commit(SeqId(0), &tokens).expect("fits");

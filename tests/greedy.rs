@@ -69,7 +69,7 @@ impl KvCache {
     /// Admits `seq` with prompt `tokens`, reserving `reserve` positions. Returns the number
     /// of prompt tokens already cached, or `None` when the pool has no room.
     pub fn admit(&mut self, seq: SeqId, tokens: &[u32], reserve: usize) -> Result<Option<usize>> {
-        Ok(self.blocks.admit(seq, tokens, reserve)?)
+        Ok(self.blocks.admit(seq, tokens, reserve, None)?)
     }
 
     /// Makes room for `seq` to write up to position `len` (copying shared blocks first).

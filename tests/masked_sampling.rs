@@ -79,6 +79,7 @@ fn sample(
                 }),
                 constraint: format.then(|| ConstraintSpec::Regex(FORMAT.into())),
                 prediction: None,
+                cache_salt: None,
             };
             handle.submit(request).unwrap()
         })

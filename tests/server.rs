@@ -700,6 +700,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         speculation: None,
         constraint: None,
         prediction: None,
+        cache_salt: None,
     };
     let busy = [
         s.engine.submit(long()).unwrap(),

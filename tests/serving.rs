@@ -143,6 +143,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
         speculation: None,
         constraint: None,
         prediction: None,
+        cache_salt: None,
     };
     let alone = handle.submit(sampled(7)).unwrap().wait().unwrap();
     // The same request among others with other seeds and prompts.

@@ -74,6 +74,7 @@ fn request(prompt: Vec<u32>, spec: ConstraintSpec, sampling: SamplingParams, n: 
         }),
         constraint: Some(spec),
         prediction: None,
+        cache_salt: None,
     }
 }
 

@@ -6,6 +6,7 @@
 mod aiperf;
 mod batch;
 mod bench_serve;
+mod cache_salt;
 mod common;
 mod conformance;
 mod cuda;

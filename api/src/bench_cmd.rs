@@ -164,6 +164,7 @@ pub fn engine(
         speculation: None,
         constraint: None,
         prediction: None,
+        cache_salt: None,
     };
     // Warm-up: page in the weights.
     handle

@@ -88,6 +88,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
         speculation: None,
         constraint: None,
         prediction: None,
+        cache_salt: None,
     };
     let started = Instant::now();
     let stream = handle.submit(request)?;

@@ -63,7 +63,10 @@ pub use model::linear::{QuantKernel, WeightDType};
 pub use model::load::{load_model, DeviceChoice, LoadOptions, LoadedModel};
 pub use model::tokenizer::ModelTokenizer;
 pub use model::Model;
-pub use request::{Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage};
+pub use request::{
+    Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage,
+    MAX_CACHE_SALT_BYTES,
+};
 pub use sampler::SamplingParams;
 pub use scheduler::{CostCurve, SchedulerConfig};
 pub use spec::coordinator::{DraftModelSetup, SourceTotals, SpeculationConfig};

@@ -64,7 +64,14 @@ pub struct Request {
     /// from first under every speculation method but `none`. Output is the same with or
     /// without it; only its speed changes. At most the model's length.
     pub prediction: Option<Arc<[u32]>>,
+    /// vLLM's `cache_salt`: the request reads cached prompt blocks (the model's, and a draft
+    /// model's) only from requests with the same salt, or from requests without one when it
+    /// has none. Non-empty, at most `MAX_CACHE_SALT_BYTES`.
+    pub cache_salt: Option<Arc<str>>,
 }
+
+/// Longest cache salt, in bytes.
+pub const MAX_CACHE_SALT_BYTES: usize = 1024;
 
 /// Why a sample ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,7 +270,15 @@ impl Request {
             }),
             constraint: None,
             prediction: None,
+            cache_salt: None,
         }
+    }
+
+    /// The prefix-cache scope of the request's cache salt (`None` without one).
+    pub fn cache_scope(&self) -> Option<kvcache::BlockHash> {
+        self.cache_salt
+            .as_deref()
+            .map(|salt| kvcache::BlockHash::scope(salt.as_bytes()))
     }
 
     /// Checks every field against `limits`; the first problem is returned.
@@ -294,6 +309,17 @@ impl Request {
                 ));
             }
             in_vocabulary("prediction", prediction, limits.vocab_size)?;
+        }
+        if let Some(salt) = &self.cache_salt {
+            if salt.is_empty() {
+                return Err(invalid("cache_salt", "must be a non-empty string"));
+            }
+            if salt.len() > MAX_CACHE_SALT_BYTES {
+                return Err(invalid(
+                    "cache_salt",
+                    format!("at most {MAX_CACHE_SALT_BYTES} bytes"),
+                ));
+            }
         }
         if self.n == 0 || self.n > limits.max_n {
             return Err(invalid(

@@ -1,6 +1,8 @@
 //! `BlockHash`: the content key of one full block for the prefix cache. A block's hash
 //! covers its own token ids *and* its parent's hash, so equal hashes mean equal whole
-//! prefixes, not just equal blocks (a vLLM-style hash chain). 128 bits of SHA-256: a false
+//! prefixes, not just equal blocks (a vLLM-style hash chain). A request's cache salt is the
+//! parent of its first block, so only requests with the same salt (or with none, for none)
+//! share cached blocks. 128 bits of SHA-256: a false
 //! hit would silently serve another prompt's KV, so the key is wide enough that it never
 //! happens in practice. The token ids are hashed and forgotten; this crate stores none.
 
@@ -33,9 +35,23 @@ impl BlockHash {
         BlockHash(u128::from_le_bytes(first))
     }
 
-    /// The hashes of every full block of `tokens` in order (`tokens.len() / block_size`).
-    pub fn chain(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
-        let mut parent = None;
+    /// The scope of a cache salt: given as the parent of a salted sequence's first block,
+    /// it puts the sequence's whole chain apart from every chain of another salt or of none
+    /// (tagged apart from block hashes, so no block's hash can equal it).
+    pub fn scope(salt: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update([2u8]);
+        hasher.update(salt);
+        let digest = hasher.finalize();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        BlockHash(u128::from_le_bytes(first))
+    }
+
+    /// The hashes of every full block of `tokens` in order (`tokens.len() / block_size`),
+    /// under `scope` (a cache salt's, `None` for none).
+    pub fn chain(tokens: &[u32], block_size: usize, scope: Option<BlockHash>) -> Vec<BlockHash> {
+        let mut parent = scope;
         tokens
             .chunks_exact(block_size)
             .map(|block| {
@@ -90,9 +106,25 @@ mod tests {
     #[test]
     fn chain_covers_full_blocks_only() {
         let tokens: Vec<u32> = (0..10).collect();
-        let chain = BlockHash::chain(&tokens, 4);
+        let chain = BlockHash::chain(&tokens, 4, None);
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[0], BlockHash::new(None, &[0, 1, 2, 3]));
         assert_eq!(chain[1], BlockHash::new(Some(chain[0]), &[4, 5, 6, 7]));
+    }
+
+    #[test]
+    fn a_salt_sets_a_whole_chain_apart() {
+        let tokens: Vec<u32> = (0..8).collect();
+        let plain = BlockHash::chain(&tokens, 4, None);
+        let a = BlockHash::chain(&tokens, 4, Some(BlockHash::scope(b"tenant-a")));
+        let a_again = BlockHash::chain(&tokens, 4, Some(BlockHash::scope(b"tenant-a")));
+        let b = BlockHash::chain(&tokens, 4, Some(BlockHash::scope(b"tenant-b")));
+        assert_eq!(a, a_again);
+        for i in 0..2 {
+            assert_ne!(a[i], plain[i]);
+            assert_ne!(a[i], b[i]);
+        }
+        // A scope is never a block's hash: the empty salt is not the empty first block.
+        assert_ne!(BlockHash::scope(b""), BlockHash::new(None, &[]));
     }
 }

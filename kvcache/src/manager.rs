@@ -12,8 +12,9 @@
 //! ```
 //!
 //! Prefix cache: when a sequence commits tokens, each newly full block is registered under
-//! `BlockHash(parent, tokens)`. Admission walks a new prompt's hash chain and shares every
-//! hit; released blocks keep their hash (cached) until the pool runs dry.
+//! `BlockHash(parent, tokens)`, the first block's parent being the sequence's cache-salt scope
+//! (none without a salt). Admission walks a new prompt's hash chain under its scope and shares
+//! every hit; released blocks keep their hash (cached) until the pool runs dry.
 
 use std::collections::HashMap;
 
@@ -72,6 +73,8 @@ struct SeqBlocks {
     table: BlockTable,
     /// Hash chain of the committed full blocks, `hashes[i]` for logical block `i`.
     hashes: Vec<BlockHash>,
+    /// The parent of the first block's hash: the sequence's cache-salt scope, if any.
+    scope: Option<BlockHash>,
     /// Positions holding final KV.
     len: usize,
 }
@@ -150,20 +153,21 @@ impl BlockManager {
         num_tokens.div_ceil(self.block_size()) + self.watermark_blocks <= self.pool.num_available()
     }
 
-    /// Tokens of `tokens` whose KV is cached right now, in whole blocks. At least one token
-    /// is always left to compute, since its logits are needed.
-    pub fn cached_prefix_len(&self, tokens: &[u32]) -> usize {
-        self.prefix_hits(tokens).len() * self.block_size()
+    /// Tokens of `tokens` whose KV is cached right now under `scope` (a cache salt's,
+    /// [`BlockHash::scope`]; `None` for none), in whole blocks. At least one token is always
+    /// left to compute, since its logits are needed.
+    pub fn cached_prefix_len(&self, tokens: &[u32], scope: Option<BlockHash>) -> usize {
+        self.prefix_hits(tokens, scope).len() * self.block_size()
     }
 
-    fn prefix_hits(&self, tokens: &[u32]) -> Vec<(BlockId, BlockHash)> {
+    fn prefix_hits(&self, tokens: &[u32], scope: Option<BlockHash>) -> Vec<(BlockId, BlockHash)> {
         if !self.prefix_caching {
             return Vec::new();
         }
         let bs = self.block_size();
         let max_blocks = tokens.len().saturating_sub(1) / bs;
         let mut hits = Vec::new();
-        let mut parent = None;
+        let mut parent = scope;
         for block_tokens in tokens.chunks_exact(bs).take(max_blocks) {
             let hash = BlockHash::new(parent, block_tokens);
             match self.pool.lookup(hash) {
@@ -175,21 +179,24 @@ impl BlockManager {
         hits
     }
 
-    /// Admits `seq` with prompt `tokens`: shares the longest cached prefix, then reserves
-    /// room for `reserve` positions in all. Returns the number of prompt tokens whose KV is
-    /// already there (the sequence's committed length), or `None`, with nothing changed, when
-    /// the pool cannot cover the reservation and still keep the watermark free.
+    /// Admits `seq` with prompt `tokens` under `scope` (its cache salt's, `None` for none):
+    /// shares the longest prefix cached under the same scope, then reserves room for
+    /// `reserve` positions in all. Returns the number of prompt tokens whose KV is already
+    /// there (the sequence's committed length), or `None`, with nothing changed, when the pool
+    /// cannot cover the reservation and still keep the watermark free. The blocks it commits
+    /// are cached under `scope` too.
     pub fn admit(
         &mut self,
         seq: SeqId,
         tokens: &[u32],
         reserve: usize,
+        scope: Option<BlockHash>,
     ) -> Result<Option<usize>, KvError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::DuplicateSeq(seq));
         }
         let bs = self.block_size();
-        let hits = self.prefix_hits(tokens);
+        let hits = self.prefix_hits(tokens, scope);
         let hit_tokens = hits.len() * bs;
         let new_blocks = reserve.max(hit_tokens).div_ceil(bs) - hits.len();
         let revived = hits
@@ -202,6 +209,7 @@ impl BlockManager {
         }
         let mut entry = SeqBlocks {
             len: hit_tokens,
+            scope,
             ..SeqBlocks::default()
         };
         for (block, hash) in hits {
@@ -302,7 +310,7 @@ impl BlockManager {
         entry.len = len;
         if self.prefix_caching {
             for i in entry.hashes.len()..len / bs {
-                let parent = entry.hashes.last().copied();
+                let parent = entry.hashes.last().copied().or(entry.scope);
                 let hash = BlockHash::new(parent, &tokens[i * bs..(i + 1) * bs]);
                 // False when another block already holds this content: ours stays private.
                 self.pool.register(entry.table.blocks()[i], hash);
@@ -338,6 +346,7 @@ impl BlockManager {
         let entry = SeqBlocks {
             table: BlockTable::from_blocks(shared.to_vec()),
             hashes: source.hashes.clone(),
+            scope: source.scope,
             len: source.len,
         };
         for &block in entry.table.blocks() {
@@ -442,7 +451,7 @@ mod tests {
         let mut m = manager(8, 4);
         let (a, b) = (SeqId(1), SeqId(2));
         let prompt: Vec<u32> = (0..6).collect();
-        assert_eq!(m.admit(a, &prompt, 6).unwrap(), Some(0));
+        assert_eq!(m.admit(a, &prompt, 6, None).unwrap(), Some(0));
         m.commit(a, &prompt).unwrap();
         m.fork(a, b).unwrap();
         assert_eq!(m.stats().in_use, 2);
@@ -469,20 +478,50 @@ mod tests {
     }
 
     #[test]
+    fn cached_blocks_are_shared_only_within_one_cache_salt() {
+        let mut m = manager(16, 4);
+        let prompt: Vec<u32> = (10..22).collect();
+        let (a, b) = (BlockHash::scope(b"a"), BlockHash::scope(b"b"));
+        m.admit(SeqId(1), &prompt, 12, Some(a)).unwrap().unwrap();
+        m.commit(SeqId(1), &prompt).unwrap();
+        // Neither another salt nor no salt finds salt a's blocks; salt a does.
+        assert_eq!(m.cached_prefix_len(&prompt, None), 0);
+        assert_eq!(m.cached_prefix_len(&prompt, Some(b)), 0);
+        assert_eq!(m.cached_prefix_len(&prompt, Some(a)), 8);
+        // A fork commits under its parent's salt.
+        m.fork(SeqId(1), SeqId(2)).unwrap();
+        let mut longer = prompt.clone();
+        longer.extend([7, 7, 7, 7]);
+        m.ensure_capacity(SeqId(2), 16).unwrap().unwrap();
+        m.commit(SeqId(2), &longer).unwrap();
+        m.release(SeqId(1)).unwrap();
+        m.release(SeqId(2)).unwrap();
+        longer.push(1);
+        assert_eq!(m.cached_prefix_len(&longer, Some(a)), 16);
+        assert_eq!(m.cached_prefix_len(&longer, None), 0);
+        // Unsalted prompts share among themselves as before.
+        assert_eq!(m.admit(SeqId(3), &prompt, 12, None).unwrap(), Some(0));
+        m.commit(SeqId(3), &prompt).unwrap();
+        assert_eq!(m.cached_prefix_len(&prompt, None), 8);
+        assert_eq!(m.cached_prefix_len(&prompt, Some(b)), 0);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
     fn prefix_hit_reuses_committed_blocks_and_leaves_one_token_to_compute() {
         let mut m = manager(8, 4);
         let prompt: Vec<u32> = (10..22).collect(); // 12 tokens = 3 full blocks
-        m.admit(SeqId(1), &prompt, 12).unwrap().unwrap();
+        m.admit(SeqId(1), &prompt, 12, None).unwrap().unwrap();
         m.commit(SeqId(1), &prompt).unwrap();
         m.release(SeqId(1)).unwrap();
         assert_eq!(m.stats().cached, 3);
         // Same prompt: the last block is recomputed so logits exist for the last token.
-        assert_eq!(m.admit(SeqId(2), &prompt, 12).unwrap(), Some(8));
+        assert_eq!(m.admit(SeqId(2), &prompt, 12, None).unwrap(), Some(8));
         assert_eq!(m.stats().cached, 1);
         // A prompt that diverges in block 1 reuses block 0 only.
         let mut other = prompt.clone();
         other[5] = 99;
-        assert_eq!(m.admit(SeqId(3), &other, 12).unwrap(), Some(4));
+        assert_eq!(m.admit(SeqId(3), &other, 12, None).unwrap(), Some(4));
         assert_eq!(m.stats().prefix_hit_tokens, 12);
         assert_eq!(m.stats().prefix_query_tokens, 36);
         m.check_invariants().unwrap();
@@ -498,15 +537,15 @@ mod tests {
         });
         assert!(m.can_allocate(32));
         assert!(!m.can_allocate(33));
-        assert_eq!(m.admit(SeqId(1), &[1; 33], 33).unwrap(), None);
+        assert_eq!(m.admit(SeqId(1), &[1; 33], 33, None).unwrap(), None);
         assert_eq!(m.stats().in_use, 0);
-        assert_eq!(m.admit(SeqId(1), &[1; 32], 32).unwrap(), Some(0));
+        assert_eq!(m.admit(SeqId(1), &[1; 32], 32, None).unwrap(), Some(0));
         // Growth may use the watermark, then runs dry without changing anything.
         assert!(m.ensure_capacity(SeqId(1), 40).unwrap().is_some());
         assert_eq!(m.ensure_capacity(SeqId(1), 41).unwrap(), None);
         assert_eq!(m.block_table(SeqId(1)).unwrap().len(), 10);
         assert_eq!(
-            m.admit(SeqId(1), &[1], 1),
+            m.admit(SeqId(1), &[1], 1, None),
             Err(KvError::DuplicateSeq(SeqId(1)))
         );
         assert_eq!(m.release(SeqId(9)), Err(KvError::UnknownSeq(SeqId(9))));
@@ -517,7 +556,7 @@ mod tests {
         let mut m = manager(8, 4);
         let s = SeqId(1);
         let tokens: Vec<u32> = (0..8).collect();
-        m.admit(s, &tokens, 16).unwrap().unwrap();
+        m.admit(s, &tokens, 16, None).unwrap().unwrap();
         m.commit(s, &tokens).unwrap();
         assert_eq!(m.truncate(s, 6).unwrap(), 2);
         assert_eq!(m.seq_len(s), Some(6));
@@ -533,16 +572,16 @@ mod tests {
     fn eviction_happens_only_when_the_pool_runs_dry() {
         let mut m = manager(4, 2);
         let tokens = [1, 2, 3, 4];
-        m.admit(SeqId(1), &tokens, 4).unwrap().unwrap();
+        m.admit(SeqId(1), &tokens, 4, None).unwrap().unwrap();
         m.commit(SeqId(1), &tokens).unwrap();
         m.release(SeqId(1)).unwrap();
-        m.admit(SeqId(2), &[9, 9], 4).unwrap().unwrap();
+        m.admit(SeqId(2), &[9, 9], 4, None).unwrap().unwrap();
         assert_eq!(m.stats().cached, 2);
         assert_eq!(m.stats().evictions, 0);
         m.ensure_capacity(SeqId(2), 6).unwrap().unwrap();
         // The tail block (released first) is evicted; the head is still a hit.
         assert_eq!(m.stats().evictions, 1);
-        assert_eq!(m.cached_prefix_len(&[1, 2, 3, 4, 5]), 2);
+        assert_eq!(m.cached_prefix_len(&[1, 2, 3, 4, 5], None), 2);
         m.check_invariants().unwrap();
     }
 }

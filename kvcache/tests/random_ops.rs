@@ -74,7 +74,11 @@ impl Harness {
         prompt.extend((0..tail_len).map(|_| self.rng.random_range(0..5)));
         let seq = SeqId(self.next_id);
         self.next_id += 1;
-        let Some(hit) = self.manager.admit(seq, &prompt, prompt.len()).unwrap() else {
+        let Some(hit) = self
+            .manager
+            .admit(seq, &prompt, prompt.len(), None)
+            .unwrap()
+        else {
             self.count("add refused");
             return;
         };

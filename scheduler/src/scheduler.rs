@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use kvcache::{BlockManager, BlockTable, CacheStats, KvMove, SeqId};
+use kvcache::{BlockHash, BlockManager, BlockTable, CacheStats, KvMove, SeqId};
 
 use crate::budget::{allocate, DraftInputs, DraftOffer};
 use crate::{
@@ -81,8 +81,15 @@ impl Scheduler {
     }
 
     /// Queues a new sequence that will be forked into `n` sequences (`n >= 1`) once its
-    /// prompt is computed.
-    pub fn add(&mut self, seq: SeqId, prompt: Vec<u32>, n: usize) -> Result<(), SchedulerError> {
+    /// prompt is computed. It (and its forks) finds and leaves cached prefix blocks only
+    /// under `cache_scope` (its request's cache salt, [`BlockHash::scope`]; `None`: no salt).
+    pub fn add(
+        &mut self,
+        seq: SeqId,
+        prompt: Vec<u32>,
+        n: usize,
+        cache_scope: Option<BlockHash>,
+    ) -> Result<(), SchedulerError> {
         if self.seqs.contains_key(&seq) {
             return Err(SchedulerError::DuplicateSeq(seq));
         }
@@ -116,6 +123,7 @@ impl Scheduler {
                 num_preemptions: 0,
                 scheduled: 0,
                 scheduled_draft: 0,
+                cache_scope,
             },
         );
         self.waiting.push_back(seq);
@@ -316,9 +324,9 @@ impl Scheduler {
             if slots + seq.slots() > self.config.max_num_seqs {
                 break;
             }
-            let hit = self.blocks.cached_prefix_len(&seq.tokens);
+            let hit = self.blocks.cached_prefix_len(&seq.tokens, seq.cache_scope);
             let n = (seq.tokens.len() - hit).min(*budget);
-            match self.blocks.admit(id, &seq.tokens, hit + n) {
+            match self.blocks.admit(id, &seq.tokens, hit + n, seq.cache_scope) {
                 Ok(Some(cached)) => {
                     debug_assert_eq!(cached, hit, "the cache cannot change in between");
                     self.waiting.pop_front();
@@ -478,6 +486,7 @@ impl Scheduler {
             num_preemptions: 0,
             scheduled: 0,
             scheduled_draft: 0,
+            cache_scope: source.cache_scope,
         };
         self.blocks.fork(parent, child)?;
         if let Some(source) = self.seqs.get_mut(&parent) {

@@ -2,7 +2,7 @@
 //! the last one pending until it is fed), how many have KV in the cache, its status and its
 //! place in first-come-first-served order.
 
-use kvcache::SeqId;
+use kvcache::{BlockHash, SeqId};
 
 /// Where a sequence is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ pub struct Sequence {
     pub(crate) scheduled: usize,
     /// Draft nodes granted in the current step.
     pub(crate) scheduled_draft: usize,
+    /// The prefix-cache scope of the request's cache salt (`None`: no salt).
+    pub(crate) cache_scope: Option<BlockHash>,
 }
 
 impl Sequence {

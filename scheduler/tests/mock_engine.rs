@@ -63,7 +63,7 @@ impl MockEngine {
     fn add(&mut self, prompt: Vec<u32>, max_tokens: usize, n: usize) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.scheduler.add(id, prompt.clone(), n).unwrap();
+        self.scheduler.add(id, prompt.clone(), n, None).unwrap();
         self.requests.insert(
             id,
             Request {
@@ -353,10 +353,10 @@ fn config_that_could_starve_or_deadlock_is_rejected() {
     let pool_too_small = config(10, 64, 8, 256); // 80 positions < max_model_len 256
     assert!(Scheduler::new(pool_too_small).is_err());
     let mut s = Scheduler::new(config(100, 64, 8, 256)).unwrap();
-    assert!(s.add(SeqId(1), vec![], 1).is_err());
-    assert!(s.add(SeqId(1), vec![1; 256], 1).is_err());
-    assert!(s.add(SeqId(1), vec![1; 255], 1).is_ok());
-    assert!(s.add(SeqId(1), vec![1], 1).is_err(), "duplicate id");
+    assert!(s.add(SeqId(1), vec![], 1, None).is_err());
+    assert!(s.add(SeqId(1), vec![1; 256], 1, None).is_err());
+    assert!(s.add(SeqId(1), vec![1; 255], 1, None).is_ok());
+    assert!(s.add(SeqId(1), vec![1], 1, None).is_err(), "duplicate id");
 }
 
 /// One speculative step of the mock: every sequence with a draft budget feeds a chain of

@@ -51,6 +51,8 @@ pub struct Settings {
     pub prediction_text: Option<String>,
     /// The prediction, tokenized; `None` when there is none or it is empty.
     pub prediction: Option<Arc<[u32]>>,
+    /// The cache salt (`cache_salt`).
+    pub cache_salt: Option<Arc<str>>,
     /// How to respond.
     pub options: ResponseOptions,
 }
@@ -268,6 +270,7 @@ pub fn settings(
         constraint_field: "structured_outputs",
         prediction_text: super::prediction::prediction(common.prediction.as_ref())?,
         prediction: None,
+        cache_salt: cache_salt(common.cache_salt.as_ref())?,
         options: ResponseOptions {
             n,
             stream,
@@ -277,6 +280,19 @@ pub fn settings(
             format_field: "structured_outputs",
         },
     })
+}
+
+/// `cache_salt` as given: a string (its length is checked with the rest of the request, by
+/// `Request::validate`), or none.
+fn cache_salt(value: Option<&serde_json::Value>) -> ApiResult<Option<Arc<str>>> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(Arc::from(s.as_str()))),
+        Some(_) => Err(ApiError::invalid(
+            "cache_salt",
+            "must be a non-empty string",
+        )),
+    }
 }
 
 impl Settings {
@@ -331,6 +347,7 @@ impl Settings {
             speculation: self.speculation,
             constraint: self.constraint.clone(),
             prediction: self.prediction.clone(),
+            cache_salt: self.cache_salt.clone(),
         };
         request.validate(limits)?;
         Ok(request)

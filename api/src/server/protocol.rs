@@ -106,6 +106,9 @@ pub struct CommonFields {
     /// What the client expects the output to be (OpenAI's Predicted Outputs: `{"type":
     /// "content", "content": text or text parts}`), read by [`super::convert::prediction`].
     pub prediction: Option<serde_json::Value>,
+    /// vLLM's `cache_salt`: a non-empty string; the request shares cached prompt blocks only
+    /// with requests that give the same one (or none, for none).
+    pub cache_salt: Option<serde_json::Value>,
 }
 
 /// `POST /v1/completions`.

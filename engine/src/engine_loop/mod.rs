@@ -215,7 +215,11 @@ impl Engine {
         };
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
-        if let Err(e) = self.scheduler.add(seq, request.prompt.clone(), request.n) {
+        let scope = request.cache_scope();
+        if let Err(e) = self
+            .scheduler
+            .add(seq, request.prompt.clone(), request.n, scope)
+        {
             let _ = events.send(Event::Error(Failure::from_error(&e.into())));
             self.pending.fetch_sub(1, Ordering::SeqCst);
             return;
@@ -226,6 +230,7 @@ impl Engine {
             &request.prompt,
             request.prompt.len(),
             request.prediction.as_ref(),
+            scope,
         );
         self.records
             .insert(seq, SeqRecord::new(id, 0, &request, drafter, constraint));

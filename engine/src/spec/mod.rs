@@ -109,6 +109,9 @@ pub struct NewSequence<'a> {
     /// (`methods::prediction::PredictionFirst`) around whatever drafter the speculator
     /// makes, so a speculator need not read it.
     pub prediction: Option<&'a [u32]>,
+    /// The prefix-cache scope of the request's cache salt (`None` without one): what a
+    /// speculator keeps across requests (a draft model's cached KV) it shares only within it.
+    pub cache_scope: Option<kvcache::BlockHash>,
 }
 
 /// One sequence's drafter.

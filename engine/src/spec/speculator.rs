@@ -24,6 +24,8 @@ pub struct Granted<'a> {
     pub tokens: &'a [u32],
     /// Most draft nodes it may feed.
     pub budget: usize,
+    /// Its request's cache-salt scope (`NewSequence::cache_scope`).
+    pub cache_scope: Option<kvcache::BlockHash>,
 }
 
 /// One speculation method's engine-wide state and work.

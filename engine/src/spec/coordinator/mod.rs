@@ -190,11 +190,12 @@ impl Speculation {
         tokens: &[u32],
         prompt_len: usize,
         prediction: Option<&Arc<[u32]>>,
+        cache_scope: Option<kvcache::BlockHash>,
     ) -> Option<SeqDrafter> {
         let prediction = prediction
             .filter(|p| !p.is_empty())
             .map(|p| Arc::new(Prediction::new(Arc::clone(p))));
-        self.new_drafter(request, tokens, prompt_len, prediction)
+        self.new_drafter(request, tokens, prompt_len, prediction, cache_scope)
     }
 
     /// [`Speculation::drafter_for`] with the prediction indexed (forks share the index).
@@ -204,6 +205,7 @@ impl Speculation {
         tokens: &[u32],
         prompt_len: usize,
         prediction: Option<Arc<Prediction>>,
+        cache_scope: Option<kvcache::BlockHash>,
     ) -> Option<SeqDrafter> {
         let request = request.unwrap_or(self.config.default);
         let max_draft = request
@@ -224,6 +226,7 @@ impl Speculation {
             tokens,
             prompt_len,
             prediction: prediction.as_deref().map(Prediction::tokens),
+            cache_scope,
         };
         let own = self.speculators[speculator].drafter(&new);
         let drafter: Box<dyn Drafter> = match &prediction {
@@ -239,6 +242,7 @@ impl Speculation {
             request,
             prompt_len,
             prediction,
+            cache_scope,
             max_draft,
             ratios: Vec::new(),
             available: 0,
@@ -253,6 +257,7 @@ impl Speculation {
             tokens,
             parent.prompt_len,
             parent.prediction.clone(),
+            parent.cache_scope,
         )
     }
 
@@ -415,6 +420,7 @@ impl Speculation {
                     seq: g.0,
                     tokens: g.1,
                     budget: g.2.min(g.3.available),
+                    cache_scope: g.3.cache_scope,
                 })
                 .collect();
             if mine.iter().all(|g| g.budget == 0) {

@@ -18,6 +18,8 @@ pub(crate) struct SeqDrafter {
     /// Where its output starts, and its request's prediction (forks take both).
     pub(super) prompt_len: usize,
     pub(super) prediction: Option<Arc<Prediction>>,
+    /// Its request's cache-salt scope (forks take it).
+    pub(super) cache_scope: Option<kvcache::BlockHash>,
     pub(super) max_draft: usize,
     /// How this sequence accepts relative to each source's statistics (a source missing
     /// here: as they say), so that one source failing for it (a wrong prediction) does not

@@ -22,7 +22,7 @@ fn one_method(name: &'static str, make: fn() -> Box<dyn Speculator>) -> (Specula
         max_draft_tokens: None,
     };
     let state = speculation
-        .drafter_for(Some(request), &[0], 1, None)
+        .drafter_for(Some(request), &[0], 1, None, None)
         .expect("the method drafts");
     (speculation, state)
 }
@@ -160,6 +160,7 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
             &[3, 4, 3],
             1,
             None,
+            None,
         )
         .expect("prompt lookup drafts");
     let tokens = [3, 4, 3];
@@ -206,7 +207,7 @@ fn learning_rows_are_charged_on_the_cost_curve() {
             max_draft_tokens: None,
         };
         let state = speculation
-            .drafter_for(Some(request), &[0], 1, None)
+            .drafter_for(Some(request), &[0], 1, None, None)
             .expect("recycling drafts");
         // Prompt rows feeding 50 distinct tokens, then repeats: an empty matrix wants
         // each token once.
@@ -274,7 +275,7 @@ fn a_drafter_prepares_only_where_its_best_case_could_pay() {
         max_draft_tokens: None,
     };
     let mut state = speculation
-        .drafter_for(Some(request), &[0], 1, None)
+        .drafter_for(Some(request), &[0], 1, None, None)
         .expect("the method drafts");
     let seq = SeqId(1);
     let tokens = [5];

@@ -263,6 +263,7 @@ mod tests {
             tokens: &tokens,
             prompt_len: tokens.len(),
             prediction: None,
+            cache_scope: None,
         };
         let shared = speculator();
         let mut first = shared.drafter(&new).expect("auto drafts");

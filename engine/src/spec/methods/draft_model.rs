@@ -144,7 +144,7 @@ impl DraftModelRunner {
 
     /// Prepares a tree of at most `budget` nodes for every `(seq, known tokens, budget)`.
     /// A sequence whose draft KV does not fit gets no tree (it decodes plainly).
-    pub fn prepare(&mut self, items: &[(SeqId, &[u32], usize)]) -> Result<()> {
+    pub fn prepare(&mut self, items: &[Granted<'_>]) -> Result<()> {
         self.prepared.clear();
         let scratch = self.max_nodes() + 1;
         let bs = self.blocks.block_size();
@@ -152,14 +152,20 @@ impl DraftModelRunner {
         let mut batch = TreeBatch::new(bs);
         let mut live: Vec<(SeqId, &[u32], usize)> = Vec::new();
         let mut caught_up_rows = 0;
-        for &(seq, tokens, budget) in items {
+        for &Granted {
+            seq,
+            tokens,
+            budget,
+            cache_scope,
+        } in items
+        {
             if budget == 0 || tokens.is_empty() {
                 continue;
             }
             if !self.blocks.contains(seq)
                 && self
                     .blocks
-                    .admit(seq, tokens, tokens.len() + scratch)?
+                    .admit(seq, tokens, tokens.len() + scratch, cache_scope)?
                     .is_none()
             {
                 continue;
@@ -293,11 +299,7 @@ impl Speculator for DraftModelSpeculator {
     }
 
     fn prepare(&mut self, granted: &[Granted<'_>]) -> Result<()> {
-        let items: Vec<(SeqId, &[u32], usize)> = granted
-            .iter()
-            .map(|g| (g.seq, g.tokens, g.budget))
-            .collect();
-        self.runner.prepare(&items)
+        self.runner.prepare(granted)
     }
 
     fn draft(

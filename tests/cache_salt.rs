@@ -1,0 +1,125 @@
+//! `cache_salt` isolation, observed from outside: a request finds cached prompt blocks only
+//! from requests with its salt (or with none, when it has none), in the engine and through
+//! the real `thicket serve`, with outputs unchanged; a salt that is not a non-empty string
+//! gets a 400 naming the field.
+
+use std::sync::Arc;
+
+use engine::{Request, SpecMethod};
+use serde_json::{json, Value};
+
+use crate::common::smollm2_path;
+use crate::processes::ServerProcess;
+use crate::speculation::{start, tiny_loaded, Setup};
+
+/// One greedy request for `prompt` under `salt`: its output tokens and cached prompt tokens.
+fn once(
+    handle: &engine::handle::EngineHandle,
+    prompt: &[u32],
+    salt: Option<&str>,
+) -> (Vec<u32>, usize) {
+    let mut request = Request::greedy(prompt.to_vec(), 8, Some(SpecMethod::None));
+    request.cache_salt = salt.map(Arc::from);
+    let out = handle.submit(request).unwrap().wait().unwrap().remove(0);
+    (out.token_ids, out.usage.cached_tokens)
+}
+
+#[test]
+fn cached_prompt_blocks_are_shared_only_within_a_salt() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 64);
+    let (handle, _engine) = start(&loaded, Setup::default());
+    let prompt: Vec<u32> = (0..64).map(|i| (i * 7 % 61) as u32 + 1).collect();
+    // Blocks of 16: a repeated 64-token prompt reads its first three blocks from the cache.
+    let hit = 48;
+    let (first, cached) = once(&handle, &prompt, None);
+    assert_eq!(cached, 0);
+    let steps: [(Option<&str>, usize); 6] = [
+        (None, hit),
+        (Some("tenant-a"), 0),
+        (Some("tenant-a"), hit),
+        (Some("tenant-b"), 0),
+        (Some("tenant-a"), hit),
+        (None, hit),
+    ];
+    for (i, (salt, want)) in steps.into_iter().enumerate() {
+        let (tokens, cached) = once(&handle, &prompt, salt);
+        assert_eq!(cached, want, "request {i} under {salt:?}");
+        assert_eq!(tokens, first, "request {i}: the salt changed the output");
+    }
+    // An `n` > 1 request's forks leave their blocks under its salt too.
+    let mut forked = Request::greedy(prompt[..40].to_vec(), 24, Some(SpecMethod::None));
+    forked.n = 2;
+    forked.cache_salt = Some(Arc::from("tenant-c"));
+    let outputs = handle.submit(forked).unwrap().wait().unwrap();
+    let mut longer = prompt[..40].to_vec();
+    longer.extend(&outputs[1].token_ids);
+    longer.push(1);
+    assert!(once(&handle, &longer, Some("tenant-c")).1 >= 48);
+    assert_eq!(once(&handle, &longer, Some("tenant-d")).1, 0);
+}
+
+#[test]
+fn the_server_scopes_cached_tokens_by_salt_and_refuses_bad_salts() {
+    let model = smollm2_path();
+    let server = ServerProcess::start(
+        &[
+            "--served-model-name",
+            "smollm2",
+            "--kv-cache-mib",
+            "64",
+            "--model",
+            model.to_str().expect("a UTF-8 path"),
+        ],
+        &[],
+    );
+    let prompt = "The cache salt keeps one tenant's prompts away from another's. ".repeat(6);
+    let complete = |salt: Value| {
+        let mut body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": 4,
+                              "temperature": 0});
+        if !salt.is_null() {
+            body["cache_salt"] = salt;
+        }
+        let (status, answer) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        (
+            answer["choices"][0]["text"].as_str().unwrap().to_string(),
+            cached,
+        )
+    };
+    let (text, _) = complete(json!("alpha"));
+    assert_eq!(
+        complete(json!("beta")).1,
+        0,
+        "another salt's blocks were served"
+    );
+    assert_eq!(
+        complete(Value::Null).1,
+        0,
+        "a salted prompt's blocks were served unsalted"
+    );
+    let (again, cached) = complete(json!("alpha"));
+    assert!(cached > 0, "the same salt found nothing cached");
+    assert_eq!(again, text);
+    // Chat takes the field too.
+    let chat = |salt: &str| {
+        let body = json!({"model": "smollm2", "max_tokens": 2, "cache_salt": salt,
+                          "messages": [{"role": "user", "content": prompt}]});
+        let (status, answer) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(chat("gamma"), 0);
+    assert!(chat("gamma") > 0);
+    for bad in [json!(""), json!(5), json!(["a"]), json!("x".repeat(1025))] {
+        let body = json!({"model": "smollm2", "prompt": "Hi", "max_tokens": 1, "cache_salt": bad});
+        let (status, answer) = server.post("/v1/completions", &body);
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert_eq!(answer["error"]["param"], "cache_salt", "{answer}");
+    }
+}
