@@ -123,3 +123,45 @@ fn the_server_scopes_cached_tokens_by_salt_and_refuses_bad_salts() {
         assert_eq!(answer["error"]["param"], "cache_salt", "{answer}");
     }
 }
+
+/// Token Recycling's matrix is kept per salt. A teacher request under salt a teaches its
+/// salt's matrix; a student (the teacher's prompt and the start of its answer) then drafts
+/// better under salt a than under salt b, whose matrix starts cold, as it would in a fresh
+/// engine. Outputs are the same (verification is lossless).
+#[test]
+fn recycling_drafts_only_from_what_its_salt_taught() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = tiny_loaded(dir.path(), 256);
+    let setup = || Setup {
+        max_draft: 32,
+        ..Setup::default()
+    };
+    let teacher: Vec<u32> = (0..12).map(|i| (i * 37) % 256).collect();
+    let run = |handle: &engine::handle::EngineHandle, prompt: &[u32], salt: &str| {
+        let mut request = Request::greedy(prompt.to_vec(), 40, Some(SpecMethod::Recycling));
+        request.cache_salt = Some(Arc::from(salt));
+        handle.submit(request).unwrap().wait().unwrap().remove(0)
+    };
+    let mat = |out: &engine::SampleOutput| {
+        (out.usage.spec_steps + out.usage.accepted_tokens) as f64
+            / out.usage.spec_steps.max(1) as f64
+    };
+    let (handle, _engine) = start(&loaded, setup());
+    let answer = run(&handle, &teacher, "a");
+    let mut student = teacher.clone();
+    student.extend(&answer.token_ids[..6]);
+    let other = run(&handle, &student, "b");
+    let same = run(&handle, &student, "a");
+    let (fresh, _fresh_engine) = start(&loaded, setup());
+    let alone = run(&fresh, &student, "b");
+    assert_eq!(same.token_ids, other.token_ids);
+    assert!(
+        mat(&same) > mat(&other),
+        "salt a's MAT {:.2} vs salt b's {:.2}",
+        mat(&same),
+        mat(&other)
+    );
+    // Salt b saw nothing of salt a's: it drafts as a fresh engine does.
+    assert_eq!(other.usage.accepted_tokens, alone.usage.accepted_tokens);
+    assert_eq!(other.usage.draft_tokens, alone.usage.draft_tokens);
+}

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use engine::model::testing::write_tiny_tokenizer;
 use engine::model::tokenizer::ModelTokenizer;
-use engine::spec::speculator::{Granted, Speculator, SpeculatorFactory};
+use engine::spec::speculator::{Granted, ObservedRow, Speculator, SpeculatorFactory};
 use engine::spec::{DraftContext, Drafter, NewSequence};
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, Request, SchedulerConfig, SpecMethod,
@@ -93,14 +93,14 @@ impl Speculator for TestSpeculator {
         Ok(())
     }
 
-    fn wants_logits(&self, _token: u32) -> bool {
+    fn wants_logits(&self, _token: u32, _cache_scope: Option<kvcache::BlockHash>) -> bool {
         self.learns_prompts
     }
 
-    fn observe_row(&mut self, token: u32, logits: &[f32]) {
-        assert_eq!(logits.len(), VOCAB);
+    fn observe_row(&mut self, row: &ObservedRow<'_>) {
+        assert_eq!(row.logits.len(), VOCAB);
         let mut seen = self.seen.lock().unwrap();
-        seen.observed.insert(token);
+        seen.observed.insert(row.token);
         seen.rows += 1;
     }
 

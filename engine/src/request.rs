@@ -65,8 +65,9 @@ pub struct Request {
     /// without it; only its speed changes. At most the model's length.
     pub prediction: Option<Arc<[u32]>>,
     /// vLLM's `cache_salt`: the request reads cached prompt blocks (the model's, and a draft
-    /// model's) only from requests with the same salt, or from requests without one when it
-    /// has none. Non-empty, at most `MAX_CACHE_SALT_BYTES`.
+    /// model's) and drafts from a Token Recycling matrix taught only by requests with the
+    /// same salt, or by requests without one when it has none. Non-empty, at most
+    /// `MAX_CACHE_SALT_BYTES`.
     pub cache_salt: Option<Arc<str>>,
 }
 

@@ -70,6 +70,11 @@ impl Sequence {
         self.num_preemptions
     }
 
+    /// The prefix-cache scope of its request's cache salt (`None`: no salt).
+    pub fn cache_scope(&self) -> Option<BlockHash> {
+        self.cache_scope
+    }
+
     /// Forks still owed to this sequence (its `n - 1` siblings).
     pub fn pending_forks(&self) -> usize {
         self.pending_forks

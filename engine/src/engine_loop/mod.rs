@@ -51,6 +51,7 @@ use crate::model::tokenizer::ModelTokenizer;
 use crate::request::{Event, Failure, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::coordinator::Speculation;
+use crate::spec::speculator::ObservedRow;
 use crate::tree::TokenTree;
 use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::Result;
@@ -418,8 +419,11 @@ impl Engine {
         let scheduled = scheduled.as_slice();
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
         let mut prompt_rows = Vec::new();
+        // Each of the batch's sequences' cache-salt scope, in the batch's order.
+        let mut scopes = Vec::with_capacity(scheduled.len());
         for (s, tree) in scheduled.iter().zip(&trees) {
             let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
+            scopes.push(seq.cache_scope());
             let table = self
                 .scheduler
                 .block_table(s.seq)
@@ -479,7 +483,14 @@ impl Engine {
         let computed = logits
             .iter()
             .zip(&batch.logit_rows)
-            .map(|(row, &at)| (batch.token_ids[at], row.as_slice()));
+            .map(|(row, &at)| ObservedRow {
+                token: batch.token_ids[at],
+                logits: row.as_slice(),
+                cache_scope: scopes
+                    .get(batch.seqs.partition_point(|e| e.rows.end <= at))
+                    .copied()
+                    .flatten(),
+            });
         self.spec
             .observe_forward(batch.num_rows(), forward_seconds, computed);
         let decided = Instant::now();

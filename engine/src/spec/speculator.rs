@@ -9,11 +9,22 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kvcache::SeqId;
+use kvcache::{BlockHash, SeqId};
 
 use super::{DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::Result;
+
+/// One row a forward computed.
+#[derive(Debug, Clone, Copy)]
+pub struct ObservedRow<'a> {
+    /// The token fed.
+    pub token: u32,
+    /// The logits that came out.
+    pub logits: &'a [f32],
+    /// The cache-salt scope of the row's sequence's request (`NewSequence::cache_scope`).
+    pub cache_scope: Option<BlockHash>,
+}
 
 /// A sequence granted a draft budget this step.
 #[derive(Debug, Clone, Copy)]
@@ -67,14 +78,16 @@ pub trait Speculator: Send {
         drafter.draft(ctx, budget)
     }
 
-    /// Whether the logits of a prompt row feeding `token` are worth computing for this
-    /// method's sequences (a row of the output projection each; the engine caps them).
-    fn wants_logits(&self, _token: u32) -> bool {
+    /// Whether the logits of a prompt row feeding `token`, of a sequence whose request's
+    /// cache-salt scope is `cache_scope`, are worth computing for this method's sequences (a
+    /// row of the output projection each; the engine caps them).
+    fn wants_logits(&self, _token: u32, _cache_scope: Option<BlockHash>) -> bool {
         false
     }
 
-    /// One row the forward computed, for every sequence: `token` was fed, `logits` came out.
-    fn observe_row(&mut self, _token: u32, _logits: &[f32]) {}
+    /// One row the forward computed, whatever its sequence's method. What a speculator
+    /// learns from it, it may share only with requests of the row's cache-salt scope.
+    fn observe_row(&mut self, _row: &ObservedRow<'_>) {}
 
     /// Have the OS map the memory of the KV the speculator keeps of its own (a draft model's
     /// pool) now, before any request, as `--kv-prefault` asks of the target's pool. By

@@ -22,7 +22,9 @@ use crate::spec::methods::ngram_trie::NgramTrie;
 use crate::spec::methods::prediction::{Prediction, PredictionDrafter, PredictionFirst};
 use crate::spec::methods::prompt_lookup::PromptLookup;
 use crate::spec::methods::recycling::RecyclingSpeculator;
-use crate::spec::speculator::{ContextSpeculator, Granted, Speculator, SpeculatorFactory};
+use crate::spec::speculator::{
+    ContextSpeculator, Granted, ObservedRow, Speculator, SpeculatorFactory,
+};
 use crate::spec::stats::{smooth, AcceptanceStats};
 use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
@@ -474,7 +476,7 @@ impl Speculation {
             let wants = self
                 .speculators
                 .get(state.speculator)
-                .is_some_and(|s| s.wants_logits(token));
+                .is_some_and(|s| s.wants_logits(token, state.cache_scope));
             if wants && seen.insert(token) {
                 chosen.push(row);
             }
@@ -483,18 +485,18 @@ impl Speculation {
     }
 
     /// After a forward of `rows` rows that took `seconds`: the cost curve learns its time,
-    /// and every speculator sees each computed row (`(token fed, logits)`).
+    /// and every speculator sees each computed row.
     pub(crate) fn observe_forward<'a>(
         &mut self,
         rows: usize,
         seconds: f64,
-        computed: impl Iterator<Item = (u32, &'a [f32])>,
+        computed: impl Iterator<Item = ObservedRow<'a>>,
     ) {
         self.observe_cost(rows, seconds);
         self.this_step.forward = Some(seconds);
-        for (token, logits) in computed {
+        for row in computed {
             for speculator in &mut self.speculators {
-                speculator.observe_row(token, logits);
+                speculator.observe_row(&row);
             }
         }
     }

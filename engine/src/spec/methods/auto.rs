@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use super::ngram_trie::NgramTrie;
 use super::prompt_lookup::PromptLookup;
-use super::recycling::{RecyclingMatrix, StaticTree, TokenRecycling};
+use super::recycling::{wants_row, RecyclingMatrix, StaticTree, TokenRecycling};
+use super::recycling_matrices::RecyclingMatrices;
 use crate::spec::speculator::Speculator;
 use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
@@ -162,19 +163,19 @@ impl Drafter for AutoDrafter {
     }
 }
 
-/// `auto`'s speculator: Token Recycling's matrix (learned by its own speculator) and the
-/// context drafters, per sequence.
+/// `auto`'s speculator: Token Recycling's matrices (learned by its own speculator; a
+/// sequence walks its cache salt's) and the context drafters, per sequence.
 pub struct AutoSpeculator {
-    matrix: Arc<RecyclingMatrix>,
+    matrices: Arc<RecyclingMatrices>,
     tree: Arc<StaticTree>,
     choices: Arc<Choices>,
 }
 
 impl AutoSpeculator {
-    /// Drafters that walk `tree` over the shared `matrix` among the others.
-    pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
+    /// Drafters that walk `tree` over the shared `matrices` among the others.
+    pub fn new(matrices: Arc<RecyclingMatrices>, tree: Arc<StaticTree>) -> Self {
         Self {
-            matrix,
+            matrices,
             tree,
             choices: Arc::new(Choices::new(DRAFTERS)),
         }
@@ -186,16 +187,16 @@ impl Speculator for AutoSpeculator {
         SpecMethod::Auto
     }
 
-    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
+    fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some(Box::new(AutoDrafter::with_choices(
-            Arc::clone(&self.matrix),
+            self.matrices.get(seq.cache_scope),
             Arc::clone(&self.tree),
             Arc::clone(&self.choices),
         )))
     }
 
-    fn wants_logits(&self, token: u32) -> bool {
-        (token as usize) < self.matrix.vocab() && !self.matrix.has_row(token)
+    fn wants_logits(&self, token: u32, cache_scope: Option<kvcache::BlockHash>) -> bool {
+        wants_row(&self.matrices, token, cache_scope)
     }
 }
 
@@ -255,7 +256,7 @@ mod tests {
         let ctx = DraftContext { tokens: &tokens };
         let speculator = || {
             AutoSpeculator::new(
-                Arc::new(RecyclingMatrix::new(16, 8)),
+                Arc::new(RecyclingMatrices::new(RecyclingMatrix::new(16, 8))),
                 Arc::new(StaticTree::paper()),
             )
         };

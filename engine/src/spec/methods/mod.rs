@@ -13,3 +13,4 @@ pub mod ngram_trie;
 pub mod prediction;
 pub mod prompt_lookup;
 pub mod recycling;
+pub mod recycling_matrices;

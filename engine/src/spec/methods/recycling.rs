@@ -9,16 +9,21 @@
 //! tree's node list is in layer order, so its first b entries are the smaller tree used for
 //! a budget of b.
 //!
-//! [`RecyclingSpeculator`] is the method's engine-wide side: it owns the matrix (shared
-//! read-only with every drafter that walks it), learns from every row the forward computed,
-//! asks for the logits of prompt rows whose token the matrix has never seen, and saves it.
+//! [`RecyclingSpeculator`] is the method's engine-wide side: it owns the matrices (one per
+//! cache salt in use, `recycling_matrices`; each shared read-only with every drafter that
+//! walks it), learns from every row the forward computed (into its sequence's salt's
+//! matrix), asks for the logits of prompt rows whose token the matrix has never seen, and
+//! saves the unsalted matrix.
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::spec::speculator::Speculator;
+use kvcache::BlockHash;
+
+use super::recycling_matrices::RecyclingMatrices;
+use crate::spec::speculator::{ObservedRow, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -307,10 +312,10 @@ impl Drafter for TokenRecycling {
     fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
-/// Token Recycling's engine-wide side: the matrix, learned from every computed row.
+/// Token Recycling's engine-wide side: the matrices, learned from every computed row.
 #[derive(Debug)]
 pub struct RecyclingSpeculator {
-    matrix: Arc<RecyclingMatrix>,
+    matrices: Arc<RecyclingMatrices>,
     tree: Arc<StaticTree>,
     state: Option<std::path::PathBuf>,
 }
@@ -328,16 +333,26 @@ impl RecyclingSpeculator {
             _ => RecyclingMatrix::new(vocab, TOP_K),
         };
         Self {
-            matrix: Arc::new(matrix),
+            matrices: Arc::new(RecyclingMatrices::new(matrix)),
             tree: Arc::new(StaticTree::paper()),
             state,
         }
     }
 
-    /// The shared matrix and tree, for drafters that combine methods (`auto`).
-    pub fn shared(&self) -> (Arc<RecyclingMatrix>, Arc<StaticTree>) {
-        (Arc::clone(&self.matrix), Arc::clone(&self.tree))
+    /// The shared matrices and tree, for drafters that combine methods (`auto`).
+    pub fn shared(&self) -> (Arc<RecyclingMatrices>, Arc<StaticTree>) {
+        (Arc::clone(&self.matrices), Arc::clone(&self.tree))
     }
+}
+
+/// Whether a prompt row feeding `token` would teach `scope`'s matrix a row it lacks.
+pub(crate) fn wants_row(
+    matrices: &RecyclingMatrices,
+    token: u32,
+    scope: Option<BlockHash>,
+) -> bool {
+    let matrix = matrices.get(scope);
+    (token as usize) < matrix.vocab() && !matrix.has_row(token)
 }
 
 impl Speculator for RecyclingSpeculator {
@@ -345,22 +360,27 @@ impl Speculator for RecyclingSpeculator {
         SpecMethod::Recycling
     }
 
-    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
-        let (matrix, tree) = self.shared();
-        Some(Box::new(TokenRecycling::new(matrix, tree)))
+    fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
+        let matrix = self.matrices.get(seq.cache_scope);
+        Some(Box::new(TokenRecycling::new(
+            matrix,
+            Arc::clone(&self.tree),
+        )))
     }
 
-    fn wants_logits(&self, token: u32) -> bool {
-        (token as usize) < self.matrix.vocab() && !self.matrix.has_row(token)
+    fn wants_logits(&self, token: u32, cache_scope: Option<BlockHash>) -> bool {
+        wants_row(&self.matrices, token, cache_scope)
     }
 
-    fn observe_row(&mut self, token: u32, logits: &[f32]) {
-        self.matrix.update(token, logits);
+    fn observe_row(&mut self, row: &ObservedRow<'_>) {
+        self.matrices
+            .get(row.cache_scope)
+            .update(row.token, row.logits);
     }
 
     fn save(&self) {
         if let Some(path) = &self.state {
-            if let Err(e) = self.matrix.save(path) {
+            if let Err(e) = self.matrices.unsalted().save(path) {
                 tracing::warn!("{e}");
             }
         }
@@ -399,6 +419,36 @@ mod tests {
         assert!(RecyclingMatrix::load(&path, 11, 3).is_err());
         std::fs::write(&path, b"junk").unwrap();
         assert!(RecyclingMatrix::load(&path, 10, 3).is_err());
+    }
+
+    #[test]
+    fn a_salted_sequence_drafts_only_from_its_salts_rows() {
+        let mut spec = RecyclingSpeculator::new(10, None);
+        let a = Some(BlockHash::scope(b"a"));
+        let mut logits = vec![0.0; 10];
+        logits[2] = 2.0;
+        logits[3] = 1.0;
+        spec.observe_row(&ObservedRow {
+            token: 1,
+            logits: &logits,
+            cache_scope: a,
+        });
+        let tokens = [7, 1];
+        let ctx = DraftContext { tokens: &tokens };
+        let candidates = |scope| {
+            let new = NewSequence {
+                tokens: &tokens,
+                prompt_len: 1,
+                prediction: None,
+                cache_scope: scope,
+            };
+            spec.drafter(&new).expect("recycling drafts").prepare(&ctx)
+        };
+        assert!(candidates(a) > 0);
+        assert_eq!(candidates(None), 0);
+        assert_eq!(candidates(Some(BlockHash::scope(b"b"))), 0);
+        assert!(spec.wants_logits(1, None));
+        assert!(!spec.wants_logits(1, a));
     }
 
     #[test]
