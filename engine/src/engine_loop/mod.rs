@@ -7,11 +7,12 @@
 //!  schedule   StepPlan: which sequences, how many tokens, KV copies, preemptions; then
 //!             the decoding sequences whose best case could pay at the plan's size
 //!             prepare their drafters and offer, and each offer may get a draft budget
+//!             (drafting.rs)
 //!  batch      speculation drafts every granted sequence's tree (each method's speculator
-//!             runs its batched work first); constrained sequences' trees become their
-//!             format's forced tokens or keep only what it allows (constrain.rs); ONE
-//!             TreeBatch for every scheduled sequence: prefill chunks, plain decodes and
-//!             draft trees mixed
+//!             runs its batched work first; drafting.rs); constrained sequences' trees
+//!             become their format's forced tokens or keep only what it allows
+//!             (constrain.rs); ONE TreeBatch for every scheduled sequence: prefill
+//!             chunks, plain decodes and draft trees mixed
 //!  forward    the backend runs it while another thread computes the token masks of the
 //!             constrained rows; every speculator sees every computed row
 //!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
@@ -28,16 +29,16 @@
 //!
 //! No lock guards any of this: callers talk to the thread only through channels.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvcache::SeqId;
-use rayon::prelude::*;
 use scheduler::{ScheduledSeq, Scheduler};
 
 mod constrain;
+mod drafting;
 mod emit;
 mod record;
 mod step_output;
@@ -348,50 +349,6 @@ impl Engine {
         names::publish_kv(&self.scheduler.cache_stats());
     }
 
-    /// Offers of every sequence that decodes in `plan` and speculates (and whose best case
-    /// could pay at the plan's size), with the tokens its output format forces (if it has
-    /// one) offered as certain.
-    fn draft_offers(&mut self, plan: &scheduler::StepPlan) -> Option<scheduler::DraftInputs> {
-        let decoding: HashSet<SeqId> = plan
-            .scheduled
-            .iter()
-            .filter(|s| s.decodes())
-            .map(|s| s.seq)
-            .collect();
-        if decoding.is_empty() {
-            return None;
-        }
-        let scheduler = &self.scheduler;
-        let room = scheduler.draft_room(plan);
-        let mut candidates = Vec::new();
-        let mut constraints = Vec::new();
-        for (&id, record) in self.records.iter_mut() {
-            let (Some(drafter), Some(seq)) = (record.drafter.as_mut(), scheduler.seq(id)) else {
-                continue;
-            };
-            let ready = decoding.contains(&id) && seq.pending_forks() == 0;
-            if ready {
-                candidates.push((id, seq.tokens(), drafter));
-                constraints.push(record.constraint.as_mut());
-            }
-        }
-        // The look at each format's next mask runs on every core, as the constraint stage
-        // does (which then reuses the mask the constraint kept).
-        let forced: Vec<usize> = if constraints.iter().any(Option::is_some) {
-            constraints
-                .par_iter_mut()
-                .map(|c| c.as_mut().map_or(0, |c| c.forced_estimate()))
-                .collect()
-        } else {
-            vec![0; candidates.len()]
-        };
-        let offers = candidates
-            .into_iter()
-            .zip(forced)
-            .map(|((id, tokens, drafter), forced)| (id, tokens, drafter, forced));
-        self.spec.offers(offers, plan.num_batched_tokens, room)
-    }
-
     /// Nothing could be scheduled although work is queued: with nothing running, the head
     /// of the queue can never fit, so it fails instead of waiting forever.
     fn fail_unschedulable(&mut self) {
@@ -507,46 +464,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// The draft tree of every scheduled sequence granted a budget, in `scheduled`'s order
-    /// (`None` for the others): one call into speculation before the forward.
-    fn draft_trees(&mut self, scheduled: &[ScheduledSeq]) -> Result<Vec<Option<TokenTree>>> {
-        let mut trees: Vec<Option<TokenTree>> = vec![None; scheduled.len()];
-        let order: HashMap<SeqId, (usize, usize)> = scheduled
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.draft_budget > 0)
-            .map(|(i, s)| (s.seq, (i, s.draft_budget)))
-            .collect();
-        if order.is_empty() {
-            return Ok(trees);
-        }
-        let scheduler = &self.scheduler;
-        let mut granted = Vec::with_capacity(order.len());
-        for (&id, record) in self.records.iter_mut() {
-            let (Some(&(at, budget)), Some(drafter)) = (order.get(&id), record.drafter.as_mut())
-            else {
-                continue;
-            };
-            let seq = scheduler.seq(id).ok_or_else(|| missing(id))?;
-            granted.push((at, (id, seq.tokens(), budget, drafter)));
-        }
-        if granted.len() != order.len() {
-            let lost = order
-                .keys()
-                .find(|id| self.records.get(id).is_none_or(|r| r.drafter.is_none()));
-            return Err(missing(lost.copied().unwrap_or(SeqId(u64::MAX))));
-        }
-        // In scheduled order, so that batched drafting does not depend on hashing.
-        granted.sort_unstable_by_key(|g| g.0);
-        let positions: Vec<usize> = granted.iter().map(|g| g.0).collect();
-        let mut granted: Vec<_> = granted.into_iter().map(|g| g.1).collect();
-        let drafted = self.spec.draft_all(&mut granted);
-        for (at, tree) in positions.into_iter().zip(drafted) {
-            trees[at] = Some(tree);
-        }
-        Ok(trees)
     }
 
     /// The model's choice from `row` for `seq_id` after `output` (its output so far).
