@@ -295,6 +295,57 @@ fn bench_spec_control_is_a_second_plain_engine_in_the_table() {
     }
 }
 
+/// `--warm-up half`: the questions alternate between a measured half and a warm-up half;
+/// every method runs cold and warm on fresh engines, the warm engines having served the
+/// warm-up half first, and each phase's speedups are over its own `none`.
+#[test]
+fn bench_spec_measures_cold_and_warm_engines_on_disjoint_questions() {
+    let (table, report) = bench_spec(&[
+        "--max-tokens",
+        "8",
+        "--methods",
+        "recycling",
+        "--warm-up",
+        "half",
+    ]);
+    for label in [
+        "none (cold)",
+        "recycling (cold)",
+        "none (warm)",
+        "recycling (warm)",
+    ] {
+        assert!(table.contains(&format!("| {label} |")), "{label}: {table}");
+    }
+    assert!(
+        table.contains("each first served 13 warm-up questions"),
+        "{table}"
+    );
+    assert_eq!(report["warm_up_questions"], 13, "{report}");
+    let ms = report["measurements"].as_array().expect("measurements");
+    assert_eq!(ms.len(), 4 * 13, "13 measured questions, four engines");
+    // The measured half: the first question of each category, never the second.
+    let spec_bench = std::fs::read_to_string("benches/data/spec_bench_dev.jsonl").unwrap();
+    let mut firsts = std::collections::HashMap::new();
+    for line in spec_bench.lines().filter(|l| !l.trim().is_empty()) {
+        let q: Value = serde_json::from_str(line).unwrap();
+        let category = q["category"].as_str().unwrap().to_string();
+        firsts.entry(category).or_insert(q["question_id"].clone());
+    }
+    for m in ms {
+        let category = m["category"].as_str().expect("a category");
+        assert_eq!(m["question_id"], firsts[category], "{m}");
+    }
+    // Plain decoding is the same whether the engine is warm or not.
+    let tokens = |label: &str| -> Vec<Value> {
+        ms.iter()
+            .filter(|m| m["method"] == label)
+            .map(|m| m["output_tokens"].clone())
+            .collect()
+    };
+    assert_eq!(tokens("none (cold)"), tokens("none (warm)"));
+    assert_eq!(tokens("recycling (warm)"), tokens("none (cold)"));
+}
+
 /// The percentage at the end of a bound line ("..., 74% of that bound").
 fn percent_of_bound(line: &str) -> f64 {
     let (before, _) = line.rsplit_once("% of that bound").expect("a bound");

@@ -12,8 +12,12 @@
 //! late; with several at once, the questions shuffled so that rounds mix categories), so the
 //! host's noise falls on all of them alike, and every engine's KV cache is mapped before the
 //! timing starts; `--control` adds a second `none` engine whose ratio to the first is the
-//! run's noise floor. `--out` writes every measurement as JSON;
-//! `--plot-dir` draws acceptance by tree depth and MAT per method.
+//! run's noise floor. `--warm-up` measures twice, on fresh engines each time: cold, and warm,
+//! where every engine first serves a set of warm-up questions disjoint from the measured ones
+//! (untimed, under its own method), as a server that has been running would have; what
+//! learns across requests (the recycling matrix, acceptance per source) then starts from
+//! that traffic and never from the measured questions. `--out` writes every measurement as
+//! JSON; `--plot-dir` draws acceptance by tree depth and MAT per method.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,6 +32,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::bench_spec_charts as charts;
+use crate::bench_spec_table::{mat, print_table};
 use crate::chat::user_prompt;
 use crate::cli::ModelArgs;
 use crate::engine_args::EngineArgs;
@@ -62,9 +67,15 @@ pub struct SpecBenchArgs {
     /// Questions in flight at once.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
-    /// Questions per category at most.
+    /// Questions per category at most (measured, and warm-up).
     #[arg(long)]
     pub per_category: Option<usize>,
+    /// Also measure warm engines: `half` splits `--dataset` (each category's questions
+    /// alternate between the measured set and the warm-up set), or a file of warm-up
+    /// questions in Spec-Bench's shape. Every engine of the warm phase serves the warm-up
+    /// set untimed first; the table then has each method cold and warm.
+    #[arg(long)]
+    pub warm_up: Option<String>,
     /// Where to write the JSON results.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -82,26 +93,34 @@ struct Question {
 
 /// One question under one method.
 #[derive(Debug, Clone, Serialize)]
-struct Measurement {
-    question_id: serde_json::Value,
-    category: String,
-    method: String,
-    output_tokens: usize,
+pub(crate) struct Measurement {
+    pub question_id: serde_json::Value,
+    pub category: String,
+    pub method: String,
+    pub output_tokens: usize,
     /// Submission to the last token.
-    seconds: f64,
+    pub seconds: f64,
     /// Submission to the first token (its prefill, and its wait for the questions before it).
-    ttft_seconds: f64,
+    pub ttft_seconds: f64,
     /// First token to the last (the generation phase the papers time).
-    decode_seconds: f64,
-    verify_steps: usize,
-    draft_tokens: usize,
-    accepted_tokens: usize,
+    pub decode_seconds: f64,
+    pub verify_steps: usize,
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
-fn load_questions(args: &SpecBenchArgs, loaded: &LoadedModel) -> anyhow::Result<Vec<Question>> {
-    let text = std::fs::read_to_string(&args.dataset)
-        .with_context(|| format!("reading {}", args.dataset.display()))?;
-    let mut per_category: BTreeMap<String, usize> = BTreeMap::new();
+/// The questions of `path`, at most `per_category` of each category, each the `keep`-th of
+/// its category modulo `every` (`every` = 1: all).
+fn load_questions(
+    path: &std::path::Path,
+    per_category: Option<usize>,
+    (every, keep): (usize, usize),
+    loaded: &LoadedModel,
+) -> anyhow::Result<Vec<Question>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut taken: BTreeMap<String, usize> = BTreeMap::new();
     let mut questions = Vec::new();
     for (n, line) in text
         .lines()
@@ -109,16 +128,21 @@ fn load_questions(args: &SpecBenchArgs, loaded: &LoadedModel) -> anyhow::Result<
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let value: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}", args.dataset.display(), n + 1))?;
+            .with_context(|| format!("{} line {}", path.display(), n + 1))?;
         let category = value["category"]
             .as_str()
             .unwrap_or("uncategorized")
             .to_string();
         let Some(turn) = value["turns"].get(0).and_then(|t| t.as_str()) else {
-            bail!("{} line {}: no turns", args.dataset.display(), n + 1);
+            bail!("{} line {}: no turns", path.display(), n + 1);
         };
-        let count = per_category.entry(category.clone()).or_default();
-        if args.per_category.is_some_and(|limit| *count >= limit) {
+        let nth = seen.entry(category.clone()).or_default();
+        *nth += 1;
+        if (*nth - 1) % every != keep {
+            continue;
+        }
+        let count = taken.entry(category.clone()).or_default();
+        if per_category.is_some_and(|limit| *count >= limit) {
             continue;
         }
         *count += 1;
@@ -132,9 +156,26 @@ fn load_questions(args: &SpecBenchArgs, loaded: &LoadedModel) -> anyhow::Result<
         });
     }
     if questions.is_empty() {
-        bail!("{} holds no question", args.dataset.display());
+        bail!("{} holds no question", path.display());
     }
     Ok(questions)
+}
+
+/// The measured questions and the warm-up ones (none without `--warm-up`).
+fn question_sets(
+    args: &SpecBenchArgs,
+    loaded: &LoadedModel,
+) -> anyhow::Result<(Vec<Question>, Vec<Question>)> {
+    let load =
+        |path: &std::path::Path, split| load_questions(path, args.per_category, split, loaded);
+    match args.warm_up.as_deref() {
+        None => Ok((load(&args.dataset, (1, 0))?, Vec::new())),
+        Some("half") => Ok((load(&args.dataset, (2, 0))?, load(&args.dataset, (2, 1))?)),
+        Some(file) => Ok((
+            load(&args.dataset, (1, 0))?,
+            load(std::path::Path::new(file), (1, 0))?,
+        )),
+    }
 }
 
 /// A prompt outside every Spec-Bench file, for each engine's untimed warm-up: it pages the
@@ -298,28 +339,6 @@ fn read(
     })
 }
 
-/// Decoding speed: tokens after the first over the time after the first token.
-fn tokens_per_second(ms: &[&Measurement]) -> f64 {
-    let tokens: usize = ms.iter().map(|m| m.output_tokens.saturating_sub(1)).sum();
-    let seconds: f64 = ms.iter().map(|m| m.decode_seconds).sum();
-    tokens as f64 / seconds.max(1e-9)
-}
-
-/// Mean time to the first token.
-fn mean_ttft(ms: &[&Measurement]) -> f64 {
-    ms.iter().map(|m| m.ttft_seconds).sum::<f64>() / ms.len().max(1) as f64
-}
-
-fn mat(ms: &[&Measurement]) -> f64 {
-    let steps: usize = ms.iter().map(|m| m.verify_steps).sum();
-    let accepted: usize = ms.iter().map(|m| m.accepted_tokens).sum();
-    if steps == 0 {
-        1.0
-    } else {
-        (steps + accepted) as f64 / steps as f64
-    }
-}
-
 /// The order in which `engines` engines run round `round`. Rounds go in pairs: the second
 /// of a pair runs the first's order backwards, so over each pair every engine's two places
 /// add up to the same (a host that slows down or speeds up along a round weighs on all
@@ -337,7 +356,71 @@ pub(crate) fn round_order(round: usize, engines: usize) -> Vec<usize> {
 /// Seed of the questions' order when several run at once.
 const SHUFFLE_SEED: u64 = 17;
 
-/// Runs the bench and prints the table.
+/// What one phase (cold, or warm) measured: every measurement, and per engine its wall time
+/// and acceptance by depth.
+struct Phase {
+    results: Vec<Measurement>,
+    busy: Vec<f64>,
+    depth: Vec<(String, charts::DepthCounts)>,
+}
+
+/// Runs `questions` through a fresh engine per `(method, label)`, interleaved; each engine
+/// first serves `warm_up` untimed.
+fn run_phase(
+    loaded: &LoadedModel,
+    args: &SpecBenchArgs,
+    methods: &[(SpecMethod, String)],
+    questions: &[Question],
+    warm_up: &[Question],
+    counters: Option<&metrics_exporter_prometheus::PrometheusHandle>,
+) -> anyhow::Result<Phase> {
+    let engines = methods
+        .iter()
+        .map(|m| MethodEngine::start(loaded, args, m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for engine in &engines {
+        for batch in warm_up.chunks(args.concurrency.max(1)) {
+            engine.run(batch, args.max_tokens)?;
+        }
+    }
+    let mut phase = Phase {
+        results: Vec::new(),
+        busy: vec![0f64; methods.len()],
+        depth: methods
+            .iter()
+            .map(|(_, label)| (label.clone(), charts::DepthCounts::default()))
+            .collect(),
+    };
+    // Rounds of `concurrency` questions; every method runs a round on its own engine before
+    // the next round starts, in an order that puts every method as often early as late (see
+    // `round_order`), so the host's noise falls on every method alike.
+    for (round, batch) in questions.chunks(args.concurrency.max(1)).enumerate() {
+        for i in round_order(round, engines.len()) {
+            let before = counters.map(charts::snapshot);
+            let started = Instant::now();
+            phase
+                .results
+                .extend(engines[i].run(batch, args.max_tokens)?);
+            phase.busy[i] += started.elapsed().as_secs_f64();
+            if let (Some(handle), Some(before)) = (counters, before) {
+                phase.depth[i]
+                    .1
+                    .add(&charts::snapshot(handle).since(&before));
+            }
+        }
+    }
+    for (engine, seconds) in engines.into_iter().zip(&phase.busy) {
+        eprintln!(
+            "{}: {} questions in {seconds:.1}s",
+            engine.label,
+            questions.len()
+        );
+        engine.stop();
+    }
+    Ok(phase)
+}
+
+/// Runs the bench and prints the table (with `--warm-up`, one per phase).
 pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     let mut methods = vec![SpecMethod::None];
     for name in &args.methods {
@@ -357,98 +440,66 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     if args.control {
         methods.push((SpecMethod::None, CONTROL.to_string()));
     }
-    let mut questions = load_questions(args, loaded)?;
+    let (mut questions, mut warm_up) = question_sets(args, loaded)?;
     if args.concurrency > 1 {
         // Spec-Bench files run category by category; in rounds of many questions that would
         // make some rounds several times longer than others (long-context categories), and
         // a long round weighs its few places in the methods' order heavily.
-        questions.shuffle(&mut rand::rngs::StdRng::seed_from_u64(SHUFFLE_SEED));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(SHUFFLE_SEED);
+        questions.shuffle(&mut rng);
+        warm_up.shuffle(&mut rng);
     }
+    // Without a warm-up set, one phase on cold engines under the methods' own names; with
+    // one, a cold and a warm phase, each method's label saying which.
+    let phases: Vec<(Option<&str>, &[Question])> = if warm_up.is_empty() {
+        vec![(None, &[])]
+    } else {
+        vec![(Some("cold"), &[]), (Some("warm"), warm_up.as_slice())]
+    };
     let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
-    let engines = methods
-        .iter()
-        .map(|m| MethodEngine::start(loaded, args, m))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut results: Vec<Measurement> = Vec::new();
-    let mut depth: Vec<(String, charts::DepthCounts)> = methods
-        .iter()
-        .map(|(_, label)| (label.clone(), charts::DepthCounts::default()))
-        .collect();
-    let mut busy = vec![0f64; methods.len()];
-    // Rounds of `concurrency` questions; every method runs a round on its own engine before
-    // the next round starts, in an order that puts every method as often early as late (see
-    // `round_order`), so the host's noise falls on every method alike.
-    for (round, batch) in questions.chunks(args.concurrency.max(1)).enumerate() {
-        for i in round_order(round, engines.len()) {
-            let before = counters.as_ref().map(charts::snapshot);
-            let started = Instant::now();
-            results.extend(engines[i].run(batch, args.max_tokens)?);
-            busy[i] += started.elapsed().as_secs_f64();
-            if let (Some(handle), Some(before)) = (&counters, before) {
-                depth[i].1.add(&charts::snapshot(handle).since(&before));
-            }
-        }
-    }
-    for (engine, seconds) in engines.into_iter().zip(&busy) {
-        eprintln!(
-            "{}: {} questions in {seconds:.1}s",
-            engine.label,
-            questions.len()
-        );
-        engine.stop();
-    }
     let categories: Vec<String> = {
         let mut c: Vec<String> = questions.iter().map(|q| q.category.clone()).collect();
         c.sort();
         c.dedup();
         c
     };
-    let select = |label: &str, category: Option<&str>| -> Vec<&Measurement> {
-        results
+    let mut results: Vec<Measurement> = Vec::new();
+    let mut labelled: Vec<(SpecMethod, String)> = Vec::new();
+    let mut busy: Vec<f64> = Vec::new();
+    let mut depth: Vec<(String, charts::DepthCounts)> = Vec::new();
+    for (name, warm_up) in phases {
+        let these: Vec<(SpecMethod, String)> = methods
             .iter()
-            .filter(|m| m.method == label)
-            .filter(|m| category.is_none_or(|c| m.category == c))
-            .collect()
-    };
-    print!("| method |");
-    for c in &categories {
-        print!(" {c} |");
-    }
-    println!(" MAT | tokens/s | speedup | TTFT | end to end |");
-    print!("|---|");
-    for _ in &categories {
-        print!("---:|");
-    }
-    println!("---:|---:|---:|---:|---:|");
-    let base = select(SpecMethod::None.as_str(), None);
-    let (base_all, base_ttft) = (tokens_per_second(&base), mean_ttft(&base));
-    // `none` is always the first engine (see the top of `run`).
-    let base_busy = busy[0];
-    for ((_, label), busy) in methods.iter().zip(&busy) {
-        let label = label.as_str();
-        print!("| {label} |");
-        for c in &categories {
-            let base = tokens_per_second(&select(SpecMethod::None.as_str(), Some(c)));
-            let rate = tokens_per_second(&select(label, Some(c)));
-            print!(" {:.2}x |", rate / base);
+            .map(|(m, label)| match name {
+                Some(name) => (*m, format!("{label} ({name})")),
+                None => (*m, label.clone()),
+            })
+            .collect();
+        let phase = run_phase(loaded, args, &these, &questions, warm_up, counters.as_ref())?;
+        if let Some(name) = name {
+            println!(
+                "\n{name}: fresh engines{}",
+                if warm_up.is_empty() {
+                    String::new()
+                } else {
+                    format!(", each first served {} warm-up questions", warm_up.len())
+                }
+            );
         }
-        let all = select(label, None);
-        let rate = tokens_per_second(&all);
-        // TTFT and end to end as speedups too (the baseline's time over this method's), so
-        // that above 1 is better in every column.
-        println!(
-            " {:.2} | {:.1} | {:.2}x | {:.2}x | {:.2}x |",
-            mat(&all),
-            rate,
-            rate / base_all,
-            base_ttft / mean_ttft(&all).max(1e-9),
-            base_busy / busy.max(1e-9)
-        );
+        print_table(&these, &categories, &phase.results, &phase.busy);
+        results.extend(phase.results);
+        busy.extend(phase.busy);
+        depth.extend(phase.depth);
+        labelled.extend(these);
     }
     if let Some(dir) = &args.plot_dir {
-        let mats: Vec<(String, f64)> = methods
+        let mats: Vec<(String, f64)> = labelled
             .iter()
-            .map(|(_, label)| (label.clone(), mat(&select(label, None))))
+            .map(|(_, label)| {
+                let all: Vec<&Measurement> =
+                    results.iter().filter(|m| &m.method == label).collect();
+                (label.clone(), mat(&all))
+            })
             .collect();
         charts::draw(dir, &depth, &mats)?;
         eprintln!("charts: {}", dir.display());
@@ -458,8 +509,9 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             "model": args.model.model,
             "max_tokens": args.max_tokens,
             "concurrency": args.concurrency,
+            "warm_up_questions": warm_up.len(),
             "measurements": results,
-            "wall_seconds": methods
+            "wall_seconds": labelled
                 .iter()
                 .zip(&busy)
                 .map(|((_, label), seconds)| (label.clone(), *seconds))

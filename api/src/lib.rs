@@ -10,6 +10,7 @@ pub mod bench_edits;
 pub mod bench_serve;
 pub mod bench_spec;
 pub mod bench_spec_charts;
+pub mod bench_spec_table;
 pub mod chat;
 pub mod cli;
 pub mod engine_args;
