@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use super::ngram_trie::NgramTrie;
 use super::prompt_lookup::PromptLookup;
-use super::recycling::{wants_row, RecyclingMatrix, StaticTree, TokenRecycling};
+use super::recycling::{RecyclingMatrix, StaticTree, TokenRecycling};
 use super::recycling_matrices::RecyclingMatrices;
 use crate::spec::speculator::Speculator;
 use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod};
@@ -196,7 +196,7 @@ impl Speculator for AutoSpeculator {
     }
 
     fn wants_logits(&self, token: u32, cache_scope: Option<kvcache::BlockHash>) -> bool {
-        wants_row(&self.matrices, token, cache_scope)
+        self.matrices.lacks_row(token, cache_scope)
     }
 }
 

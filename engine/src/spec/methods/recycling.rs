@@ -345,16 +345,6 @@ impl RecyclingSpeculator {
     }
 }
 
-/// Whether a prompt row feeding `token` would teach `scope`'s matrix a row it lacks.
-pub(crate) fn wants_row(
-    matrices: &RecyclingMatrices,
-    token: u32,
-    scope: Option<BlockHash>,
-) -> bool {
-    let matrix = matrices.get(scope);
-    (token as usize) < matrix.vocab() && !matrix.has_row(token)
-}
-
 impl Speculator for RecyclingSpeculator {
     fn method(&self) -> SpecMethod {
         SpecMethod::Recycling
@@ -369,7 +359,7 @@ impl Speculator for RecyclingSpeculator {
     }
 
     fn wants_logits(&self, token: u32, cache_scope: Option<BlockHash>) -> bool {
-        wants_row(&self.matrices, token, cache_scope)
+        self.matrices.lacks_row(token, cache_scope)
     }
 
     fn observe_row(&mut self, row: &ObservedRow<'_>) {

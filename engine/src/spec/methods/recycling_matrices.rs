@@ -66,6 +66,13 @@ impl RecyclingMatrices {
         matrix
     }
 
+    /// Whether `scope`'s matrix has no row for `token` yet (so a prompt row feeding it would
+    /// teach one).
+    pub fn lacks_row(&self, token: u32, scope: Option<BlockHash>) -> bool {
+        let matrix = self.get(scope);
+        (token as usize) < matrix.vocab() && !matrix.has_row(token)
+    }
+
     /// Salts with a matrix now.
     pub fn salted_len(&self) -> usize {
         self.salted
