@@ -1,6 +1,7 @@
 //! `cache_salt` isolation, observed from outside: a request finds cached prompt blocks only
 //! from requests with its salt (or with none, when it has none), in the engine and through
-//! the real `thicket serve`, with outputs unchanged; a salt that is not a non-empty string
+//! the real `thicket serve`, with outputs unchanged; the global suffix index drafts for a
+//! request only what requests of its salt taught it; a salt that is not a non-empty string
 //! gets a 400 naming the field.
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use engine::{Request, SpecMethod};
 use serde_json::{json, Value};
 
-use crate::common::smollm2_path;
+use crate::common::{smollm2, smollm2_path};
 use crate::processes::ServerProcess;
 use crate::speculation::{start, tiny_loaded, Setup};
 
@@ -57,6 +58,55 @@ fn cached_prompt_blocks_are_shared_only_within_a_salt() {
     longer.push(1);
     assert!(once(&handle, &longer, Some("tenant-c")).1 >= 48);
     assert_eq!(once(&handle, &longer, Some("tenant-d")).1, 0);
+}
+
+#[test]
+fn the_global_suffix_index_drafts_only_within_a_salt() {
+    let loaded = smollm2();
+    let (handle, _engine) = start(
+        loaded,
+        Setup {
+            max_draft: 16,
+            ..Setup::default()
+        },
+    );
+    let prompt = loaded
+        .tokenizer
+        .encode("A lighthouse keeper on a remote island kept a diary. On the first page he wrote")
+        .unwrap();
+    let run = |salt: Option<&str>| {
+        let mut request = Request::greedy(prompt.clone(), 64, Some(SpecMethod::Suffix));
+        request.cache_salt = salt.map(Arc::from);
+        handle.submit(request).unwrap().wait().unwrap().remove(0)
+    };
+    // The first request teaches tenant-a's index its prompt and, once done, its output.
+    let first = run(Some("tenant-a"));
+    assert_eq!(first.token_ids.len(), 64);
+    let same = run(Some("tenant-a"));
+    let other = run(Some("tenant-b"));
+    let none = run(None);
+    for out in [&same, &other, &none] {
+        assert_eq!(
+            out.token_ids, first.token_ids,
+            "drafting changed the output"
+        );
+    }
+    let accepted = |o: &engine::SampleOutput| o.usage.accepted_tokens;
+    // Tenant a's second request drafts its whole output from the first's.
+    assert!(
+        accepted(&same) >= 48,
+        "tenant-a accepted only {} of 64 tokens from its own earlier output",
+        accepted(&same)
+    );
+    // The others draft only from their own context (and their own salt's empty index).
+    for (who, out) in [("tenant-b", &other), ("no salt", &none)] {
+        assert!(
+            accepted(out) + 16 <= accepted(&same),
+            "{who} accepted {} drafts, tenant-a {}: another salt's output leaked",
+            accepted(out),
+            accepted(&same)
+        );
+    }
 }
 
 #[test]
@@ -122,6 +172,22 @@ fn the_server_scopes_cached_tokens_by_salt_and_refuses_bad_salts() {
         assert_eq!(status, 400, "{bad}: {answer}");
         assert_eq!(answer["error"]["param"], "cache_salt", "{answer}");
     }
+    // The global suffix index learnt those requests (every prompt, and every output with
+    // its prompt's end), across the salts' indexes, and says so in /metrics.
+    let (status, metrics) = server.get("/metrics");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    // Six requests reached the engine (the bad salts did not), each learnt as a prompt and
+    // as an output.
+    assert_eq!(value("thicket_spec_suffix_index_requests "), 12.0);
+    assert!(value("thicket_spec_suffix_index_tokens ") >= 6.0 * 60.0);
+    assert!(value("thicket_spec_suffix_index_bytes ") > 0.0);
+    assert_eq!(value("thicket_spec_suffix_index_evictions_total "), 0.0);
 }
 
 /// Token Recycling's matrix is kept per salt. A teacher request under salt a teaches its

@@ -19,11 +19,12 @@ use rand::{Rng, SeedableRng};
 
 use crate::common::{smollm2, smollm2_f32, PROMPTS};
 
-const METHODS: [SpecMethod; 5] = [
+const METHODS: [SpecMethod; 6] = [
     SpecMethod::None,
     SpecMethod::Recycling,
     SpecMethod::NgramTrie,
     SpecMethod::PromptLookup,
+    SpecMethod::Suffix,
     SpecMethod::Auto,
 ];
 

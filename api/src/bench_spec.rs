@@ -53,7 +53,7 @@ pub struct SpecBenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,recycling,ngram_trie,prompt_lookup,auto"
+        default_value = "none,recycling,ngram_trie,prompt_lookup,suffix,auto"
     )]
     pub methods: Vec<String>,
     /// Also run a second `none` engine, reported as `none (control)`: its ratio to `none`

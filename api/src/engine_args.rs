@@ -56,7 +56,8 @@ pub struct EngineArgs {
 /// Speculative decoding flags.
 #[derive(Debug, Clone, Args)]
 pub struct SpecArgs {
-    /// Default speculation method: auto | recycling | ngram_trie | prompt_lookup | none.
+    /// Default speculation method: auto | suffix | recycling | ngram_trie | prompt_lookup |
+    /// draft_model | none.
     #[arg(long, default_value = "auto", value_parser = parse_method)]
     pub speculation: SpecMethod,
     /// Most draft tokens per sequence per step.
@@ -65,6 +66,16 @@ pub struct SpecArgs {
     /// File the Token Recycling matrix is loaded from at start and saved to at shutdown.
     #[arg(long)]
     pub recycling_state: Option<PathBuf>,
+    /// Most tokens the global suffix index (what `suffix` drafts from: every request's prompt
+    /// and output, per cache salt) holds; past it the oldest requests are evicted. 0 turns
+    /// it off. About 36 bytes a token.
+    #[arg(long, default_value_t = engine::spec::methods::suffix_indexes::DEFAULT_BUDGET)]
+    pub suffix_index_tokens: usize,
+    /// File the global suffix index (of requests without a cache salt) is loaded from at
+    /// start and saved to at shutdown. It holds users' prompts and outputs, so it is off
+    /// unless given.
+    #[arg(long)]
+    pub suffix_index_state: Option<PathBuf>,
     /// Forward-cost curve for draft budgets: measure (at start-up) | flat | linear.
     #[arg(long, default_value = "measure", value_parser = ["measure", "flat", "linear"])]
     pub spec_cost: String,
@@ -90,7 +101,7 @@ fn parse_dtype(s: &str) -> Result<WeightDType, String> {
 fn parse_method(s: &str) -> Result<SpecMethod, String> {
     SpecMethod::parse(s).ok_or_else(|| {
         format!(
-            "unknown speculation method '{s}' (auto, recycling, ngram_trie, prompt_lookup, draft_model, none)"
+            "unknown speculation method '{s}' (auto, suffix, recycling, ngram_trie, prompt_lookup, draft_model, none)"
         )
     })
 }
@@ -145,6 +156,8 @@ impl SpecArgs {
             max_draft_tokens: self.max_draft_tokens,
             cost,
             recycling_state: self.recycling_state.clone(),
+            suffix_index_tokens: self.suffix_index_tokens,
+            suffix_index_state: self.suffix_index_state.clone(),
             draft_model,
             speculators: Vec::new(),
         })
@@ -209,8 +222,23 @@ impl EngineArgs {
 /// kernel compiled per format, which made many-row forwards cheaper; 11: one team of workers
 /// per forward and the next tile prefetched by the second group of rows, and each size timed
 /// after a forward of its own size: cost(1) had read above cost(2); 12: keys stored in tiles
-/// and scored with the keys in lanes, which made many-row attention cheaper).
-const COST_CURVE_VERSION: u32 = 12;
+/// and scored with the keys in lanes, which made many-row attention cheaper; 13: the host's
+/// CPU and core count are in the name: a models directory shared between a Zen 5 and an
+/// Intel Xeon served each the other's curve, on which few-row forwards cost nothing more than
+/// one row, and trees were granted that did not pay).
+const COST_CURVE_VERSION: u32 = 13;
+
+/// The host in a cost curve's name: a short hash of the CPU's model name and the cores the
+/// forward runs on.
+fn host_tag() -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine::bench::cpu_name().hash(&mut hasher);
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .hash(&mut hasher);
+    format!("{:08x}", hasher.finish() as u32)
+}
 
 /// The forward-cost curve of `model` on this machine: read from the models directory when
 /// it was measured before, else measured now (a few seconds) and stored there.
@@ -219,7 +247,8 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     // Everything that changes the cost is in the name: the model's shape and weights, the
     // kernels and the instruction set they run in, and the version of the forward's code.
     let name = format!(
-        "cost-v{COST_CURVE_VERSION}-{}-{}x{}-{}b-{:?}-{}-{}-{}-kv{}.json",
+        "cost-v{COST_CURVE_VERSION}-{}-{}-{}x{}-{}b-{:?}-{}-{}-{}-kv{}.json",
+        host_tag(),
         c.architecture.as_str(),
         c.num_layers,
         c.hidden_size,

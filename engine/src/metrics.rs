@@ -50,6 +50,19 @@ pub mod spec {
     pub const VERIFY_STEPS: &str = "thicket_spec_verify_steps_total";
     /// Counter `{method, position}`: accepted tokens at each depth of the tree.
     pub const ACCEPTED_PER_POSITION: &str = "thicket_spec_accepted_per_position_total";
+    /// Gauge: positions (tokens and request separators) the global suffix indexes hold.
+    pub const SUFFIX_TOKENS: &str = "thicket_spec_suffix_index_tokens";
+    /// Gauge: requests the global suffix indexes hold.
+    pub const SUFFIX_REQUESTS: &str = "thicket_spec_suffix_index_requests";
+    /// Gauge: bytes the global suffix indexes hold.
+    pub const SUFFIX_BYTES: &str = "thicket_spec_suffix_index_bytes";
+    /// Counter: requests evicted from the global suffix indexes (oldest first, to keep
+    /// within `--suffix-index-tokens`).
+    pub const SUFFIX_EVICTIONS: &str = "thicket_spec_suffix_index_evictions_total";
+    /// Counter: lookups of a sequence's recent tokens in the global suffix index.
+    pub const SUFFIX_LOOKUPS: &str = "thicket_spec_suffix_index_lookups_total";
+    /// Counter: those lookups that found a match.
+    pub const SUFFIX_HITS: &str = "thicket_spec_suffix_index_hits_total";
 }
 
 /// KV cache metrics.
@@ -142,6 +155,22 @@ pub fn describe() {
     describe_counter!(
         ACCEPTED_PER_POSITION,
         "Accepted draft tokens by tree depth, by method"
+    );
+    describe_gauge!(SUFFIX_TOKENS, "Positions the global suffix indexes hold");
+    describe_gauge!(SUFFIX_REQUESTS, "Requests the global suffix indexes hold");
+    describe_gauge!(
+        SUFFIX_BYTES,
+        Unit::Bytes,
+        "Bytes the global suffix indexes hold"
+    );
+    describe_counter!(
+        SUFFIX_EVICTIONS,
+        "Requests evicted from the global suffix indexes"
+    );
+    describe_counter!(SUFFIX_LOOKUPS, "Global suffix index lookups");
+    describe_counter!(
+        SUFFIX_HITS,
+        "Global suffix index lookups that found a match"
     );
     use http::*;
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by route and status");

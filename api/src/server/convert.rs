@@ -238,7 +238,7 @@ pub fn settings(
                         ApiError::invalid(
                             "speculation.method",
                             format!(
-                                "unknown method {name:?}: use recycling, ngram_trie, prompt_lookup, draft_model, auto or none"
+                                "unknown method {name:?}: use suffix, recycling, ngram_trie, prompt_lookup, draft_model, auto or none"
                             ),
                         )
                     })?,

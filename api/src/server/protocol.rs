@@ -51,7 +51,7 @@ pub struct StreamOptions {
 /// The `speculation` extension object.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SpeculationField {
-    /// `recycling`, `ngram_trie`, `prompt_lookup`, `draft_model`, `none` or `auto`.
+    /// `suffix`, `recycling`, `ngram_trie`, `prompt_lookup`, `draft_model`, `none` or `auto`.
     pub method: Option<String>,
     /// Most draft nodes per step.
     pub max_draft_tokens: Option<usize>,

@@ -227,6 +227,7 @@ impl Engine {
             return;
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
+        self.spec.admitted(&request.prompt, scope);
         let drafter = self.spec.drafter_for(
             request.speculation,
             &request.prompt,
@@ -283,6 +284,10 @@ impl Engine {
     /// The one way a sequence leaves the engine (finished, aborted or failed): its record,
     /// its place in the scheduler with its KV blocks, and what speculation holds for it.
     fn remove_seq(&mut self, seq: SeqId) -> Option<SeqRecord> {
+        if let Some(s) = self.scheduler.seq(seq) {
+            self.spec
+                .finished(s.tokens(), s.num_prompt_tokens(), s.cache_scope());
+        }
         self.scheduler.abort(seq);
         let record = self.records.remove(&seq)?;
         if let Some(drafter) = &record.drafter {

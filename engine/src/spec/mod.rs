@@ -36,6 +36,9 @@ pub enum SpecMethod {
     PromptLookup,
     /// A small draft model sharing the tokenizer.
     DraftModel,
+    /// The longest match of the recent tokens among everything the server has seen (within
+    /// the request's cache salt) and the request's own tokens.
+    Suffix,
     /// Pick per request the method that is accepting best.
     Auto,
     /// A method the embedding program registered with its own speculator
@@ -45,21 +48,28 @@ pub enum SpecMethod {
     /// names, but the source that drafts first under every method except `none` wherever
     /// the request gave one, so its acceptance is learnt, counted and reported apart.
     Prediction,
+    /// `auto`'s proposals from the sequence's own tokens (a source, counted apart; not a
+    /// method a request names).
+    Context,
+    /// `auto`'s proposals from the global suffix index (a source, counted apart; not a
+    /// method a request names).
+    SuffixIndex,
 }
 
 impl SpecMethod {
     /// Every built-in method, in a stable order.
-    pub const ALL: [SpecMethod; 6] = [
+    pub const ALL: [SpecMethod; 7] = [
         SpecMethod::None,
         SpecMethod::Recycling,
         SpecMethod::NgramTrie,
         SpecMethod::PromptLookup,
         SpecMethod::DraftModel,
+        SpecMethod::Suffix,
         SpecMethod::Auto,
     ];
 
     /// The built-in method named `name` (`none`, `recycling`, `ngram_trie`,
-    /// `prompt_lookup`, `draft_model`, `auto`).
+    /// `prompt_lookup`, `draft_model`, `suffix`, `auto`).
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == name)
     }
@@ -72,9 +82,12 @@ impl SpecMethod {
             SpecMethod::NgramTrie => "ngram_trie",
             SpecMethod::PromptLookup => "prompt_lookup",
             SpecMethod::DraftModel => "draft_model",
+            SpecMethod::Suffix => "suffix",
             SpecMethod::Auto => "auto",
             SpecMethod::Named(name) => name,
             SpecMethod::Prediction => "prediction",
+            SpecMethod::Context => "context",
+            SpecMethod::SuffixIndex => "suffix_index",
         }
     }
 }
@@ -133,6 +146,22 @@ pub trait Drafter: Send {
     fn observe(&mut self, tokens: &[u32], appended: usize);
     /// Outcome of the last draft: nodes drafted and how many were accepted.
     fn record(&mut self, _drafted: usize, _accepted: usize) {}
+    /// The drafter's own estimate, for this step's candidates, of the draft tokens accepted
+    /// from a tree of its first n nodes (entry n - 1), where it prices every node (a tree
+    /// merged from several calibrated sources); `None`: the engine's statistics per method
+    /// and evidence estimate it.
+    fn expected_accepted(&self) -> Option<&[f32]> {
+        None
+    }
+    /// The outcome of the last draft node by node: the tree verified (its nodes are a subset
+    /// of the drafted ones, closed under parents) and its accepted nodes, root first.
+    fn verified(&mut self, _tree: &TokenTree, _accepted: &[usize]) {}
+    /// Per draft source, the nodes of the last verified tree it proposed and how many of
+    /// them were accepted, for a drafter merging several sources into one tree (a node
+    /// several sources proposed counts for each); empty: the whole tree is `method()`'s.
+    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+        &[]
+    }
     /// Whether this step's tree needs its speculator's batched work (a draft model's
     /// forwards) and comes from the speculator's `draft`. A drafter that drafted this step
     /// from what it holds itself (a prediction) says no, and the engine takes its tree
@@ -170,6 +199,14 @@ impl Candidates {
     /// Number of nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Parent of node `index` (`None`: the root).
+    ///
+    /// # Panics
+    /// If `index` is out of range.
+    pub fn parent(&self, index: usize) -> Option<usize> {
+        self.nodes[index].0
     }
 
     /// Token of node `index`.

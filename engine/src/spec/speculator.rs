@@ -2,7 +2,8 @@
 //! makes each speculating sequence's [`Drafter`], does the method's batched work for every
 //! sequence granted a budget in a step (a draft model's forwards), hands out each one's
 //! tree, and sees every row the forward computed (Token Recycling learns from them; it may
-//! also ask for prompt rows' logits). The engine holds one speculator per method, built-in
+//! also ask for prompt rows' logits), and every request's prompt and output (a global index
+//! learns from them). The engine holds one speculator per method, built-in
 //! or registered by the embedding program ([`SpeculatorFactory`]), and calls them through
 //! this trait only: once before the forward (prepare, draft) and once after (observe).
 
@@ -23,6 +24,19 @@ pub struct ObservedRow<'a> {
     /// The logits that came out.
     pub logits: &'a [f32],
     /// The cache-salt scope of the row's sequence's request (`NewSequence::cache_scope`).
+    pub cache_scope: Option<BlockHash>,
+}
+
+/// A request's tokens the engine saw, whatever its method: at admission its prompt, when
+/// one of its sequences leaves (finished, cancelled or failed) that sequence's prompt and
+/// output.
+#[derive(Debug, Clone, Copy)]
+pub struct SeenRequest<'a> {
+    /// The tokens.
+    pub tokens: &'a [u32],
+    /// How many of them are the prompt.
+    pub prompt_len: usize,
+    /// The cache-salt scope of the request (`NewSequence::cache_scope`).
     pub cache_scope: Option<BlockHash>,
 }
 
@@ -88,6 +102,14 @@ pub trait Speculator: Send {
     /// One row the forward computed, whatever its sequence's method. What a speculator
     /// learns from it, it may share only with requests of the row's cache-salt scope.
     fn observe_row(&mut self, _row: &ObservedRow<'_>) {}
+
+    /// A request was admitted (`request.tokens` is its prompt). What a speculator learns
+    /// from it, it may share only with requests of the same cache-salt scope.
+    fn admitted(&mut self, _request: &SeenRequest<'_>) {}
+
+    /// A sequence left the engine with its prompt and output (`request`), whatever its
+    /// method. Scoped as [`Speculator::admitted`].
+    fn finished(&mut self, _request: &SeenRequest<'_>) {}
 
     /// Have the OS map the memory of the KV the speculator keeps of its own (a draft model's
     /// pool) now, before any request, as `--kv-prefault` asks of the target's pool. By

@@ -4,9 +4,10 @@
 //! the engine's record of it. The engine loop asks this for the scheduler's draft offers
 //! once it knows the step's rows (a drafter prepares only where its best case could pay),
 //! once before the forward for every granted tree (and the prompt rows worth learning from),
-//! and once after it with every computed row; it never names a method. Metrics per method
-//! (`crate::metrics::spec`): drafted and accepted tokens, verify steps, acceptances per tree
-//! depth.
+//! and once after it with every computed row (`outcomes`); it also shows every speculator
+//! each admitted prompt and each finished sequence. It never names a method. Metrics per
+//! method or draft source (`crate::metrics::spec`): drafted and accepted tokens, verify
+//! steps, acceptances per tree depth.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -22,14 +23,17 @@ use crate::spec::methods::ngram_trie::NgramTrie;
 use crate::spec::methods::prediction::{Prediction, PredictionDrafter, PredictionFirst};
 use crate::spec::methods::prompt_lookup::PromptLookup;
 use crate::spec::methods::recycling::RecyclingSpeculator;
+use crate::spec::methods::suffix::SuffixSpeculator;
+use crate::spec::methods::suffix_indexes::{SuffixIndexes, DEFAULT_BUDGET};
 use crate::spec::speculator::{
-    ContextSpeculator, Granted, ObservedRow, Speculator, SpeculatorFactory,
+    ContextSpeculator, Granted, SeenRequest, Speculator, SpeculatorFactory,
 };
-use crate::spec::stats::{smooth, AcceptanceStats};
+use crate::spec::stats::AcceptanceStats;
 use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod, SpecRequest};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
 
+mod outcomes;
 mod seq;
 
 pub(crate) use seq::SeqDrafter;
@@ -48,6 +52,11 @@ pub struct SpeculationConfig {
     pub recycling_state: Option<PathBuf>,
     /// A draft model for `draft_model` requests.
     pub draft_model: Option<DraftModelSetup>,
+    /// Most tokens the global suffix indexes hold (0: they learn nothing).
+    pub suffix_index_tokens: usize,
+    /// Where the suffix index of requests without a cache salt is loaded from at start and
+    /// saved at shutdown (it holds users' prompts and outputs: off unless asked for).
+    pub suffix_index_state: Option<PathBuf>,
     /// Methods beyond the built-in ones, each named by its speculator
     /// ([`SpecMethod::Named`]).
     pub speculators: Vec<SpeculatorFactory>,
@@ -75,6 +84,8 @@ impl Default for SpeculationConfig {
             cost: CostCurve::linear(),
             recycling_state: None,
             draft_model: None,
+            suffix_index_tokens: DEFAULT_BUDGET,
+            suffix_index_state: None,
             speculators: Vec::new(),
         }
     }
@@ -136,16 +147,22 @@ impl Speculation {
     /// registered ones. Errors on a registered method that is not a new name.
     pub(crate) fn new(mut config: SpeculationConfig, vocab: usize) -> Result<Self> {
         let recycling = RecyclingSpeculator::new(vocab, config.recycling_state.clone());
-        let (matrix, tree) = recycling.shared();
+        let (matrices, _) = recycling.shared();
+        let suffix = SuffixSpeculator::new(SuffixIndexes::new(
+            config.suffix_index_tokens,
+            config.suffix_index_state.clone(),
+        ));
+        let indexes = suffix.shared();
         let mut speculators: Vec<Box<dyn Speculator>> = vec![
             Box::new(recycling),
-            Box::new(AutoSpeculator::new(matrix, tree)),
+            Box::new(AutoSpeculator::new(matrices, Some(indexes))),
             Box::new(ContextSpeculator::new(SpecMethod::NgramTrie, |_| {
                 Box::new(NgramTrie::new())
             })),
             Box::new(ContextSpeculator::new(SpecMethod::PromptLookup, |_| {
                 Box::new(PromptLookup::new())
             })),
+            Box::new(suffix),
         ];
         if let Some(d) = &config.draft_model {
             let runner = DraftModelRunner::new(d.model.clone(), d.kv, d.k_config.clone())?;
@@ -252,6 +269,36 @@ impl Speculation {
         })
     }
 
+    /// A request was admitted with `prompt`: every speculator sees it.
+    pub(crate) fn admitted(&mut self, prompt: &[u32], cache_scope: Option<kvcache::BlockHash>) {
+        let request = SeenRequest {
+            tokens: prompt,
+            prompt_len: prompt.len(),
+            cache_scope,
+        };
+        for speculator in &mut self.speculators {
+            speculator.admitted(&request);
+        }
+    }
+
+    /// A sequence left with `tokens`, of which the first `prompt_len` are the prompt: every
+    /// speculator sees it.
+    pub(crate) fn finished(
+        &mut self,
+        tokens: &[u32],
+        prompt_len: usize,
+        cache_scope: Option<kvcache::BlockHash>,
+    ) {
+        let request = SeenRequest {
+            tokens,
+            prompt_len,
+            cache_scope,
+        };
+        for speculator in &mut self.speculators {
+            speculator.finished(&request);
+        }
+    }
+
     /// A drafter for a sequence forked from one drafting with `parent`.
     pub(crate) fn fork(&self, parent: &SeqDrafter, tokens: &[u32]) -> Option<SeqDrafter> {
         self.new_drafter(
@@ -334,13 +381,18 @@ impl Speculation {
             let ratio = state.ratio(method);
             let key = (method, state.drafter.evidence());
             let stats = self.stats.entry(key).or_default();
+            let own = state.drafter.expected_accepted();
             let mut expected_accepted: Vec<f32> =
                 if costly && stats.observations() < PROBE_VERIFICATIONS {
                     state.available = state.available.min(PROBE_NODES);
                     (1..=state.available).map(|n| n as f32).collect()
                 } else {
-                    stats
-                        .curve(state.available)
+                    // The drafter's own pricing where it keeps one, else the method's record.
+                    let curve = match own {
+                        Some(own) => own[..state.available.min(own.len())].to_vec(),
+                        None => stats.curve(state.available),
+                    };
+                    curve
                         .into_iter()
                         .enumerate()
                         .map(|(i, e)| (e * ratio).min((i + 1) as f32))
@@ -482,102 +534,6 @@ impl Speculation {
             }
         }
         chosen
-    }
-
-    /// After a forward of `rows` rows that took `seconds`: the cost curve learns its time,
-    /// and every speculator sees each computed row.
-    pub(crate) fn observe_forward<'a>(
-        &mut self,
-        rows: usize,
-        seconds: f64,
-        computed: impl Iterator<Item = ObservedRow<'a>>,
-    ) {
-        self.observe_cost(rows, seconds);
-        self.this_step.forward = Some(seconds);
-        for row in computed {
-            for speculator in &mut self.speculators {
-                speculator.observe_row(&row);
-            }
-        }
-    }
-
-    /// Sampling (and verifying) the `tokens` tokens a step yields took `seconds`.
-    pub(crate) fn observe_sampling(&mut self, tokens: usize, seconds: f64) {
-        self.this_step.sampling += seconds;
-        if tokens > 0 {
-            smooth(&mut self.sampling_per_token, seconds / tokens as f64);
-        }
-    }
-
-    /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
-    /// spent beside the forward, the drafting and the sampling refines the step overhead, and
-    /// each phase's time goes to the step-phase histogram.
-    pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
-        let times = std::mem::take(&mut self.this_step);
-        if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
-            let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
-            smooth(&mut self.step_overhead, rest);
-            use crate::metrics::STEP_PHASE;
-            for (phase, spent) in [
-                ("forward", forward),
-                ("drafting", times.drafting),
-                ("sampling", times.sampling),
-                ("other", rest),
-            ] {
-                metrics::histogram!(STEP_PHASE, "phase" => phase).record(spent);
-            }
-        }
-    }
-
-    /// Refines the cost curve with one measured forward of `rows` rows.
-    fn observe_cost(&mut self, rows: usize, seconds: f64) {
-        let units = self.config.cost.cost(rows);
-        if units > 0.0 {
-            smooth(&mut self.seconds_per_unit, seconds / units);
-        }
-        self.config.cost.observe(rows, seconds);
-    }
-
-    /// Records a verification by `state`'s sequence: its tree and the accepted nodes
-    /// (root first).
-    pub(crate) fn verified(
-        &mut self,
-        state: &mut SeqDrafter,
-        tree: &TokenTree,
-        accepted: &[usize],
-    ) {
-        let drafted = tree.len().saturating_sub(1);
-        if drafted == 0 {
-            return;
-        }
-        let accepted_drafts = accepted.len().saturating_sub(1);
-        let method = state.drafter.method();
-        let evidence = state.drafter.evidence();
-        let stats = self.stats.entry((method, evidence)).or_default();
-        let expected = stats
-            .curve(drafted)
-            .last()
-            .copied()
-            .unwrap_or(0.0)
-            .max(0.05);
-        let ratio = (accepted_drafts as f32 / expected).clamp(0.05, 3.0);
-        // A tree expected to accept little says little about the sequence (with a weak
-        // proposal, nothing accepted is what was expected): its outcome weighs in as much
-        // as a token is expected.
-        let own = state.ratio_mut(method);
-        *own += 0.2 * expected.min(1.0) * (ratio - *own);
-        stats.record(drafted, accepted_drafts);
-        state.drafter.record(drafted, accepted_drafts);
-        state.totals.add(method, drafted, accepted_drafts);
-        let name = method.as_str();
-        use crate::metrics::spec::*;
-        metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
-        metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
-        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
-        for depth in 1..accepted.len() {
-            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
-                .increment(1);
-        }
     }
 
     /// Every speculator has the OS map the KV it keeps of its own (a draft model's pool).

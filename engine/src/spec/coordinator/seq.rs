@@ -103,19 +103,32 @@ impl SourceTotals {
 
 impl SpecTotals {
     pub(super) fn add(&mut self, method: SpecMethod, drafted: usize, accepted: usize) {
+        self.add_sources(drafted, accepted, &[(method, drafted, accepted)]);
+    }
+
+    /// A verified tree of `drafted` nodes with `accepted` accepted, which `sources` proposed
+    /// (`(source, its nodes, its accepted nodes)`; a node several proposed counts for each).
+    pub(super) fn add_sources(
+        &mut self,
+        drafted: usize,
+        accepted: usize,
+        sources: &[(SpecMethod, usize, usize)],
+    ) {
         self.steps += 1;
         self.drafted += drafted;
         self.accepted += accepted;
-        let at = match self.sources.iter().position(|s| s.method == method) {
-            Some(at) => at,
-            None => {
-                self.sources.push(SourceTotals::none(method));
-                self.sources.len() - 1
-            }
-        };
-        let source = &mut self.sources[at];
-        source.steps += 1;
-        source.drafted += drafted;
-        source.accepted += accepted;
+        for &(method, drafted, accepted) in sources {
+            let at = match self.sources.iter().position(|s| s.method == method) {
+                Some(at) => at,
+                None => {
+                    self.sources.push(SourceTotals::none(method));
+                    self.sources.len() - 1
+                }
+            };
+            let source = &mut self.sources[at];
+            source.steps += 1;
+            source.drafted += drafted;
+            source.accepted += accepted;
+        }
     }
 }

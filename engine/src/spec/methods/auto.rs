@@ -1,183 +1,225 @@
-//! `auto`: per request, the method whose proposal is most likely to be accepted. The
-//! request's context-based drafters (n-gram trie, prompt lookup) and Token Recycling all
-//! keep up with the sequence. Each step the context drafters come first: they propose only
-//! where the context repeats, and then more precisely than Token Recycling's guess from the
-//! shared matrix. Each proposal comes with its drafter's evidence (the length of the match,
-//! and for the trie whether one continuation dominates), and the tokens such proposals had
-//! accepted are learnt engine-wide per drafter and evidence level ([`Choices`]): the
-//! proposal with the best record (plus an exploration bonus that fades with tries) drafts.
-//! (Counting accepted tokens rather than first nodes favours a long match's deep chain.)
-//! Token Recycling drafts when no context drafter has anything to propose.
+//! `auto`: one tree per sequence, merged from every source the engine has for it
+//! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
+//! index that grows with it) and in the global suffix index of its cache salt (what every
+//! request of the salt sent and received, `suffix_indexes`), and Token Recycling's matrix of
+//! its salt, which branches under every node. Each node is priced by the calibrated
+//! acceptance of the sources that proposed it, learnt engine-wide from every verified tree
+//! ([`Calibration`]); the tree's running expected acceptance goes to the planner, which keeps
+//! the nodes that pay for their rows. Drafts are counted per source (`context`,
+//! `suffix_index`, `recycling`; a node several proposed counts for each). Where the request
+//! gave a prediction it still drafts first while the output follows it
+//! (`prediction::PredictionFirst`).
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
 
-use super::ngram_trie::NgramTrie;
-use super::prompt_lookup::PromptLookup;
-use super::recycling::{RecyclingMatrix, StaticTree, TokenRecycling};
+use kvcache::BlockHash;
+
+use super::continuations::ContinuationTree;
+use super::merged_tree::{Calibration, Limits, MergedTree, Proposal, Source, SOURCES};
+use super::recycling::RecyclingMatrix;
 use super::recycling_matrices::RecyclingMatrices;
+use super::suffix::{find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes};
+use super::suffix_index::{Occurrences, SuffixIndex};
 use crate::spec::speculator::Speculator;
 use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 
-/// Evidence levels told apart (higher ones count as the highest).
-const LEVELS: usize = 16;
-/// Accepted tokens expected of a proposal without a record.
-const PRIOR: f32 = 0.5;
-/// Weight of a new outcome once a record has many.
-const ALPHA: f32 = 0.05;
-/// Exploration bonus of a record without outcomes, shrinking as one over the square root of
-/// its outcomes.
-const EXPLORATION: f32 = 0.2;
-
-/// Accepted tokens per verified proposal (a moving average), per drafter and evidence
-/// level, over every sequence drafting with `auto` of one engine (the engine thread alone
-/// reads and writes it; the lock is never contended).
-#[derive(Debug)]
-pub struct Choices {
-    /// `(accepted tokens, outcomes)` per drafter and level.
-    records: Mutex<Vec<(f32, u32)>>,
-}
-
-impl Choices {
-    fn new(drafters: usize) -> Self {
-        Self {
-            records: Mutex::new(vec![(PRIOR, 0); drafters * LEVELS]),
-        }
-    }
-
-    fn index(drafter: usize, evidence: u8) -> usize {
-        drafter * LEVELS + usize::from(evidence).min(LEVELS - 1)
-    }
-
-    /// The value of a proposal by `drafter` with `evidence`: its record plus the bonus.
-    fn value(&self, drafter: usize, evidence: u8) -> f32 {
-        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        records
-            .get(Self::index(drafter, evidence))
-            .map_or(PRIOR, |&(p, n)| p + EXPLORATION / (1.0 + n as f32).sqrt())
-    }
-
-    /// A proposal by `drafter` with `evidence` had `accepted` nodes accepted.
-    fn record(&self, drafter: usize, evidence: u8, accepted: usize) {
-        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((p, n)) = records.get_mut(Self::index(drafter, evidence)) {
-            let alpha = ALPHA.max(1.0 / (*n as f32 + 2.0));
-            *p += alpha * (accepted as f32 - *p);
-            *n = n.saturating_add(1);
-        }
-    }
-}
+/// The shape of `auto`'s trees.
+const LIMITS: Limits = Limits {
+    max_nodes: 64,
+    floor: 0.02,
+    recycling_branch: 2,
+    recycling_depth: 3,
+};
+/// Deepest continuation of a match, and the shallowest a match allows.
+const MAX_DEPTH: usize = 32;
+const MIN_DEPTH: usize = 4;
 
 /// The `auto` drafter.
 pub struct AutoDrafter {
-    drafters: Vec<Box<dyn Drafter>>,
-    choices: Arc<Choices>,
-    current: usize,
+    own_tokens: OwnTokens,
+    global: Option<SharedIndexes>,
+    scope: Option<BlockHash>,
+    /// Where its own prompt lies in the global index (its local index has it).
+    own: Range<u64>,
+    matrix: Arc<RecyclingMatrix>,
+    calibration: Arc<Calibration>,
+    found_global: Occurrences,
+    context_trie: ContinuationTree,
+    global_trie: ContinuationTree,
+    tree: MergedTree,
+    evidence: u8,
+    outcomes: Vec<(SpecMethod, usize, usize)>,
 }
 
 impl AutoDrafter {
-    /// Drafters for a sequence (the n-gram trie takes its tokens in when it first
-    /// prepares); Token Recycling walks `tree` over the shared `matrix`; `choices` is the
-    /// engine-wide record.
-    fn with_choices(
+    /// A drafter for a sequence of `scope`, merging its own tokens, `global` (where the
+    /// engine keeps one; passing over `own`, its prompt there) and `matrix`, priced by the
+    /// engine-wide `calibration`.
+    pub fn new(
+        global: Option<SharedIndexes>,
+        scope: Option<BlockHash>,
+        own: Range<u64>,
         matrix: Arc<RecyclingMatrix>,
-        tree: Arc<StaticTree>,
-        choices: Arc<Choices>,
+        calibration: Arc<Calibration>,
     ) -> Self {
-        let drafters: Vec<Box<dyn Drafter>> = vec![
-            Box::new(NgramTrie::new()),
-            Box::new(PromptLookup::new()),
-            Box::new(TokenRecycling::new(matrix, tree)),
-        ];
         Self {
-            drafters,
-            choices,
-            current: 0,
+            own_tokens: OwnTokens::default(),
+            global,
+            scope,
+            own,
+            matrix,
+            calibration,
+            found_global: Occurrences::default(),
+            context_trie: ContinuationTree::new(),
+            global_trie: ContinuationTree::new(),
+            tree: MergedTree::default(),
+            evidence: 0,
+            outcomes: Vec::new(),
         }
     }
 
-    /// Drafters for a sequence, with a record of its own.
-    pub fn new(matrix: Arc<RecyclingMatrix>, tree: Arc<StaticTree>) -> Self {
-        Self::with_choices(matrix, tree, Arc::new(Choices::new(DRAFTERS)))
+    /// The continuations of `found`'s occurrences in `index`, into `trie`.
+    fn fill(trie: &mut ContinuationTree, index: &SuffixIndex, found: &Occurrences) {
+        trie.clear();
+        let depth = (2 * found.len).clamp(MIN_DEPTH, MAX_DEPTH);
+        for &(at, _) in &found.at {
+            trie.add(index.continuation(at, depth), 1.0);
+        }
     }
 }
-
-/// Drafters `auto` chooses among: the context drafters, then Token Recycling.
-const DRAFTERS: usize = 3;
-/// Index of Token Recycling, the fallback, among them.
-const RECYCLING: usize = 2;
 
 impl Drafter for AutoDrafter {
     fn method(&self) -> SpecMethod {
-        self.drafters[self.current].method()
+        SpecMethod::Auto
     }
 
     fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
-        // Every context drafter prepares; the proposal with the best record drafts. Token
-        // Recycling only when none proposes.
-        let mut best: Option<(f32, usize, usize)> = None;
-        for (i, drafter) in self.drafters[..RECYCLING].iter_mut().enumerate() {
-            let available = drafter.prepare(ctx);
-            if available == 0 {
-                continue;
+        let tokens = ctx.tokens;
+        let Some(&pending) = tokens.last() else {
+            return 0;
+        };
+        let context = self.own_tokens.find(tokens);
+        Self::fill(
+            &mut self.context_trie,
+            self.own_tokens.index(),
+            &self.own_tokens.found,
+        );
+        self.global_trie.clear();
+        if let Some(global) = &self.global {
+            let indexes = global.lock().unwrap_or_else(|e| e.into_inner());
+            let index = find_global(
+                &indexes,
+                self.scope,
+                context,
+                &self.own,
+                1,
+                &mut self.found_global,
+            );
+            if let Some(index) = index {
+                Self::fill(&mut self.global_trie, index, &self.found_global);
             }
-            let value = self.choices.value(i, drafter.evidence());
-            if best.is_none_or(|(v, _, _)| value > v) {
-                best = Some((value, i, available));
-            }
+        } else {
+            self.found_global.clear();
         }
-        match best {
-            Some((_, i, available)) => {
-                self.current = i;
-                available
-            }
-            None => {
-                self.current = RECYCLING;
-                self.drafters[RECYCLING].prepare(ctx)
-            }
+        fn proposal<'a>(trie: &'a ContinuationTree, found: &Occurrences) -> Option<Proposal<'a>> {
+            (found.len > 0).then(|| Proposal {
+                trie,
+                evidence: usize::from(match_bucket(found.len)),
+            })
         }
+        let context = proposal(&self.context_trie, &self.own_tokens.found);
+        let global = proposal(&self.global_trie, &self.found_global);
+        let matrix = self.matrix.has_row(pending).then_some(&*self.matrix);
+        self.tree
+            .grow(pending, context, global, matrix, &self.calibration, LIMITS);
+        self.evidence = match_bucket(self.own_tokens.found.len.max(self.found_global.len));
+        self.tree.candidates.len()
     }
 
     fn evidence(&self) -> u8 {
-        self.drafters[self.current].evidence()
+        self.evidence
+    }
+
+    fn expected_accepted(&self) -> Option<&[f32]> {
+        Some(&self.tree.expected)
     }
 
     fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        self.drafters[self.current].draft(ctx, budget)
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        self.tree.candidates.tree(pending, budget)
     }
 
-    fn observe(&mut self, tokens: &[u32], appended: usize) {
-        for d in &mut self.drafters {
-            d.observe(tokens, appended);
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
+
+    fn verified(&mut self, tree: &TokenTree, accepted: &[usize]) {
+        // Each verified node back to the candidate it was: by its parent's and its token.
+        let candidates = &self.tree.candidates;
+        let by_path: HashMap<(Option<usize>, u32), usize> = (0..candidates.len())
+            .map(|i| ((candidates.parent(i), candidates.token(i)), i))
+            .collect();
+        let mut drafted_as: Vec<Option<usize>> = vec![None; tree.len()];
+        let mut counts = [(0usize, 0usize); SOURCES];
+        for node in 1..tree.len() {
+            let Some(parent) = tree.parents()[node] else {
+                continue;
+            };
+            let parent_candidate = match parent {
+                0 => None,
+                p => match drafted_as[p] {
+                    Some(c) => Some(c),
+                    None => continue,
+                },
+            };
+            let Some(&candidate) = by_path.get(&(parent_candidate, tree.tokens()[node])) else {
+                continue;
+            };
+            drafted_as[node] = Some(candidate);
+            let hit = accepted.contains(&node);
+            let parent_hit = accepted.contains(&parent);
+            for cell in self.tree.cells[candidate].iter().flatten() {
+                if parent_hit {
+                    self.calibration.record(*cell, hit);
+                }
+            }
+            for (source, count) in Source::ALL.iter().zip(&mut counts) {
+                if self.tree.cells[candidate][*source as usize].is_some() {
+                    count.0 += 1;
+                    count.1 += usize::from(hit);
+                }
+            }
+        }
+        self.outcomes.clear();
+        for (source, &(drafted, hit)) in Source::ALL.iter().zip(&counts) {
+            if drafted > 0 {
+                self.outcomes.push((source.method(), drafted, hit));
+            }
         }
     }
 
-    fn record(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        let i = self.current;
-        self.choices
-            .record(i, self.drafters[i].evidence(), accepted);
-        self.drafters[i].record(drafted, accepted);
+    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+        &self.outcomes
     }
 }
 
-/// `auto`'s speculator: Token Recycling's matrices (learned by its own speculator; a
-/// sequence walks its cache salt's) and the context drafters, per sequence.
+/// `auto`'s speculator: Token Recycling's matrices (learnt by its own speculator; a sequence
+/// drafts from its cache salt's), the global suffix indexes (taught by the `suffix`
+/// speculator, which sees every request), and the calibration every `auto` sequence shares.
 pub struct AutoSpeculator {
     matrices: Arc<RecyclingMatrices>,
-    tree: Arc<StaticTree>,
-    choices: Arc<Choices>,
+    indexes: Option<SharedIndexes>,
+    calibration: Arc<Calibration>,
 }
 
 impl AutoSpeculator {
-    /// Drafters that walk `tree` over the shared `matrices` among the others.
-    pub fn new(matrices: Arc<RecyclingMatrices>, tree: Arc<StaticTree>) -> Self {
+    /// Drafters over `matrices` and `indexes` (none: the context and the matrix alone).
+    pub fn new(matrices: Arc<RecyclingMatrices>, indexes: Option<SharedIndexes>) -> Self {
         Self {
             matrices,
-            tree,
-            choices: Arc::new(Choices::new(DRAFTERS)),
+            indexes,
+            calibration: Arc::new(Calibration::new()),
         }
     }
 }
@@ -188,103 +230,24 @@ impl Speculator for AutoSpeculator {
     }
 
     fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
-        Some(Box::new(AutoDrafter::with_choices(
+        let own = self
+            .indexes
+            .as_ref()
+            .map_or(0..0, |indexes| own_prompt(indexes, seq));
+        Some(Box::new(AutoDrafter::new(
+            self.indexes.clone(),
+            seq.cache_scope,
+            own,
             self.matrices.get(seq.cache_scope),
-            Arc::clone(&self.tree),
-            Arc::clone(&self.choices),
+            Arc::clone(&self.calibration),
         )))
     }
 
-    fn wants_logits(&self, token: u32, cache_scope: Option<kvcache::BlockHash>) -> bool {
+    fn wants_logits(&self, token: u32, cache_scope: Option<BlockHash>) -> bool {
         self.matrices.lacks_row(token, cache_scope)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn settles_on_the_method_that_accepts() {
-        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
-        let matrix = Arc::new(RecyclingMatrix::new(16, 8));
-        let ctx = DraftContext { tokens: &tokens };
-        let mut auto = AutoDrafter::new(matrix, Arc::new(StaticTree::paper()));
-        // Recycling has no rows, so only the context drafters can propose.
-        for _ in 0..20 {
-            assert!(auto.prepare(&ctx) > 0);
-            let accepted = if auto.method() == SpecMethod::PromptLookup {
-                5
-            } else {
-                0
-            };
-            auto.record(8, accepted);
-        }
-        auto.prepare(&ctx);
-        assert_eq!(auto.method(), SpecMethod::PromptLookup);
-    }
-
-    #[test]
-    fn context_drafters_go_first_and_recycling_fills_in() {
-        let matrix = Arc::new(RecyclingMatrix::new(16, 8));
-        let mut logits = vec![0.0f32; 16];
-        logits[3] = 1.0;
-        for token in 0..16 {
-            matrix.update(token, &logits);
-        }
-        // A context that repeats: the context drafters propose, and recycling's
-        // successes do not move them aside.
-        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
-        let ctx = DraftContext { tokens: &tokens };
-        let mut auto = AutoDrafter::new(Arc::clone(&matrix), Arc::new(StaticTree::paper()));
-        for _ in 0..10 {
-            assert!(auto.prepare(&ctx) > 0);
-            assert_ne!(auto.method(), SpecMethod::Recycling);
-            auto.record(4, 0);
-        }
-        // A context that never repeats: only recycling has something to propose.
-        let fresh: Vec<u32> = (0..12).collect();
-        let ctx = DraftContext { tokens: &fresh };
-        let mut auto = AutoDrafter::new(matrix, Arc::new(StaticTree::paper()));
-        assert!(auto.prepare(&ctx) > 0);
-        assert_eq!(auto.method(), SpecMethod::Recycling);
-    }
-
-    #[test]
-    fn what_one_sequence_learns_the_next_one_uses() {
-        let tokens: Vec<u32> = (0..40).map(|i| i % 10).collect();
-        let ctx = DraftContext { tokens: &tokens };
-        let speculator = || {
-            AutoSpeculator::new(
-                Arc::new(RecyclingMatrices::new(RecyclingMatrix::new(16, 8))),
-                Arc::new(StaticTree::paper()),
-            )
-        };
-        let new = NewSequence {
-            tokens: &tokens,
-            prompt_len: tokens.len(),
-            prediction: None,
-            cache_scope: None,
-        };
-        let shared = speculator();
-        let mut first = shared.drafter(&new).expect("auto drafts");
-        for _ in 0..20 {
-            assert!(first.prepare(&ctx) > 0);
-            let accepted = if first.method() == SpecMethod::PromptLookup {
-                4
-            } else {
-                0
-            };
-            first.record(4, accepted);
-        }
-        // Both context drafters propose with their strongest evidence here; a new
-        // sequence of the same engine starts with the one that was accepted.
-        let mut next = shared.drafter(&new).expect("auto drafts");
-        assert!(next.prepare(&ctx) > 0);
-        assert_eq!(next.method(), SpecMethod::PromptLookup);
-        // Another engine has no record: it starts with the first drafter, the trie.
-        let mut other = speculator().drafter(&new).expect("auto drafts");
-        assert!(other.prepare(&ctx) > 0);
-        assert_eq!(other.method(), SpecMethod::NgramTrie);
-    }
-}
+#[path = "auto_tests.rs"]
+mod tests;

@@ -346,6 +346,18 @@ impl Drafter for PredictionFirst {
         self.current_mut().record(drafted, accepted);
     }
 
+    fn expected_accepted(&self) -> Option<&[f32]> {
+        self.current().expected_accepted()
+    }
+
+    fn verified(&mut self, tree: &TokenTree, accepted: &[usize]) {
+        self.current_mut().verified(tree, accepted);
+    }
+
+    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+        self.current().source_outcomes()
+    }
+
     fn needs_speculator(&self) -> bool {
         !self.using_prediction && self.inner.as_ref().is_some_and(|d| d.needs_speculator())
     }

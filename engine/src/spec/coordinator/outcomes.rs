@@ -1,0 +1,128 @@
+//! What the engine thread's speculation learns after each forward: the forward's time
+//! refines the cost curve, every computed row goes to every speculator, each step's phases
+//! are timed, and each verified tree updates its method's acceptance statistics, the
+//! sequence's acceptance ratio, its drafter, its totals per source and the metrics.
+
+use super::{SeqDrafter, Speculation};
+use crate::spec::speculator::ObservedRow;
+use crate::spec::stats::smooth;
+use crate::tree::TokenTree;
+
+impl Speculation {
+    /// After a forward of `rows` rows that took `seconds`: the cost curve learns its time,
+    /// and every speculator sees each computed row.
+    pub(crate) fn observe_forward<'a>(
+        &mut self,
+        rows: usize,
+        seconds: f64,
+        computed: impl Iterator<Item = ObservedRow<'a>>,
+    ) {
+        self.observe_cost(rows, seconds);
+        self.this_step.forward = Some(seconds);
+        for row in computed {
+            for speculator in &mut self.speculators {
+                speculator.observe_row(&row);
+            }
+        }
+    }
+
+    /// Sampling (and verifying) the `tokens` tokens a step yields took `seconds`.
+    pub(crate) fn observe_sampling(&mut self, tokens: usize, seconds: f64) {
+        self.this_step.sampling += seconds;
+        if tokens > 0 {
+            smooth(&mut self.sampling_per_token, seconds / tokens as f64);
+        }
+    }
+
+    /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
+    /// spent beside the forward, the drafting and the sampling refines the step overhead, and
+    /// each phase's time goes to the step-phase histogram.
+    pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
+        let times = std::mem::take(&mut self.this_step);
+        if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
+            let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
+            smooth(&mut self.step_overhead, rest);
+            use crate::metrics::STEP_PHASE;
+            for (phase, spent) in [
+                ("forward", forward),
+                ("drafting", times.drafting),
+                ("sampling", times.sampling),
+                ("other", rest),
+            ] {
+                metrics::histogram!(STEP_PHASE, "phase" => phase).record(spent);
+            }
+        }
+    }
+
+    /// Refines the cost curve with one measured forward of `rows` rows.
+    fn observe_cost(&mut self, rows: usize, seconds: f64) {
+        tracing::trace!(rows, seconds, "forward");
+        let units = self.config.cost.cost(rows);
+        if units > 0.0 {
+            smooth(&mut self.seconds_per_unit, seconds / units);
+        }
+        self.config.cost.observe(rows, seconds);
+    }
+
+    /// Records a verification by `state`'s sequence: its tree and the accepted nodes
+    /// (root first).
+    pub(crate) fn verified(
+        &mut self,
+        state: &mut SeqDrafter,
+        tree: &TokenTree,
+        accepted: &[usize],
+    ) {
+        let drafted = tree.len().saturating_sub(1);
+        if drafted == 0 {
+            return;
+        }
+        let accepted_drafts = accepted.len().saturating_sub(1);
+        let method = state.drafter.method();
+        let evidence = state.drafter.evidence();
+        let stats = self.stats.entry((method, evidence)).or_default();
+        // What the tree was expected to accept, by the pricing the planner used.
+        let own = state
+            .drafter
+            .expected_accepted()
+            .and_then(|own| own.get(drafted - 1).copied());
+        let expected = own
+            .unwrap_or_else(|| stats.curve(drafted).last().copied().unwrap_or(0.0))
+            .max(0.05);
+        tracing::trace!(
+            method = method.as_str(),
+            drafted,
+            expected,
+            accepted = accepted_drafts,
+            "verified a draft tree"
+        );
+        let ratio = (accepted_drafts as f32 / expected).clamp(0.05, 3.0);
+        // A tree expected to accept little says little about the sequence (with a weak
+        // proposal, nothing accepted is what was expected): its outcome weighs in as much
+        // as a token is expected.
+        let own = state.ratio_mut(method);
+        *own += 0.2 * expected.min(1.0) * (ratio - *own);
+        stats.record(drafted, accepted_drafts);
+        state.drafter.record(drafted, accepted_drafts);
+        state.drafter.verified(tree, accepted);
+        let name = method.as_str();
+        use crate::metrics::spec::*;
+        let sources = state.drafter.source_outcomes();
+        if sources.is_empty() {
+            state.totals.add(method, drafted, accepted_drafts);
+            metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
+            metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
+        } else {
+            state.totals.add_sources(drafted, accepted_drafts, sources);
+            for &(source, drafted, accepted) in sources {
+                let name = source.as_str();
+                metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
+                metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted as u64);
+            }
+        }
+        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
+        for depth in 1..accepted.len() {
+            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
+                .increment(1);
+        }
+    }
+}

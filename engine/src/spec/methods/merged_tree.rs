@@ -1,0 +1,397 @@
+//! `auto`'s one tree per sequence, merged from every source it has: the sequence's own
+//! context (a local suffix index), the global suffix index of its cache salt, and Token
+//! Recycling's matrix. The context and the global index each propose a weighted trie of the
+//! continuations of their longest match; Token Recycling proposes, under the nodes a match
+//! proposed (and a few levels past them), the model's top candidates after that node's
+//! token, so it branches and extends where the matches are thin; where nothing matches it
+//! does not draft alone. Children proposed by several sources merge into one node.
+//!
+//! Each source's proposal of a node is priced by [`Calibration`]: the rate at which such
+//! proposals were accepted once their parent was (learnt online, engine-wide, from every
+//! verified tree, per source, evidence — match length, or the candidate's rank — depth and
+//! the node's share of its source's weight there). A node's acceptance combines its sources'
+//! (the best, raised by the others), its path's is the product down from the root, and the
+//! tree grows best first by that path probability. Its running sum is what the drafter
+//! tells the planner a tree of its first n nodes is expected to accept, so the planner keeps
+//! the nodes whose expected gain pays for their rows.
+
+use std::collections::BinaryHeap;
+use std::sync::Mutex;
+
+use super::continuations::ContinuationTree;
+use super::recycling::RecyclingMatrix;
+use crate::spec::{Candidates, SpecMethod};
+
+/// A source of proposals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The sequence's own tokens.
+    Context = 0,
+    /// The global suffix index.
+    Global = 1,
+    /// Token Recycling's matrix.
+    Recycling = 2,
+}
+
+/// Sources.
+pub const SOURCES: usize = 3;
+
+impl Source {
+    /// Every source, in index order.
+    pub const ALL: [Source; SOURCES] = [Source::Context, Source::Global, Source::Recycling];
+
+    /// The name its drafts are counted under.
+    pub fn method(self) -> SpecMethod {
+        match self {
+            Source::Context => SpecMethod::Context,
+            Source::Global => SpecMethod::SuffixIndex,
+            Source::Recycling => SpecMethod::Recycling,
+        }
+    }
+}
+
+const EVIDENCE: usize = 8;
+const DEPTHS: usize = 8;
+const SHARES: usize = 4;
+/// Pseudo-outcomes of a cell's prior.
+const PRIOR_WEIGHT: f32 = 2.0;
+/// Outcomes a cell remembers: past them the counts halve, so the rates follow the traffic.
+const MEMORY: f32 = 2000.0;
+
+/// One calibration cell: what kind of proposal it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cell(u16);
+
+impl Cell {
+    /// The cell of `source`'s proposal with `evidence` (match length bucket, or rank), at
+    /// `depth` (1: under the root), with `share` of the source's weight under its parent.
+    pub fn new(source: Source, evidence: usize, depth: usize, share: f32) -> Self {
+        let depth = match depth {
+            0..=4 => depth.saturating_sub(1),
+            5..=6 => 4,
+            7..=9 => 5,
+            10..=15 => 6,
+            _ => 7,
+        };
+        let share = match share {
+            s if s >= 0.9 => 3,
+            s if s >= 0.6 => 2,
+            s if s >= 0.3 => 1,
+            _ => 0,
+        };
+        let index = ((source as usize * EVIDENCE + evidence.min(EVIDENCE - 1)) * DEPTHS + depth)
+            * SHARES
+            + share;
+        Self(index as u16)
+    }
+
+    fn source(self) -> Source {
+        Source::ALL[usize::from(self.0) / (EVIDENCE * DEPTHS * SHARES)]
+    }
+
+    fn evidence(self) -> usize {
+        usize::from(self.0) / (DEPTHS * SHARES) % EVIDENCE
+    }
+
+    fn share(self) -> usize {
+        usize::from(self.0) % SHARES
+    }
+}
+
+/// Acceptance rates per kind of proposal, shared by every `auto` sequence of an engine (the
+/// engine thread alone reads and writes it; the lock is never contended).
+#[derive(Debug)]
+pub struct Calibration {
+    /// `(accepted, outcomes)` per cell.
+    cells: Mutex<Vec<(f32, f32)>>,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Calibration {
+    /// No outcome yet: every cell at its prior.
+    pub fn new() -> Self {
+        Self {
+            cells: Mutex::new(vec![(0.0, 0.0); SOURCES * EVIDENCE * DEPTHS * SHARES]),
+        }
+    }
+
+    /// What a cell is expected to accept before any outcome: a match's continuation by its
+    /// share (a longer match a little more), a recycled candidate by its rank.
+    fn prior(cell: Cell) -> f32 {
+        let share = [0.15, 0.35, 0.55, 0.7][cell.share()];
+        match cell.source() {
+            Source::Recycling => 0.3 / (1.0 + cell.evidence() as f32),
+            _ => share * (0.7 + 0.05 * cell.evidence() as f32),
+        }
+    }
+
+    /// The acceptance rate of `cell`'s proposals.
+    pub fn rate(&self, cell: Cell) -> f32 {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        rate(&cells, cell)
+    }
+
+    /// A proposal of `cell` whose parent was accepted was (or was not) accepted.
+    pub fn record(&self, cell: Cell, accepted: bool) {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((a, n)) = cells.get_mut(usize::from(cell.0)) {
+            *a += f32::from(u8::from(accepted));
+            *n += 1.0;
+            if *n > MEMORY {
+                *a /= 2.0;
+                *n /= 2.0;
+            }
+        }
+    }
+}
+
+/// The acceptance rate of `cell`'s proposals among `cells`.
+fn rate(cells: &[(f32, f32)], cell: Cell) -> f32 {
+    let (accepted, outcomes) = cells.get(usize::from(cell.0)).copied().unwrap_or_default();
+    (accepted + PRIOR_WEIGHT * Calibration::prior(cell)) / (outcomes + PRIOR_WEIGHT)
+}
+
+/// A source's proposal of a node: the trie it comes from, where, and its evidence.
+#[derive(Debug, Clone, Copy)]
+pub struct Proposal<'a> {
+    /// The continuations, best first.
+    pub trie: &'a ContinuationTree,
+    /// The evidence bucket (the match length's).
+    pub evidence: usize,
+}
+
+/// Limits of one merged tree.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most nodes.
+    pub max_nodes: usize,
+    /// Least path probability a node needs.
+    pub floor: f32,
+    /// Token Recycling's candidates under a node.
+    pub recycling_branch: usize,
+    /// Levels Token Recycling proposes below the last node a match proposed.
+    pub recycling_depth: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A node waiting to be drafted.
+#[derive(Debug, Clone, Copy)]
+struct Frontier {
+    p: f32,
+    token: u32,
+    parent: Option<usize>,
+    depth: usize,
+    context: u32,
+    global: u32,
+    cells: [Option<Cell>; SOURCES],
+    /// Levels Token Recycling may still add below: [`Limits::recycling_depth`] under a node
+    /// a match proposed, one less under each node only it proposed.
+    reach: usize,
+}
+
+impl PartialEq for Frontier {
+    fn eq(&self, other: &Self) -> bool {
+        self.p.total_cmp(&other.p).is_eq()
+    }
+}
+impl Eq for Frontier {}
+impl PartialOrd for Frontier {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Frontier {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Higher probability first; then shallower.
+        self.p
+            .total_cmp(&other.p)
+            .then(other.depth.cmp(&self.depth))
+    }
+}
+
+/// One step's merged tree: the candidates, and per node its path probability and the cells
+/// of the sources that proposed it.
+#[derive(Debug, Default)]
+pub struct MergedTree {
+    /// The nodes, best first (parents first).
+    pub candidates: Candidates,
+    /// Per node, the probability that verification accepts it.
+    pub p: Vec<f32>,
+    /// Per node, each source's cell where it proposed the node.
+    pub cells: Vec<[Option<Cell>; SOURCES]>,
+    /// Running sum of `p`: expected accepted tokens of the first n nodes.
+    pub expected: Vec<f32>,
+    heap: BinaryHeap<Frontier>,
+    children: Vec<Frontier>,
+}
+
+impl MergedTree {
+    /// Forgets the tree.
+    pub fn clear(&mut self) {
+        self.candidates.clear();
+        self.p.clear();
+        self.cells.clear();
+        self.expected.clear();
+        self.heap.clear();
+    }
+
+    /// Grows the tree under `pending` from the context's and the global index's proposals
+    /// (either may be absent) and `matrix`, priced by `calibration`.
+    pub fn grow(
+        &mut self,
+        pending: u32,
+        context: Option<Proposal<'_>>,
+        global: Option<Proposal<'_>>,
+        matrix: Option<&RecyclingMatrix>,
+        calibration: &Calibration,
+        limits: Limits,
+    ) {
+        self.clear();
+        let cells = calibration.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let root = Frontier {
+            p: 1.0,
+            token: pending,
+            parent: None,
+            depth: 0,
+            context: if context.is_some_and(|c| !c.trie.is_empty()) {
+                0
+            } else {
+                NONE
+            },
+            global: if global.is_some_and(|g| !g.trie.is_empty()) {
+                0
+            } else {
+                NONE
+            },
+            cells: [None; SOURCES],
+            reach: 0,
+        };
+        let root = Frontier {
+            reach: if root.context != NONE || root.global != NONE {
+                limits.recycling_depth
+            } else {
+                0
+            },
+            ..root
+        };
+        self.expand(&root, None, context, global, matrix, &cells, limits);
+        while self.candidates.len() < limits.max_nodes {
+            let Some(node) = self.heap.pop() else {
+                break;
+            };
+            let index = self.candidates.push(node.parent, node.token);
+            self.p.push(node.p);
+            self.cells.push(node.cells);
+            let sum = self.expected.last().copied().unwrap_or(0.0) + node.p;
+            self.expected.push(sum);
+            self.expand(&node, Some(index), context, global, matrix, &cells, limits);
+        }
+        self.heap.clear();
+    }
+
+    /// Pushes the children of `node` (drafted as `index`; the root: `None`) that clear the
+    /// floor.
+    #[allow(clippy::too_many_arguments)]
+    fn expand(
+        &mut self,
+        node: &Frontier,
+        index: Option<usize>,
+        context: Option<Proposal<'_>>,
+        global: Option<Proposal<'_>>,
+        matrix: Option<&RecyclingMatrix>,
+        calibration: &[(f32, f32)],
+        limits: Limits,
+    ) {
+        let depth = node.depth + 1;
+        self.children.clear();
+        for (source, proposal, at) in [
+            (Source::Context, context, node.context),
+            (Source::Global, global, node.global),
+        ] {
+            let (Some(proposal), true) = (proposal, at != NONE) else {
+                continue;
+            };
+            let total = proposal.trie.weight(at);
+            if total <= 0.0 {
+                continue;
+            }
+            for (child, token) in proposal.trie.children(at) {
+                let share = proposal.trie.weight(child) / total;
+                let cell = Cell::new(source, proposal.evidence, depth, share);
+                let entry = self.child(token, index, depth);
+                entry.cells[source as usize] = Some(cell);
+                match source {
+                    Source::Context => entry.context = child,
+                    _ => entry.global = child,
+                }
+            }
+        }
+        // Token Recycling branches beside and extends past what a match proposes, never
+        // alone: on its own its candidates were accepted too rarely to pay for their rows.
+        if let Some(matrix) = matrix.filter(|_| node.reach > 0) {
+            for rank in 0..limits.recycling_branch {
+                let Some(token) = matrix.candidate(node.token, rank) else {
+                    break;
+                };
+                let cell = Cell::new(Source::Recycling, rank, depth, 0.0);
+                let entry = self.child(token, index, depth);
+                entry.cells[Source::Recycling as usize] = Some(cell);
+            }
+        }
+        for mut child in self.children.drain(..) {
+            child.reach = if child.context != NONE || child.global != NONE {
+                limits.recycling_depth
+            } else {
+                node.reach.saturating_sub(1)
+            };
+            let mut rates: Vec<f32> = child
+                .cells
+                .iter()
+                .flatten()
+                .map(|&c| rate(calibration, c))
+                .collect();
+            rates.sort_by(|a, b| b.total_cmp(a));
+            // The best source's rate, raised by the others' (half-trusted: sources agree
+            // more often than independent ones would).
+            let mut miss = 1.0 - rates.first().copied().unwrap_or(0.0);
+            for r in rates.iter().skip(1) {
+                miss *= 1.0 - 0.5 * r;
+            }
+            child.p = node.p * (1.0 - miss).clamp(0.0, 1.0);
+            if child.p >= limits.floor {
+                self.heap.push(child);
+            }
+        }
+    }
+
+    /// The child of `node` with `token` among this expansion's, made when new.
+    fn child(&mut self, token: u32, index: Option<usize>, depth: usize) -> &mut Frontier {
+        let at = match self.children.iter().position(|c| c.token == token) {
+            Some(at) => at,
+            None => {
+                self.children.push(Frontier {
+                    p: 0.0,
+                    token,
+                    parent: index,
+                    depth,
+                    context: NONE,
+                    global: NONE,
+                    cells: [None; SOURCES],
+                    reach: 0,
+                });
+                self.children.len() - 1
+            }
+        };
+        &mut self.children[at]
+    }
+}
+
+#[cfg(test)]
+#[path = "merged_tree_tests.rs"]
+mod tests;

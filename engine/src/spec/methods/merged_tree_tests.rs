@@ -1,0 +1,161 @@
+//! Tests of the merged tree: sources merge into one node, paths are priced by the calibrated
+//! rates, and Token Recycling branches under every node.
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    max_nodes: 64,
+    floor: 0.02,
+    recycling_branch: 2,
+    recycling_depth: 2,
+};
+
+fn trie(paths: &[&[u32]]) -> ContinuationTree {
+    let mut trie = ContinuationTree::new();
+    for path in paths {
+        trie.add(path.iter().copied(), 1.0);
+    }
+    trie
+}
+
+fn tokens(tree: &MergedTree) -> Vec<u32> {
+    (0..tree.candidates.len())
+        .map(|i| tree.candidates.token(i))
+        .collect()
+}
+
+#[test]
+fn sources_proposing_the_same_node_merge_and_raise_it() {
+    let calibration = Calibration::new();
+    let context = trie(&[&[1, 2, 3], &[1, 2, 3], &[7]]);
+    let global = trie(&[&[1, 2, 4]]);
+    let mut tree = MergedTree::default();
+    let proposal = |trie| Proposal { trie, evidence: 3 };
+    tree.grow(
+        0,
+        Some(proposal(&context)),
+        None,
+        None,
+        &calibration,
+        LIMITS,
+    );
+    let alone = tree.p[0];
+    assert_eq!(tree.candidates.token(0), 1);
+    tree.grow(
+        0,
+        Some(proposal(&context)),
+        Some(proposal(&global)),
+        None,
+        &calibration,
+        LIMITS,
+    );
+    assert_eq!(tree.candidates.token(0), 1);
+    assert!(
+        tree.p[0] > alone,
+        "two sources agree: {} <= {alone}",
+        tree.p[0]
+    );
+    let first = tree.cells[0];
+    assert!(first[Source::Context as usize].is_some());
+    assert!(first[Source::Global as usize].is_some());
+    assert!(first[Source::Recycling as usize].is_none());
+    // Every token of both tries is there once; paths never gain probability downwards and
+    // the expected acceptance is their running sum.
+    let mut all = tokens(&tree);
+    all.sort_unstable();
+    assert_eq!(all, [1, 2, 3, 4, 7]);
+    for i in 0..tree.candidates.len() {
+        if let Some(parent) = tree.candidates.parent(i) {
+            assert!(parent < i && tree.p[parent] >= tree.p[i]);
+        }
+        let sum: f32 = tree.p[..=i].iter().sum();
+        assert!((tree.expected[i] - sum).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn calibration_learns_what_each_kind_of_proposal_is_worth() {
+    let calibration = Calibration::new();
+    let context = trie(&[&[1, 2, 3, 4, 5, 6]]);
+    let proposal = Proposal {
+        trie: &context,
+        evidence: 2,
+    };
+    let mut tree = MergedTree::default();
+    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    let before = tree.expected.last().copied().unwrap_or(0.0);
+    // Every one of these proposals accepted: the whole chain is expected to be.
+    for _ in 0..200 {
+        for cell in tree.cells.iter().flatten().flatten() {
+            calibration.record(*cell, true);
+        }
+    }
+    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    let after = tree.expected.last().copied().unwrap_or(0.0);
+    assert_eq!(tree.candidates.len(), 6);
+    assert!(after > 5.5 && after > before, "{before} -> {after}");
+    // Rejected from then on: its nodes fall below the floor and are not drafted.
+    for _ in 0..4000 {
+        for cell in tree.cells.iter().flatten().flatten() {
+            calibration.record(*cell, false);
+        }
+    }
+    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    assert!(tree.candidates.len() <= 1, "{:?}", tokens(&tree));
+    // Another kind of proposal (a longer match) kept its own record.
+    let longer = Proposal {
+        trie: &context,
+        evidence: 5,
+    };
+    tree.grow(0, Some(longer), None, None, &calibration, LIMITS);
+    assert!(tree.candidates.len() >= 2);
+}
+
+#[test]
+fn recycling_branches_and_extends_what_a_match_proposes_and_never_drafts_alone() {
+    let calibration = Calibration::new();
+    let matrix = RecyclingMatrix::new(16, 8);
+    for token in 0..16u32 {
+        let mut logits = vec![0.0f32; 16];
+        logits[((token + 1) % 16) as usize] = 2.0;
+        logits[((token + 5) % 16) as usize] = 1.0;
+        matrix.update(token, &logits);
+    }
+    let mut tree = MergedTree::default();
+    // Nothing matches: no tree.
+    tree.grow(0, None, None, Some(&matrix), &calibration, LIMITS);
+    assert!(tree.candidates.is_empty());
+    // A match proposes 9 then 9: recycling branches beside it (1 and 5 after 0, 10 and 14
+    // after 9) and extends past its end, two levels at most.
+    let context = trie(&[&[9, 9]]);
+    let proposal = Proposal {
+        trie: &context,
+        evidence: 4,
+    };
+    tree.grow(0, Some(proposal), None, Some(&matrix), &calibration, LIMITS);
+    let all = tokens(&tree);
+    for token in [9, 1, 5, 10, 14] {
+        assert!(all.contains(&token), "{token} missing from {all:?}");
+    }
+    let depth = |mut i: usize| {
+        let mut d = 1;
+        while let Some(p) = tree.candidates.parent(i) {
+            i = p;
+            d += 1;
+        }
+        d
+    };
+    for i in 0..tree.candidates.len() {
+        assert!(depth(i) <= 4, "{all:?}");
+        let from_match = tree.cells[i][Source::Context as usize].is_some();
+        assert!(from_match || tree.cells[i][Source::Recycling as usize].is_some());
+    }
+    // Under the root only the match's token and recycling's two candidates.
+    let roots: Vec<u32> = (0..tree.candidates.len())
+        .filter(|&i| tree.candidates.parent(i).is_none())
+        .map(|i| tree.candidates.token(i))
+        .collect();
+    let mut roots_sorted = roots.clone();
+    roots_sorted.sort_unstable();
+    assert_eq!(roots_sorted, [1, 5, 9]);
+}
