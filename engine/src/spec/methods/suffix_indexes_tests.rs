@@ -115,3 +115,36 @@ fn the_unsalted_index_survives_a_restart_through_its_state_file() {
     let fresh = SuffixIndexes::new(DEFAULT_BUDGET, Some(path));
     assert_eq!(fresh.counts().tokens, 0);
 }
+
+#[test]
+fn memory_stays_within_the_budget_under_a_long_stream() {
+    let budget = 200_000;
+    let mut indexes = SuffixIndexes::new(budget, None);
+    let scopes = [
+        None,
+        Some(BlockHash::scope(b"a")),
+        Some(BlockHash::scope(b"b")),
+    ];
+    let mut state = 11u32;
+    let mut peak = 0;
+    for r in 0..2_000usize {
+        let len = 50 + (r * 37) % 900;
+        let tokens: Vec<u32> = (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state % 49_152
+            })
+            .collect();
+        let _ = indexes.learn(&tokens, scopes[r % 3]);
+        let counts = indexes.counts();
+        assert!(counts.tokens <= budget, "{counts:?}");
+        peak = peak.max(counts.bytes);
+    }
+    let counts = indexes.counts();
+    assert!(counts.evictions > 1_000, "{counts:?}");
+    // About 36 bytes a token held, plus a partly filled chunk per index: never above 64
+    // bytes a token of the budget.
+    assert!(peak <= 64 * budget, "peak {peak} bytes for {budget} tokens");
+}
