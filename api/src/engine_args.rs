@@ -68,7 +68,7 @@ pub struct SpecArgs {
     pub recycling_state: Option<PathBuf>,
     /// Most tokens the global suffix index (what `suffix` drafts from: every request's prompt
     /// and output, per cache salt) holds; past it the oldest requests are evicted. 0 turns
-    /// it off. About 36 bytes a token.
+    /// it off. About 33 bytes a token.
     #[arg(long, default_value_t = engine::spec::methods::suffix_indexes::DEFAULT_BUDGET)]
     pub suffix_index_tokens: usize,
     /// File the global suffix index (of requests without a cache salt) is loaded from at

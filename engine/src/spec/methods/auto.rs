@@ -2,7 +2,8 @@
 //! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
 //! index that grows with it) and in the global suffix index of its cache salt (what every
 //! request of the salt sent and received, `suffix_indexes`), and Token Recycling's matrix of
-//! its salt, which branches under every node. Each node is priced by the calibrated
+//! its salt, which branches beside and extends past what those matches propose (never alone).
+//! Each node is priced by the calibrated
 //! acceptance of the sources that proposed it, learnt engine-wide from every verified tree
 //! ([`Calibration`]); the tree's running expected acceptance goes to the planner, which keeps
 //! the nodes that pay for their rows. Drafts are counted per source (`context`,

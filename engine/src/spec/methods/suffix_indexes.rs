@@ -21,7 +21,7 @@ use crate::{Error, Result};
 
 /// Most cache salts with an index of their own at once.
 pub const MAX_SALTED_INDEXES: usize = 16;
-/// Tokens the indexes hold by default (about 36 MB).
+/// Tokens the indexes hold by default (about 34 MB: 33-34 bytes a token, benches/README.md).
 pub const DEFAULT_BUDGET: usize = 1 << 20;
 /// Recent prompts whose place in their index is remembered.
 const PROMPTS_KEPT: usize = 4096;

@@ -144,7 +144,7 @@ fn memory_stays_within_the_budget_under_a_long_stream() {
     }
     let counts = indexes.counts();
     assert!(counts.evictions > 1_000, "{counts:?}");
-    // About 36 bytes a token held, plus a partly filled chunk per index: never above 64
+    // About 33 bytes a token held, plus a partly filled chunk per index: never above 64
     // bytes a token of the budget.
     assert!(peak <= 64 * budget, "peak {peak} bytes for {budget} tokens");
 }
