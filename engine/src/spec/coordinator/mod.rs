@@ -147,7 +147,7 @@ impl Speculation {
     /// registered ones. Errors on a registered method that is not a new name.
     pub(crate) fn new(mut config: SpeculationConfig, vocab: usize) -> Result<Self> {
         let recycling = RecyclingSpeculator::new(vocab, config.recycling_state.clone());
-        let (matrices, _) = recycling.shared();
+        let matrices = recycling.shared();
         let suffix = SuffixSpeculator::new(SuffixIndexes::new(
             config.suffix_index_tokens,
             config.suffix_index_state.clone(),

@@ -339,9 +339,9 @@ impl RecyclingSpeculator {
         }
     }
 
-    /// The shared matrices and tree, for drafters that combine methods (`auto`).
-    pub fn shared(&self) -> (Arc<RecyclingMatrices>, Arc<StaticTree>) {
-        (Arc::clone(&self.matrices), Arc::clone(&self.tree))
+    /// The shared matrices, for drafters that combine sources (`auto`).
+    pub fn shared(&self) -> Arc<RecyclingMatrices> {
+        Arc::clone(&self.matrices)
     }
 }
 
