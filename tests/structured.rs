@@ -608,3 +608,45 @@ fn pathological_formats_compile_in_bounded_time_and_end() {
         }
     }
 }
+
+#[test]
+fn where_a_format_may_end_every_end_token_is_allowed() {
+    // SmolLM2 ends its chat turns with `<|im_end|>`, which is not its first end token: a
+    // format that masked it would keep the model writing wherever the format lets it go on.
+    let loaded = smollm2();
+    let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
+    let ends = loaded.tokenizer.eos_ids().to_vec();
+    let turn_end = loaded
+        .tokenizer
+        .encode_plain("<|im_end|>")
+        .expect("encodes");
+    assert_eq!(turn_end.len(), 1, "<|im_end|> is one token");
+    let turn_end = turn_end[0];
+    assert!(ends.len() > 1 && ends[0] != turn_end, "ends: {ends:?}");
+    let vocab = loaded.model.config().vocab_size;
+    let grammars = engine::constraint::Grammars::new(tokenizer, vocab, ends.clone());
+    let spec = ConstraintSpec::Lark("start: \"yes\" (\" yes\")*\n".into());
+    let mut constraint = grammars.compile(&spec).expect("compiles");
+    let yes = loaded.tokenizer.encode_plain("yes").expect("encodes");
+    let mask = constraint.mask().expect("a mask");
+    assert!(
+        ends.iter().all(|&e| !mask.allows(e)),
+        "nothing may end the output before \"yes\""
+    );
+    for &t in &yes {
+        constraint.advance(t).expect("allowed");
+    }
+    let mask = constraint.mask().expect("a mask");
+    for &end in &ends {
+        assert!(mask.allows(end), "end token {end} allowed after \"yes\"");
+    }
+    assert_eq!(
+        constraint.allowed_prefix(&[turn_end]).expect("validates"),
+        1,
+        "the turn end is accepted as the format's end"
+    );
+    assert!(constraint.mask_after(&[turn_end]).is_ok());
+    constraint
+        .advance(turn_end)
+        .expect("the turn end ends the output");
+}

@@ -33,9 +33,11 @@ use serde::Serialize;
 
 use crate::bench_spec_charts as charts;
 use crate::bench_spec_table::{mat, print_table};
+use crate::bench_spec_workload::{load_questions, submit, Question, Selection};
 use crate::chat::user_prompt;
 use crate::cli::ModelArgs;
 use crate::engine_args::EngineArgs;
+use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `thicket bench spec`.
 #[derive(Debug, Args)]
@@ -46,9 +48,16 @@ pub struct SpecBenchArgs {
     /// Engine flags (`--speculation` is ignored: every method in `--methods` runs).
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Spec-Bench questions (JSON lines).
+    /// Questions (JSON lines): Spec-Bench's shape, BFCL's agent turns (`classes`,
+    /// `turns`), chat bodies (`messages`, `tools`) or completions (`prompt`).
     #[arg(long, default_value = "benches/data/spec_bench_dev.jsonl")]
     pub dataset: PathBuf,
+    /// `tool_choice` of the questions that offer tools and name none.
+    #[arg(long, default_value = "required")]
+    pub tool_choice: String,
+    /// The tool sets named by the `classes` of agent turns.
+    #[arg(long, default_value = "benches/data/bfcl_tool_sets.json")]
+    pub tool_sets: PathBuf,
     /// Methods to compare; `none` is the baseline and always runs.
     #[arg(
         long,
@@ -67,6 +76,9 @@ pub struct SpecBenchArgs {
     /// Questions in flight at once.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Only the questions of these categories [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub categories: Vec<String>,
     /// Questions per category at most (measured, and warm-up).
     #[arg(long)]
     pub per_category: Option<usize>,
@@ -82,13 +94,6 @@ pub struct SpecBenchArgs {
     /// Folder for charts of acceptance by tree depth and MAT per method (SVG and PNG).
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone)]
-struct Question {
-    id: serde_json::Value,
-    category: String,
-    prompt: Vec<u32>,
 }
 
 /// One question under one method.
@@ -109,65 +114,21 @@ pub(crate) struct Measurement {
     pub accepted_tokens: usize,
 }
 
-/// The questions of `path`, at most `per_category` of each category, each the `keep`-th of
-/// its category modulo `every` (`every` = 1: all).
-fn load_questions(
-    path: &std::path::Path,
-    per_category: Option<usize>,
-    (every, keep): (usize, usize),
-    loaded: &LoadedModel,
-) -> anyhow::Result<Vec<Question>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut taken: BTreeMap<String, usize> = BTreeMap::new();
-    let mut questions = Vec::new();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let value: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}", path.display(), n + 1))?;
-        let category = value["category"]
-            .as_str()
-            .unwrap_or("uncategorized")
-            .to_string();
-        let Some(turn) = value["turns"].get(0).and_then(|t| t.as_str()) else {
-            bail!("{} line {}: no turns", path.display(), n + 1);
-        };
-        let nth = seen.entry(category.clone()).or_default();
-        *nth += 1;
-        if (*nth - 1) % every != keep {
-            continue;
-        }
-        let count = taken.entry(category.clone()).or_default();
-        if per_category.is_some_and(|limit| *count >= limit) {
-            continue;
-        }
-        *count += 1;
-        let prompt = loaded
-            .tokenizer
-            .encode(&user_prompt(&loaded.tokenizer, turn)?)?;
-        questions.push(Question {
-            id: value["question_id"].clone(),
-            category,
-            prompt,
-        });
-    }
-    if questions.is_empty() {
-        bail!("{} holds no question", path.display());
-    }
-    Ok(questions)
-}
-
 /// The measured questions and the warm-up ones (none without `--warm-up`).
 fn question_sets(
     args: &SpecBenchArgs,
     loaded: &LoadedModel,
 ) -> anyhow::Result<(Vec<Question>, Vec<Question>)> {
-    let load =
-        |path: &std::path::Path, split| load_questions(path, args.per_category, split, loaded);
+    let load = |path: &std::path::Path, split| {
+        let selection = Selection {
+            per_category: args.per_category,
+            categories: &args.categories,
+            split,
+            tool_choice: &args.tool_choice,
+            tool_sets: &args.tool_sets,
+        };
+        load_questions(path, &selection, loaded)
+    };
     match args.warm_up.as_deref() {
         None => Ok((load(&args.dataset, (1, 0))?, Vec::new())),
         Some("half") => Ok((load(&args.dataset, (2, 0))?, load(&args.dataset, (2, 1))?)),
@@ -263,6 +224,8 @@ struct MethodEngine {
     /// The method's name, or `none (control)` for the control engine.
     label: String,
     handle: engine::EngineHandle,
+    /// The server's request path over `handle`, for questions given as request bodies.
+    state: AppState,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -274,10 +237,17 @@ impl MethodEngine {
     ) -> anyhow::Result<Self> {
         let method = *method;
         let (handle, thread) = start_warm(loaded, &args.engine, method)?;
+        let state = AppState::new(ServerConfig {
+            served_model_name: args.model.model.clone(),
+            api_key: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        });
+        state.set_engine(handle.clone());
         Ok(Self {
             method,
             label: label.clone(),
             handle,
+            state,
             thread,
         })
     }
@@ -291,8 +261,10 @@ impl MethodEngine {
         let submitted = questions
             .iter()
             .map(|q| {
-                let request = Request::greedy(q.prompt.clone(), max_tokens, Some(method));
-                Ok((q, Instant::now(), self.handle.submit(request)?))
+                let started = Instant::now();
+                let stream = submit(&self.state, &q.work, max_tokens, method)
+                    .with_context(|| format!("question {}", q.id))?;
+                Ok((q, started, stream))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         std::thread::scope(|scope| {

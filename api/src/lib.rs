@@ -11,6 +11,7 @@ pub mod bench_serve;
 pub mod bench_spec;
 pub mod bench_spec_charts;
 pub mod bench_spec_table;
+pub mod bench_spec_workload;
 pub mod chat;
 pub mod cli;
 pub mod engine_args;

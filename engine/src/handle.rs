@@ -103,7 +103,13 @@ pub fn spawn_with_backend(
             )));
         }
     }
-    let grammar_eos = eos_ids.first().or(tokenizer.eos_ids().first()).copied();
+    // Outputs under a format may end with any end token: the model's own turn end
+    // (`<|im_end|>`) is often not the first of them.
+    let grammar_ends: Vec<u32> = if eos_ids.is_empty() {
+        tokenizer.eos_ids().to_vec()
+    } else {
+        eos_ids.clone()
+    };
     let (commands, inbox) = flume::bounded(config.max_pending.max(1));
     let pending = Arc::new(AtomicUsize::new(0));
     let mut spec = Speculation::new(config.speculation.clone(), vocab_size)?;
@@ -140,7 +146,7 @@ pub fn spawn_with_backend(
         grammars: Arc::new(Grammars::new(
             Arc::clone(&tokenizer),
             vocab_size,
-            grammar_eos,
+            grammar_ends,
         )),
         tokenizer,
     };

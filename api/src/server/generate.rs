@@ -106,6 +106,12 @@ impl Started {
         ))
     }
 
+    /// The event streams of its prompts, for a caller that reads the engine's events itself
+    /// (`thicket bench spec`).
+    pub fn into_streams(self) -> Vec<RequestStream> {
+        self.submitted.into_iter().map(|s| s.stream).collect()
+    }
+
     async fn respond(self) -> ApiResult<Response> {
         if self.options.stream {
             return Ok(sse_response(

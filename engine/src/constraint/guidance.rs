@@ -4,7 +4,10 @@
 //! never be allowed). Compiling a spec gives a [`GuidanceConstraint`], an llguidance
 //! matcher. Compilation runs in the submitting thread, so a bad schema, regex or grammar is
 //! a client error before anything is queued; llguidance's limits bound the time and size of
-//! both compilation and every mask.
+//! both compilation and every mask. Where the format may end, every end token of the engine
+//! is allowed, not only the one llguidance knows as its end: a chat model ends its turn with
+//! its own token (`<|im_end|>`), which is often not the tokenizer's first end token, and
+//! masking it would keep the model writing where its format lets it go on.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,7 +23,8 @@ use crate::{Error, Result};
 pub struct Grammars {
     tokenizer: Arc<ModelTokenizer>,
     vocab: usize,
-    eos: Option<u32>,
+    /// The engine's end tokens; the first is the end llguidance knows.
+    ends: Arc<[u32]>,
     factory: OnceLock<std::result::Result<Arc<ParserFactory>, String>>,
 }
 
@@ -28,7 +32,7 @@ impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grammars")
             .field("vocab", &self.vocab)
-            .field("eos", &self.eos)
+            .field("ends", &self.ends)
             .field("ready", &self.factory.get().is_some())
             .finish()
     }
@@ -36,12 +40,12 @@ impl std::fmt::Debug for Grammars {
 
 impl Grammars {
     /// Grammars over `tokenizer` for a model with `vocab` logits per row, ending outputs with
-    /// `eos` (the first of the engine's end tokens).
-    pub fn new(tokenizer: Arc<ModelTokenizer>, vocab: usize, eos: Option<u32>) -> Self {
+    /// any of `ends` (the engine's end tokens).
+    pub fn new(tokenizer: Arc<ModelTokenizer>, vocab: usize, ends: Vec<u32>) -> Self {
         Self {
             tokenizer,
             vocab,
-            eos,
+            ends: ends.into(),
             factory: OnceLock::new(),
         }
     }
@@ -58,7 +62,7 @@ impl Grammars {
     }
 
     fn build_factory(&self) -> std::result::Result<ParserFactory, String> {
-        let eos = self.eos.ok_or("the model has no end token")?;
+        let eos = *self.ends.first().ok_or("the model has no end token")?;
         let json = self
             .tokenizer
             .inner()
@@ -121,6 +125,7 @@ impl Grammars {
         let mut constraint = GuidanceConstraint {
             matcher,
             vocab: self.vocab,
+            ends: self.ends.clone(),
             next: None,
         };
         // The first mask, here rather than in the engine's first step (which then reuses
@@ -206,6 +211,8 @@ pub fn compact(schema: serde_json::Value) -> serde_json::Value {
 pub struct GuidanceConstraint {
     matcher: Matcher,
     vocab: usize,
+    /// The engine's end tokens; the first is the end llguidance knows.
+    ends: Arc<[u32]>,
     /// The mask of the current state, once computed (the planner's look and the constraint
     /// stage of one step share it); cleared when the output grows.
     next: Option<TokenMask>,
@@ -221,13 +228,37 @@ impl GuidanceConstraint {
         ))
     }
 
+    /// `token`, or the end llguidance knows where it is another end token.
+    fn as_known(&self, token: u32) -> u32 {
+        match self.ends.split_first() {
+            Some((&eos, others)) if others.contains(&token) => eos,
+            _ => token,
+        }
+    }
+
+    /// `tokens`, each as [`Self::as_known`] gives it.
+    fn as_known_all<'a>(&self, tokens: &'a [u32]) -> std::borrow::Cow<'a, [u32]> {
+        if tokens.iter().all(|&t| self.as_known(t) == t) {
+            std::borrow::Cow::Borrowed(tokens)
+        } else {
+            tokens.iter().map(|&t| self.as_known(t)).collect()
+        }
+    }
+
     /// The matcher's mask now, computed afresh.
     fn compute_mask(&mut self) -> Result<TokenMask> {
         let vob = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| Error::FormatFailed(first_line(&e)))?;
-        let mask = TokenMask::from_words(self.vocab, vob.as_slice());
+        let mut mask = TokenMask::from_words(self.vocab, vob.as_slice());
+        if let Some((&eos, others)) = self.ends.split_first() {
+            if mask.allows(eos) {
+                for &end in others {
+                    mask.allow(end);
+                }
+            }
+        }
         if mask.count() == 0 {
             return Err(self.failed("no token is allowed"));
         }
@@ -253,13 +284,14 @@ impl Constraint for GuidanceConstraint {
     fn advance(&mut self, token: u32) -> Result<()> {
         self.next = None;
         self.matcher
-            .consume_token(token)
+            .consume_token(self.as_known(token))
             .map_err(|e| Error::FormatFailed(first_line(&e)))
     }
 
     fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
+        let tokens = self.as_known_all(tokens);
         self.matcher
-            .validate_tokens(tokens)
+            .validate_tokens(&tokens)
             .map_err(|e| Error::FormatFailed(first_line(&e)))
     }
 
@@ -268,7 +300,8 @@ impl Constraint for GuidanceConstraint {
             return self.mask();
         }
         let failed = |e: anyhow::Error| Error::FormatFailed(first_line(&e));
-        self.matcher.consume_tokens(tokens).map_err(failed)?;
+        let tokens = self.as_known_all(tokens);
+        self.matcher.consume_tokens(&tokens).map_err(failed)?;
         let mask = self.compute_mask();
         self.matcher.rollback(tokens.len()).map_err(failed)?;
         mask
@@ -285,6 +318,7 @@ impl Constraint for GuidanceConstraint {
         Box::new(GuidanceConstraint {
             matcher: self.matcher.deep_clone(),
             vocab: self.vocab,
+            ends: self.ends.clone(),
             next: self.next.clone(),
         })
     }

@@ -70,6 +70,14 @@ impl TokenMask {
         t < self.len && self.words[t / 32] & (1 << (t % 32)) != 0
     }
 
+    /// Allows `token` too (a token past the mask's length stays disallowed).
+    pub fn allow(&mut self, token: u32) {
+        let t = token as usize;
+        if t < self.len {
+            self.words[t / 32] |= 1 << (t % 32);
+        }
+    }
+
     /// Tokens allowed.
     pub fn count(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
