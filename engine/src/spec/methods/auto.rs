@@ -2,7 +2,8 @@
 //! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
 //! index that grows with it) and in the global suffix index of its cache salt (what every
 //! request of the salt sent and received, `suffix_indexes`), and Token Recycling's matrix of
-//! its salt, which branches beside and extends past what those matches propose (never alone).
+//! its salt, which branches beside and extends past what those matches propose, and drafts
+//! alone, two levels deep, where nothing matches (calibrated apart).
 //! Each node is priced by the calibrated
 //! acceptance of the sources that proposed it, learnt engine-wide from every verified tree
 //! ([`Calibration`]); the tree's running expected acceptance goes to the planner, which keeps
@@ -33,6 +34,7 @@ const LIMITS: Limits = Limits {
     floor: 0.02,
     recycling_branch: 2,
     recycling_depth: 3,
+    recycling_alone: 2,
 };
 /// Deepest continuation of a match, and the shallowest a match allows.
 const MAX_DEPTH: usize = 32;

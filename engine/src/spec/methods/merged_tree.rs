@@ -4,7 +4,9 @@
 //! continuations of their longest match; Token Recycling proposes, under the nodes a match
 //! proposed (and a few levels past them), the model's top candidates after that node's
 //! token, so it branches and extends where the matches are thin; where nothing matches it
-//! does not draft alone. Children proposed by several sources merge into one node.
+//! drafts alone a few levels deep, priced apart (its own calibration cells), so the planner
+//! keeps those nodes only where they pay. Children proposed by several sources merge into
+//! one node.
 //!
 //! Each source's proposal of a node is priced by [`Calibration`]: the rate at which such
 //! proposals were accepted once their parent was (learnt online, engine-wide, from every
@@ -51,6 +53,9 @@ impl Source {
 }
 
 const EVIDENCE: usize = 8;
+/// Where Token Recycling's evidence starts when it drafts alone (no match above the node):
+/// its rank is added, so alone and beside a match it is calibrated apart.
+const ALONE: usize = 4;
 const DEPTHS: usize = 8;
 const SHARES: usize = 4;
 /// Pseudo-outcomes of a cell's prior.
@@ -125,6 +130,9 @@ impl Calibration {
     fn prior(cell: Cell) -> f32 {
         let share = [0.15, 0.35, 0.55, 0.7][cell.share()];
         match cell.source() {
+            Source::Recycling if cell.evidence() >= ALONE => {
+                0.2 / (1.0 + (cell.evidence() - ALONE) as f32)
+            }
             Source::Recycling => 0.3 / (1.0 + cell.evidence() as f32),
             _ => share * (0.7 + 0.05 * cell.evidence() as f32),
         }
@@ -176,6 +184,8 @@ pub struct Limits {
     pub recycling_branch: usize,
     /// Levels Token Recycling proposes below the last node a match proposed.
     pub recycling_depth: usize,
+    /// Levels Token Recycling proposes alone where no match proposes anything (0: none).
+    pub recycling_alone: usize,
 }
 
 const NONE: u32 = u32::MAX;
@@ -193,6 +203,8 @@ struct Frontier {
     /// Levels Token Recycling may still add below: [`Limits::recycling_depth`] under a node
     /// a match proposed, one less under each node only it proposed.
     reach: usize,
+    /// Whether a match proposed it or a node above it.
+    matched: bool,
 }
 
 impl PartialEq for Frontier {
@@ -271,13 +283,16 @@ impl MergedTree {
             },
             cells: [None; SOURCES],
             reach: 0,
+            matched: false,
         };
+        let matched = root.context != NONE || root.global != NONE;
         let root = Frontier {
-            reach: if root.context != NONE || root.global != NONE {
+            reach: if matched {
                 limits.recycling_depth
             } else {
-                0
+                limits.recycling_alone
             },
+            matched,
             ..root
         };
         self.expand(&root, None, context, global, matrix, &cells, limits);
@@ -332,20 +347,23 @@ impl MergedTree {
                 }
             }
         }
-        // Token Recycling branches beside and extends past what a match proposes, never
-        // alone: on its own its candidates were accepted too rarely to pay for their rows.
+        // Token Recycling branches beside and extends past what a match proposes; alone
+        // (no match above) its candidates are calibrated apart, being accepted less often.
         if let Some(matrix) = matrix.filter(|_| node.reach > 0) {
+            let evidence = if node.matched { 0 } else { ALONE };
             for rank in 0..limits.recycling_branch {
                 let Some(token) = matrix.candidate(node.token, rank) else {
                     break;
                 };
-                let cell = Cell::new(Source::Recycling, rank, depth, 0.0);
+                let cell = Cell::new(Source::Recycling, evidence + rank, depth, 0.0);
                 let entry = self.child(token, index, depth);
                 entry.cells[Source::Recycling as usize] = Some(cell);
             }
         }
         for mut child in self.children.drain(..) {
-            child.reach = if child.context != NONE || child.global != NONE {
+            let proposed = child.context != NONE || child.global != NONE;
+            child.matched = node.matched || proposed;
+            child.reach = if proposed {
                 limits.recycling_depth
             } else {
                 node.reach.saturating_sub(1)
@@ -384,6 +402,7 @@ impl MergedTree {
                     global: NONE,
                     cells: [None; SOURCES],
                     reach: 0,
+                    matched: false,
                 });
                 self.children.len() - 1
             }

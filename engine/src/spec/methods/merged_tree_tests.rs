@@ -8,6 +8,7 @@ const LIMITS: Limits = Limits {
     floor: 0.02,
     recycling_branch: 2,
     recycling_depth: 2,
+    recycling_alone: 0,
 };
 
 fn trie(paths: &[&[u32]]) -> ContinuationTree {
@@ -112,7 +113,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
 }
 
 #[test]
-fn recycling_branches_and_extends_what_a_match_proposes_and_never_drafts_alone() {
+fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_allowed() {
     let calibration = Calibration::new();
     let matrix = RecyclingMatrix::new(16, 8);
     for token in 0..16u32 {
@@ -122,9 +123,32 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_never_drafts_alone()
         matrix.update(token, &logits);
     }
     let mut tree = MergedTree::default();
-    // Nothing matches: no tree.
+    // Nothing matches: no tree, unless recycling may draft alone.
     tree.grow(0, None, None, Some(&matrix), &calibration, LIMITS);
     assert!(tree.candidates.is_empty());
+    let alone = Limits {
+        recycling_alone: 2,
+        ..LIMITS
+    };
+    tree.grow(0, None, None, Some(&matrix), &calibration, alone);
+    let all = tokens(&tree);
+    // 1 and 5 after 0, then (what clears the floor of) 2 and 6 after 1, 6 and 10 after 5;
+    // never a third level.
+    for token in [1, 5, 2] {
+        assert!(all.contains(&token), "{token} missing from {all:?}");
+    }
+    for i in 0..tree.candidates.len() {
+        let parent = tree.candidates.parent(i);
+        assert!(
+            parent.is_none_or(|p| tree.candidates.parent(p).is_none()),
+            "{all:?}"
+        );
+    }
+    let alone_rate = tree.p[0];
+    assert!(tree
+        .cells
+        .iter()
+        .all(|c| c[Source::Recycling as usize].is_some_and(|c| c.evidence() >= ALONE)));
     // A match proposes 9 then 9: recycling branches beside it (1 and 5 after 0, 10 and 14
     // after 9) and extends past its end, two levels at most.
     let context = trie(&[&[9, 9]]);
@@ -158,4 +182,12 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_never_drafts_alone()
     let mut roots_sorted = roots.clone();
     roots_sorted.sort_unstable();
     assert_eq!(roots_sorted, [1, 5, 9]);
+    // Beside a match, recycling's first candidate is priced apart from (above) alone.
+    let beside = (0..tree.candidates.len())
+        .find(|&i| tree.candidates.parent(i).is_none() && tree.candidates.token(i) == 1)
+        .map(|i| tree.p[i]);
+    assert!(
+        beside.is_some_and(|p| p > alone_rate),
+        "{beside:?} <= {alone_rate}"
+    );
 }
