@@ -2,7 +2,9 @@
 //! queue's capacity at once; the surplus is refused with 429 and `Retry-After` before any
 //! admitted request finishes, admitted requests complete, and memory stays bounded. Soak:
 //! 1,000 short requests at concurrency 64 with one client in ten leaving mid-stream;
-//! afterwards no KV block is in use, memory is back within 10% of its level after warm-up,
+//! afterwards no KV block is in use, memory is within 10% of its level after warm-up and
+//! the second half of the soak added at most 5% to the first's (allocator arenas capped, so
+//! RSS follows what the process holds),
 //! and every completed greedy answer equals that prompt's answer when it ran alone. (The
 //! long soak, 10,000 requests, is `THICKET_SOAK_REQUESTS=10000`; see benches/README.md.)
 
@@ -37,11 +39,15 @@ fn gauge(server: &ServerProcess, name: &str) -> Option<f64> {
 }
 
 fn start(extra: &[&str]) -> ServerProcess {
+    start_with_env(extra, &[])
+}
+
+fn start_with_env(extra: &[&str], envs: &[(&str, &str)]) -> ServerProcess {
     let model = smollm2_path();
     let mut args = vec!["--served-model-name", "smollm2", "--max-model-len", "256"];
     args.extend_from_slice(extra);
     args.extend(["--model", model.to_str().expect("a UTF-8 path")]);
-    ServerProcess::start(&args, &[])
+    ServerProcess::start(&args, envs)
 }
 
 #[test]
@@ -174,7 +180,18 @@ fn a_soak_with_disconnects_leaks_nothing_and_stays_exact() {
         .unwrap_or(1000);
     // The KV pool is mapped whole from the start: how much of it the soak's draft trees
     // reach first is no leak.
-    let server = start(&["--dtype", "f32", "--kv-cache-mib", "256", "--kv-prefault"]);
+    // glibc's allocator gives each thread that allocates its own arena, up to eight per
+    // core, and keeps what each arena's peak took: with 64 clients on tokio's and rayon's
+    // threads that high-water mark moves by 60-90 MB from run to run, at any point of the
+    // soak, leak or not. Two arenas, and buffers of 64 KiB and more mapped on their own
+    // (so freeing them gives their pages back), keep RSS to what the process holds.
+    let server = start_with_env(
+        &["--dtype", "f32", "--kv-cache-mib", "256", "--kv-prefault"],
+        &[
+            ("MALLOC_ARENA_MAX", "2"),
+            ("MALLOC_MMAP_THRESHOLD_", "65536"),
+        ],
+    );
     let solo: Vec<String> = PROMPTS
         .iter()
         .map(|p| stream_completion(&server, p, false).expect("a solo answer"))
@@ -240,7 +257,7 @@ fn a_soak_with_disconnects_leaks_nothing_and_stays_exact() {
         "RSS grew from {half_rss} KiB to {rss} KiB in the soak's second half"
     );
     assert!(
-        (rss as f64) <= warm_rss as f64 * 1.25,
+        (rss as f64) <= warm_rss as f64 * 1.10,
         "RSS grew from {warm_rss} KiB to {rss} KiB"
     );
     assert_eq!(server.get("/health").0, 200);
