@@ -270,6 +270,7 @@ async fn health_models_tokenize_detokenize_and_metrics() {
         "thicket_engine_",
         "thicket_engine_step_phase_seconds{phase=\"forward\"",
         "thicket_engine_step_phase_seconds{phase=\"other\"",
+        "thicket_engine_step_phase_seconds{phase=\"lookup\"",
         // What routers read, under vLLM's names.
         "vllm:num_requests_running{model_name=\"mock\"} 0\n",
         "vllm:num_requests_waiting{model_name=\"mock\"} 0\n",

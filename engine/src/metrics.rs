@@ -10,9 +10,11 @@ pub const STEPS: &str = "thicket_engine_steps_total";
 /// Histogram: wall time of one step (schedule, forward, sampling, events).
 pub const STEP_DURATION: &str = "thicket_engine_step_duration_seconds";
 /// Histogram: seconds of one step spent in each of its phases, by `phase`: `forward`,
-/// `drafting` (building the granted draft trees), `sampling` (choosing and verifying tokens)
-/// and `other` (planning, offers, bookkeeping, emission). What `other` takes every step
-/// whatever it yields is what the planner calls the step's overhead.
+/// `drafting` (building the granted draft trees), `lookup` (drafters preparing their offers,
+/// matches looked up, and the speculators learning admitted and finished requests),
+/// `sampling` (choosing and verifying tokens) and `other` (planning, bookkeeping, emission).
+/// What `lookup` and `other` take every step whatever it yields is what the planner calls
+/// the step's overhead.
 pub const STEP_PHASE: &str = "thicket_engine_step_phase_seconds";
 /// Histogram: tokens fed to the model in one step.
 pub const BATCH_TOKENS: &str = "thicket_engine_batch_tokens";
@@ -105,7 +107,7 @@ pub fn describe() {
     describe_histogram!(
         STEP_PHASE,
         Unit::Seconds,
-        "Wall time of one engine step's phase: forward, drafting, sampling or other"
+        "Wall time of one engine step's phase: forward, drafting, lookup, sampling or other"
     );
     describe_histogram!(BATCH_TOKENS, "Tokens fed to the model in one step");
     describe_gauge!(SEQS_RUNNING, "Sequences running");

@@ -114,6 +114,9 @@ pub(crate) struct Speculation {
 struct StepTimes {
     forward: Option<f64>,
     drafting: f64,
+    /// Drafters' preparation for the planner's offers, and the speculators' learning of
+    /// admitted and finished requests (the global index's upkeep).
+    lookup: f64,
     sampling: f64,
 }
 
@@ -276,9 +279,11 @@ impl Speculation {
             prompt_len: prompt.len(),
             cache_scope,
         };
+        let started = std::time::Instant::now();
         for speculator in &mut self.speculators {
             speculator.admitted(&request);
         }
+        self.this_step.lookup += started.elapsed().as_secs_f64();
     }
 
     /// A sequence left with `tokens`, of which the first `prompt_len` are the prompt: every
@@ -294,9 +299,11 @@ impl Speculation {
             prompt_len,
             cache_scope,
         };
+        let started = std::time::Instant::now();
         for speculator in &mut self.speculators {
             speculator.finished(&request);
         }
+        self.this_step.lookup += started.elapsed().as_secs_f64();
     }
 
     /// A drafter for a sequence forked from one drafting with `parent`.
@@ -330,6 +337,19 @@ impl Speculation {
     /// rate on its own, so its drafter does not prepare and it makes no offer: at a load
     /// where rows cost more than drafts return, speculation costs no work per step.
     pub(crate) fn offers<'a>(
+        &mut self,
+        candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter, usize)>,
+        base: usize,
+        room: usize,
+    ) -> Option<DraftInputs> {
+        let started = std::time::Instant::now();
+        let offers = self.make_offers(candidates, base, room);
+        self.this_step.lookup += started.elapsed().as_secs_f64();
+        offers
+    }
+
+    /// [`Self::offers`], untimed.
+    fn make_offers<'a>(
         &mut self,
         candidates: impl Iterator<Item = (SeqId, &'a [u32], &'a mut SeqDrafter, usize)>,
         base: usize,

@@ -40,14 +40,17 @@ impl Speculation {
     pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
         let times = std::mem::take(&mut self.this_step);
         if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
+            // The lookup is paid every step whatever it yields: the planner counts it in
+            // the step's overhead, while the histogram shows it apart.
             let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
             smooth(&mut self.step_overhead, rest);
             use crate::metrics::STEP_PHASE;
             for (phase, spent) in [
                 ("forward", forward),
                 ("drafting", times.drafting),
+                ("lookup", times.lookup.min(rest)),
                 ("sampling", times.sampling),
-                ("other", rest),
+                ("other", (rest - times.lookup).max(0.0)),
             ] {
                 metrics::histogram!(STEP_PHASE, "phase" => phase).record(spent);
             }
