@@ -3,7 +3,8 @@
 //! as text in the same form; and a `thicket serve` on Qwen2.5-Coder-0.5B answers a weather
 //! question with a `get_weather` call that the API returns parsed (`tool_calls`,
 //! `finish_reason: "tool_calls"`), the same whole and streamed, for `auto`, a named function
-//! and `required`, with and without speculation.
+//! and `required` (with parallel calls allowed too: the answer still ends after its one
+//! call), with and without speculation.
 
 use api::server::generate::render_messages;
 use api::server::protocol::ChatMessageIn;
@@ -137,23 +138,28 @@ fn qwen_answers_with_a_parsed_tool_call_whole_and_streamed() {
         &[],
     );
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
-    for (choice, method) in [
-        (json!("auto"), "none"),
-        (json!("auto"), "auto"),
-        (named.clone(), "none"),
-        (named, "ngram_trie"),
-        (json!("required"), "prompt_lookup"),
+    // `required` with parallel calls allowed (the default): the grammar lets another call
+    // follow, and the model ends its turn after one (its `<|im_end|>` is allowed there).
+    for (choice, method, parallel) in [
+        (json!("auto"), "none", false),
+        (json!("auto"), "auto", false),
+        (named.clone(), "none", false),
+        (named, "ngram_trie", false),
+        (json!("required"), "prompt_lookup", false),
+        (json!("required"), "auto", true),
     ] {
-        let body = json!({
+        let mut body = json!({
             "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
             "tools": [weather()],
             "tool_choice": choice,
-            "parallel_tool_calls": false,
             "max_tokens": 60,
             "temperature": 0,
             "speculation": {"method": method},
         });
-        let case = format!("tool_choice {choice}, speculation {method}");
+        if !parallel {
+            body["parallel_tool_calls"] = json!(false);
+        }
+        let case = format!("tool_choice {choice}, speculation {method}, parallel {parallel}");
         let (status, whole) = server.post("/v1/chat/completions", &body);
         assert_eq!(status, 200, "{case}: {whole}");
         let answer = &whole["choices"][0];
