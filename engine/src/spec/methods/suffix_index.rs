@@ -372,4 +372,4 @@ fn gram_hash<'a>(gram: impl Iterator<Item = &'a u32>) -> u64 {
 
 #[cfg(test)]
 #[path = "suffix_index_tests.rs"]
-mod tests;
+pub(crate) mod tests;

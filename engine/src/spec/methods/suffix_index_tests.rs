@@ -112,14 +112,7 @@ fn rehashing_keeps_every_match() {
     let mut state = 7u32;
     let mut requests = Vec::new();
     for r in 0..40 {
-        let tokens: Vec<u32> = (0..300)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                state % 50_000
-            })
-            .collect();
+        let tokens: Vec<u32> = (0..300).map(|_| xorshift(&mut state) % 50_000).collect();
         index.push_request(&tokens, r);
         requests.push(tokens);
     }
@@ -133,4 +126,12 @@ fn rehashing_keeps_every_match() {
             assert!(next.contains(&tokens[start + 8..start + 10].to_vec()));
         }
     }
+}
+
+/// The next of a xorshift stream: token streams with no structure, for the index's tests.
+pub(crate) fn xorshift(state: &mut u32) -> u32 {
+    *state ^= *state << 13;
+    *state ^= *state >> 17;
+    *state ^= *state << 5;
+    *state
 }

@@ -1,6 +1,7 @@
 //! Tests of the global suffix indexes: scopes, the token budget, and the state file.
 
 use super::*;
+use crate::spec::methods::suffix_index::tests::xorshift;
 use crate::spec::methods::suffix_index::Occurrences;
 
 fn matches(indexes: &SuffixIndexes, scope: Option<BlockHash>, context: &[u32]) -> usize {
@@ -129,14 +130,7 @@ fn memory_stays_within_the_budget_under_a_long_stream() {
     let mut peak = 0;
     for r in 0..2_000usize {
         let len = 50 + (r * 37) % 900;
-        let tokens: Vec<u32> = (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                state % 49_152
-            })
-            .collect();
+        let tokens: Vec<u32> = (0..len).map(|_| xorshift(&mut state) % 49_152).collect();
         let _ = indexes.learn(&tokens, scopes[r % 3]);
         let counts = indexes.counts();
         assert!(counts.tokens <= budget, "{counts:?}");
