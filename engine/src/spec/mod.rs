@@ -118,9 +118,9 @@ pub struct NewSequence<'a> {
     /// How many of `tokens` are the prompt (the output starts after them).
     pub prompt_len: usize,
     /// The request's prediction of its output (`prediction`), tokenized; `None` when it
-    /// gave none (or an empty one). Where there is one, the engine drafts from it first
-    /// (`methods::prediction::PredictionFirst`) around whatever drafter the speculator
-    /// makes, so a speculator need not read it.
+    /// gave none (or an empty one). A drafter that does not draft from it itself
+    /// ([`Drafter::drafts_prediction`]) has the prediction drafting first around it
+    /// (`methods::prediction::PredictionFirst`), so a speculator need not read it.
     pub prediction: Option<&'a [u32]>,
     /// The prefix-cache scope of the request's cache salt (`None` without one): what a
     /// speculator keeps across requests (a draft model's cached KV) it shares only within it.
@@ -168,6 +168,12 @@ pub trait Drafter: Send {
     /// directly.
     fn needs_speculator(&self) -> bool {
         true
+    }
+    /// Whether it drafts from the request's prediction itself (`NewSequence::prediction`,
+    /// merged with its other sources). Where it does not and the request gave one, the
+    /// engine puts the prediction before it (`methods::prediction::PredictionFirst`).
+    fn drafts_prediction(&self) -> bool {
+        false
     }
 }
 

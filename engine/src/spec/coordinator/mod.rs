@@ -204,8 +204,9 @@ impl Speculation {
     /// A drafter for a sequence that asked for `request` (the default when `None`) with
     /// known tokens `tokens` of which the first `prompt_len` are the prompt, and a
     /// `prediction` of its output (tokenized; `None` or empty: none); `None` for method
-    /// `none` and methods no speculator serves. Where there is a prediction it drafts first
-    /// ([`PredictionFirst`]) around the method's own drafter.
+    /// `none` and methods no speculator serves. Where there is a prediction and the
+    /// method's drafter does not merge it into its own trees, the prediction drafts first
+    /// ([`PredictionFirst`]) around it.
     pub(crate) fn drafter_for(
         &self,
         request: Option<SpecRequest>,
@@ -251,12 +252,13 @@ impl Speculation {
             cache_scope,
         };
         let own = self.speculators[speculator].drafter(&new);
-        let drafter: Box<dyn Drafter> = match &prediction {
-            Some(p) => Box::new(PredictionFirst::new(
+        let drafter: Box<dyn Drafter> = match (&prediction, own) {
+            (Some(_), Some(own)) if own.drafts_prediction() => own,
+            (Some(p), own) => Box::new(PredictionFirst::new(
                 PredictionDrafter::new(Arc::clone(p), prompt_len),
                 own,
             )),
-            None => own?,
+            (None, own) => own?,
         };
         Some(SeqDrafter {
             drafter,

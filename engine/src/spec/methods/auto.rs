@@ -1,16 +1,17 @@
 //! `auto`: one tree per sequence, merged from every source the engine has for it
 //! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
 //! index that grows with it) and in the global suffix index of its cache salt (what every
-//! request of the salt sent and received, `suffix_indexes`), and Token Recycling's matrix of
+//! request of the salt sent and received, `suffix_indexes`), the request's prediction of its
+//! output where it gave one (`prediction`: where the output stands in it), and Token
+//! Recycling's matrix of
 //! its salt, which branches beside and extends past what those matches propose, and drafts
 //! alone, two levels deep, where nothing matches (calibrated apart).
 //! Each node is priced by the calibrated
 //! acceptance of the sources that proposed it, learnt engine-wide from every verified tree
 //! ([`Calibration`]); the tree's running expected acceptance goes to the planner, which keeps
 //! the nodes that pay for their rows. Drafts are counted per source (`context`,
-//! `suffix_index`, `recycling`; a node several proposed counts for each). Where the request
-//! gave a prediction it still drafts first while the output follows it
-//! (`prediction::PredictionFirst`).
+//! `suffix_index`, `prediction`, `recycling`; a node several proposed counts for each), so
+//! the prediction's accepted and rejected tokens are reported as under any other method.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -19,7 +20,8 @@ use std::sync::Arc;
 use kvcache::BlockHash;
 
 use super::continuations::ContinuationTree;
-use super::merged_tree::{Calibration, Limits, MergedTree, Proposal, Source, SOURCES};
+use super::merged_tree::{Calibration, Limits, MergedTree, Proposal, Proposals, Source, SOURCES};
+use super::prediction::{Prediction, PredictionDrafter};
 use super::recycling::RecyclingMatrix;
 use super::recycling_matrices::RecyclingMatrices;
 use super::suffix::{find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes};
@@ -36,6 +38,9 @@ const LIMITS: Limits = Limits {
     recycling_depth: 3,
     recycling_alone: 2,
 };
+/// Most nodes of a tree where the request gave a prediction: its chains are long where the
+/// output copies it.
+const MAX_NODES_PREDICTED: usize = 160;
 /// Deepest continuation of a match, and the shallowest a match allows.
 const MAX_DEPTH: usize = 32;
 const MIN_DEPTH: usize = 4;
@@ -52,6 +57,9 @@ pub struct AutoDrafter {
     found_global: Occurrences,
     context_trie: ContinuationTree,
     global_trie: ContinuationTree,
+    /// The request's prediction, where it gave one.
+    prediction: Option<PredictionDrafter>,
+    prediction_trie: ContinuationTree,
     tree: MergedTree,
     evidence: u8,
     outcomes: Vec<(SpecMethod, usize, usize)>,
@@ -78,10 +86,19 @@ impl AutoDrafter {
             found_global: Occurrences::default(),
             context_trie: ContinuationTree::new(),
             global_trie: ContinuationTree::new(),
+            prediction: None,
+            prediction_trie: ContinuationTree::new(),
             tree: MergedTree::default(),
             evidence: 0,
             outcomes: Vec::new(),
         }
+    }
+
+    /// Also drafts from `prediction`, the request's prediction of its output (the output
+    /// starting after `prompt_len` tokens).
+    pub fn with_prediction(mut self, prediction: Arc<Prediction>, prompt_len: usize) -> Self {
+        self.prediction = Some(PredictionDrafter::new(prediction, prompt_len));
+        self
     }
 
     /// The continuations of `found`'s occurrences in `index`, into `trie`.
@@ -133,11 +150,28 @@ impl Drafter for AutoDrafter {
                 evidence: usize::from(match_bucket(found.len)),
             })
         }
-        let context = proposal(&self.context_trie, &self.own_tokens.found);
-        let global = proposal(&self.global_trie, &self.found_global);
+        let predicted = self.prediction.as_mut().and_then(|p| {
+            p.propose(tokens, &mut self.prediction_trie)
+                .filter(|_| !self.prediction_trie.is_empty())
+        });
+        let proposals = Proposals {
+            context: proposal(&self.context_trie, &self.own_tokens.found),
+            global: proposal(&self.global_trie, &self.found_global),
+            prediction: predicted.map(|evidence| Proposal {
+                trie: &self.prediction_trie,
+                evidence,
+            }),
+        };
         let matrix = self.matrix.has_row(pending).then_some(&*self.matrix);
+        let limits = match self.prediction {
+            Some(_) => Limits {
+                max_nodes: MAX_NODES_PREDICTED,
+                ..LIMITS
+            },
+            None => LIMITS,
+        };
         self.tree
-            .grow(pending, context, global, matrix, &self.calibration, LIMITS);
+            .grow(pending, &proposals, matrix, &self.calibration, limits);
         self.evidence = match_bucket(self.own_tokens.found.len.max(self.found_global.len));
         self.tree.candidates.len()
     }
@@ -205,6 +239,10 @@ impl Drafter for AutoDrafter {
     fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
         &self.outcomes
     }
+
+    fn drafts_prediction(&self) -> bool {
+        self.prediction.is_some()
+    }
 }
 
 /// `auto`'s speculator: Token Recycling's matrices (learnt by its own speculator; a sequence
@@ -237,13 +275,17 @@ impl Speculator for AutoSpeculator {
             .indexes
             .as_ref()
             .map_or(0..0, |indexes| own_prompt(indexes, seq));
-        Some(Box::new(AutoDrafter::new(
+        let drafter = AutoDrafter::new(
             self.indexes.clone(),
             seq.cache_scope,
             own,
             self.matrices.get(seq.cache_scope),
             Arc::clone(&self.calibration),
-        )))
+        );
+        Some(Box::new(match seq.prediction.filter(|p| !p.is_empty()) {
+            Some(p) => drafter.with_prediction(Arc::new(Prediction::new(p.into())), seq.prompt_len),
+            None => drafter,
+        }))
     }
 
     fn wants_logits(&self, token: u32, cache_scope: Option<BlockHash>) -> bool {

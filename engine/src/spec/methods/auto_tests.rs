@@ -96,3 +96,60 @@ fn rejections_lower_the_price_for_every_sequence_of_the_engine() {
         .map_or(0.0, |e| e.last().copied().unwrap_or(0.0));
     assert!(after < before / 2.0, "{before} -> {after}");
 }
+
+#[test]
+fn a_prediction_is_one_more_source_of_the_same_tree() {
+    let s = auto(None, RecyclingMatrix::new(256, 8));
+    // The prompt holds 30..40 once; the prediction is 50..120 with 30..34 inside it.
+    let prompt: Vec<u32> = (30..40).collect();
+    let prediction: Vec<u32> = (50..60).chain(30..34).chain(60..120).collect();
+    let new = |tokens: &[u32], prediction: Option<&[u32]>| {
+        s.drafter(&NewSequence {
+            tokens,
+            prompt_len: prompt.len(),
+            prediction,
+            cache_scope: None,
+        })
+        .expect("auto drafts for every sequence")
+    };
+    assert!(!new(&prompt, None).drafts_prediction());
+    let mut d = new(&prompt, Some(&prediction));
+    assert!(d.drafts_prediction(), "auto merges the prediction itself");
+    // The output follows the prediction: its chain, counted as the prediction's.
+    let mut tokens = prompt.clone();
+    tokens.extend(50..53);
+    let accepted = verify(d.as_mut(), &tokens, 32, &(53..60).collect::<Vec<_>>());
+    assert_eq!(accepted, 7);
+    let outcomes = d.source_outcomes().to_vec();
+    assert!(
+        outcomes
+            .iter()
+            .any(|&(m, _, a)| m == SpecMethod::Prediction && a == 7),
+        "{outcomes:?}"
+    );
+    // Where it reaches 30..34 the prompt's own 30..40 proposes the same first tokens: those
+    // nodes count for both sources, and the tree holds both continuations after 33.
+    tokens.extend(53..60);
+    tokens.extend(30..32);
+    let ctx = DraftContext { tokens: &tokens };
+    let available = d.prepare(&ctx);
+    let tree = d.draft(&ctx, available);
+    let after_33: Vec<u32> = (1..tree.len())
+        .filter(|&n| tree.parents()[n].is_some_and(|p| tree.tokens()[p] == 33))
+        .map(|n| tree.tokens()[n])
+        .collect();
+    assert!(
+        after_33.contains(&34) && after_33.contains(&60),
+        "{after_33:?}"
+    );
+    let accepted = verify(d.as_mut(), &tokens, available, &[32, 33, 60, 61]);
+    assert_eq!(accepted, 4);
+    let counted = |m: SpecMethod| {
+        d.source_outcomes()
+            .iter()
+            .find(|o| o.0 == m)
+            .map_or(0, |o| o.2)
+    };
+    assert_eq!(counted(SpecMethod::Prediction), 4);
+    assert_eq!(counted(SpecMethod::Context), 2);
+}

@@ -1,7 +1,9 @@
 //! `auto`'s one tree per sequence, merged from every source it has: the sequence's own
-//! context (a local suffix index), the global suffix index of its cache salt, and Token
-//! Recycling's matrix. The context and the global index each propose a weighted trie of the
-//! continuations of their longest match; Token Recycling proposes, under the nodes a match
+//! context (a local suffix index), the global suffix index of its cache salt, the request's
+//! prediction of its output (where it gave one), and Token Recycling's matrix. The context,
+//! the global index and the prediction each propose a weighted trie of continuations (of
+//! their longest match; the prediction's, from where the output stands in it); Token
+//! Recycling proposes, under the nodes a match
 //! proposed (and a few levels past them), the model's top candidates after that node's
 //! token, so it branches and extends where the matches are thin; where nothing matches it
 //! drafts alone a few levels deep, priced apart (its own calibration cells), so the planner
@@ -31,22 +33,32 @@ pub enum Source {
     Context = 0,
     /// The global suffix index.
     Global = 1,
+    /// The request's prediction of its output.
+    Prediction = 2,
     /// Token Recycling's matrix.
-    Recycling = 2,
+    Recycling = 3,
 }
 
 /// Sources.
-pub const SOURCES: usize = 3;
+pub const SOURCES: usize = 4;
+/// Sources that propose a trie of continuations (the first ones).
+pub const MATCHES: usize = 3;
 
 impl Source {
     /// Every source, in index order.
-    pub const ALL: [Source; SOURCES] = [Source::Context, Source::Global, Source::Recycling];
+    pub const ALL: [Source; SOURCES] = [
+        Source::Context,
+        Source::Global,
+        Source::Prediction,
+        Source::Recycling,
+    ];
 
     /// The name its drafts are counted under.
     pub fn method(self) -> SpecMethod {
         match self {
             Source::Context => SpecMethod::Context,
             Source::Global => SpecMethod::SuffixIndex,
+            Source::Prediction => SpecMethod::Prediction,
             Source::Recycling => SpecMethod::Recycling,
         }
     }
@@ -126,10 +138,15 @@ impl Calibration {
     }
 
     /// What a cell is expected to accept before any outcome: a match's continuation by its
-    /// share (a longer match a little more), a recycled candidate by its rank.
+    /// share (a longer match a little more), the prediction's higher (a client predicts
+    /// its output on purpose), a recycled candidate by its rank.
     fn prior(cell: Cell) -> f32 {
         let share = [0.15, 0.35, 0.55, 0.7][cell.share()];
         match cell.source() {
+            Source::Prediction => {
+                let evidence = [0.5, 0.55, 0.65, 0.75, 0.8, 0.9, 0.95, 0.97][cell.evidence()];
+                evidence * [0.3, 0.6, 0.85, 1.0][cell.share()]
+            }
             Source::Recycling if cell.evidence() >= ALONE => {
                 0.2 / (1.0 + (cell.evidence() - ALONE) as f32)
             }
@@ -173,6 +190,24 @@ pub struct Proposal<'a> {
     pub evidence: usize,
 }
 
+/// The proposals of the sources that match (none: the source proposes nothing this step).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proposals<'a> {
+    /// The sequence's own tokens.
+    pub context: Option<Proposal<'a>>,
+    /// The global suffix index.
+    pub global: Option<Proposal<'a>>,
+    /// The request's prediction.
+    pub prediction: Option<Proposal<'a>>,
+}
+
+impl<'a> Proposals<'a> {
+    /// Per matching source (in [`Source`] order), its proposal.
+    fn each(&self) -> [Option<Proposal<'a>>; MATCHES] {
+        [self.context, self.global, self.prediction]
+    }
+}
+
 /// Limits of one merged tree.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -197,8 +232,8 @@ struct Frontier {
     token: u32,
     parent: Option<usize>,
     depth: usize,
-    context: u32,
-    global: u32,
+    /// Per matching source, where the node is in its trie (`NONE`: not there).
+    at: [u32; MATCHES],
     cells: [Option<Cell>; SOURCES],
     /// Levels Token Recycling may still add below: [`Limits::recycling_depth`] under a node
     /// a match proposed, one less under each node only it proposed.
@@ -253,49 +288,42 @@ impl MergedTree {
         self.heap.clear();
     }
 
-    /// Grows the tree under `pending` from the context's and the global index's proposals
-    /// (either may be absent) and `matrix`, priced by `calibration`.
+    /// Grows the tree under `pending` from the matching sources' `proposals` and `matrix`,
+    /// priced by `calibration`.
     pub fn grow(
         &mut self,
         pending: u32,
-        context: Option<Proposal<'_>>,
-        global: Option<Proposal<'_>>,
+        proposals: &Proposals<'_>,
         matrix: Option<&RecyclingMatrix>,
         calibration: &Calibration,
         limits: Limits,
     ) {
         self.clear();
+        let proposals = proposals.each();
         let cells = calibration.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let at = proposals.map(|p| {
+            if p.is_some_and(|p| !p.trie.is_empty()) {
+                0
+            } else {
+                NONE
+            }
+        });
+        let matched = at.iter().any(|&a| a != NONE);
         let root = Frontier {
             p: 1.0,
             token: pending,
             parent: None,
             depth: 0,
-            context: if context.is_some_and(|c| !c.trie.is_empty()) {
-                0
-            } else {
-                NONE
-            },
-            global: if global.is_some_and(|g| !g.trie.is_empty()) {
-                0
-            } else {
-                NONE
-            },
+            at,
             cells: [None; SOURCES],
-            reach: 0,
-            matched: false,
-        };
-        let matched = root.context != NONE || root.global != NONE;
-        let root = Frontier {
             reach: if matched {
                 limits.recycling_depth
             } else {
                 limits.recycling_alone
             },
             matched,
-            ..root
         };
-        self.expand(&root, None, context, global, matrix, &cells, limits);
+        self.expand(&root, None, &proposals, matrix, &cells, limits);
         while self.candidates.len() < limits.max_nodes {
             let Some(node) = self.heap.pop() else {
                 break;
@@ -305,30 +333,25 @@ impl MergedTree {
             self.cells.push(node.cells);
             let sum = self.expected.last().copied().unwrap_or(0.0) + node.p;
             self.expected.push(sum);
-            self.expand(&node, Some(index), context, global, matrix, &cells, limits);
+            self.expand(&node, Some(index), &proposals, matrix, &cells, limits);
         }
         self.heap.clear();
     }
 
     /// Pushes the children of `node` (drafted as `index`; the root: `None`) that clear the
     /// floor.
-    #[allow(clippy::too_many_arguments)]
     fn expand(
         &mut self,
         node: &Frontier,
         index: Option<usize>,
-        context: Option<Proposal<'_>>,
-        global: Option<Proposal<'_>>,
+        proposals: &[Option<Proposal<'_>>; MATCHES],
         matrix: Option<&RecyclingMatrix>,
         calibration: &[(f32, f32)],
         limits: Limits,
     ) {
         let depth = node.depth + 1;
         self.children.clear();
-        for (source, proposal, at) in [
-            (Source::Context, context, node.context),
-            (Source::Global, global, node.global),
-        ] {
+        for (which, (proposal, &at)) in proposals.iter().zip(&node.at).enumerate() {
             let (Some(proposal), true) = (proposal, at != NONE) else {
                 continue;
             };
@@ -336,15 +359,13 @@ impl MergedTree {
             if total <= 0.0 {
                 continue;
             }
+            let source = Source::ALL[which];
             for (child, token) in proposal.trie.children(at) {
                 let share = proposal.trie.weight(child) / total;
                 let cell = Cell::new(source, proposal.evidence, depth, share);
                 let entry = self.child(token, index, depth);
-                entry.cells[source as usize] = Some(cell);
-                match source {
-                    Source::Context => entry.context = child,
-                    _ => entry.global = child,
-                }
+                entry.cells[which] = Some(cell);
+                entry.at[which] = child;
             }
         }
         // Token Recycling branches beside and extends past what a match proposes; alone
@@ -361,7 +382,7 @@ impl MergedTree {
             }
         }
         for mut child in self.children.drain(..) {
-            let proposed = child.context != NONE || child.global != NONE;
+            let proposed = child.at.iter().any(|&a| a != NONE);
             child.matched = node.matched || proposed;
             child.reach = if proposed {
                 limits.recycling_depth
@@ -398,8 +419,7 @@ impl MergedTree {
                     token,
                     parent: index,
                     depth,
-                    context: NONE,
-                    global: NONE,
+                    at: [NONE; MATCHES],
                     cells: [None; SOURCES],
                     reach: 0,
                     matched: false,

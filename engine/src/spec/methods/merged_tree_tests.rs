@@ -1,5 +1,6 @@
 //! Tests of the merged tree: sources merge into one node, paths are priced by the calibrated
-//! rates, and Token Recycling branches under every node.
+//! rates, Token Recycling branches under every node, and a prediction's long chain is
+//! trusted more than a match's.
 
 use super::*;
 
@@ -19,6 +20,13 @@ fn trie(paths: &[&[u32]]) -> ContinuationTree {
     trie
 }
 
+fn context_only(proposal: Proposal<'_>) -> Proposals<'_> {
+    Proposals {
+        context: Some(proposal),
+        ..Proposals::default()
+    }
+}
+
 fn tokens(tree: &MergedTree) -> Vec<u32> {
     (0..tree.candidates.len())
         .map(|i| tree.candidates.token(i))
@@ -32,24 +40,18 @@ fn sources_proposing_the_same_node_merge_and_raise_it() {
     let global = trie(&[&[1, 2, 4]]);
     let mut tree = MergedTree::default();
     let proposal = |trie| Proposal { trie, evidence: 3 };
-    tree.grow(
-        0,
-        Some(proposal(&context)),
-        None,
-        None,
-        &calibration,
-        LIMITS,
-    );
+    let only = Proposals {
+        context: Some(proposal(&context)),
+        ..Proposals::default()
+    };
+    tree.grow(0, &only, None, &calibration, LIMITS);
     let alone = tree.p[0];
     assert_eq!(tree.candidates.token(0), 1);
-    tree.grow(
-        0,
-        Some(proposal(&context)),
-        Some(proposal(&global)),
-        None,
-        &calibration,
-        LIMITS,
-    );
+    let both = Proposals {
+        global: Some(proposal(&global)),
+        ..only
+    };
+    tree.grow(0, &both, None, &calibration, LIMITS);
     assert_eq!(tree.candidates.token(0), 1);
     assert!(
         tree.p[0] > alone,
@@ -83,7 +85,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
         evidence: 2,
     };
     let mut tree = MergedTree::default();
-    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
     let before = tree.expected.last().copied().unwrap_or(0.0);
     // Every one of these proposals accepted: the whole chain is expected to be.
     for _ in 0..200 {
@@ -91,7 +93,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
             calibration.record(*cell, true);
         }
     }
-    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
     let after = tree.expected.last().copied().unwrap_or(0.0);
     assert_eq!(tree.candidates.len(), 6);
     assert!(after > 5.5 && after > before, "{before} -> {after}");
@@ -101,14 +103,14 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
             calibration.record(*cell, false);
         }
     }
-    tree.grow(0, Some(proposal), None, None, &calibration, LIMITS);
+    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
     assert!(tree.candidates.len() <= 1, "{:?}", tokens(&tree));
     // Another kind of proposal (a longer match) kept its own record.
     let longer = Proposal {
         trie: &context,
         evidence: 5,
     };
-    tree.grow(0, Some(longer), None, None, &calibration, LIMITS);
+    tree.grow(0, &context_only(longer), None, &calibration, LIMITS);
     assert!(tree.candidates.len() >= 2);
 }
 
@@ -124,13 +126,19 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
     }
     let mut tree = MergedTree::default();
     // Nothing matches: no tree, unless recycling may draft alone.
-    tree.grow(0, None, None, Some(&matrix), &calibration, LIMITS);
+    tree.grow(
+        0,
+        &Proposals::default(),
+        Some(&matrix),
+        &calibration,
+        LIMITS,
+    );
     assert!(tree.candidates.is_empty());
     let alone = Limits {
         recycling_alone: 2,
         ..LIMITS
     };
-    tree.grow(0, None, None, Some(&matrix), &calibration, alone);
+    tree.grow(0, &Proposals::default(), Some(&matrix), &calibration, alone);
     let all = tokens(&tree);
     // 1 and 5 after 0, then (what clears the floor of) 2 and 6 after 1, 6 and 10 after 5;
     // never a third level.
@@ -156,7 +164,13 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
         trie: &context,
         evidence: 4,
     };
-    tree.grow(0, Some(proposal), None, Some(&matrix), &calibration, LIMITS);
+    tree.grow(
+        0,
+        &context_only(proposal),
+        Some(&matrix),
+        &calibration,
+        LIMITS,
+    );
     let all = tokens(&tree);
     for token in [9, 1, 5, 10, 14] {
         assert!(all.contains(&token), "{token} missing from {all:?}");
@@ -190,4 +204,60 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
         beside.is_some_and(|p| p > alone_rate),
         "{beside:?} <= {alone_rate}"
     );
+}
+
+#[test]
+fn a_prediction_merges_with_a_match_and_its_chain_reaches_deeper() {
+    let calibration = Calibration::new();
+    let chain: Vec<u32> = (100..160).collect();
+    let predicted = trie(&[&chain]);
+    let matched = trie(&[&chain[..3], &[100, 7]]);
+    let evidence = 5;
+    let prediction = Proposal {
+        trie: &predicted,
+        evidence,
+    };
+    let context = Proposal {
+        trie: &matched,
+        evidence,
+    };
+    let mut tree = MergedTree::default();
+    let limits = Limits {
+        max_nodes: 160,
+        ..LIMITS
+    };
+    // The same chain: from the prediction, more of it clears the floor than from a match.
+    tree.grow(0, &context_only(prediction), None, &calibration, limits);
+    let as_context = tree.candidates.len();
+    let alone = Proposals {
+        prediction: Some(prediction),
+        ..Proposals::default()
+    };
+    tree.grow(0, &alone, None, &calibration, limits);
+    let as_prediction = tree.candidates.len();
+    assert!(
+        as_prediction > as_context && as_prediction >= 16,
+        "{as_prediction} <= {as_context}"
+    );
+    assert!(tree.cells[0][Source::Prediction as usize].is_some());
+    // With a match proposing its first three tokens (and a branch of its own): one chain,
+    // its first nodes proposed by both, the branch beside it.
+    let merged = Proposals {
+        context: Some(context),
+        ..alone
+    };
+    tree.grow(0, &merged, None, &calibration, limits);
+    let all = tokens(&tree);
+    assert_eq!(all.iter().filter(|&&t| t == 100).count(), 1, "{all:?}");
+    assert!(all.contains(&7), "{all:?}");
+    let both = |i: usize| {
+        tree.cells[i][Source::Prediction as usize].is_some()
+            && tree.cells[i][Source::Context as usize].is_some()
+    };
+    let first = (0..tree.candidates.len())
+        .filter(|&i| tree.candidates.parent(i).is_none())
+        .find(|&i| tree.candidates.token(i) == 100);
+    assert!(first.is_some_and(both), "{all:?}");
+    assert_eq!((0..tree.candidates.len()).filter(|&i| both(i)).count(), 3);
+    assert_eq!(Source::Prediction.method(), SpecMethod::Prediction);
 }

@@ -10,13 +10,15 @@
 //! where it left) a second branch from the anchor: an inserted line rejoins the prediction
 //! where it left it, a replaced line a line later. The evidence is the match length.
 //!
-//! [`PredictionFirst`] puts the prediction before any other drafter: it drafts while the
-//! output follows the prediction and hands the step to the wrapped drafter (the request's
-//! method: `auto`'s sources, or any other) where the output has left it.
+//! `auto` merges the prediction's proposal ([`PredictionDrafter::propose`]) into its one
+//! tree with its other sources. [`PredictionFirst`] puts the prediction before any other
+//! method's drafter: it drafts while the output follows the prediction and hands the step
+//! to the wrapped drafter where the output has left it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::continuations::ContinuationTree;
 use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
 use crate::tree::TokenTree;
 
@@ -194,20 +196,15 @@ impl PredictionDrafter {
     pub fn anchor(&self) -> usize {
         self.anchor
     }
-}
 
-impl Drafter for PredictionDrafter {
-    fn method(&self) -> SpecMethod {
-        SpecMethod::Prediction
-    }
-
-    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
-        self.candidates.clear();
-        self.evidence = 0;
-        let output = &ctx.tokens[self.prompt_len.min(ctx.tokens.len())..];
+    /// Where the output of a sequence with `tokens` stands in the prediction (moving the
+    /// anchor where it follows it); `None` before any output, with an empty prediction, or
+    /// where nothing would be drafted.
+    fn align(&mut self, tokens: &[u32]) -> Option<Alignment> {
+        let output = &tokens[self.prompt_len.min(tokens.len())..];
         let len = self.prediction.len();
         if output.is_empty() || len == 0 {
-            return 0;
+            return None;
         }
         // The best match and the best one continuing elsewhere (the longer first, then the
         // nearer the anchor).
@@ -237,18 +234,88 @@ impl Drafter for PredictionDrafter {
             Some(_) => second.map(|s| s.0),
             None => Some(self.anchor),
         };
-        let prediction = Arc::clone(&self.prediction);
-        let tokens = prediction.tokens();
-        let branch = |start: usize, most: usize| &tokens[start.min(len)..(start + most).min(len)];
-        let primary = best.map_or(&[][..], |(start, _)| branch(start, PRIMARY_NODES));
-        let secondary = other.map_or(&[][..], |s| branch(s, SECONDARY_NODES));
-        for (parent, token) in merge_branches(primary, secondary, k < SURE_MATCH) {
+        let branch = |start: usize, most: usize| start.min(len)..(start + most).min(len);
+        let found = Alignment {
+            primary: best.map_or(0..0, |(start, _)| branch(start, PRIMARY_NODES)),
+            secondary: other.map_or(0..0, |s| branch(s, SECONDARY_NODES)),
+            k,
+            // Near the anchor as it was before this step's match moved it.
+            near: best.is_some_and(|(start, _)| start >= anchor && start - anchor <= NEAR + k),
+        };
+        (!found.primary.is_empty() || !found.secondary.is_empty()).then_some(found)
+    }
+
+    /// This step's proposal as weighted paths into `trie` (cleared first), for a drafter
+    /// that merges the prediction with other sources: the best match's continuation, and
+    /// the other branch weighing as much where neither alignment is sure, a fifth of it
+    /// where the match is. Returns the evidence bucket (0 to 7: the match's length, a
+    /// short one near the anchor above the same far from it); `None`: nothing to propose.
+    pub fn propose(&mut self, tokens: &[u32], trie: &mut ContinuationTree) -> Option<usize> {
+        trie.clear();
+        let found = self.align(tokens)?;
+        let tokens = self.prediction.tokens();
+        let other = if found.unsure() { 0.8 } else { 0.2 };
+        trie.add(tokens[found.primary.clone()].iter().copied(), 1.0);
+        trie.add(tokens[found.secondary.clone()].iter().copied(), other);
+        Some(bucket(found.k, found.near))
+    }
+}
+
+/// Where the output stands in the prediction this step.
+#[derive(Debug, Clone)]
+struct Alignment {
+    /// The continuation of the best match (empty: none).
+    primary: std::ops::Range<usize>,
+    /// The other branch: from the anchor, or the runner-up match.
+    secondary: std::ops::Range<usize>,
+    /// The best match's length.
+    k: usize,
+    /// Whether it continues near the anchor.
+    near: bool,
+}
+
+impl Alignment {
+    /// Whether the match is too short to prefer its branch outright.
+    fn unsure(&self) -> bool {
+        self.k < SURE_MATCH
+    }
+}
+
+/// [`level`]'s evidence on a merged tree's scale of 8 buckets: no match; one token far
+/// from the anchor; two or three far; one to three near; four to seven far; four to seven
+/// near, or eight to fifteen; sixteen to thirty-one; longer.
+fn bucket(k: usize, near: bool) -> usize {
+    match k {
+        0 => 0,
+        1 if !near => 1,
+        2..=3 if !near => 2,
+        1..=3 => 3,
+        4..=7 if !near => 4,
+        4..=15 => 5,
+        16..=31 => 6,
+        _ => 7,
+    }
+}
+
+impl Drafter for PredictionDrafter {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Prediction
+    }
+
+    fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
+        self.candidates.clear();
+        self.evidence = 0;
+        let Some(found) = self.align(ctx.tokens) else {
+            return 0;
+        };
+        let tokens = self.prediction.tokens();
+        let primary = &tokens[found.primary.clone()];
+        let secondary = &tokens[found.secondary.clone()];
+        for (parent, token) in merge_branches(primary, secondary, found.unsure()) {
             self.candidates.push(parent, token);
         }
         if !self.candidates.is_empty() {
-            // Near the anchor as it was before this step's match moved it.
-            let near = best.is_some_and(|(start, _)| start >= anchor && start - anchor <= NEAR + k);
-            self.evidence = level(k, near);
+            self.evidence = level(found.k, found.near);
         }
         self.candidates.len()
     }
