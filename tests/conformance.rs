@@ -1,6 +1,7 @@
 //! Conformance fuzzing with schemathesis (pinned, installed under `target/` on first use):
 //! the OpenAI OpenAPI specification's `/completions`, `/chat/completions` and `/models`
-//! (the subset in `tests/fuzz/openai-subset.yaml`) against the real `thicket serve` on
+//! (the subset in `tests/fuzz/openai-subset.yaml`), and the Responses API's routes as
+//! thicket serves them (`tests/fuzz/responses-subset.yaml`), against the real `thicket serve` on
 //! SmolLM2, checking that no response is a server error and every response conforms to the
 //! schema. A fixed seed keeps CI reproducible; at least 2,000 requests are sent, and the
 //! server's own counters must show no 5xx and the server must still be healthy afterwards.
@@ -47,22 +48,21 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
         &[],
     );
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
-    let schema = fuzz_dir.join("openai-subset.yaml");
     let python_path = format!("{}:{}", deps.display(), fuzz_dir.display());
     // schemathesis and Hypothesis keep caches (`.schemathesis/`, `.hypothesis/`) in their
     // working directory: a temporary one, not the source tree.
     let work = tempfile::tempdir().expect("a temporary directory");
-    let run = || {
+    let run = |schema: &str, examples: &str| {
         Command::new("python3")
             .args(["-m", "schemathesis.cli", "run"])
-            .arg(&schema)
+            .arg(fuzz_dir.join(schema))
             .args(["--url", &format!("{}/v1", server.base)])
             .args(["--checks", "not_a_server_error,response_schema_conformance"])
             // One worker: with two, Hypothesis in one thread raises the interpreter-wide
             // recursion limit while the other parses a lambda's source, and CPython 3.11 can
             // abort the run (`SystemError: AST constructor recursion depth mismatch`), a
             // fault in the fuzzer's process that repeated runs did not always escape.
-            .args(["--max-examples", "300", "--workers", "1", "--seed", "1"])
+            .args(["--max-examples", examples, "--workers", "1", "--seed", "1"])
             // Generations are short, but other tests may be sharing the two cores.
             .args(["--request-timeout", "300"])
             .current_dir(work.path())
@@ -73,23 +73,30 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
             .output()
             .expect("running schemathesis")
     };
-    let output = run();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let tail: String = stdout
-        .lines()
-        .rev()
-        .take(40)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("\n");
-    eprintln!("{tail}");
-    assert!(
-        output.status.success(),
-        "schemathesis found failures:\n{stdout}\n{stderr}"
-    );
+    // OpenAI's own description of chat, completions and models; thicket's of the Responses
+    // subset it serves.
+    for (schema, examples) in [
+        ("openai-subset.yaml", "300"),
+        ("responses-subset.yaml", "150"),
+    ] {
+        let output = run(schema, examples);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = stdout
+            .lines()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        eprintln!("{tail}");
+        assert!(
+            output.status.success(),
+            "schemathesis found failures in {schema}:\n{stdout}\n{stderr}"
+        );
+    }
 
     let (status, metrics) = server.get("/metrics");
     assert_eq!(status, 200);
@@ -102,5 +109,9 @@ fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     assert!(sent >= 2000.0, "only {sent} requests were sent");
     assert_eq!(server_errors, 0.0, "5xx answers:\n{metrics}");
     assert!(generated > 0.0, "no request reached generation");
+    let responded = http_requests(&metrics, |l| {
+        l.contains("status=\"200\"") && l.contains("path=\"/v1/responses\"")
+    });
+    assert!(responded > 0.0, "no Responses request reached generation");
     assert_eq!(server.get("/health").0, 200, "the server is still healthy");
 }

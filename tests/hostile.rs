@@ -1,7 +1,9 @@
 //! Hostile input against the real `thicket serve` on SmolLM2: malformed bytes, pathological
 //! JSON, oversized bodies, out-of-range numbers, absurd counts and lengths, bad roles,
-//! token ids and predictions. Every one must be answered with a 4xx and an OpenAI-shaped JSON error, and
-//! the server must keep serving afterwards.
+//! token ids and predictions, on the chat and completions routes, the Responses API and the
+//! Messages API. Every one must be answered with a 4xx and a JSON error in the route's API's
+//! shape (OpenAI's, or Anthropic's on `/v1/messages`), and the server must keep serving
+//! afterwards.
 
 use serde_json::{json, Value};
 
@@ -23,6 +25,10 @@ fn assert_client_error(server: &ServerProcess, name: &str, path: &str, body: &[u
     let message = error["error"]["message"].as_str().unwrap_or_default();
     assert!(!message.is_empty(), "{name}: {error}");
     assert!(error["error"]["type"].is_string(), "{name}: {error}");
+    // Anthropic's routes answer in Anthropic's shape.
+    if path.starts_with("/v1/messages") {
+        assert_eq!(error["type"], "error", "{name}: {error}");
+    }
 }
 
 #[test]
@@ -53,6 +59,21 @@ fn hostile_requests_get_a_4xx_with_a_json_error() {
         json!({"model": "smollm2", "messages": messages, "max_tokens": 2})
             .to_string()
             .into_bytes()
+    };
+    let responses = |extra: Value| {
+        let mut body = json!({"model": "smollm2", "input": "Hello", "max_output_tokens": 2});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        body.to_string().into_bytes()
+    };
+    let messages = |extra: Value| {
+        let mut body = json!({"model": "smollm2", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hello"}]});
+        for (k, v) in extra.as_object().expect("an object") {
+            body[k] = v.clone();
+        }
+        body.to_string().into_bytes()
     };
     let ten_thousand_stops: Vec<String> = (0..10_000).map(|i| format!("s{i}")).collect();
     let too_long_prompt: Vec<u32> = vec![28; MAX_MODEL_LEN + 1];
@@ -260,6 +281,159 @@ fn hostile_requests_get_a_4xx_with_a_json_error() {
             400,
         ),
         ("empty body", "/v1/chat/completions", Vec::new(), 400),
+        (
+            "responses: input a number",
+            "/v1/responses",
+            responses(json!({"input": 5})),
+            400,
+        ),
+        (
+            "responses: input nested",
+            "/v1/responses",
+            format!("{{\"input\": {}}}", "[".repeat(5000)).into_bytes(),
+            400,
+        ),
+        (
+            "responses: a tool the server would run",
+            "/v1/responses",
+            responses(json!({"tools": [{"type": "file_search", "vector_store_ids": ["x"]}]})),
+            400,
+        ),
+        (
+            "responses: an image item",
+            "/v1/responses",
+            responses(json!({"input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "file:///etc/passwd"}]}]})),
+            400,
+        ),
+        (
+            "responses: an unknown item",
+            "/v1/responses",
+            responses(json!({"input": [{"type": "item_reference", "id": "x"}]})),
+            400,
+        ),
+        (
+            "responses: negative max_output_tokens",
+            "/v1/responses",
+            responses(json!({"max_output_tokens": -1})),
+            400,
+        ),
+        (
+            "responses: max_output_tokens past the model",
+            "/v1/responses",
+            responses(json!({"max_output_tokens": 1_000_000})),
+            400,
+        ),
+        (
+            "responses: huge temperature",
+            "/v1/responses",
+            responses(json!({"temperature": 1e300})),
+            400,
+        ),
+        (
+            "responses: a schema that is not one",
+            "/v1/responses",
+            responses(
+                json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": 5}}}),
+            ),
+            400,
+        ),
+        (
+            "responses: an unknown previous response",
+            "/v1/responses",
+            responses(json!({"previous_response_id": "resp_../../etc/passwd"})),
+            404,
+        ),
+        (
+            "responses: unknown model",
+            "/v1/responses",
+            responses(json!({"model": "gpt-9"})),
+            404,
+        ),
+        (
+            "responses: null body",
+            "/v1/responses",
+            b"null".to_vec(),
+            400,
+        ),
+        (
+            "messages: no max_tokens",
+            "/v1/messages",
+            json!({"messages": [{"role": "user", "content": "hi"}]})
+                .to_string()
+                .into_bytes(),
+            400,
+        ),
+        (
+            "messages: not a list",
+            "/v1/messages",
+            messages(json!({"messages": "hi"})),
+            400,
+        ),
+        (
+            "messages: a system role",
+            "/v1/messages",
+            messages(json!({"messages": [{"role": "system", "content": "hi"}]})),
+            400,
+        ),
+        (
+            "messages: an image block",
+            "/v1/messages",
+            messages(json!({"messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]}]})),
+            400,
+        ),
+        (
+            "messages: tool_use from the user",
+            "/v1/messages",
+            messages(json!({"messages": [{"role": "user", "content": [
+                {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]})),
+            400,
+        ),
+        (
+            "messages: tool_use input not an object",
+            "/v1/messages",
+            messages(json!({"messages": [{"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t", "name": "f", "input": [1]}]}]})),
+            400,
+        ),
+        (
+            "messages: max_tokens 2^64-1",
+            "/v1/messages",
+            messages(json!({"max_tokens": u64::MAX})),
+            400,
+        ),
+        (
+            "messages: negative temperature",
+            "/v1/messages",
+            messages(json!({"temperature": -0.5})),
+            400,
+        ),
+        (
+            "messages: nested",
+            "/v1/messages",
+            format!("{{\"messages\": {}}}", "[".repeat(5000)).into_bytes(),
+            400,
+        ),
+        (
+            "messages: unknown model",
+            "/v1/messages",
+            messages(json!({"model": "claude-x"})),
+            404,
+        ),
+        (
+            "messages: count without messages",
+            "/v1/messages/count_tokens",
+            b"{}".to_vec(),
+            400,
+        ),
+        ("messages: empty body", "/v1/messages", Vec::new(), 400),
+        (
+            "messages: 10 MB body",
+            "/v1/messages",
+            messages(json!({"system": "a".repeat(10 << 20)})),
+            413,
+        ),
         ("null body", "/v1/chat/completions", b"null".to_vec(), 400),
         (
             "unknown model",

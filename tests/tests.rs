@@ -3,6 +3,7 @@
 //! built in code, against candle-transformers' reference implementations; the KV cache and
 //! the serving engine end to end.
 
+mod agent_apis;
 mod aiperf;
 mod batch;
 mod bench_serve;

@@ -23,9 +23,9 @@ use serde_json::{json, Value};
 
 use crate::chat::user_prompt;
 use crate::server::body::generation_body;
+use crate::server::completion_bodies::Endpoint;
 use crate::server::generate::{start_chat, start_completion};
 use crate::server::protocol::{ChatRequest, CompletionRequest};
-use crate::server::responses::Endpoint;
 use crate::server::AppState;
 
 /// What one question submits.

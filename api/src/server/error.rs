@@ -68,7 +68,7 @@ impl ApiError {
             code: Some("invalid_api_key"),
             ..Self::new(
                 StatusCode::UNAUTHORIZED,
-                "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                "missing or invalid API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
             )
         }
     }
@@ -82,6 +82,14 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 format!("the model '{name}' does not exist; this server serves '{served}'"),
             )
+        }
+    }
+
+    /// 404: what the request names does not exist (`code` says what kind of thing).
+    pub fn not_found(message: impl Into<String>, code: &'static str) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::new(StatusCode::NOT_FOUND, message)
         }
     }
 

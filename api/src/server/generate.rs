@@ -12,7 +12,9 @@ use axum::Json;
 use engine::handle::{EngineHandle, RequestStream};
 use engine::{Event, Failure, ModelTokenizer};
 
+use super::answer::Answer;
 use super::body::GenerationBody;
+use super::completion_bodies::{full_response, ChoiceState, Endpoint, ResponseMeta};
 use super::convert::{
     response_format, settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS,
 };
@@ -20,7 +22,6 @@ use super::error::{ApiError, ApiResult};
 use super::protocol::{
     ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput, ToolCallIn,
 };
-use super::responses::{full_response, ChoiceState, Endpoint, ResponseMeta};
 use super::stream::sse_response;
 use super::tools::ToolRequest;
 use super::AppState;
@@ -63,7 +64,7 @@ pub(super) async fn chat_completions(
 /// Runs `start` on tokio's blocking pool: rendering the template, encoding the prompt and
 /// compiling an output format grow with the request (a long prompt, a large schema), and
 /// on the runtime's own threads they would hold up every other connection meanwhile.
-async fn off_runtime<T: Send + 'static>(
+pub(super) async fn off_runtime<T: Send + 'static>(
     state: AppState,
     start: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
@@ -104,6 +105,16 @@ impl Started {
                 .tool_calls
                 .then_some(self.tool_names.as_slice()),
         ))
+    }
+
+    /// Its one answer (a chat request: one prompt), read as parts: the Responses and
+    /// Messages front ends.
+    pub fn into_answer(self) -> ApiResult<Answer> {
+        let names = self.options.tool_calls.then_some(self.tool_names);
+        let format_field = self.options.format_field;
+        let submitted = self.submitted.into_iter().next();
+        let stream = submitted.ok_or_else(|| ApiError::internal("no prompt was submitted"))?;
+        Ok(Answer::new(stream.stream, names, format_field))
     }
 
     /// The event streams of its prompts, for a caller that reads the engine's events itself
@@ -242,16 +253,9 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     }
     settings.options.tool_calls = tools.as_ref().is_some_and(ToolRequest::parses_calls);
     settings.options.format_field = settings.constraint_field;
-    let messages = body
-        .messages
-        .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let tokenizer = engine.tokenizer();
     settings.predict(tokenizer)?;
-    let shown = tools.as_ref().map(ToolRequest::shown).unwrap_or_default();
-    let text = render_messages(tokenizer, &messages, &shown)?;
-    let prompt = tokenizer
-        .encode_plain(&text)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = chat_prompt(tokenizer, body.messages.as_deref(), tools.as_ref())?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
     Ok(Started {
         meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
@@ -260,6 +264,33 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         submitted,
         tool_names: tools.as_ref().map(ToolRequest::names).unwrap_or_default(),
     })
+}
+
+/// The prompt tokens of a chat request's `messages` with its `tools` shown.
+pub fn chat_prompt(
+    tokenizer: &ModelTokenizer,
+    messages: Option<&[ChatMessageIn]>,
+    tools: Option<&ToolRequest>,
+) -> ApiResult<Vec<u32>> {
+    let messages = messages.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+    let shown = tools.map(ToolRequest::shown).unwrap_or_default();
+    let text = render_messages(tokenizer, messages, &shown)?;
+    tokenizer
+        .encode_plain(&text)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// How many tokens a chat request's prompt has (its messages with its tools shown), without
+/// submitting it.
+pub fn count_chat_tokens(state: &AppState, body: &ChatRequest) -> ApiResult<usize> {
+    let engine = state.engine()?;
+    state.check_model(body.common.model.as_deref())?;
+    let tools = ToolRequest::parse(
+        body.tools.as_ref(),
+        body.tool_choice.as_ref(),
+        body.parallel_tool_calls,
+    )?;
+    Ok(chat_prompt(engine.tokenizer(), body.messages.as_deref(), tools.as_ref())?.len())
 }
 
 /// `messages` (and the offered `tools`) rendered with the model's chat template, ready to

@@ -5,14 +5,17 @@
 //! [`generate`], streaming in [`stream`], the `serve` command in [`serve_cmd`], what routers
 //! read (vLLM-named load metrics, `/get_load`, `/version`) in `load`.
 
+pub mod answer;
 pub mod body;
+pub mod completion_bodies;
 pub mod convert;
 pub mod error;
 pub mod generate;
 mod load;
+pub mod messages_api;
 pub mod prediction;
 pub mod protocol;
-pub mod responses;
+pub mod responses_api;
 pub mod serve_cmd;
 pub mod stream;
 pub mod tools;
@@ -63,6 +66,7 @@ struct Shared {
     metrics: PrometheusHandle,
     created: u64,
     api_key_digest: Option<[u8; 32]>,
+    responses: Arc<responses_api::store::ResponseStore>,
 }
 
 /// The process-wide Prometheus recorder (installed on first use).
@@ -81,8 +85,17 @@ pub fn prometheus() -> PrometheusHandle {
 }
 
 impl AppState {
-    /// State of a server whose engine is still loading.
+    /// State of a server whose engine is still loading, keeping stored responses under the
+    /// default bounds.
     pub fn new(config: ServerConfig) -> Self {
+        Self::with_response_store(config, responses_api::store::ResponseStore::default())
+    }
+
+    /// [`AppState::new`] keeping stored responses (`/v1/responses`) in `responses`.
+    pub fn with_response_store(
+        config: ServerConfig,
+        responses: responses_api::store::ResponseStore,
+    ) -> Self {
         let api_key_digest = config
             .api_key
             .as_ref()
@@ -95,8 +108,9 @@ impl AppState {
                 engine: OnceLock::new(),
                 shutting_down: AtomicBool::new(false),
                 metrics,
-                created: responses::unix_now(),
+                created: completion_bodies::unix_now(),
                 api_key_digest,
+                responses: Arc::new(responses),
             }),
         }
     }
@@ -132,6 +146,11 @@ impl AppState {
     /// The engine if it was ever started (for shutting it down).
     pub fn started_engine(&self) -> Option<&EngineHandle> {
         self.inner.engine.get()
+    }
+
+    /// Where stored responses are kept.
+    pub fn response_store(&self) -> Arc<responses_api::store::ResponseStore> {
+        Arc::clone(&self.inner.responses)
     }
 
     /// The served model name.
@@ -172,6 +191,16 @@ pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat_completions))
+        .route("/v1/responses", post(responses_api::create))
+        .route("/v1/messages", post(messages_api::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages_api::count_tokens),
+        )
+        .route(
+            "/v1/responses/{id}",
+            get(responses_api::get).delete(responses_api::delete),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/tokenize", post(tokenize))
@@ -198,14 +227,18 @@ fn describe_metrics() {
 }
 
 async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
+    // `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
+    let headers = request.headers();
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     if state.key_matches(presented) {
         next.run(request).await
+    } else if request.uri().path().starts_with(messages_api::PATH_PREFIX) {
+        messages_api::MessagesError(ApiError::unauthorized()).into_response()
     } else {
         ApiError::unauthorized().into_response()
     }

@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 
+use super::responses_api::store::{ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES};
 use super::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 use crate::cli::{announce, load, ModelArgs};
 use crate::engine_args::EngineArgs;
@@ -30,7 +31,7 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every /v1 endpoint.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every /v1 endpoint.
     #[arg(long, env = "THICKET_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// The model name clients send [default: the --model value].
@@ -43,6 +44,13 @@ pub struct ServeArgs {
     /// cancelled.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// Most responses `/v1/responses` keeps for `GET` and `previous_response_id` (the oldest
+    /// dropped first; 0: none kept).
+    #[arg(long, default_value_t = DEFAULT_MAX_RESPONSES)]
+    pub max_stored_responses: usize,
+    /// Most MiB the stored responses and their conversations take.
+    #[arg(long, default_value_t = DEFAULT_MAX_BYTES >> 20)]
+    pub max_stored_responses_mib: usize,
 }
 
 /// Runs the server until a shutdown signal.
@@ -56,14 +64,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let state = AppState::new(ServerConfig {
+    let config = ServerConfig {
         served_model_name: args
             .served_model_name
             .clone()
             .unwrap_or_else(|| args.model.model.clone()),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_bytes,
-    });
+    };
+    let store = ResponseStore::new(
+        args.max_stored_responses,
+        args.max_stored_responses_mib.saturating_mul(1 << 20),
+    );
+    let state = AppState::with_response_store(config, store);
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;

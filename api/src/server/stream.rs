@@ -20,10 +20,12 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 
 use engine::request::TokenLogprob;
 
+use super::completion_bodies::{
+    chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta,
+};
 use super::convert::ResponseOptions;
 use super::generate::{engine_failure, Submitted};
 use super::protocol::{FunctionDelta, ToolCallDelta};
-use super::responses::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
 use super::tools::{CallReader, Piece};
 
 /// `(prompt index, event)` of every prompt, merged.

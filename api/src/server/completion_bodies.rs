@@ -1,6 +1,8 @@
-//! Builds response bodies from engine events: one accumulator per choice (text, logprobs,
-//! finish reason, usage), the whole-response objects of both endpoints, stream chunks, and
-//! the usage and `thicket` speculation totals over every choice of a request.
+//! The bodies `/v1/completions` and `/v1/chat/completions` answer with, built from engine
+//! events: one accumulator per choice (text, logprobs, finish reason, usage), the
+//! whole-response objects of both endpoints, stream chunks, and the usage and `thicket`
+//! speculation totals over every choice of a request. (The Responses API's objects are
+//! `responses_api`'s.)
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,0 +1,371 @@
+//! A `POST /v1/messages` (or `/v1/messages/count_tokens`) body read and turned into the
+//! chat-completions body of the engine's one generation path: `system` (a string or text
+//! blocks) as the system message; each message's `text` blocks as its content, an
+//! assistant's `tool_use` blocks as its tool calls, a user's `tool_result` blocks as tool
+//! messages before its text; `tools` with `input_schema` as function tools; `tool_choice`
+//! (`auto`, `any`, `tool`, `none`, `disable_parallel_tool_use`); `max_tokens`,
+//! `stop_sequences`, `temperature`, `top_p`, `top_k`, and thicket's `speculation`,
+//! `prediction` and `cache_salt` as the chat endpoint reads them.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::server::error::{ApiError, ApiResult};
+
+/// The fields of a Messages request thicket reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct MessagesRequest {
+    /// The served model's name.
+    pub model: Option<String>,
+    /// The conversation.
+    pub messages: Option<Vec<Value>>,
+    /// The system prompt: a string or text blocks.
+    pub system: Option<Value>,
+    /// Output tokens at most (required to generate).
+    pub max_tokens: Option<usize>,
+    /// Strings that end the answer.
+    pub stop_sequences: Option<Vec<String>>,
+    /// Sampling temperature (as given: the chat path checks it).
+    pub temperature: Option<Value>,
+    /// Nucleus sampling (as given).
+    pub top_p: Option<Value>,
+    /// Keep the k most likely tokens (as given).
+    pub top_k: Option<Value>,
+    /// Tools with `input_schema`.
+    pub tools: Option<Vec<Value>>,
+    /// `{"type": "auto" | "any" | "tool" | "none", ...}`.
+    pub tool_choice: Option<Value>,
+    /// Stream events.
+    pub stream: Option<bool>,
+    /// thicket's speculation object.
+    pub speculation: Option<Value>,
+    /// Predicted Outputs.
+    pub prediction: Option<Value>,
+    /// vLLM's `cache_salt`.
+    pub cache_salt: Option<Value>,
+}
+
+/// Text of a `tool_result`'s or the system's content: a string or text blocks.
+fn text_of(content: &Value, param: &str) -> ApiResult<String> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(blocks) => {
+            let mut text = String::new();
+            for (j, block) in blocks.iter().enumerate() {
+                match (
+                    block.get("type").and_then(Value::as_str),
+                    block.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid(
+                            format!("{param}[{j}]"),
+                            format!(
+                                "blocks of type {:?} are not supported here; only text",
+                                kind.unwrap_or("")
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            param,
+            "content must be a string or a list of blocks",
+        )),
+    }
+}
+
+fn string_field<'a>(block: &'a Value, field: &str, param: &str) -> ApiResult<&'a str> {
+    block.get(field).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            format!("{param}.{field}"),
+            format!("this block needs a string `{field}`"),
+        )
+    })
+}
+
+/// The chat messages of one Messages message.
+fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<()> {
+    let param = format!("messages[{i}]");
+    let role = string_field(message, "role", &param)?;
+    if role != "user" && role != "assistant" {
+        return Err(ApiError::invalid(
+            format!("{param}.role"),
+            format!("unknown role {role:?}: use user or assistant (system goes in `system`)"),
+        ));
+    }
+    let content = message.get("content").unwrap_or(&Value::Null);
+    let blocks = match content {
+        Value::String(text) => {
+            out.push(json!({"role": role, "content": text}));
+            return Ok(());
+        }
+        Value::Array(blocks) => blocks,
+        _ => {
+            return Err(ApiError::invalid(
+                format!("{param}.content"),
+                "content must be a string or a list of blocks",
+            ))
+        }
+    };
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{param}.content[{j}]");
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        match (role, kind) {
+            (_, "text") => text.push_str(string_field(block, "text", &at)?),
+            ("assistant", "tool_use") => {
+                let id = string_field(block, "id", &at)?;
+                let name = string_field(block, "name", &at)?;
+                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                if !input.is_object() {
+                    return Err(ApiError::invalid(
+                        format!("{at}.input"),
+                        "a tool_use input must be a JSON object",
+                    ));
+                }
+                calls.push(json!({"id": id, "type": "function",
+                                  "function": {"name": name, "arguments": input}}));
+            }
+            ("user", "tool_result") => {
+                let id = string_field(block, "tool_use_id", &at)?;
+                let content = block.get("content").unwrap_or(&Value::Null);
+                let mut result = text_of(content, &format!("{at}.content"))?;
+                if block.get("is_error").and_then(Value::as_bool) == Some(true) {
+                    result = format!("Error: {result}");
+                }
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+            }
+            // What a thinking model thought: thicket's models give none.
+            ("assistant", "thinking" | "redacted_thinking") => {}
+            (_, kind) => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!("{role} blocks of type {kind:?} are not supported: use text, tool_use (assistant) or tool_result (user)"),
+                ))
+            }
+        }
+    }
+    if role == "assistant" {
+        let mut message = json!({"role": "assistant", "content": text});
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        out.push(message);
+    } else if !text.is_empty() || !blocks.iter().any(|b| b["type"] == "tool_result") {
+        out.push(json!({"role": "user", "content": text}));
+    }
+    Ok(())
+}
+
+/// `tools` in the chat shape.
+fn chat_tools(tools: &[Value]) -> ApiResult<Value> {
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("custom");
+        if kind != "custom" {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!(
+                    "tool type {kind:?} is not supported: define the tool with a name and an \
+                     input_schema, and run it in the client"
+                ),
+            ));
+        }
+        let name = string_field(tool, "name", &format!("tools[{i}]"))?;
+        let schema = tool.get("input_schema").ok_or_else(|| {
+            ApiError::invalid(
+                format!("tools[{i}].input_schema"),
+                "a tool needs an input_schema",
+            )
+        })?;
+        let mut function = Map::new();
+        function.insert("name".into(), json!(name));
+        if let Some(d) = tool.get("description").filter(|d| !d.is_null()) {
+            function.insert("description".into(), d.clone());
+        }
+        function.insert("parameters".into(), schema.clone());
+        out.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice` as the chat fields `tool_choice` and `parallel_tool_calls`.
+fn chat_tool_choice(choice: &Value) -> ApiResult<(Value, Option<bool>)> {
+    let kind = choice.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            "tool_choice.type",
+            "tool_choice needs a `type`: auto, any, tool or none",
+        )
+    })?;
+    let parallel = choice
+        .get("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        .map(|d| !d);
+    let chat = match kind {
+        "auto" => json!("auto"),
+        "any" => json!("required"),
+        "none" => json!("none"),
+        "tool" => {
+            let name = string_field(choice, "name", "tool_choice")?;
+            json!({"type": "function", "function": {"name": name}})
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                format!("unknown tool_choice type {other:?}: use auto, any, tool or none"),
+            ))
+        }
+    };
+    Ok((chat, parallel))
+}
+
+impl MessagesRequest {
+    /// The chat-completions body of this request; `generating` asks for `max_tokens` (a
+    /// count of tokens needs none).
+    pub fn chat_body(&self, generating: bool) -> ApiResult<Value> {
+        let messages = self
+            .messages
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+        if messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        if generating && self.max_tokens.is_none() {
+            return Err(ApiError::invalid("max_tokens", "max_tokens is required"));
+        }
+        let mut chat = Vec::with_capacity(messages.len() + 1);
+        if let Some(system) = self.system.as_ref() {
+            let text = text_of(system, "system")?;
+            if !text.is_empty() {
+                chat.push(json!({"role": "system", "content": text}));
+            }
+        }
+        for (i, message) in messages.iter().enumerate() {
+            chat_messages(i, message, &mut chat)?;
+        }
+        let mut body = Map::new();
+        body.insert("messages".into(), Value::Array(chat));
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(v) = value.filter(|v| !v.is_null()) {
+                body.insert(key.to_string(), v);
+            }
+        };
+        put("model", self.model.clone().map(Value::from));
+        put("max_tokens", self.max_tokens.map(Value::from));
+        put("stop", self.stop_sequences.clone().map(Value::from));
+        put("temperature", self.temperature.clone());
+        put("top_p", self.top_p.clone());
+        put("top_k", self.top_k.clone());
+        put("speculation", self.speculation.clone());
+        put("prediction", self.prediction.clone());
+        put("cache_salt", self.cache_salt.clone());
+        if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
+            put("tools", Some(chat_tools(tools)?));
+        }
+        if let Some(choice) = &self.tool_choice {
+            let (choice, parallel) = chat_tool_choice(choice)?;
+            put("tool_choice", Some(choice));
+            put("parallel_tool_calls", parallel.map(Value::from));
+        }
+        Ok(Value::Object(body))
+    }
+}
+
+/// An error of the chat path with its field named as the Messages API names it.
+pub fn renamed(mut e: ApiError) -> ApiError {
+    let renamed = match e.param.as_deref() {
+        Some("stop") => Some("stop_sequences".to_string()),
+        Some(p) if p.starts_with("tools[") && p.contains(".function.parameters") => {
+            Some(p.replace(".function.parameters", ".input_schema"))
+        }
+        Some(p) if p.starts_with("tools[") && p.contains(".function") => {
+            Some(p.replace(".function", ""))
+        }
+        _ => None,
+    };
+    if let Some(param) = renamed {
+        e.param = Some(param);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> MessagesRequest {
+        serde_json::from_value(body).expect("a request")
+    }
+
+    #[test]
+    fn blocks_become_chat_messages() {
+        let r = request(json!({
+            "system": [{"type": "text", "text": "be brief"}],
+            "max_tokens": 9,
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "checking"},
+                    {"type": "tool_use", "id": "t1", "name": "get", "input": {"city": "Oslo"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "t2", "is_error": true,
+                     "content": [{"type": "text", "text": "boom"}]},
+                ]},
+            ],
+            "stop_sequences": ["END"],
+            "tools": [{"name": "get", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+        }));
+        let body = r.chat_body(true).expect("converts");
+        let messages = body["messages"].as_array().expect("messages");
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(
+            messages[2]["tool_calls"][0]["function"]["arguments"]["city"],
+            "Oslo"
+        );
+        assert_eq!(messages[3]["tool_call_id"], "t1");
+        assert_eq!(messages[4]["content"], "Error: boom");
+        // Tool results alone: no empty user message after them.
+        assert_eq!(messages.len(), 5);
+        assert_eq!(body["stop"], json!(["END"]));
+        assert_eq!(body["tool_choice"], "required");
+        assert_eq!(body["parallel_tool_calls"], false);
+        assert_eq!(body["tools"][0]["function"]["parameters"]["type"], "object");
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let no_max = request(json!({"messages": [{"role": "user", "content": "hi"}]}));
+        let e = no_max.chat_body(true).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(
+            no_max.chat_body(false).is_ok(),
+            "counting needs no max_tokens"
+        );
+        let image = request(json!({"max_tokens": 5, "messages": [{"role": "user",
+            "content": [{"type": "image", "source": {}}]}]}));
+        let e = image.chat_body(true).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
+        let system = request(json!({"max_tokens": 5,
+            "messages": [{"role": "system", "content": "x"}]}));
+        let e = system.chat_body(true).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        let server_tool = request(json!({"max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}));
+        let e = server_tool.chat_body(true).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("tools[0].type"));
+        let e = renamed(ApiError::invalid("stop", "bad"));
+        assert_eq!(e.param.as_deref(), Some("stop_sequences"));
+    }
+}

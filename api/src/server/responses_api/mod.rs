@@ -1,0 +1,111 @@
+//! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
+//! `DELETE /v1/responses/{id}`. A request becomes a chat-completions body (`request`) and
+//! goes through the one generation path every front end shares (`generate::start_chat`);
+//! its answer comes back as parts (`answer`) and is written as a response object
+//! (`output`) or as the API's typed stream events (`events`). Responses are stored unless
+//! `store` is false (`store`), and `previous_response_id` continues a stored one's
+//! conversation; a missing or dropped id is a 404 in OpenAI's error shape.
+
+pub mod events;
+pub mod output;
+pub mod request;
+pub mod store;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use self::events::ResponseEvents;
+use self::output::{assistant_message, final_status, output_items, Shell};
+use self::request::{renamed, ResponsesRequest};
+use self::store::Stored;
+use super::answer::sse;
+use super::body::{generation_body, JsonBody};
+use super::error::{ApiError, ApiResult};
+use super::generate::{off_runtime, start_chat};
+use super::protocol::ChatRequest;
+use super::AppState;
+
+fn not_found(id: &str, param: Option<&str>) -> ApiError {
+    let mut e = ApiError::not_found(
+        format!("no response with id '{id}' is stored here (it was never stored, was deleted, or was dropped as the store filled)"),
+        "response_not_found",
+    );
+    e.param = param.map(str::to_string);
+    e
+}
+
+/// `POST /v1/responses`.
+pub(super) async fn create(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<ResponsesRequest>,
+) -> ApiResult<Response> {
+    let store = state.response_store();
+    let history = match &request.previous_response_id {
+        Some(id) => {
+            store
+                .get(id)
+                .ok_or_else(|| not_found(id, Some("previous_response_id")))?
+                .conversation
+        }
+        None => Vec::new(),
+    };
+    let form = request.chat_form(history)?;
+    let shell = Shell::new(&request, state.model_name());
+    let body = form.body;
+    let started = off_runtime(state.clone(), move |state| {
+        let chat: ChatRequest = generation_body(&body)?;
+        start_chat(state, chat)
+    })
+    .await
+    .map_err(renamed)?;
+    let answer = started.into_answer()?;
+    let keep = request.store.unwrap_or(true).then_some(store);
+    if request.stream.unwrap_or(false) {
+        return Ok(sse(ResponseEvents::new(
+            shell,
+            answer,
+            keep,
+            form.conversation,
+        )));
+    }
+    let answer = answer.collect().await?;
+    let status = final_status(&answer.ending);
+    let response = shell.object(status, output_items(&answer), Some(&answer.ending));
+    if let Some(store) = keep {
+        let mut conversation = form.conversation;
+        conversation.push(assistant_message(&answer.text, &answer.calls));
+        store.put(
+            shell.id.clone(),
+            Stored::new(response.clone(), conversation),
+        );
+    }
+    Ok(Json(response).into_response())
+}
+
+/// `GET /v1/responses/{id}`.
+pub(super) async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    state
+        .response_store()
+        .get(&id)
+        .map(|stored| Json(stored.response))
+        .ok_or_else(|| not_found(&id, None))
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    if state.response_store().delete(&id) {
+        Ok(Json(
+            json!({"id": id, "object": "response.deleted", "deleted": true}),
+        ))
+    } else {
+        Err(not_found(&id, None))
+    }
+}

@@ -1,0 +1,172 @@
+//! The Responses API's objects: the `response` object (its request fields echoed, `status`,
+//! `output` items, `usage` with cached input tokens), its output items (an assistant
+//! `message` with one `output_text` part, `function_call` items), and the conversation a
+//! later `previous_response_id` continues.
+
+use serde_json::{json, Map, Value};
+
+use super::request::ResponsesRequest;
+use crate::server::answer::{Collected, Ending};
+use crate::server::completion_bodies::unix_now;
+use crate::server::protocol::ToolCallOut;
+use engine::FinishReason;
+
+/// A fresh id with `prefix` (`resp`, `msg`, `fc`).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{:032x}", rand::random::<u128>())
+}
+
+/// What every version of one response object shares: its id, time, model and the request's
+/// fields it echoes.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    /// `resp_...`.
+    pub id: String,
+    fields: Map<String, Value>,
+}
+
+impl Shell {
+    /// The shell of a response to `request` from `model`.
+    pub fn new(request: &ResponsesRequest, model: &str) -> Self {
+        let id = new_id("resp");
+        let or = |v: Option<Value>, default: Value| v.filter(|v| !v.is_null()).unwrap_or(default);
+        let fields = json!({
+            "id": id,
+            "object": "response",
+            "created_at": unix_now(),
+            "model": model,
+            "instructions": request.instructions,
+            "tools": or(request.tools.clone().map(Value::from), json!([])),
+            "tool_choice": or(request.tool_choice.clone(), json!("auto")),
+            "parallel_tool_calls": request.parallel_tool_calls.unwrap_or(true),
+            "temperature": or(request.temperature.clone(), json!(1.0)),
+            "top_p": or(request.top_p.clone(), json!(1.0)),
+            "max_output_tokens": request.max_output_tokens,
+            "previous_response_id": request.previous_response_id,
+            "text": or(request.text.clone(), json!({"format": {"type": "text"}})),
+            "store": request.store.unwrap_or(true),
+            "metadata": or(request.metadata.clone(), json!({})),
+            "user": request.user,
+            "truncation": "disabled",
+            "reasoning": {"effort": null, "summary": null},
+            "background": false,
+        });
+        let fields = match fields {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        Self { id, fields }
+    }
+
+    /// The response object with `status`, `output` and, once finished, how it ended.
+    pub fn object(&self, status: &str, output: Vec<Value>, ending: Option<&Ending>) -> Value {
+        let mut object = self.fields.clone();
+        object.insert("status".into(), json!(status));
+        object.insert("output".into(), Value::Array(output));
+        object.insert("error".into(), Value::Null);
+        let incomplete = ending
+            .filter(|e| e.reason == FinishReason::Length)
+            .map(|_| json!({"reason": "max_output_tokens"}));
+        object.insert(
+            "incomplete_details".into(),
+            incomplete.unwrap_or(Value::Null),
+        );
+        match ending {
+            Some(ending) => {
+                let (usage, thicket) = ending.totals();
+                let details = &usage.completion_tokens_details;
+                object.insert(
+                    "usage".into(),
+                    json!({
+                        "input_tokens": usage.prompt_tokens,
+                        "input_tokens_details": {
+                            "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+                        },
+                        "output_tokens": usage.completion_tokens,
+                        "output_tokens_details": {
+                            "reasoning_tokens": 0,
+                            "accepted_prediction_tokens": details.accepted_prediction_tokens,
+                            "rejected_prediction_tokens": details.rejected_prediction_tokens,
+                        },
+                        "total_tokens": usage.total_tokens,
+                    }),
+                );
+                object.insert(
+                    "thicket".into(),
+                    serde_json::to_value(thicket).unwrap_or_default(),
+                );
+            }
+            None => {
+                object.insert("usage".into(), Value::Null);
+            }
+        }
+        Value::Object(object)
+    }
+}
+
+/// The status a finished answer gives its response.
+pub fn final_status(ending: &Ending) -> &'static str {
+    match ending.reason {
+        FinishReason::Length => "incomplete",
+        _ => "completed",
+    }
+}
+
+/// An assistant message item holding `text`.
+pub fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": id,
+        "status": status,
+        "role": "assistant",
+        "content": if status == "in_progress" && text.is_empty() {
+            json!([])
+        } else {
+            json!([text_part(text)])
+        },
+    })
+}
+
+/// The `output_text` part of `text`.
+pub fn text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+/// A function call item (`arguments` empty while it is announced).
+pub fn call_item(id: &str, call: &ToolCallOut, arguments: &str, status: &str) -> Value {
+    json!({
+        "type": "function_call",
+        "id": id,
+        "call_id": call.id,
+        "name": call.function.name,
+        "arguments": arguments,
+        "status": status,
+    })
+}
+
+/// The output items of a whole answer: its text as a message (left out when it is blank and
+/// the answer called tools), then its calls.
+pub fn output_items(answer: &Collected) -> Vec<Value> {
+    let mut items = Vec::with_capacity(1 + answer.calls.len());
+    if !answer.text.trim().is_empty() || answer.calls.is_empty() {
+        items.push(message_item(&new_id("msg"), &answer.text, "completed"));
+    }
+    for call in &answer.calls {
+        items.push(call_item(
+            &new_id("fc"),
+            call,
+            &call.function.arguments,
+            "completed",
+        ));
+    }
+    items
+}
+
+/// The assistant message of an answer in the chat shape (what a continuation replays).
+pub fn assistant_message(text: &str, calls: &[ToolCallOut]) -> Value {
+    let mut message = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        message["tool_calls"] = serde_json::to_value(calls).unwrap_or_default();
+    }
+    message
+}

@@ -1,0 +1,428 @@
+//! A `POST /v1/responses` body read and turned into the chat-completions body the engine's
+//! one generation path takes: `instructions` as the system message, the stored conversation
+//! of `previous_response_id` after it, then the `input` items (messages with text parts,
+//! `function_call` items as an assistant's tool calls, `function_call_output` items as tool
+//! messages); function `tools` in the chat shape, `tool_choice`, `text.format` as
+//! `response_format`, `max_output_tokens` as `max_tokens`, and the sampling, `speculation`,
+//! `prediction` and `cache_salt` fields as they are. Tools only the server could run
+//! (`web_search`, `file_search`, computer use, ...) are refused with a 400 that says so.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::server::error::{ApiError, ApiResult};
+
+/// The fields of a Responses request thicket reads (others are ignored, as OpenAI's own
+/// optional fields are when they do not apply).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResponsesRequest {
+    /// The served model's name.
+    pub model: Option<String>,
+    /// A string, or a list of input items.
+    pub input: Option<Value>,
+    /// The system message.
+    pub instructions: Option<String>,
+    /// Function tools.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "name": ...}`.
+    pub tool_choice: Option<Value>,
+    /// Whether one answer may hold several calls.
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"format": {...}}`.
+    pub text: Option<Value>,
+    /// Output tokens at most.
+    pub max_output_tokens: Option<usize>,
+    /// Sampling temperature (as given: the chat path checks it).
+    pub temperature: Option<Value>,
+    /// Nucleus sampling (as given).
+    pub top_p: Option<Value>,
+    /// Stream typed events.
+    pub stream: Option<bool>,
+    /// Keep the response for `GET` and `previous_response_id` (default true).
+    pub store: Option<bool>,
+    /// The response this one continues.
+    pub previous_response_id: Option<String>,
+    /// Returned as given.
+    pub metadata: Option<Value>,
+    /// The end user (logged only).
+    pub user: Option<String>,
+    /// Run in the background (not supported).
+    pub background: Option<bool>,
+    /// thicket's speculation object, vLLM's sampling extensions, Predicted Outputs and
+    /// `cache_salt`: passed on as the chat endpoint reads them.
+    pub speculation: Option<Value>,
+    /// Predicted Outputs.
+    pub prediction: Option<Value>,
+    /// vLLM's `cache_salt`.
+    pub cache_salt: Option<Value>,
+    /// Seed of the random choices.
+    pub seed: Option<Value>,
+    /// Keep the k most likely tokens.
+    pub top_k: Option<Value>,
+}
+
+/// Tool types that only a server running them could offer.
+const HOSTED_TOOLS: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "computer_use_preview",
+    "computer_use",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "local_shell",
+];
+
+/// The chat message list and body of a request.
+pub struct ChatForm {
+    /// The chat-completions body.
+    pub body: Value,
+    /// The conversation without the system message: what a later response continues.
+    pub conversation: Vec<Value>,
+}
+
+/// The text of a content value: a string, or a list of text parts.
+fn text_of(content: &Value, param: &str) -> ApiResult<String> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
+                    ("refusal", _) => {
+                        text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or(""))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("{param}[{j}]"),
+                            format!("content parts of type {kind:?} are not supported; only text"),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Value::Null => Ok(String::new()),
+        _ => Err(ApiError::invalid(
+            param,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+fn string_field<'a>(item: &'a Value, field: &str, param: &str) -> ApiResult<&'a str> {
+    item.get(field).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            format!("{param}.{field}"),
+            format!("{param} needs a string `{field}`"),
+        )
+    })
+}
+
+/// The chat messages of `input` appended to `messages`.
+pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()> {
+    let items = match input {
+        Value::String(text) => {
+            messages.push(json!({"role": "user", "content": text}));
+            return Ok(());
+        }
+        Value::Array(items) => items,
+        _ => {
+            return Err(ApiError::invalid(
+                "input",
+                "input must be a string or a list of input items",
+            ))
+        }
+    };
+    for (i, item) in items.iter().enumerate() {
+        let param = format!("input[{i}]");
+        let kind =
+            match item.get("type").and_then(Value::as_str) {
+                Some(kind) => kind,
+                None if item.get("role").is_some() => "message",
+                None => return Err(ApiError::invalid(
+                    param,
+                    "an input item needs a `type` (message, function_call, function_call_output)",
+                )),
+            };
+        match kind {
+            "message" => {
+                let role = string_field(item, "role", &param)?;
+                if !["user", "system", "developer", "assistant"].contains(&role) {
+                    return Err(ApiError::invalid(
+                        format!("{param}.role"),
+                        format!("unknown role {role:?}: use user, system, developer or assistant"),
+                    ));
+                }
+                let content = item.get("content").unwrap_or(&Value::Null);
+                let text = text_of(content, &format!("{param}.content"))?;
+                messages.push(json!({"role": role, "content": text}));
+            }
+            "function_call" => {
+                let call_id = string_field(item, "call_id", &param)?;
+                let name = string_field(item, "name", &param)?;
+                let arguments = string_field(item, "arguments", &param)?;
+                let call = json!({
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                });
+                // Calls right after an assistant's message (or its other calls) join it.
+                match messages.last_mut() {
+                    Some(last) if last["role"] == "assistant" => {
+                        let calls = last
+                            .as_object_mut()
+                            .map(|m| m.entry("tool_calls").or_insert_with(|| json!([])));
+                        if let Some(Value::Array(calls)) = calls {
+                            calls.push(call);
+                        }
+                    }
+                    _ => messages.push(json!({"role": "assistant", "tool_calls": [call]})),
+                }
+            }
+            "function_call_output" => {
+                let call_id = string_field(item, "call_id", &param)?;
+                let output = item.get("output").unwrap_or(&Value::Null);
+                let text = text_of(output, &format!("{param}.output"))?;
+                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+            }
+            // What a reasoning model thought: thicket's models give none, and a client
+            // sending one back loses nothing when it is skipped.
+            "reasoning" => {}
+            other => {
+                return Err(ApiError::invalid(
+                    format!("{param}.type"),
+                    format!(
+                        "input items of type {other:?} are not supported: use message, \
+                         function_call or function_call_output"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tools` in the chat shape.
+fn chat_tools(tools: &[Value]) -> ApiResult<Value> {
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+        if HOSTED_TOOLS.contains(&kind) {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!(
+                    "tool type {kind:?} needs the server to run the tool, which thicket does \
+                     not do; offer function tools and run them in the client"
+                ),
+            ));
+        }
+        if kind != "function" {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!("unknown tool type {kind:?}: thicket serves function tools"),
+            ));
+        }
+        let mut function = Map::new();
+        for field in ["name", "description", "parameters", "strict"] {
+            if let Some(v) = tool.get(field).filter(|v| !v.is_null()) {
+                function.insert(field.to_string(), v.clone());
+            }
+        }
+        out.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice` in the chat shape.
+fn chat_tool_choice(choice: &Value) -> ApiResult<Value> {
+    match choice {
+        Value::String(_) => Ok(choice.clone()),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid("tool_choice.name", "a function tool_choice needs a `name`")
+            })?;
+            Ok(json!({"type": "function", "function": {"name": name}}))
+        }
+        _ => Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": ...}",
+        )),
+    }
+}
+
+/// `text.format` as a chat `response_format`.
+fn response_format(text: &Value) -> ApiResult<Option<Value>> {
+    let Some(format) = text.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let kind = format.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            "text.format.type",
+            "text.format needs a `type`: text, json_object or json_schema",
+        )
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(json!({"type": "json_object"}))),
+        "json_schema" => {
+            let mut spec = Map::new();
+            for field in ["name", "schema", "strict", "description"] {
+                if let Some(v) = format.get(field).filter(|v| !v.is_null()) {
+                    spec.insert(field.to_string(), v.clone());
+                }
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": spec})))
+        }
+        other => Err(ApiError::invalid(
+            "text.format.type",
+            format!("unknown text.format type {other:?}: use text, json_object or json_schema"),
+        )),
+    }
+}
+
+impl ResponsesRequest {
+    /// The chat-completions body of this request after `history` (the conversation a
+    /// previous response left; empty without one).
+    pub fn chat_form(&self, history: Vec<Value>) -> ApiResult<ChatForm> {
+        if self.background == Some(true) {
+            return Err(ApiError::invalid(
+                "background",
+                "background responses are not supported; send the request and wait, or stream it",
+            ));
+        }
+        let input = self
+            .input
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("input", "input is required"))?;
+        let mut conversation = history;
+        input_messages(input, &mut conversation)?;
+        let mut messages = Vec::with_capacity(conversation.len() + 1);
+        if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.is_empty()) {
+            messages.push(json!({"role": "system", "content": instructions}));
+        }
+        messages.extend(conversation.iter().cloned());
+        let mut body = Map::new();
+        body.insert("messages".into(), Value::Array(messages));
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(v) = value.filter(|v| !v.is_null()) {
+                body.insert(key.to_string(), v);
+            }
+        };
+        put("model", self.model.clone().map(Value::from));
+        put("max_tokens", self.max_output_tokens.map(Value::from));
+        put("temperature", self.temperature.clone());
+        put("top_p", self.top_p.clone());
+        put("user", self.user.clone().map(Value::from));
+        put(
+            "parallel_tool_calls",
+            self.parallel_tool_calls.map(Value::from),
+        );
+        put("speculation", self.speculation.clone());
+        put("prediction", self.prediction.clone());
+        put("cache_salt", self.cache_salt.clone());
+        put("seed", self.seed.clone());
+        put("top_k", self.top_k.clone());
+        if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
+            put("tools", Some(chat_tools(tools)?));
+        }
+        if let Some(choice) = &self.tool_choice {
+            put("tool_choice", Some(chat_tool_choice(choice)?));
+        }
+        if let Some(text) = &self.text {
+            put("response_format", response_format(text)?);
+        }
+        Ok(ChatForm {
+            body: Value::Object(body),
+            conversation,
+        })
+    }
+}
+
+/// An error of the chat path with its field named as the Responses API names it.
+pub fn renamed(mut e: ApiError) -> ApiError {
+    let renamed = match e.param.as_deref() {
+        Some("max_tokens") => Some("max_output_tokens".to_string()),
+        Some("response_format") => Some("text.format".to_string()),
+        Some(p) if p.starts_with("messages") => Some("input".to_string()),
+        Some(p) if p.starts_with("tools[") && p.contains(".function") => {
+            Some(p.replace(".function", ""))
+        }
+        _ => None,
+    };
+    if let Some(param) = renamed {
+        e.param = Some(param);
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> ResponsesRequest {
+        serde_json::from_value(body).expect("a request")
+    }
+
+    #[test]
+    fn items_become_chat_messages_and_calls_join_their_message() {
+        let r = request(json!({
+            "instructions": "be brief",
+            "input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "checking"}]},
+                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "get", "arguments": "{\"a\":1}"},
+                {"type": "reasoning", "summary": []},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+            "max_output_tokens": 7,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            "tools": [{"type": "function", "name": "get", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "get"},
+        }));
+        let history = vec![json!({"role": "user", "content": "earlier"})];
+        let form = r.chat_form(history).expect("converts");
+        let messages = form.body["messages"].as_array().expect("messages");
+        assert_eq!(
+            messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(messages[1]["content"], "earlier");
+        assert_eq!(messages[3]["content"], "checking");
+        assert_eq!(messages[3]["tool_calls"].as_array().map(Vec::len), Some(2));
+        assert_eq!(messages[4]["role"], "tool");
+        assert_eq!(messages[4]["tool_call_id"], "c1");
+        assert_eq!(messages.len(), 5);
+        // The stored conversation leaves the instructions out.
+        assert_eq!(form.conversation.len(), 4);
+        assert_eq!(form.body["max_tokens"], 7);
+        assert_eq!(form.body["response_format"]["json_schema"]["name"], "x");
+        assert_eq!(form.body["tools"][0]["function"]["name"], "get");
+        assert_eq!(form.body["tool_choice"]["function"]["name"], "get");
+    }
+
+    #[test]
+    fn hosted_tools_and_unknown_items_are_refused_by_field() {
+        let hosted = request(json!({"input": "hi", "tools": [{"type": "web_search"}]}));
+        let e = hosted.chat_form(Vec::new()).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("tools[0].type"));
+        assert!(e.message.contains("run the tool"), "{}", e.message);
+        let image = request(json!({"input": [{"role": "user",
+            "content": [{"type": "input_image", "image_url": "x"}]}]}));
+        let e = image.chat_form(Vec::new()).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("input[0].content[0]"));
+        let missing = request(json!({"model": "m"}));
+        let e = missing.chat_form(Vec::new()).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("input"));
+        let call = request(json!({"input": [{"type": "function_call", "name": "f"}]}));
+        let e = call.chat_form(Vec::new()).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
+        let e = renamed(ApiError::invalid("max_tokens", "too many"));
+        assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
+    }
+}
