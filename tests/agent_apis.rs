@@ -5,7 +5,8 @@
 //! `tests/e2e/openai_agents.py` (an OpenAI Agents SDK agent with one function tool, through
 //! Responses), all pinned and installed under `target/` on first use. Then, over raw HTTP, what the SDKs
 //! would not send: a Messages body without `max_tokens`, broken JSON, unknown ids, a
-//! response kept out of the store, and the `x-api-key` header on the other routes.
+//! response kept out of the store, the `x-api-key` header on the other routes, and
+//! thicket's own `prediction` and `cache_salt` through both routes.
 
 use std::path::Path;
 use std::process::Command;
@@ -140,4 +141,36 @@ fn the_openai_and_anthropic_clients_work_through_their_own_apis() {
         (status, body["error"]["param"].as_str()),
         (400, Some("background"))
     );
+
+    // thicket's own fields pass through both routes: a prediction drafts (its accepted
+    // tokens are counted), an invalid cache_salt is refused naming the field.
+    let ask = "Write the numbers from 1 to 30, separated by commas.";
+    let greedy = json!({"input": ask, "max_output_tokens": 40, "temperature": 0});
+    let (status, plain) = with_key(&server, "/v1/responses", &greedy, &bearer);
+    assert_eq!(status, 200, "{plain}");
+    let text = plain["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("text");
+    let mut predicted = greedy.clone();
+    predicted["prediction"] = json!({"type": "content", "content": text});
+    let (status, body) = with_key(&server, "/v1/responses", &predicted, &bearer);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], text, "lossless");
+    let details = &body["usage"]["output_tokens_details"];
+    assert!(
+        details["accepted_prediction_tokens"].as_u64() > Some(10),
+        "{details}"
+    );
+    let salted = json!({"input": "hi", "max_output_tokens": 2, "cache_salt": ""});
+    let (status, body) = with_key(&server, "/v1/responses", &salted, &bearer);
+    assert_eq!(
+        (status, body["error"]["param"].as_str()),
+        (400, Some("cache_salt"))
+    );
+    let salted = json!({"messages": hi, "max_tokens": 2, "cache_salt": 5});
+    let (status, body) = with_key(&server, "/v1/messages", &salted, &x_key);
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("cache_salt")));
 }
