@@ -1,5 +1,6 @@
 """The official `anthropic` client against `thicket serve` through the Messages API:
-messages.create, messages.stream (events in order, text deltas adding up), a tool_use ->
+messages.create, structured output (output_config.format, messages.parse with a Pydantic
+model), messages.stream (events in order, text deltas adding up), a tool_use ->
 tool_result round trip, stop sequences, messages.count_tokens, the x-api-key header, and
 bad requests answered with 4xx errors in Anthropic's shape.
 
@@ -10,6 +11,7 @@ import json
 import sys
 
 import anthropic
+from pydantic import BaseModel
 
 base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 # The client sends the key as `x-api-key` and an `anthropic-version` header.
@@ -70,6 +72,32 @@ stopped = client.messages.create(
     extra_body=GREEDY,
 )
 check(stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "5", f"{stopped}")
+
+# Structured output: output_config.format, and messages.parse with a Pydantic model.
+schema = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+ask_city = [{"role": "user", "content": "Give the largest city of Japan and its population."}]
+shaped = client.messages.create(
+    model=model, max_tokens=64, messages=ask_city, extra_body=GREEDY,
+    output_config={"format": {"type": "json_schema", "schema": schema}},
+)
+value = json.loads(shaped.content[0].text)
+check(set(value) == {"city", "population"} and isinstance(value["population"], int), f"{value}")
+
+
+class City(BaseModel):
+    city: str
+    population: int
+
+
+parsed = client.messages.parse(
+    model=model, max_tokens=64, messages=ask_city, output_format=City, extra_body=GREEDY
+)
+check(isinstance(parsed.parsed_output, City), f"parsed: {parsed.parsed_output!r}")
 
 # Streaming: events in order, text deltas add up to the final message.
 kinds = []

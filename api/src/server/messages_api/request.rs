@@ -3,7 +3,8 @@
 //! blocks) as the system message; each message's `text` blocks as its content, an
 //! assistant's `tool_use` blocks as its tool calls, a user's `tool_result` blocks as tool
 //! messages before its text; `tools` with `input_schema` as function tools; `tool_choice`
-//! (`auto`, `any`, `tool`, `none`, `disable_parallel_tool_use`); `max_tokens`,
+//! (`auto`, `any`, `tool`, `none`, `disable_parallel_tool_use`); `output_config.format`
+//! (a JSON schema) as `response_format`; `max_tokens`,
 //! `stop_sequences`, `temperature`, `top_p`, `top_k`, and thicket's `speculation`,
 //! `prediction` and `cache_salt` as the chat endpoint reads them.
 
@@ -37,6 +38,9 @@ pub struct MessagesRequest {
     pub tool_choice: Option<Value>,
     /// Stream events.
     pub stream: Option<bool>,
+    /// `{"format": {"type": "json_schema", "schema": {...}}}`: the answer is JSON valid
+    /// against the schema (`effort` is ignored).
+    pub output_config: Option<Value>,
     /// thicket's speculation object.
     pub speculation: Option<Value>,
     /// Predicted Outputs.
@@ -224,6 +228,32 @@ fn chat_tool_choice(choice: &Value) -> ApiResult<(Value, Option<bool>)> {
     Ok((chat, parallel))
 }
 
+/// `output_config.format` as a chat `response_format`.
+fn output_format(config: &Value) -> ApiResult<Option<Value>> {
+    let Some(format) = config.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {
+            let schema = format.get("schema").ok_or_else(|| {
+                ApiError::invalid(
+                    "output_config.format.schema",
+                    "a json_schema format needs a `schema`",
+                )
+            })?;
+            Ok(Some(json!({"type": "json_schema",
+                           "json_schema": {"name": "output", "schema": schema, "strict": true}})))
+        }
+        other => Err(ApiError::invalid(
+            "output_config.format.type",
+            format!(
+                "unknown output format type {:?}: use json_schema",
+                other.unwrap_or("")
+            ),
+        )),
+    }
+}
+
 impl MessagesRequest {
     /// The chat-completions body of this request; `generating` asks for `max_tokens` (a
     /// count of tokens needs none).
@@ -272,6 +302,9 @@ impl MessagesRequest {
             put("tool_choice", Some(choice));
             put("parallel_tool_calls", parallel.map(Value::from));
         }
+        if let Some(config) = &self.output_config {
+            put("response_format", output_format(config)?);
+        }
         Ok(Value::Object(body))
     }
 }
@@ -280,6 +313,7 @@ impl MessagesRequest {
 pub fn renamed(mut e: ApiError) -> ApiError {
     let renamed = match e.param.as_deref() {
         Some("stop") => Some("stop_sequences".to_string()),
+        Some("response_format") => Some("output_config.format".to_string()),
         Some(p) if p.starts_with("tools[") && p.contains(".function.parameters") => {
             Some(p.replace(".function.parameters", ".input_schema"))
         }
@@ -365,6 +399,20 @@ mod tests {
             "tools": [{"type": "web_search_20250305", "name": "web_search"}]}));
         let e = server_tool.chat_body(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
+        let format = request(json!({"max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "xml"}}}));
+        let e = format.chat_body(true).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("output_config.format.type"));
+        let schema = request(json!({"max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"effort": "low",
+                              "format": {"type": "json_schema", "schema": {"type": "object"}}}}));
+        let body = schema.chat_body(true).expect("converts");
+        assert_eq!(
+            body["response_format"]["json_schema"]["schema"]["type"],
+            "object"
+        );
         let e = renamed(ApiError::invalid("stop", "bad"));
         assert_eq!(e.param.as_deref(), Some("stop_sequences"));
     }
