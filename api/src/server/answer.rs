@@ -182,18 +182,33 @@ impl Answer {
     }
 }
 
+/// The events a streamed answer has ready to send, and whether its stream has ended.
+#[derive(Default)]
+pub struct Outbox {
+    events: VecDeque<SseEvent>,
+    /// Set once the last event is queued.
+    pub ended: bool,
+}
+
+impl Outbox {
+    /// Queues the event `kind` with `data` (its `type` field set to `kind`).
+    pub fn push(&mut self, kind: &str, mut data: serde_json::Value) {
+        data["type"] = serde_json::Value::from(kind);
+        self.events
+            .push_back(SseEvent::default().event(kind).data(data.to_string()));
+    }
+}
+
 /// A front end's stream of server-sent events over an answer: it turns each part (or the
-/// failure that ends the answer) into events of its API.
+/// failure that ends the answer) into events of its API, queued in its [`Outbox`].
 pub trait AnswerEvents: Send + 'static {
     /// The answer read.
     fn answer(&mut self) -> &mut Answer;
-    /// The next event ready to send.
-    fn next_ready(&mut self) -> Option<SseEvent>;
-    /// Whether the stream has ended (after its last ready event).
-    fn ended(&self) -> bool;
-    /// The events of `part`.
+    /// Its queued events.
+    fn outbox(&mut self) -> &mut Outbox;
+    /// Queues the events of `part`.
     fn part(&mut self, part: Part);
-    /// The events that end a failed answer.
+    /// Queues the events that end a failed answer.
     fn failed(&mut self, e: ApiError);
 }
 
@@ -201,10 +216,11 @@ pub trait AnswerEvents: Send + 'static {
 pub fn sse<T: AnswerEvents>(events: T) -> Response {
     let body = stream::unfold(events, |mut state| async move {
         loop {
-            if let Some(event) = state.next_ready() {
+            let outbox = state.outbox();
+            if let Some(event) = outbox.events.pop_front() {
                 return Some((Ok::<_, Infallible>(event), state));
             }
-            if state.ended() {
+            if outbox.ended {
                 return None;
             }
             match state.answer().next().await {

@@ -5,14 +5,11 @@
 //! `message_delta` with the stop reason and usage, `message_stop`; an `error` event where
 //! the answer fails).
 
-use std::collections::VecDeque;
-
-use axum::response::sse::Event as SseEvent;
 use engine::FinishReason;
 use serde_json::{json, Value};
 
 use super::anthropic_error;
-use crate::server::answer::{Answer, AnswerEvents, Collected, Ending, Part};
+use crate::server::answer::{Answer, AnswerEvents, Collected, Ending, Outbox, Part};
 use crate::server::error::ApiError;
 use crate::server::protocol::ToolCallOut;
 
@@ -94,11 +91,10 @@ pub fn message(model: &str, answer: Collected) -> Value {
 /// A streamed message.
 pub struct MessageEvents {
     answer: Answer,
-    ready: VecDeque<SseEvent>,
+    outbox: Outbox,
     /// The open text block's index.
     text_block: Option<usize>,
     blocks: usize,
-    done: bool,
 }
 
 impl MessageEvents {
@@ -106,10 +102,9 @@ impl MessageEvents {
     pub fn new(model: &str, answer: Answer) -> Self {
         let mut events = Self {
             answer,
-            ready: VecDeque::new(),
+            outbox: Outbox::default(),
             text_block: None,
             blocks: 0,
-            done: false,
         };
         let start = json!({"message": {
             "id": new_id("msg"), "type": "message", "role": "assistant", "model": model,
@@ -121,10 +116,8 @@ impl MessageEvents {
         events
     }
 
-    fn emit(&mut self, kind: &str, mut data: Value) {
-        data["type"] = json!(kind);
-        self.ready
-            .push_back(SseEvent::default().event(kind).data(data.to_string()));
+    fn emit(&mut self, kind: &str, data: Value) {
+        self.outbox.push(kind, data);
     }
 
     fn close_text(&mut self) {
@@ -132,8 +125,18 @@ impl MessageEvents {
             self.emit("content_block_stop", json!({"index": index}));
         }
     }
+}
 
-    fn on_part(&mut self, part: Part) {
+impl AnswerEvents for MessageEvents {
+    fn answer(&mut self) -> &mut Answer {
+        &mut self.answer
+    }
+
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn part(&mut self, part: Part) {
         match part {
             Part::Text(text) => {
                 let index = match self.text_block {
@@ -179,37 +182,13 @@ impl MessageEvents {
                            "usage": usage(&ending)}),
                 );
                 self.emit("message_stop", json!({}));
-                self.done = true;
+                self.outbox.ended = true;
             }
         }
     }
 
-    fn on_failure(&mut self, e: ApiError) {
-        let body = anthropic_error(&e);
-        self.ready
-            .push_back(SseEvent::default().event("error").data(body.to_string()));
-        self.done = true;
-    }
-}
-
-impl AnswerEvents for MessageEvents {
-    fn answer(&mut self) -> &mut Answer {
-        &mut self.answer
-    }
-
-    fn next_ready(&mut self) -> Option<SseEvent> {
-        self.ready.pop_front()
-    }
-
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn part(&mut self, part: Part) {
-        self.on_part(part);
-    }
-
     fn failed(&mut self, e: ApiError) {
-        self.on_failure(e);
+        self.emit("error", anthropic_error(&e));
+        self.outbox.ended = true;
     }
 }

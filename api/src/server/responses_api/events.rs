@@ -8,17 +8,15 @@
 //! failure ends the stream with an `error` event. The finished response is stored as a
 //! whole one would be.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use axum::response::sse::Event as SseEvent;
 use serde_json::{json, Value};
 
 use super::output::{
     assistant_message, call_item, final_status, message_item, new_id, text_part, Shell,
 };
 use super::store::{ResponseStore, Stored};
-use crate::server::answer::{Answer, AnswerEvents, Part};
+use crate::server::answer::{Answer, AnswerEvents, Outbox, Part};
 use crate::server::error::ApiError;
 use crate::server::protocol::ToolCallOut;
 
@@ -38,12 +36,11 @@ pub struct ResponseEvents {
     /// The conversation before this response's output.
     conversation: Vec<Value>,
     sequence: u64,
-    ready: VecDeque<SseEvent>,
+    outbox: Outbox,
     output: Vec<Value>,
     message: Option<OpenMessage>,
     text: String,
     calls: Vec<ToolCallOut>,
-    done: bool,
 }
 
 impl ResponseEvents {
@@ -60,12 +57,11 @@ impl ResponseEvents {
             store,
             conversation,
             sequence: 0,
-            ready: VecDeque::new(),
+            outbox: Outbox::default(),
             output: Vec::new(),
             message: None,
             text: String::new(),
             calls: Vec::new(),
-            done: false,
         };
         let opening = events.shell.object("in_progress", Vec::new(), None);
         events.emit("response.created", json!({"response": opening}));
@@ -74,11 +70,9 @@ impl ResponseEvents {
     }
 
     fn emit(&mut self, kind: &str, mut data: Value) {
-        data["type"] = json!(kind);
         data["sequence_number"] = json!(self.sequence);
         self.sequence += 1;
-        self.ready
-            .push_back(SseEvent::default().event(kind).data(data.to_string()));
+        self.outbox.push(kind, data);
     }
 
     fn text(&mut self, delta: String) {
@@ -167,20 +161,18 @@ impl ResponseEvents {
         self.output.push(item);
         self.calls.push(call);
     }
+}
 
-    fn on_failure(&mut self, e: ApiError) {
-        self.close_message();
-        let body = e.body();
-        let error = &body["error"];
-        self.emit(
-            "error",
-            json!({"code": error["code"].as_str().unwrap_or(error["type"].as_str().unwrap_or("server_error")),
-                   "message": error["message"], "param": error["param"]}),
-        );
-        self.done = true;
+impl AnswerEvents for ResponseEvents {
+    fn answer(&mut self) -> &mut Answer {
+        &mut self.answer
     }
 
-    fn on_part(&mut self, part: Part) {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn part(&mut self, part: Part) {
         match part {
             Part::Text(text) => self.text(text),
             Part::Call(call) => self.call(call),
@@ -202,30 +194,20 @@ impl ResponseEvents {
                     _ => "response.completed",
                 };
                 self.emit(kind, json!({"response": response}));
-                self.done = true;
+                self.outbox.ended = true;
             }
         }
     }
-}
-
-impl AnswerEvents for ResponseEvents {
-    fn answer(&mut self) -> &mut Answer {
-        &mut self.answer
-    }
-
-    fn next_ready(&mut self) -> Option<SseEvent> {
-        self.ready.pop_front()
-    }
-
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn part(&mut self, part: Part) {
-        self.on_part(part);
-    }
 
     fn failed(&mut self, e: ApiError) {
-        self.on_failure(e);
+        self.close_message();
+        let body = e.body();
+        let error = &body["error"];
+        self.emit(
+            "error",
+            json!({"code": error["code"].as_str().unwrap_or(error["type"].as_str().unwrap_or("server_error")),
+                   "message": error["message"], "param": error["param"]}),
+        );
+        self.outbox.ended = true;
     }
 }
