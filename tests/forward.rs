@@ -410,3 +410,18 @@ fn the_backend_a_model_gets_runs_its_forward_bit_for_bit() {
         }
     }
 }
+
+/// The cost curve measures sizes of a few rows in rounds of their own, before the larger
+/// ones: every size asked for still gets one point, in the order asked, however the two
+/// groups interleave in it.
+#[test]
+fn the_cost_curve_has_one_point_per_size_in_the_order_asked() {
+    let (_dir, model) = tiny_model(&TinyModelSpec::default());
+    let sizes = [16, 1, 9, 4, 8, 2];
+    let points = engine::bench::forward_cost(&model, 8, &sizes, 2).unwrap();
+    let measured: Vec<usize> = points.iter().map(|p| p.new_tokens).collect();
+    assert_eq!(measured, sizes);
+    assert!(points
+        .iter()
+        .all(|p| p.seconds.is_finite() && p.seconds > 0.0));
+}

@@ -109,38 +109,31 @@ pub fn forward_costs(
         .collect::<Result<Vec<_>>>()?;
     // times[size][model], parts[size][model]. Rounds go over every size, so a burst of the
     // host's noise falls on one round of every size rather than on every round of one size
-    // (which would skew the curve's shape, not only its level).
+    // (which would skew the curve's shape, not only its level). The sizes a draft tree
+    // decides among are measured in rounds of their own, before the larger ones: for tens of
+    // milliseconds after forwards of 16 to 64 rows, few-row forwards ran up to 1.5 times
+    // slower (one row: 4.51 ms in rounds with 64 rows, 2.89 alone and 3.09 in rounds up to
+    // 8 rows, where the engine's own one-row steps took 2.84; SmolLM2 on 2 cores of an Intel
+    // Xeon), which priced a few more rows at nearly nothing.
     let mut times = vec![vec![Vec::with_capacity(repeats); models.len()]; sizes.len()];
     let mut parts = vec![vec![ForwardProfile::default(); models.len()]; sizes.len()];
-    for repeat in 0..=repeats {
-        for (s, batch) in batches.iter().enumerate() {
-            for (i, backend) in backends.iter_mut().enumerate() {
-                // The first round warms up, untimed.
-                let timed = repeat > 0;
-                if timed {
-                    // Each timed forward follows untimed ones of its own size for a few
-                    // milliseconds, as a decode step follows steps of about its size: for
-                    // some milliseconds after a much larger forward, forwards run slower
-                    // (one row right after 64 rows: 2.52 ms, after one or two rows 2.16;
-                    // after a single forward of one row, 2.15 against 1.89; SmolLM2 on 2
-                    // cores), which made cost(1) read above cost(2) and small trees look
-                    // free.
-                    let warm = Instant::now();
-                    while {
-                        backend.forward(batch)?;
-                        warm.elapsed() < SETTLE
-                    } {}
-                }
-                fused_pass::profile(timed && backend.profiles_parts());
-                let t = Instant::now();
-                backend.forward(batch)?;
-                let elapsed = t.elapsed().as_secs_f64();
-                let part = fused_pass::profile(false);
-                if timed {
-                    times[s][i].push(elapsed);
-                    parts[s][i].add(&part);
-                }
-            }
+    let small = |n: usize| n <= SMALL_FORWARD;
+    let groups = [
+        (0..sizes.len())
+            .filter(|&s| small(sizes[s]))
+            .collect::<Vec<_>>(),
+        (0..sizes.len()).filter(|&s| !small(sizes[s])).collect(),
+    ];
+    for group in &groups {
+        for repeat in 0..=repeats {
+            run_round(
+                &mut backends,
+                &batches,
+                group,
+                repeat > 0,
+                &mut times,
+                &mut parts,
+            )?;
         }
     }
     for ((&n, times), parts) in sizes.iter().zip(times).zip(parts) {
@@ -158,6 +151,52 @@ pub fn forward_costs(
         }
     }
     Ok(curves)
+}
+
+/// Sizes of at most this many rows are measured in rounds of their own (see
+/// [`forward_costs`]).
+const SMALL_FORWARD: usize = 8;
+
+/// One round over the batches at `group`'s indices, each forward by every backend in turn;
+/// `timed`: each is timed after untimed forwards of its own size, into `times[size][model]`
+/// and `parts[size][model]` (an untimed round warms up).
+fn run_round(
+    backends: &mut [Box<dyn backend::Backend>],
+    batches: &[TreeBatch],
+    group: &[usize],
+    timed: bool,
+    times: &mut [Vec<Vec<f64>>],
+    parts: &mut [Vec<ForwardProfile>],
+) -> Result<()> {
+    for &s in group {
+        let batch = &batches[s];
+        for (i, backend) in backends.iter_mut().enumerate() {
+            if timed {
+                // Each timed forward follows untimed ones of its own size for a few
+                // milliseconds, as a decode step follows steps of about its size: for
+                // some milliseconds after a much larger forward, forwards run slower
+                // (one row right after 64 rows: 2.52 ms, after one or two rows 2.16;
+                // after a single forward of one row, 2.15 against 1.89; SmolLM2 on 2
+                // cores), which made cost(1) read above cost(2) and small trees look
+                // free.
+                let warm = Instant::now();
+                while {
+                    backend.forward(batch)?;
+                    warm.elapsed() < SETTLE
+                } {}
+            }
+            fused_pass::profile(timed && backend.profiles_parts());
+            let t = Instant::now();
+            backend.forward(batch)?;
+            let elapsed = t.elapsed().as_secs_f64();
+            let part = fused_pass::profile(false);
+            if timed {
+                times[s][i].push(elapsed);
+                parts[s][i].add(&part);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The CPU's model name as the OS reports it (`/proc/cpuinfo`), or the architecture.
