@@ -1,7 +1,9 @@
 //! Engine faults seen through the HTTP router: a forward that fails (injected by a test-only
 //! backend) fails the requests of that step with a 5xx and the engine keeps serving, with no
 //! KV block leaked; a panic in the engine thread turns `/health` to 503 and fails the
-//! requests in flight and every later one at once instead of hanging them.
+//! requests in flight and every later one at once instead of hanging them. The Responses and
+//! Messages routes report a failed step in their own shapes, as a body or as a stream's
+//! `error` event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +73,14 @@ impl Backend for FaultyBackend {
 fn faulty_server() -> (Router, EngineHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_tokenizer(dir.path(), VOCAB).unwrap();
+    // A chat template of the bare contents, so a chat-shaped prompt starts with its first
+    // message's first token (the fault keys): the Responses and Messages routes need one.
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        json!({"chat_template": "{% for message in messages %}{{ message.content }} {% endfor %}"})
+            .to_string(),
+    )
+    .unwrap();
     let tokenizer = Arc::new(ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap());
     let kv = ManagerConfig {
         num_blocks: 64,
@@ -194,4 +204,88 @@ async fn a_panic_in_the_engine_fails_everything_at_once_and_health_turns_503() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     let (status, body) = call(&app, "POST", "/v1/completions", Some(completion(20, 4))).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+}
+
+/// The `data:` payloads of the stream events named `event` in `text`.
+fn events(text: &str, event: &str) -> Vec<Value> {
+    let marker = format!("event: {event}\n");
+    text.split("\n\n")
+        .filter(|block| block.starts_with(&marker))
+        .filter_map(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_routes_report_a_failed_step_in_their_own_shapes() {
+    let (app, engine, _dir) = faulty_server();
+    let responses = |first: u32, stream: bool| {
+        json!({"model": "mock", "input": format!("<{first}> <5> <6>"), "max_output_tokens": 4,
+               "temperature": 0, "stream": stream})
+    };
+    let messages = |first: u32, stream: bool| {
+        json!({"model": "mock", "max_tokens": 4, "temperature": 0, "stream": stream,
+               "messages": [{"role": "user", "content": format!("<{first}> <5> <6>")}]})
+    };
+    // Without the fault both routes answer.
+    let (status, body) = call(&app, "POST", "/v1/responses", Some(responses(20, false))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["output_tokens"], 4, "{body}");
+    let (status, body) = call(&app, "POST", "/v1/messages", Some(messages(20, false))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["output_tokens"], 4, "{body}");
+
+    // A body: the 503 every route gives a request the engine could not finish (a router may
+    // retry it elsewhere), in the route's shape: Anthropic's name for a 503 is
+    // `overloaded_error`.
+    let (status, body) = call(&app, "POST", "/v1/responses", Some(responses(FAIL, false))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{body}");
+    let (status, body) = call(&app, "POST", "/v1/messages", Some(messages(FAIL, false))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{body}");
+
+    // A stream: opened, then an `error` event, and the stream ends rather than hangs.
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(30),
+        call(&app, "POST", "/v1/responses", Some(responses(FAIL, true))),
+    )
+    .await
+    .expect("the stream ended");
+    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
+    let text = body.as_str().unwrap_or_default();
+    let errors = events(text, "error");
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(errors[0]["type"], "error", "{text}");
+    assert!(errors[0]["sequence_number"].is_u64(), "{text}");
+    let message = errors[0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{text}");
+    assert!(events(text, "response.completed").is_empty(), "{text}");
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(30),
+        call(&app, "POST", "/v1/messages", Some(messages(FAIL, true))),
+    )
+    .await
+    .expect("the stream ended");
+    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
+    let text = body.as_str().unwrap_or_default();
+    let errors = events(text, "error");
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(errors[0]["type"], "error", "{text}");
+    assert_eq!(errors[0]["error"]["type"], "overloaded_error", "{text}");
+    let message = errors[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{text}");
+    assert!(events(text, "message_stop").is_empty(), "{text}");
+
+    let stats = engine.stats().expect("the engine is running");
+    assert_eq!(
+        stats.cache.in_use, 0,
+        "no KV block leaked: {:?}",
+        stats.cache
+    );
+    assert_eq!(stats.requests, 0);
 }
