@@ -216,6 +216,21 @@ fn events(text: &str, event: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Streams `body` to `path`, which must open (200) and end within 30 s with exactly one
+/// `error` event: the stream's text and that event's payload.
+async fn failed_stream(app: &Router, path: &str, body: Value) -> (String, Value) {
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(30), call(app, "POST", path, Some(body)))
+            .await
+            .expect("the stream ended");
+    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
+    let text = body.as_str().unwrap_or_default().to_string();
+    let mut errors = events(&text, "error");
+    assert_eq!(errors.len(), 1, "{text}");
+    let error = errors.remove(0);
+    (text, error)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_routes_report_a_failed_step_in_their_own_shapes() {
     let (app, engine, _dir) = faulty_server();
@@ -249,37 +264,19 @@ async fn the_agent_routes_report_a_failed_step_in_their_own_shapes() {
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("injected fault"), "{body}");
 
-    // A stream: opened, then an `error` event, and the stream ends rather than hangs.
-    let (status, body) = tokio::time::timeout(
-        Duration::from_secs(30),
-        call(&app, "POST", "/v1/responses", Some(responses(FAIL, true))),
-    )
-    .await
-    .expect("the stream ended");
-    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
-    let text = body.as_str().unwrap_or_default();
-    let errors = events(text, "error");
-    assert_eq!(errors.len(), 1, "{text}");
-    assert_eq!(errors[0]["type"], "error", "{text}");
-    assert!(errors[0]["sequence_number"].is_u64(), "{text}");
-    let message = errors[0]["message"].as_str().unwrap_or_default();
+    // A stream: opened, then one `error` event, and the stream ends rather than hangs.
+    let (text, error) = failed_stream(&app, "/v1/responses", responses(FAIL, true)).await;
+    assert_eq!(error["type"], "error", "{text}");
+    assert!(error["sequence_number"].is_u64(), "{text}");
+    let message = error["message"].as_str().unwrap_or_default();
     assert!(message.contains("injected fault"), "{text}");
-    assert!(events(text, "response.completed").is_empty(), "{text}");
-    let (status, body) = tokio::time::timeout(
-        Duration::from_secs(30),
-        call(&app, "POST", "/v1/messages", Some(messages(FAIL, true))),
-    )
-    .await
-    .expect("the stream ended");
-    assert_eq!(status, StatusCode::OK, "the stream opened before the fault");
-    let text = body.as_str().unwrap_or_default();
-    let errors = events(text, "error");
-    assert_eq!(errors.len(), 1, "{text}");
-    assert_eq!(errors[0]["type"], "error", "{text}");
-    assert_eq!(errors[0]["error"]["type"], "overloaded_error", "{text}");
-    let message = errors[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(events(&text, "response.completed").is_empty(), "{text}");
+    let (text, error) = failed_stream(&app, "/v1/messages", messages(FAIL, true)).await;
+    assert_eq!(error["type"], "error", "{text}");
+    assert_eq!(error["error"]["type"], "overloaded_error", "{text}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("injected fault"), "{text}");
-    assert!(events(text, "message_stop").is_empty(), "{text}");
+    assert!(events(&text, "message_stop").is_empty(), "{text}");
 
     let stats = engine.stats().expect("the engine is running");
     assert_eq!(
