@@ -25,7 +25,8 @@ pub struct CostPoint {
 }
 
 /// Measures `cost(n)` for each `n` in `sizes` over a `context_len`-token cached context,
-/// taking the median of `repeats` runs, each after untimed forwards of its size.
+/// taking the median of `repeats` runs (at most `LARGE_REPEATS` for sizes over
+/// `SMALL_FORWARD` rows), each after untimed forwards of its size.
 pub fn forward_cost(
     model: &Model,
     context_len: usize,
@@ -114,7 +115,10 @@ pub fn forward_costs(
     // milliseconds after forwards of 16 to 64 rows, few-row forwards ran up to 1.5 times
     // slower (one row: 4.51 ms in rounds with 64 rows, 2.89 alone and 3.09 in rounds up to
     // 8 rows, where the engine's own one-row steps took 2.84; SmolLM2 on 2 cores of an Intel
-    // Xeon), which priced a few more rows at nearly nothing.
+    // Xeon), which priced a few more rows at nearly nothing. The larger sizes take at most
+    // `LARGE_REPEATS` rounds: they decide only whether many sequences draft at all, a round
+    // of them costs several times one of the small ones (Qwen2.5-Coder-1.5B: 0.9 s), and
+    // their noise is a smaller share of their time.
     let mut times = vec![vec![Vec::with_capacity(repeats); models.len()]; sizes.len()];
     let mut parts = vec![vec![ForwardProfile::default(); models.len()]; sizes.len()];
     let small = |n: usize| n <= SMALL_FORWARD;
@@ -124,7 +128,7 @@ pub fn forward_costs(
             .collect::<Vec<_>>(),
         (0..sizes.len()).filter(|&s| !small(sizes[s])).collect(),
     ];
-    for group in &groups {
+    for (group, repeats) in groups.iter().zip([repeats, repeats.min(LARGE_REPEATS)]) {
         for repeat in 0..=repeats {
             run_round(
                 &mut backends,
@@ -139,6 +143,8 @@ pub fn forward_costs(
     for ((&n, times), parts) in sizes.iter().zip(times).zip(parts) {
         for (i, (curve, mut times)) in curves.iter_mut().zip(times).enumerate() {
             times.sort_by(f64::total_cmp);
+            // Every size had at least one timed round (`repeats` is at least 1).
+            let rounds = times.len().max(1);
             curve.points.push(CostPoint {
                 new_tokens: n,
                 seconds: times[times.len() / 2],
@@ -146,7 +152,7 @@ pub fn forward_costs(
             curve.parts.push(
                 backends[i]
                     .profiles_parts()
-                    .then(|| parts[i].scaled(1.0 / repeats as f64)),
+                    .then(|| parts[i].scaled(1.0 / rounds as f64)),
             );
         }
     }
@@ -156,6 +162,9 @@ pub fn forward_costs(
 /// Sizes of at most this many rows are measured in rounds of their own (see
 /// [`forward_costs`]).
 const SMALL_FORWARD: usize = 8;
+
+/// The most timed rounds of the larger sizes (see [`forward_costs`]).
+const LARGE_REPEATS: usize = 9;
 
 /// One round over the batches at `group`'s indices, each forward by every backend in turn;
 /// `timed`: each is timed after untimed forwards of its own size, into `times[size][model]`
