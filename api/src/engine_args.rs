@@ -226,7 +226,8 @@ impl EngineArgs {
 /// CPU and core count are in the name: a models directory shared between a Zen 5 and an
 /// Intel Xeon served each the other's curve, on which few-row forwards cost nothing more than
 /// one row, and trees were granted that did not pay; 14: sizes up to 8 rows measured in rounds
-/// of their own, before the larger ones, which had made one row read 1.5 times its cost).
+/// of their own, before the larger ones, which had made one row read 1.5 times its cost; the
+/// larger ones in 9 rounds).
 const COST_CURVE_VERSION: u32 = 14;
 
 /// The host in a cost curve's name: a short hash of the CPU's model name and the cores the
