@@ -276,6 +276,32 @@ async fn the_agent_routes_report_a_failed_step_in_their_own_shapes() {
     let message = error["message"].as_str().unwrap_or_default();
     assert!(message.contains("injected fault"), "{text}");
     assert!(events(&text, "response.completed").is_empty(), "{text}");
+    // Then `response.failed`, last, with the response as far as it got; the id the stream
+    // announced is stored as failed, and a failed response cannot be continued.
+    let failed = events(&text, "response.failed");
+    assert_eq!(failed.len(), 1, "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    assert!(last.starts_with("event: response.failed\n"), "{text}");
+    let response = &failed[0]["response"];
+    assert_eq!(response["status"], "failed", "{text}");
+    assert_eq!(response["error"]["code"], "server_error", "{text}");
+    let message = response["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("injected fault"), "{text}");
+    let id = response["id"].as_str().unwrap_or_default();
+    assert_eq!(
+        events(&text, "response.created")[0]["response"]["id"],
+        id,
+        "{text}"
+    );
+    let (status, stored) = call(&app, "GET", &format!("/v1/responses/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{stored}");
+    assert_eq!(stored["status"], "failed", "{stored}");
+    assert_eq!(stored["error"], response["error"], "{stored}");
+    let mut next = responses(20, false);
+    next["previous_response_id"] = json!(id);
+    let (status, body) = call(&app, "POST", "/v1/responses", Some(next)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], "previous_response_id", "{body}");
     let (text, error) = failed_stream(&app, "/v1/messages", messages(FAIL, true)).await;
     assert_eq!(error["type"], "error", "{text}");
     assert_eq!(error["error"]["type"], "overloaded_error", "{text}");

@@ -5,8 +5,10 @@
 //! `response.content_part.done`, for a function call `response.function_call_arguments.delta`
 //! and `.done`; `response.output_item.done`; and last `response.completed` (or
 //! `response.incomplete` when the output ran out of tokens) with the whole response. A
-//! failure ends the stream with an `error` event. The finished response is stored as a
-//! whole one would be.
+//! failure ends the stream with an `error` event, then `response.failed` with the response as
+//! far as it got (`status: failed`, its `error`, an open message item `incomplete`). The
+//! finished response, or the failed one, is stored as a whole one would be, so the id the
+//! stream announced can be fetched.
 
 use std::sync::Arc;
 
@@ -110,7 +112,9 @@ impl ResponseEvents {
         );
     }
 
-    fn close_message(&mut self) {
+    /// Ends the open message item (if any) with `status`: `completed`, or `incomplete`
+    /// when the response failed inside it.
+    fn close_message(&mut self, status: &str) {
         let Some(message) = self.message.take() else {
             return;
         };
@@ -125,7 +129,7 @@ impl ResponseEvents {
             json!({"item_id": id, "output_index": index, "content_index": 0,
                    "part": text_part(&text)}),
         );
-        let item = message_item(&id, &text, "completed");
+        let item = message_item(&id, &text, status);
         self.emit(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
@@ -136,7 +140,7 @@ impl ResponseEvents {
     }
 
     fn call(&mut self, call: ToolCallOut) {
-        self.close_message();
+        self.close_message("completed");
         let id = new_id("fc");
         let index = self.output.len();
         let arguments = call.function.arguments.clone();
@@ -177,7 +181,7 @@ impl AnswerEvents for ResponseEvents {
             Part::Text(text) => self.text(text),
             Part::Call(call) => self.call(call),
             Part::End(ending) => {
-                self.close_message();
+                self.close_message("completed");
                 let output = std::mem::take(&mut self.output);
                 let status = final_status(&ending);
                 let response = self.shell.object(status, output, Some(&ending));
@@ -200,14 +204,36 @@ impl AnswerEvents for ResponseEvents {
     }
 
     fn failed(&mut self, e: ApiError) {
-        self.close_message();
+        self.close_message("incomplete");
         let body = e.body();
         let error = &body["error"];
+        let message = error["message"].clone();
         self.emit(
             "error",
             json!({"code": error["code"].as_str().unwrap_or(error["type"].as_str().unwrap_or("server_error")),
-                   "message": error["message"], "param": error["param"]}),
+                   "message": message, "param": error["param"]}),
         );
+        let output = std::mem::take(&mut self.output);
+        let response = self
+            .shell
+            .failed(output, failure_code(e.status.as_u16()), message);
+        if let Some(store) = &self.store {
+            let conversation = std::mem::take(&mut self.conversation);
+            store.put(
+                self.shell.id.clone(),
+                Stored::failed(response.clone(), conversation),
+            );
+        }
+        self.emit("response.failed", json!({"response": response}));
         self.outbox.ended = true;
+    }
+}
+
+/// The response object's `error.code` for a failure with HTTP `status`: the API's codes
+/// name a few client faults and `server_error` for the rest.
+fn failure_code(status: u16) -> &'static str {
+    match status {
+        429 => "rate_limit_exceeded",
+        _ => "server_error",
     }
 }

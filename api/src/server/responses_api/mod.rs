@@ -4,7 +4,9 @@
 //! its answer comes back as parts (`answer`) and is written as a response object
 //! (`output`) or as the API's typed stream events (`events`). Responses are stored unless
 //! `store` is false (`store`), and `previous_response_id` continues a stored one's
-//! conversation; a missing or dropped id is a 404 in OpenAI's error shape.
+//! conversation; a missing or dropped id is a 404 in OpenAI's error shape, and a response
+//! that failed (stored so that a stream's announced id can be fetched) cannot be continued
+//! (400).
 
 pub mod events;
 pub mod output;
@@ -44,10 +46,16 @@ pub(super) async fn create(
     let store = state.response_store();
     let history = match &request.previous_response_id {
         Some(id) => {
-            store
+            let stored = store
                 .get(id)
-                .ok_or_else(|| not_found(id, Some("previous_response_id")))?
-                .conversation
+                .ok_or_else(|| not_found(id, Some("previous_response_id")))?;
+            if stored.failed {
+                return Err(ApiError::invalid(
+                    "previous_response_id",
+                    format!("response '{id}' failed and cannot be continued; send its input again instead"),
+                ));
+            }
+            stored.conversation
         }
         None => Vec::new(),
     };

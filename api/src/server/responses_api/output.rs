@@ -102,6 +102,14 @@ impl Shell {
         }
         Value::Object(object)
     }
+
+    /// The response as far as it got when it failed: `status: failed`, the output items so
+    /// far and `error` with the API's `code` and `message`.
+    pub fn failed(&self, output: Vec<Value>, code: &str, message: Value) -> Value {
+        let mut object = self.object("failed", output, None);
+        object["error"] = json!({"code": code, "message": message});
+        object
+    }
 }
 
 /// The status a finished answer gives its response.

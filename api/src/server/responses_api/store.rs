@@ -21,12 +21,23 @@ pub struct Stored {
     /// The conversation it ended, without the instructions: its input (after what the
     /// response it continued held) and its output, as chat messages.
     pub conversation: Vec<Value>,
+    /// The response failed: it can be fetched but not continued.
+    pub failed: bool,
     bytes: usize,
 }
 
 impl Stored {
     /// A response and its conversation.
     pub fn new(response: Value, conversation: Vec<Value>) -> Self {
+        Self::with(response, conversation, false)
+    }
+
+    /// A response that failed, and its input.
+    pub fn failed(response: Value, input: Vec<Value>) -> Self {
+        Self::with(response, input, true)
+    }
+
+    fn with(response: Value, conversation: Vec<Value>, failed: bool) -> Self {
         let bytes = response.to_string().len()
             + conversation
                 .iter()
@@ -35,6 +46,7 @@ impl Stored {
         Self {
             response,
             conversation,
+            failed,
             bytes,
         }
     }
