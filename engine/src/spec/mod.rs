@@ -117,11 +117,12 @@ pub struct NewSequence<'a> {
     pub tokens: &'a [u32],
     /// How many of `tokens` are the prompt (the output starts after them).
     pub prompt_len: usize,
-    /// The request's prediction of its output (`prediction`), tokenized; `None` when it
+    /// The request's prediction of its output (`prediction`), tokenized and indexed once
+    /// for every drafter that reads it (`Prediction::tokens` has the tokens); `None` when it
     /// gave none (or an empty one). A drafter that does not draft from it itself
     /// ([`Drafter::drafts_prediction`]) has the prediction drafting first around it
     /// (`methods::prediction::PredictionFirst`), so a speculator need not read it.
-    pub prediction: Option<&'a [u32]>,
+    pub prediction: Option<&'a std::sync::Arc<methods::prediction::Prediction>>,
     /// The prefix-cache scope of the request's cache salt (`None` without one): what a
     /// speculator keeps across requests (a draft model's cached KV) it shares only within it.
     pub cache_scope: Option<kvcache::BlockHash>,

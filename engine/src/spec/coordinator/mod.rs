@@ -248,7 +248,7 @@ impl Speculation {
         let new = NewSequence {
             tokens,
             prompt_len,
-            prediction: prediction.as_deref().map(Prediction::tokens),
+            prediction: prediction.as_ref(),
             cache_scope,
         };
         let own = self.speculators[speculator].drafter(&new);

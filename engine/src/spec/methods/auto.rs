@@ -282,8 +282,8 @@ impl Speculator for AutoSpeculator {
             self.matrices.get(seq.cache_scope),
             Arc::clone(&self.calibration),
         );
-        Some(Box::new(match seq.prediction.filter(|p| !p.is_empty()) {
-            Some(p) => drafter.with_prediction(Arc::new(Prediction::new(p.into())), seq.prompt_len),
+        Some(Box::new(match seq.prediction {
+            Some(p) => drafter.with_prediction(Arc::clone(p), seq.prompt_len),
             None => drafter,
         }))
     }

@@ -103,7 +103,8 @@ fn a_prediction_is_one_more_source_of_the_same_tree() {
     // The prompt holds 30..40 once; the prediction is 50..120 with 30..34 inside it.
     let prompt: Vec<u32> = (30..40).collect();
     let prediction: Vec<u32> = (50..60).chain(30..34).chain(60..120).collect();
-    let new = |tokens: &[u32], prediction: Option<&[u32]>| {
+    let prediction = Arc::new(Prediction::new(prediction.into()));
+    let new = |tokens: &[u32], prediction: Option<&Arc<Prediction>>| {
         s.drafter(&NewSequence {
             tokens,
             prompt_len: prompt.len(),
