@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
             Some(n) => Some(chain(CONTEXT, n, LogitRows::All)?),
             None => None,
         };
-        let mut times = vec![Vec::with_capacity(ROUNDS); AFTER];
+        let mut times: Vec<Vec<f64>> = (0..AFTER).map(|_| Vec::with_capacity(ROUNDS)).collect();
         for round in 0..=ROUNDS {
             if let Some(batch) = &disturbance {
                 backend.forward(batch)?;
