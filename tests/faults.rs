@@ -28,6 +28,8 @@ const VOCAB: usize = 64;
 const FAIL: u32 = 13;
 /// A prompt starting with this token makes the forward panic.
 const PANIC: u32 = 17;
+/// A forward that reaches this position fails: a long enough answer fails part way.
+const FAIL_AT: usize = 24;
 
 /// The mock model with faults keyed on the first prompt token, slowed a little per step.
 struct FaultyBackend {
@@ -59,7 +61,7 @@ impl Backend for FaultyBackend {
         if starts_with(PANIC) {
             panic!("injected panic in the forward");
         }
-        if starts_with(FAIL) {
+        if starts_with(FAIL) || batch.positions.iter().any(|&p| p as usize >= FAIL_AT) {
             return Err(engine::Error::InvalidBatch("injected fault".into()));
         }
         self.inner.forward(batch)
@@ -302,6 +304,21 @@ async fn the_agent_routes_report_a_failed_step_in_their_own_shapes() {
     let (status, body) = call(&app, "POST", "/v1/responses", Some(next)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["param"], "previous_response_id", "{body}");
+    // A failure part way through the answer: the message item streamed so far ends
+    // `incomplete`, and the failed response holds it.
+    let mut long = responses(20, true);
+    long["max_output_tokens"] = json!(2 * FAIL_AT);
+    let (text, _) = failed_stream(&app, "/v1/responses", long).await;
+    let failed = events(&text, "response.failed");
+    let output = &failed[0]["response"]["output"];
+    assert_eq!(output[0]["status"], "incomplete", "{text}");
+    let streamed = output[0]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(!streamed.is_empty(), "{text}");
+    let deltas: String = events(&text, "response.output_text.delta")
+        .iter()
+        .filter_map(|d| d["delta"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(deltas, streamed, "{text}");
     let (text, error) = failed_stream(&app, "/v1/messages", messages(FAIL, true)).await;
     assert_eq!(error["type"], "error", "{text}");
     assert_eq!(error["error"]["type"], "overloaded_error", "{text}");
