@@ -425,3 +425,22 @@ fn the_cost_curve_has_one_point_per_size_in_the_order_asked() {
         .iter()
         .all(|p| p.seconds.is_finite() && p.seconds > 0.0));
 }
+
+#[test]
+fn several_backends_each_get_every_size_of_the_curve() {
+    // Each backend runs its sizes in a turn of its own within each round (after re-reading
+    // its weights for a while): every size still gets a point per backend, in order.
+    let (_dir, model) = tiny_model(&TinyModelSpec::default());
+    let sizes = [1, 3, 2, 12];
+    let curves = engine::bench::forward_costs(&[&model, &model], 8, &sizes, 2).unwrap();
+    assert_eq!(curves.len(), 2);
+    for curve in &curves {
+        let measured: Vec<usize> = curve.points.iter().map(|p| p.new_tokens).collect();
+        assert_eq!(measured, sizes, "{}", curve.backend);
+        assert!(curve
+            .points
+            .iter()
+            .all(|p| p.seconds.is_finite() && p.seconds > 0.0));
+        assert_eq!(curve.parts.len(), sizes.len());
+    }
+}

@@ -53,8 +53,8 @@ pub struct MeasuredCurve {
 }
 
 /// `forward_cost` for several models (the same weights run different ways) at once, each
-/// through the backend its device gets: every timed forward of one model is followed by one
-/// of each other model, so the host's noise falls on all of them alike.
+/// through the backend its device gets: each round runs every model in turn over the round's
+/// sizes, so the host's noise falls on all of them alike (see `run_round`).
 pub fn forward_costs(
     models: &[&Model],
     context_len: usize,
@@ -166,9 +166,16 @@ const SMALL_FORWARD: usize = 8;
 /// The most timed rounds of the larger sizes (see [`forward_costs`]).
 const LARGE_REPEATS: usize = 9;
 
-/// One round over the batches at `group`'s indices, each forward by every backend in turn;
-/// `timed`: each is timed after untimed forwards of its own size, into `times[size][model]`
-/// and `parts[size][model]` (an untimed round warms up).
+/// One round over the batches at `group`'s indices: each backend in turn runs every size;
+/// `timed`: each forward is timed after untimed forwards of its own size, into
+/// `times[size][model]` and `parts[size][model]` (an untimed round warms up).
+///
+/// Where several backends share the run (`thicket bench forward`'s reference through
+/// candle's ops reads its own copy of the weights), each first decodes untimed for
+/// `SWITCH_SETTLE`: on a host whose one-row forward reads the weights faster while they are
+/// re-read every few milliseconds, a one-row forward right after another backend's turn ran
+/// up to 1.6x slower for some 60 forwards (`benches/resume.rs`), which made the first few
+/// sizes look cheaper against one row than the engine's steps show.
 fn run_round(
     backends: &mut [Box<dyn backend::Backend>],
     batches: &[TreeBatch],
@@ -177,9 +184,15 @@ fn run_round(
     times: &mut [Vec<Vec<f64>>],
     parts: &mut [Vec<ForwardProfile>],
 ) -> Result<()> {
-    for &s in group {
-        let batch = &batches[s];
-        for (i, backend) in backends.iter_mut().enumerate() {
+    let several = backends.len() > 1;
+    for (i, backend) in backends.iter_mut().enumerate() {
+        if several {
+            if let Some(&first) = group.first() {
+                settle(backend.as_mut(), &batches[first], SWITCH_SETTLE)?;
+            }
+        }
+        for &s in group {
+            let batch = &batches[s];
             if timed {
                 // Each timed forward follows untimed ones of its own size for a few
                 // milliseconds, as a decode step follows steps of about its size: for
@@ -188,11 +201,7 @@ fn run_round(
                 // after a single forward of one row, 2.15 against 1.89; SmolLM2 on 2
                 // cores), which made cost(1) read above cost(2) and small trees look
                 // free.
-                let warm = Instant::now();
-                while {
-                    backend.forward(batch)?;
-                    warm.elapsed() < SETTLE
-                } {}
+                settle(backend.as_mut(), batch, SETTLE)?;
             }
             fused_pass::profile(timed && backend.profiles_parts());
             let t = Instant::now();
@@ -207,6 +216,23 @@ fn run_round(
     }
     Ok(())
 }
+
+/// Runs `batch` untimed for at least `how_long` (at least once).
+fn settle(
+    backend: &mut dyn backend::Backend,
+    batch: &TreeBatch,
+    how_long: std::time::Duration,
+) -> Result<()> {
+    let warm = Instant::now();
+    while {
+        backend.forward(batch)?;
+        warm.elapsed() < how_long
+    } {}
+    Ok(())
+}
+
+/// How long each backend decodes untimed before its turn in a round shared with others.
+const SWITCH_SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The CPU's model name as the OS reports it (`/proc/cpuinfo`), or the architecture.
 pub fn cpu_name() -> String {
