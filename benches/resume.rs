@@ -8,7 +8,12 @@
 //! milliseconds shows a first forward well above the last after a pause. The model comes
 //! from the model directory as the tests' does (`THICKET_MODELS`).
 //!
-//! `cargo bench --bench resume -- [MODEL] [steady|msN|rowsN ...]`
+//! `everyPxK` instead decodes in cycles of `P` forwards, the last of each `K` rows (as a
+//! draft tree's verification would be), and prints the mean time of the one-row forwards
+//! and of the `K`-row ones: whether forwards of a few rows slow the one-row forwards
+//! between them.
+//!
+//! `cargo bench --bench resume -- [MODEL] [steady|msN|rowsN|everyPxK ...]`
 
 use std::time::{Duration, Instant};
 
@@ -37,7 +42,11 @@ fn main() -> anyhow::Result<()> {
         kinds
     };
     let loaded = engine::load_model(&model, &Default::default())?;
-    let largest = kinds.iter().filter_map(|k| rows(k)).max().unwrap_or(1);
+    let largest = kinds
+        .iter()
+        .filter_map(|k| rows(k).or(cycle(k).map(|c| c.1)))
+        .max()
+        .unwrap_or(1);
     let mut pool = BlockPool::new((CONTEXT + largest).div_ceil(BLOCK), BLOCK);
     let mut table = BlockTable::new();
     anyhow::ensure!(table.ensure_capacity(CONTEXT + largest, &mut pool));
@@ -57,6 +66,28 @@ fn main() -> anyhow::Result<()> {
         engine::bench::cpu_name()
     );
     for kind in &kinds {
+        if let Some((period, k)) = cycle(kind) {
+            let multi = chain(CONTEXT, k, LogitRows::All)?;
+            let (mut single, mut multis) = (Vec::new(), Vec::new());
+            for round in 0..=ROUNDS {
+                for i in 0..period * 5 {
+                    let last = i % period == period - 1;
+                    let t = Instant::now();
+                    backend.forward(if last { &multi } else { &one })?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if round > 0 {
+                        if last { &mut multis } else { &mut single }.push(ms);
+                    }
+                }
+            }
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+            println!(
+                "{kind:>7}: one-row forwards {:.3} ms, {k}-row forwards {:.3} ms (means)",
+                mean(&single),
+                mean(&multis)
+            );
+            continue;
+        }
         let disturbance = match rows(kind) {
             Some(n) => Some(chain(CONTEXT, n, LogitRows::All)?),
             None => None,
@@ -92,9 +123,17 @@ fn rows(kind: &str) -> Option<usize> {
     kind.strip_prefix("rows").and_then(|n| n.parse().ok())
 }
 
+/// `everyPxK`: a `K`-row forward every `P` forwards.
+fn cycle(kind: &str) -> Option<(usize, usize)> {
+    let (period, k) = kind.strip_prefix("every")?.split_once('x')?;
+    let (period, k) = (period.parse().ok()?, k.parse().ok()?);
+    (period > 0 && k > 0).then_some((period, k))
+}
+
 fn is_disturbance(arg: &str) -> bool {
     arg == "steady"
         || rows(arg).is_some()
+        || cycle(arg).is_some()
         || arg
             .strip_prefix("ms")
             .is_some_and(|n| n.parse::<u64>().is_ok())

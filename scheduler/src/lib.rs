@@ -12,6 +12,7 @@
 
 pub mod budget;
 mod config;
+mod cost_curve;
 mod error;
 mod plan;
 mod scheduler;
