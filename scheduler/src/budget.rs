@@ -198,10 +198,11 @@ pub fn concave_gains(expected: &[f32]) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn offer(expected: &[f32]) -> DraftOffer {
+    /// An offer that costs nothing to draft (shared with the cost curve's tests).
+    pub(crate) fn offer(expected: &[f32]) -> DraftOffer {
         DraftOffer::free(expected.to_vec())
     }
 

@@ -202,12 +202,9 @@ fn along(points: &[(usize, f64)], rows: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::{allocate, DraftOffer};
+    use crate::budget::allocate;
+    use crate::budget::tests::offer;
     use kvcache::SeqId;
-
-    fn offer(expected: &[f32]) -> DraftOffer {
-        DraftOffer::free(expected.to_vec())
-    }
 
     #[test]
     fn curve_interpolates_and_extrapolates() {
