@@ -312,17 +312,19 @@ impl Engine {
         let mut plan = self.scheduler.schedule();
         if let Some(drafts) = self.draft_offers(&plan) {
             self.scheduler.grant_drafts(&mut plan, &drafts);
-            let budgets: Vec<(u64, usize)> = plan
-                .scheduled
-                .iter()
-                .filter(|s| s.samples)
-                .map(|s| (s.seq.0, s.draft_budget))
-                .collect();
-            tracing::debug!(
-                rows = plan.num_batched_tokens,
-                ?budgets,
-                "draft budgets (sequence, nodes)"
-            );
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let budgets: Vec<(u64, usize)> = plan
+                    .scheduled
+                    .iter()
+                    .filter(|s| s.samples)
+                    .map(|s| (s.seq.0, s.draft_budget))
+                    .collect();
+                tracing::debug!(
+                    rows = plan.num_batched_tokens,
+                    ?budgets,
+                    "draft budgets (sequence, nodes)"
+                );
+            }
         }
         metrics::counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
         if plan.is_empty() {

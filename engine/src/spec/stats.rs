@@ -67,13 +67,23 @@ fn bucket(nodes: usize) -> usize {
 }
 
 impl AcceptanceStats {
-    /// Records that a tree of `nodes` drafted nodes had `accepted` of them accepted.
+    /// Records that a tree of `nodes` drafted nodes had `accepted` of them accepted, where
+    /// only the count is known: each smaller size is taken to have accepted as many, up to
+    /// its own size (an upper bound; [`AcceptanceStats::record_tree`] knows better).
     pub fn record(&mut self, nodes: usize, accepted: usize) {
+        self.record_tree(nodes, |upper| accepted.min(upper));
+    }
+
+    /// Records a verified tree of `nodes` drafted nodes (best first, each node's parent
+    /// before it) where `accepted_within(n)` is how many draft tokens the tree of its first
+    /// n nodes would have accepted: its accepted path up to the first node beyond them.
+    /// Smaller trees are prefixes of this one, so smaller buckets learn what they would
+    /// have accepted, not an upper bound of it: a wide tree accepting its fourth candidate
+    /// says nothing good about its first one alone.
+    pub fn record_tree(&mut self, nodes: usize, accepted_within: impl Fn(usize) -> usize) {
         if nodes == 0 {
             return;
         }
-        // A smaller tree is a prefix of this one's candidates: it would have accepted at
-        // most as many (and at most its own size), so smaller buckets learn too.
         let last = bucket(nodes);
         for ((expected, seen), &upper) in self
             .expected
@@ -82,7 +92,7 @@ impl AcceptanceStats {
             .zip(&BUCKET_UPPER)
             .take(last + 1)
         {
-            let got = accepted.min(upper) as f32;
+            let got = accepted_within(upper.min(nodes)).min(upper) as f32;
             let alpha = ALPHA.max(1.0 / (*seen as f32 + PRIOR_WEIGHT));
             *expected += alpha * (got - *expected);
             *seen = seen.saturating_add(1);
@@ -200,6 +210,25 @@ mod tests {
             .skip(1)
             .any(|(i, &e)| (e - best * (i + 1) as f32).abs() < 1e-6));
         assert!(best > c[0] + 0.3, "{best} {c:?}");
+    }
+
+    #[test]
+    fn a_wide_trees_later_candidates_do_not_credit_its_first() {
+        // Four alternatives for the next token; the fourth is always the one accepted.
+        let (mut exact, mut bound) = (AcceptanceStats::default(), AcceptanceStats::default());
+        let accepted_path = [4usize];
+        for _ in 0..200 {
+            exact.record_tree(4, |n| accepted_path.iter().take_while(|&&i| i <= n).count());
+            bound.record(4, 1);
+        }
+        assert!(exact.curve(1)[0] < 0.05, "{:?}", exact.curve(4));
+        assert!(
+            (exact.curve(4)[3] - 1.0).abs() < 0.05,
+            "{:?}",
+            exact.curve(4)
+        );
+        // Counting alone credits the first node with the fourth's acceptance.
+        assert!(bound.curve(1)[0] > 0.95, "{:?}", bound.curve(4));
     }
 
     #[test]

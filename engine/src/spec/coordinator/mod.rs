@@ -107,6 +107,11 @@ pub(crate) struct Speculation {
     sampling_per_token: Option<f64>,
     /// This step's measurements so far, until `observe_step`.
     this_step: StepTimes,
+    /// Each method's [`Speculation::best_per_node`] since its statistics last changed: the
+    /// check every decoding sequence's drafter passes each step before it prepares, kept
+    /// so that a step costs no curve to be rebuilt per sequence (a step's bookkeeping
+    /// between forwards slows the next forward by several times its own length).
+    best_per_node: Vec<(SpecMethod, f32)>,
 }
 
 /// What a step spent where, in seconds.
@@ -193,6 +198,7 @@ impl Speculation {
             step_overhead: None,
             sampling_per_token: None,
             this_step: StepTimes::default(),
+            best_per_node: Vec::new(),
         })
     }
 
@@ -359,7 +365,6 @@ impl Speculation {
     ) -> Option<DraftInputs> {
         let cost = self.planning_cost();
         let break_even = cost.break_even_gain(base, room);
-        let mut best_per_node: HashMap<SpecMethod, f32> = HashMap::new();
         let mut offers = HashMap::new();
         for (seq, tokens, state, forced) in candidates {
             // Without drafts there is no evidence, so a ratio that failures pushed below
@@ -382,9 +387,14 @@ impl Speculation {
                 .into_iter()
                 .flatten()
                 {
-                    let per_node = *best_per_node
-                        .entry(method)
-                        .or_insert_with(|| self.best_per_node(method));
+                    let per_node = match self.best_per_node.iter().find(|(m, _)| *m == method) {
+                        Some(&(_, known)) => known,
+                        None => {
+                            let computed = self.best_per_node(method);
+                            self.best_per_node.push((method, computed));
+                            computed
+                        }
+                    };
                     best = best.max(per_node * state.ratio(method));
                 }
                 if f64::from(best.min(1.0)) <= break_even {
@@ -424,6 +434,14 @@ impl Speculation {
             expected_accepted.resize(state.available.max(forced), drafted_best);
             for (i, e) in expected_accepted.iter_mut().enumerate() {
                 *e = e.max((i + 1).min(forced) as f32);
+            }
+            // The same test as before `prepare`, on this step's own curve: an offer none of
+            // whose trees could pay for its rows would only cost the planner's time.
+            let per_node = (expected_accepted.iter().enumerate())
+                .map(|(i, &e)| e / (i + 1) as f32)
+                .fold(0.0f32, f32::max);
+            if forced == 0 && !costly && f64::from(per_node.min(1.0)) <= break_even {
+                continue;
             }
             let draft_cost = match self.seconds_per_unit {
                 Some(per_unit) if costly && per_unit > 0.0 => (1..=expected_accepted.len())

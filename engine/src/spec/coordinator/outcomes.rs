@@ -104,7 +104,11 @@ impl Speculation {
         // as a token is expected.
         let own = state.ratio_mut(method);
         *own += 0.2 * expected.min(1.0) * (ratio - *own);
-        stats.record(drafted, accepted_drafts);
+        // The tree's nodes are in its drafter's order, best first: a tree of its first n
+        // drafted nodes would have accepted the path up to the first node beyond them.
+        let path = accepted.get(1..).unwrap_or_default();
+        stats.record_tree(drafted, |n| path.iter().take_while(|&&i| i <= n).count());
+        self.best_per_node.retain(|(m, _)| *m != method);
         state.drafter.record(drafted, accepted_drafts);
         state.drafter.verified(tree, accepted);
         let name = method.as_str();

@@ -1,6 +1,7 @@
 //! Unit tests of the speculation state: acceptance learnt per evidence level, a costly
 //! method probed and then charged by tree size, learning rows charged on the cost curve,
-//! drafters left unprepared where no tree could pay.
+//! drafters left unprepared where no tree could pay, and no offer made where its own trees
+//! could not, a method asked again once its record says it pays.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -301,4 +302,86 @@ fn a_drafter_prepares_only_where_its_best_case_could_pay() {
     let forced = offer(64, 2).expect("forced tokens are offered");
     assert_eq!(forced[..2], [1.0, 2.0]);
     assert_eq!(prepared.load(Ordering::Relaxed), 2);
+}
+
+/// Speculation with the "counted" method alone over `cost`, its drafter for one sequence,
+/// and the count of that drafter's preparations.
+fn counted(cost: CostCurve) -> (Speculation, SeqDrafter, Arc<AtomicUsize>) {
+    let prepared = Arc::new(AtomicUsize::new(0));
+    let counter = prepared.clone();
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new("counted", move |_| {
+            Box::new(CountedSpeculator(counter.clone()))
+        })],
+        cost,
+        ..SpeculationConfig::default()
+    };
+    let speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named("counted"),
+        max_draft_tokens: None,
+    };
+    let state = speculation
+        .drafter_for(Some(request), &[0], 1, None, None)
+        .expect("the method drafts");
+    (speculation, state, prepared)
+}
+
+#[test]
+fn a_method_that_starts_to_pay_is_asked_again() {
+    // Every extra row costs half a step: the prior's best node (0.4 tokens) does not pay.
+    let cost = CostCurve::new(vec![(1, 1.0), (2, 1.5), (3, 2.0), (128, 64.5)]).expect("a curve");
+    assert!((cost.break_even_gain(1, 80) - 0.5).abs() < 1e-6);
+    let (mut speculation, mut state, prepared) = counted(cost);
+    let seq = SeqId(1);
+    let tokens = [5];
+    let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+        speculation
+            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
+            .is_some()
+    };
+    assert!(!offer(&mut speculation, &mut state));
+    assert_eq!(prepared.load(Ordering::Relaxed), 0);
+    // Its trees turn out to be accepted whole (verified, as forced tokens would be): the
+    // best case the check keeps for it follows, and it is asked to prepare again.
+    let tree = TokenTree::chain(&[5, 6, 7, 8, 9]);
+    for _ in 0..50 {
+        speculation.verified(&mut state, &tree, &[0, 1, 2, 3, 4]);
+    }
+    assert!(offer(&mut speculation, &mut state));
+    assert_eq!(prepared.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn an_offer_whose_own_trees_cannot_pay_is_not_made() {
+    // A second row costs 0.3 of a step.
+    let cost = CostCurve::new(vec![(1, 1.0), (2, 1.3), (3, 1.6), (128, 39.1)]).expect("a curve");
+    let (mut speculation, mut state, prepared) = counted(cost);
+    let seq = SeqId(1);
+    let tokens = [5];
+    let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+        speculation
+            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
+            .is_some()
+    };
+    // The prior's first node (0.4 tokens with its exploration bonus) pays for its row.
+    assert!(offer(&mut speculation, &mut state));
+    // Its trees are never accepted: the drafter still prepares (the method's best case,
+    // which includes evidence levels never seen, could pay), but its own curve cannot, so
+    // it makes no offer for the planner to weigh.
+    let tree = TokenTree::chain(&[5, 6, 7, 8, 9]);
+    for _ in 0..200 {
+        speculation.verified(&mut state, &tree, &[0]);
+    }
+    // A new sequence of the method (whose own record has not lowered its trust yet).
+    let request = SpecRequest {
+        method: SpecMethod::Named("counted"),
+        max_draft_tokens: None,
+    };
+    let mut fresh = speculation
+        .drafter_for(Some(request), &[0], 1, None, None)
+        .expect("the method drafts");
+    let before = prepared.load(Ordering::Relaxed);
+    assert!(!offer(&mut speculation, &mut fresh));
+    assert_eq!(prepared.load(Ordering::Relaxed), before + 1);
 }
