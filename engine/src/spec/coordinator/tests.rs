@@ -327,19 +327,20 @@ fn counted(cost: CostCurve) -> (Speculation, SeqDrafter, Arc<AtomicUsize>) {
     (speculation, state, prepared)
 }
 
+/// Whether `state`'s drafter offers anything after token 5, alone on a step.
+fn offer(speculation: &mut Speculation, state: &mut SeqDrafter) -> bool {
+    let tokens = [5];
+    speculation
+        .offers(std::iter::once((SeqId(1), &tokens[..], state, 0)), 1, 80)
+        .is_some()
+}
+
 #[test]
 fn a_method_that_starts_to_pay_is_asked_again() {
     // Every extra row costs half a step: the prior's best node (0.4 tokens) does not pay.
     let cost = CostCurve::new(vec![(1, 1.0), (2, 1.5), (3, 2.0), (128, 64.5)]).expect("a curve");
     assert!((cost.break_even_gain(1, 80) - 0.5).abs() < 1e-6);
     let (mut speculation, mut state, prepared) = counted(cost);
-    let seq = SeqId(1);
-    let tokens = [5];
-    let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
-        speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
-            .is_some()
-    };
     assert!(!offer(&mut speculation, &mut state));
     assert_eq!(prepared.load(Ordering::Relaxed), 0);
     // Its trees turn out to be accepted whole (verified, as forced tokens would be): the
@@ -357,13 +358,6 @@ fn an_offer_whose_own_trees_cannot_pay_is_not_made() {
     // A second row costs 0.3 of a step.
     let cost = CostCurve::new(vec![(1, 1.0), (2, 1.3), (3, 1.6), (128, 39.1)]).expect("a curve");
     let (mut speculation, mut state, prepared) = counted(cost);
-    let seq = SeqId(1);
-    let tokens = [5];
-    let offer = |speculation: &mut Speculation, state: &mut SeqDrafter| {
-        speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
-            .is_some()
-    };
     // The prior's first node (0.4 tokens with its exploration bonus) pays for its row.
     assert!(offer(&mut speculation, &mut state));
     // Its trees are never accepted: the drafter still prepares (the method's best case,
