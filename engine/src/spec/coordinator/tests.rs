@@ -258,26 +258,10 @@ impl Speculator for CountedSpeculator {
 
 #[test]
 fn a_drafter_prepares_only_where_its_best_case_could_pay() {
-    let prepared = Arc::new(AtomicUsize::new(0));
-    let counter = prepared.clone();
     // One row costs 1, a second 0.1 more; from 64 rows on each row costs 0.6 (a step of 64
     // sequences pays 0.31 per token, and no gain per node reaches 0.6 / 0.31).
     let cost = CostCurve::new(vec![(1, 1.0), (2, 1.1), (64, 20.0), (128, 60.0)]).expect("a curve");
-    let config = SpeculationConfig {
-        speculators: vec![SpeculatorFactory::new("counted", move |_| {
-            Box::new(CountedSpeculator(counter.clone()))
-        })],
-        cost: cost.clone(),
-        ..SpeculationConfig::default()
-    };
-    let mut speculation = Speculation::new(config, 16).expect("a new method name");
-    let request = SpecRequest {
-        method: SpecMethod::Named("counted"),
-        max_draft_tokens: None,
-    };
-    let mut state = speculation
-        .drafter_for(Some(request), &[0], 1, None, None)
-        .expect("the method drafts");
+    let (mut speculation, mut state, prepared) = counted(cost.clone());
     let seq = SeqId(1);
     let tokens = [5];
     let mut offer = |base: usize, forced: usize| {
@@ -317,14 +301,19 @@ fn counted(cost: CostCurve) -> (Speculation, SeqDrafter, Arc<AtomicUsize>) {
         ..SpeculationConfig::default()
     };
     let speculation = Speculation::new(config, 16).expect("a new method name");
+    let state = counted_drafter(&speculation);
+    (speculation, state, prepared)
+}
+
+/// A new sequence's "counted" drafter.
+fn counted_drafter(speculation: &Speculation) -> SeqDrafter {
     let request = SpecRequest {
         method: SpecMethod::Named("counted"),
         max_draft_tokens: None,
     };
-    let state = speculation
+    speculation
         .drafter_for(Some(request), &[0], 1, None, None)
-        .expect("the method drafts");
-    (speculation, state, prepared)
+        .expect("the method drafts")
 }
 
 /// Whether `state`'s drafter offers anything after token 5, alone on a step.
@@ -368,13 +357,7 @@ fn an_offer_whose_own_trees_cannot_pay_is_not_made() {
         speculation.verified(&mut state, &tree, &[0]);
     }
     // A new sequence of the method (whose own record has not lowered its trust yet).
-    let request = SpecRequest {
-        method: SpecMethod::Named("counted"),
-        max_draft_tokens: None,
-    };
-    let mut fresh = speculation
-        .drafter_for(Some(request), &[0], 1, None, None)
-        .expect("the method drafts");
+    let mut fresh = counted_drafter(&speculation);
     let before = prepared.load(Ordering::Relaxed);
     assert!(!offer(&mut speculation, &mut fresh));
     assert_eq!(prepared.load(Ordering::Relaxed), before + 1);
