@@ -66,10 +66,19 @@ fn bucket(nodes: usize) -> usize {
         .unwrap_or(BUCKET_UPPER.len() - 1)
 }
 
+/// The most any tree expected to accept `expected[n - 1]` tokens with n nodes accepts per
+/// node (the steepest slope from the origin of that curve).
+pub fn best_per_node(expected: &[f32]) -> f32 {
+    (expected.iter().enumerate())
+        .map(|(i, &e)| e / (i + 1) as f32)
+        .fold(0.0, f32::max)
+}
+
 impl AcceptanceStats {
     /// Records that a tree of `nodes` drafted nodes had `accepted` of them accepted, where
     /// only the count is known: each smaller size is taken to have accepted as many, up to
     /// its own size (an upper bound; [`AcceptanceStats::record_tree`] knows better).
+    #[cfg(test)]
     pub fn record(&mut self, nodes: usize, accepted: usize) {
         self.record_tree(nodes, |upper| accepted.min(upper));
     }
@@ -109,11 +118,7 @@ impl AcceptanceStats {
     /// steepest slope from the origin of [`AcceptanceStats::curve`]): no node of such a tree
     /// is worth more to the planner.
     pub fn best_per_node(&self, max_nodes: usize) -> f32 {
-        self.curve(max_nodes)
-            .iter()
-            .enumerate()
-            .map(|(i, &e)| e / (i + 1) as f32)
-            .fold(0.0, f32::max)
+        best_per_node(&self.curve(max_nodes))
     }
 
     /// Expected accepted tokens for 1..=`max_nodes` nodes, with each bucket's exploration

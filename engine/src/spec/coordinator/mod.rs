@@ -437,9 +437,7 @@ impl Speculation {
             }
             // The same test as before `prepare`, on this step's own curve: an offer none of
             // whose trees could pay for its rows would only cost the planner's time.
-            let per_node = (expected_accepted.iter().enumerate())
-                .map(|(i, &e)| e / (i + 1) as f32)
-                .fold(0.0f32, f32::max);
+            let per_node = crate::spec::stats::best_per_node(&expected_accepted);
             if forced == 0 && !costly && f64::from(per_node.min(1.0)) <= break_even {
                 continue;
             }
