@@ -4,7 +4,7 @@
 //! thicket's attention both use it (their logits stay bit-identical); the reference
 //! arithmetic (`--attention reference`) keeps candle's own `silu`.
 
-use rayon::prelude::*;
+use crate::cpu::team::Disjoint;
 
 use crate::cpu::softmax::exp;
 
@@ -24,24 +24,31 @@ pub fn silu(v: f32) -> f32 {
     v / (1.0 + e)
 }
 
-/// Values past which `swiglu` splits over the pool, in runs of this many (each run one
+/// Values past which `swiglu` splits over the forward's team, in runs of this many (each run one
 /// vectorised loop; split value by value, the pool's bookkeeping would cost more than the
 /// arithmetic).
 const PARALLEL_VALUES: usize = 1 << 15;
 
 /// `gate = silu(gate) * up`, element by element.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    let run = |(gate, up): (&mut [f32], &[f32])| {
+    let run = |gate: &mut [f32], up: &[f32]| {
         for (g, u) in gate.iter_mut().zip(up) {
             *g = silu(*g) * *u;
         }
     };
-    if gate.len() > PARALLEL_VALUES {
-        gate.par_chunks_mut(PARALLEL_VALUES)
-            .zip(up.par_chunks(PARALLEL_VALUES))
-            .for_each(run);
+    let len = gate.len().min(up.len());
+    if len > PARALLEL_VALUES {
+        let runs = len.div_ceil(PARALLEL_VALUES);
+        let shared = Disjoint::new(gate);
+        crate::cpu::team::for_each(runs, |i| {
+            let at = i * PARALLEL_VALUES;
+            let n = PARALLEL_VALUES.min(len - at);
+            // SAFETY: run `i` alone reaches `gate[at..at + n]`, inside the buffer, which
+            // stays borrowed for the whole loop.
+            run(unsafe { shared.run(at, n) }, &up[at..at + n]);
+        });
     } else {
-        run((gate, up));
+        run(gate, up);
     }
 }
 

@@ -4,8 +4,8 @@
 //! hands its work to the other workers through their queues and splits it as they steal (in
 //! a profile of a one-row forward on two cores, each worker spent about a fifth of its time
 //! scheduling, stealing and waiting). Inside `with_team`
-//! the calling worker (the leader) has recruited the pool's other workers once, as helpers
-//! that spin between loops. Each loop's tasks are dealt out in contiguous runs, one per member,
+//! the calling thread (the leader: the engine's own thread, or a pool worker) has recruited
+//! the pool's other workers once, as helpers that spin between loops. Each loop's tasks are dealt out in contiguous runs, one per member,
 //! each run in its own atomic word on its own cache line: a member claims its own run's tasks
 //! without touching another core's line, then takes what is left of the others' runs. The
 //! leader never waits for a helper to arrive, only for the tasks helpers claimed to finish: a
@@ -202,9 +202,10 @@ impl Drop for Helping {
     }
 }
 
-/// Runs `body` with this thread leading a team of the pool's other workers: every
+/// Runs `body` with this thread leading a team of the pool's other workers (all of them but
+/// one when this thread is outside the pool, so that the team has one member per core): every
 /// `for_each` and `map` it calls runs on the team. Called by a thread that already leads or
-/// helps a team, just runs `body` (its loops then run on rayon).
+/// helps a team, just runs `body` (its loops run as that thread's would).
 pub fn with_team<R>(body: impl FnOnce() -> R) -> R {
     if IN_TEAM.with(|t| t.get()) {
         return body();
@@ -258,11 +259,17 @@ fn linger_for(limit: std::time::Duration) {
 }
 
 /// Runs `f(i)` for every `i` in `0..tasks`, spread over the team this thread leads, or over
-/// the rayon pool outside a team.
+/// the rayon pool outside a team. Inside a task of a team's loop (on its leader or a helper)
+/// the tasks run here in turn: the team's other members are busy with the outer loop, and a
+/// leader outside the pool would otherwise hand them to an idle worker and sleep.
 pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
     let leading = LEADING.with(|l| l.get());
     if leading.is_null() || tasks > u32::MAX as usize {
-        (0..tasks).into_par_iter().for_each(&f);
+        if IN_TEAM.with(|t| t.get()) {
+            (0..tasks).for_each(&f);
+        } else {
+            (0..tasks).into_par_iter().for_each(&f);
+        }
         return;
     }
     // Loops inside this loop's tasks (on this thread) run on rayon, not on the team.
@@ -433,6 +440,38 @@ mod tests {
                 assert_eq!(total.load(Ordering::Relaxed), 4 * 8);
             })
         });
+    }
+
+    #[test]
+    fn threads_outside_the_pool_lead_teams_and_run_inner_loops_themselves() {
+        // Engines' threads lead their forwards' teams of the global pool's workers, several
+        // at once; a loop inside a task the leader took runs on the leader.
+        let engines: Vec<_> = (0..3usize)
+            .map(|engine| {
+                std::thread::spawn(move || {
+                    let leader = std::thread::current().id();
+                    with_team(|| {
+                        let mut led = 0usize;
+                        for _ in 0..20 {
+                            let inner = map(16, |_| {
+                                let outer = std::thread::current().id();
+                                let ids = map(4, |_| std::thread::current().id());
+                                (outer, ids.iter().all(|&id| id == outer))
+                            });
+                            assert!(inner.iter().all(|&(_, here)| here), "{inner:?}");
+                            led += inner.iter().filter(|(id, _)| *id == leader).count();
+                        }
+                        let sum: usize = map(100, |i| i + engine).iter().sum();
+                        (led, sum)
+                    })
+                })
+            })
+            .collect();
+        for (engine, handle) in engines.into_iter().enumerate() {
+            let (led, sum) = handle.join().expect("engine thread");
+            assert!(led > 0, "the leader took no task");
+            assert_eq!(sum, 4950 + 100 * engine);
+        }
     }
 
     #[test]

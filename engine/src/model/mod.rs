@@ -246,9 +246,18 @@ impl Model {
     /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
     /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
     pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
-        // The whole forward runs on a worker of the CPU thread pool, so the parallel matmuls
-        // and attention inside it hand work to the other workers directly instead of each
-        // waking the pool from outside (hundreds of times per forward).
+        if self.is_fused() {
+            // The fused pass runs on the calling thread (the engine's), which leads a team of
+            // the pool's workers for its parallel loops: handing the whole forward to a
+            // worker and sleeping until it ends would cost a wake on each side of every
+            // step, and the engine's thread would then share the cores with two workers.
+            let logits = self.forward_on_pool(batch, kv);
+            crate::cpu::team::linger();
+            return logits;
+        }
+        // Candle's ops split their work over the pool each: from a worker of the pool they
+        // hand it to the others directly instead of each waking the pool from outside
+        // (hundreds of times per forward).
         rayon::scope(|_| {
             let logits = self.forward_on_pool(batch, kv);
             crate::cpu::team::linger();
