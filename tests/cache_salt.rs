@@ -173,17 +173,31 @@ fn the_server_scopes_cached_tokens_by_salt_and_refuses_bad_salts() {
         assert_eq!(answer["error"]["param"], "cache_salt", "{answer}");
     }
     // The global suffix index learnt those requests (every prompt, and every output with
-    // its prompt's end), across the salts' indexes, and says so in /metrics.
-    let (status, metrics) = server.get("/metrics");
-    assert_eq!(status, 200);
+    // its prompt's end), across the salts' indexes, and says so in /metrics. Six requests
+    // reached the engine (the bad salts did not), each learnt as a prompt and as an output;
+    // the engine learns a finished output just after it sends the response's last event, so
+    // the last one may show a moment after its response.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let (status, metrics) = server.get("/metrics");
+        assert_eq!(status, 200);
+        let learnt = metrics.lines().find_map(|l| {
+            l.strip_prefix("thicket_spec_suffix_index_requests ")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        });
+        if learnt >= Some(12.0) || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let value = |name: &str| -> f64 {
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} missing from /metrics"))
     };
-    // Six requests reached the engine (the bad salts did not), each learnt as a prompt and
-    // as an output.
     assert_eq!(value("thicket_spec_suffix_index_requests "), 12.0);
     assert!(value("thicket_spec_suffix_index_tokens ") >= 6.0 * 60.0);
     assert!(value("thicket_spec_suffix_index_bytes ") > 0.0);

@@ -27,6 +27,9 @@ type Job<'a> = &'a (dyn Fn(usize) + Sync);
 /// Spins of an idle helper (or a leader waiting on helpers) between which it yields its core.
 const SPINS: u32 = 1 << 12;
 
+/// Past `SPINS`, how many of an idle helper's waits pass between its looks for pool work.
+const POOL_WORK_EVERY: u32 = 64;
+
 /// One member's run of the current loop, `next << 32 | end`, alone on its cache line.
 #[repr(align(128))]
 struct Run(AtomicU64);
@@ -95,7 +98,17 @@ impl Team {
         while !self.done.load(Ordering::Acquire) {
             let Some(first) = Self::claim(&self.runs[own]) else {
                 idle = idle.saturating_add(1);
-                pause(idle);
+                if idle < SPINS {
+                    std::hint::spin_loop();
+                } else if idle % POOL_WORK_EVERY != 0
+                    || !matches!(rayon::yield_now(), Some(rayon::Yield::Executed))
+                {
+                    // Idle a while: now and then run pool work waiting meanwhile (a leader
+                    // outside the pool may wait on a rayon call of its own that only a
+                    // worker can run, with every worker some team's helper), else give the
+                    // core away.
+                    std::thread::yield_now();
+                }
                 continue;
             };
             idle = 0;
@@ -471,6 +484,35 @@ mod tests {
             let (led, sum) = handle.join().expect("engine thread");
             assert!(led > 0, "the leader took no task");
             assert_eq!(sum, 4950 + 100 * engine);
+        }
+    }
+
+    #[test]
+    fn leaders_outside_the_pool_may_wait_on_rayon_calls_of_their_own() {
+        // As many leaders as workers, each waiting inside its team on a rayon loop of its own
+        // (as candle's matmul of dense weights does): even with every worker some team's
+        // helper, the idle helpers run that work, and every leader finishes.
+        let leaders = rayon::current_num_threads().max(2);
+        let (done, finished) = std::sync::mpsc::channel();
+        for _ in 0..leaders {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let sum: u64 = with_team(|| {
+                    (0..50)
+                        .map(|_| {
+                            let pool_sum: u64 = (0..1000u64).into_par_iter().sum();
+                            pool_sum + map(8, |i| i as u64).iter().sum::<u64>()
+                        })
+                        .sum()
+                });
+                let _ = done.send(sum);
+            });
+        }
+        for _ in 0..leaders {
+            let sum = finished
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("a leader waited for good on a rayon call no worker ran");
+            assert_eq!(sum, 50 * (499_500 + 28));
         }
     }
 

@@ -138,6 +138,9 @@ pub struct FusedWeights {
     /// `[max_positions][head_dim / 2]`, the model's RoPE table.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// Whether every projection takes thicket's kernel: then nothing in a forward calls
+    /// rayon beside the team's own loops (candle's matmul splits over the pool by itself).
+    packed: bool,
 }
 
 /// Seconds spent in each part of fused forwards on this thread, when `profile` is on.
@@ -245,16 +248,28 @@ impl FusedWeights {
                 down: p(&l.down)?,
             });
         }
+        let lm_head = Projection::from_linear(&weights.lm_head)?;
+        let packed = layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .chain([&lm_head])
+            .all(|p| matches!(p, Projection::Packed { .. }));
         Ok(Some(Self {
             layers,
             final_norm: host_values(&weights.final_norm)?,
-            lm_head: Projection::from_linear(&weights.lm_head)?,
+            lm_head,
             rope_cos: host_values(rope.0)?,
             rope_sin: host_values(rope.1)?,
+            packed,
         }))
     }
 
-    /// The forward of `Model::forward` (already validated), on the calling pool worker.
+    /// Whether every projection takes thicket's kernel (see `packed`).
+    pub fn all_packed(&self) -> bool {
+        self.packed
+    }
+
+    /// The forward of `Model::forward` (already validated), on the calling thread.
     pub fn forward(
         &self,
         cfg: &ModelConfig,

@@ -246,17 +246,19 @@ impl Model {
     /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
     /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
     pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
-        if self.is_fused() {
-            // The fused pass runs on the calling thread (the engine's), which leads a team of
-            // the pool's workers for its parallel loops: handing the whole forward to a
-            // worker and sleeping until it ends would cost a wake on each side of every
-            // step, and the engine's thread would then share the cores with two workers.
+        if self.is_fused() && self.fused.as_ref().is_some_and(|f| f.all_packed()) {
+            // The fused pass on thicket's kernel runs on the calling thread (the engine's),
+            // which leads a team of the pool's workers for its parallel loops: handing the
+            // whole forward to a worker and sleeping until it ends would cost a wake on each
+            // side of every step, and the engine's thread would then share the cores with
+            // two workers. (Candle's matmul of dense weights would have that thread wait on
+            // the pool from outside it, while the workers help its team.)
             let logits = self.forward_on_pool(batch, kv);
             crate::cpu::team::linger();
             return logits;
         }
         // Candle's ops split their work over the pool each: from a worker of the pool they
-        // hand it to the others directly instead of each waking the pool from outside
+        // run there or hand it to the others directly instead of each waking the pool from outside
         // (hundreds of times per forward).
         rayon::scope(|_| {
             let logits = self.forward_on_pool(batch, kv);
