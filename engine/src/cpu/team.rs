@@ -100,7 +100,7 @@ impl Team {
                 idle = idle.saturating_add(1);
                 if idle < SPINS {
                     std::hint::spin_loop();
-                } else if idle % POOL_WORK_EVERY != 0
+                } else if !idle.is_multiple_of(POOL_WORK_EVERY)
                     || !matches!(rayon::yield_now(), Some(rayon::Yield::Executed))
                 {
                     // Idle a while: now and then run pool work waiting meanwhile (a leader
