@@ -1,18 +1,18 @@
-//! `with_team`, `for_each` and `map`: the parallel loops of a forward on one team of the
-//! thread pool's workers, woken once per forward instead of once per loop. A CPU forward runs
-//! about nine parallel loops per layer (several hundred per forward); as rayon loops each one
-//! hands its work to the other workers through their queues and splits it as they steal (in
-//! a profile of a one-row forward on two cores, each worker spent about a fifth of its time
-//! scheduling, stealing and waiting). Inside `with_team`
-//! the calling thread (the leader: the engine's own thread, or a pool worker) has recruited
-//! the pool's other workers once, as helpers that spin between loops. Each loop's tasks are dealt out in contiguous runs, one per member,
-//! each run in its own atomic word on its own cache line: a member claims its own run's tasks
-//! without touching another core's line, then takes what is left of the others' runs. The
-//! leader never waits for a helper to arrive, only for the tasks helpers claimed to finish: a
-//! helper whose worker is busy elsewhere (another engine's forward) simply never joins, and
-//! the leader takes its run. Outside a team, `for_each` and `map` are rayon loops. Which
-//! thread runs a task never changes its result. As a forward ends, one worker `linger`s,
-//! polling for the next forward's work a little while before it lets its core idle.
+//! `with_team`, `for_each` and `map`: the parallel loops of a forward on one team of the thread
+//! pool's workers, woken once per forward instead of once per loop. A CPU forward runs about nine
+//! parallel loops per layer (several hundred per forward); as rayon loops each one hands its work
+//! to the other workers through their queues and splits it as they steal (in a profile of a one-row
+//! forward on two cores, each worker spent about a fifth of its time scheduling, stealing and
+//! waiting). Inside `with_team` the calling thread (the leader: the engine's own thread, or a pool
+//! worker) has recruited the pool's other workers once, as helpers that spin between loops. Each
+//! loop's tasks are dealt out in contiguous runs, one per member, each run in its own atomic word
+//! on its own cache line: a member claims its own run's tasks without touching another core's line,
+//! then takes what is left of the others' runs. The leader never waits for a helper to arrive, only
+//! for the tasks helpers claimed to finish: a helper whose worker is busy elsewhere (another
+//! engine's forward) simply never joins, and the leader takes its run. Outside a team, `for_each`
+//! and `map` are rayon loops. Which thread runs a task never changes its result. As a forward ends,
+//! one worker `linger`s, polling for the next forward's work a little while before it lets its core
+//! idle.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -285,7 +285,7 @@ pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
         }
         return;
     }
-    // Loops inside this loop's tasks (on this thread) run on rayon, not on the team.
+    // Loops inside this loop's tasks (on this thread) run in turn on their task's thread.
     LEADING.with(|l| l.set(std::ptr::null()));
     struct Restore(*const Team);
     impl Drop for Restore {

@@ -1,16 +1,16 @@
-//! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer
-//! over preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v
-//! products (and once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into
-//! the head-major layout the attention kernel reads and K in place, SwiGLU is computed row by
-//! row as the down projection quantizes its input (row-parallel), and the residual adds run
-//! over the rows in place: where every projection is on thicket's kernel (the default for
-//! GGUF's 32-value formats, and for Q4_K/Q6_K on AVX-512) there is no candle op dispatch and
-//! no tensor allocation per layer, and the matmuls and attention spread over one team of the
-//! thread pool's workers, recruited once per forward (`cpu::team`). Projections thicket's
-//! kernel does not take (dense weights; Q4_K/Q6_K without AVX-512) run through their candle
-//! `Linear` inside the same pass. Every operation repeats the arithmetic of the candle-ops forward in `Model::forward`
-//! (candle's expressions and order; SwiGLU's gate is thicket's `silu` in both), so the logits
-//! are bit-identical to it (tested), and a row's result still never depends on the other rows.
+//! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer over
+//! preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v products (and
+//! once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into the head-major
+//! layout the attention kernel reads and K in place, SwiGLU is computed row by row as the down
+//! projection quantizes its input (row-parallel), and the residual adds run over the rows in place:
+//! where every projection is on thicket's kernel (the default for GGUF's 32-value formats, and for
+//! Q4_K/Q6_K on AVX-512) there is no candle op dispatch and no tensor allocation per layer, and the
+//! matmuls and attention spread over one team of the thread pool's workers, recruited once per
+//! forward (`cpu::team`). Projections thicket's kernel does not take (dense weights; Q4_K/Q6_K
+//! without AVX-512) run through their candle `Linear` inside the same pass. Every operation repeats
+//! the arithmetic of the candle-ops forward in `Model::forward` (candle's expressions and order;
+//! SwiGLU's gate is thicket's `silu` in both), so the logits are bit-identical to it (tested), and
+//! a row's result still never depends on the other rows.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};

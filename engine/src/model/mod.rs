@@ -258,8 +258,8 @@ impl Model {
             return logits;
         }
         // Candle's ops split their work over the pool each: from a worker of the pool they
-        // run there or hand it to the others directly instead of each waking the pool from outside
-        // (hundreds of times per forward).
+        // run there or hand it to the others directly, instead of each waking the pool from
+        // outside (hundreds of times per forward).
         rayon::scope(|_| {
             let logits = self.forward_on_pool(batch, kv);
             crate::cpu::team::linger();
