@@ -42,9 +42,9 @@ pub struct SeqEntry {
     pub rows: Range<usize>,
     /// Ancestor mask over its rows.
     pub mask: TreeMask,
-    /// The slot of each context position, in position order (looked up once per batch, for
-    /// every layer and KV head that reads the context).
-    pub context_slots: Vec<Slot>,
+    /// The slot of each context position as a row index into the KV store, in position order
+    /// (looked up once per batch, for every layer and KV head that reads the context).
+    pub context_slots: Vec<usize>,
 }
 
 /// One forward's input.
@@ -208,16 +208,16 @@ impl TreeBatch {
     }
 }
 
-/// The slots of the first `context_len` positions of `table`, in position order: a block's
-/// positions are consecutive slots, so this looks up each block once (no division per
-/// position). `None` where the table does not cover them.
-fn context_slots(table: &BlockTable, context_len: usize, block_size: usize) -> Option<Vec<Slot>> {
+/// The slots (as row indices) of the first `context_len` positions of `table`, in position
+/// order: a block's positions are consecutive slots, so this looks up each block once (no
+/// division per position). `None` where the table does not cover them.
+fn context_slots(table: &BlockTable, context_len: usize, block_size: usize) -> Option<Vec<usize>> {
     let bs = block_size.max(1);
     let mut slots = Vec::with_capacity(context_len);
     for start in (0..context_len).step_by(bs) {
-        let first = table.slot(start, bs)?;
+        let first = table.slot(start, bs)?.index();
         let len = bs.min(context_len - start);
-        slots.extend((first.0..).take(len).map(Slot));
+        slots.extend(first..first + len);
     }
     Some(slots)
 }
@@ -238,7 +238,8 @@ mod tests {
         let each: Vec<Slot> = (0..10)
             .map(|p| batch.context_slot(seq, p).unwrap())
             .collect();
-        assert_eq!(seq.context_slots, each);
+        let indices: Vec<usize> = each.iter().map(|s| s.index()).collect();
+        assert_eq!(seq.context_slots, indices);
         assert_eq!(each[4], Slot(4));
         assert_eq!(each[9], Slot(25));
     }

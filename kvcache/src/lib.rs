@@ -47,6 +47,7 @@ pub struct Slot(pub u32);
 
 impl Slot {
     /// The slot as a row index into the KV store.
+    #[inline]
     pub fn index(self) -> usize {
         self.0 as usize
     }

@@ -232,15 +232,12 @@ fn attend_group<T: KvValue>(
     // position p), then of the tree's own rows.
     let c_len = seq.context_len;
     let from = (item.runs.start * KEY_RUN).min(c_len);
-    let context_slots: Vec<usize> = seq.context_slots[from..]
-        .iter()
-        .map(|slot| slot.index())
-        .collect();
+    let context_slots = &seq.context_slots[from..];
     let tree_slots: Vec<usize> = seq.rows.clone().map(|r| batch.slots[r].index()).collect();
     // Checked once here; the runs take parts of them.
-    let context_values = Rows::new(&context_slots, hd, values)
+    let context_values = Rows::new(context_slots, hd, values)
         .expect("invariant: batch validated every slot inside the store");
-    let context_keys = KeySlots::new(&context_slots, hd, plane)
+    let context_keys = KeySlots::new(context_slots, hd, plane)
         .expect("invariant: batch validated every slot inside the store");
 
     let n = item.rows.len();

@@ -32,8 +32,12 @@ pub fn gathered_tree_attention(
         let slots: Vec<usize> = seq
             .context_slots
             .iter()
-            .chain(&batch.slots[seq.rows.clone()])
-            .map(|slot| slot.index())
+            .copied()
+            .chain(
+                batch.slots[seq.rows.clone()]
+                    .iter()
+                    .map(|slot| slot.index()),
+            )
             .collect();
         let (k, v) = match kv.kv {
             LayerKv::F16(kv) => (gather_keys(kv, &slots, shape), gather(kv, &slots, shape)),
