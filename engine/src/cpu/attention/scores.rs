@@ -44,12 +44,22 @@ struct Run {
 fn run_at(slots: &[usize], first: usize, hd: usize) -> Run {
     let start = slots[first];
     let lane = start % KEY_TILE;
-    let len = slots[first..]
+    let window = &slots[first..slots.len().min(first + KEY_TILE - lane)];
+    // A context's keys fill whole tiles: checked at once without early exit (vectorised),
+    // then key by key only where the run breaks.
+    let whole = window
         .iter()
-        .take(KEY_TILE - lane)
         .enumerate()
-        .take_while(|&(i, &s)| s == start + i)
-        .count();
+        .fold(true, |all, (i, &s)| all & (s == start + i));
+    let len = if whole {
+        window.len()
+    } else {
+        window
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &s)| s == start + i)
+            .count()
+    };
     Run {
         tile: key_at(start - lane, hd),
         lane,
