@@ -249,34 +249,38 @@ impl Candidates {
 /// Token Recycling's matrix and the draft model's trees both take them. One pass with a
 /// small sorted list, and the row is never copied. Once the list is full, each run of
 /// [`TOP_K_RUN`] logits is first compared with the smallest kept one all at once (a loop the
-/// compiler vectorises): most runs hold nothing larger and are passed over whole. The
-/// engine calls this for every row a forward computes, so on a 49,152-logit vocabulary a
-/// logit-by-logit pass cost a few percent of a step.
+/// compiler vectorises): most runs hold nothing larger and are passed over whole, and in one
+/// that does, each part of [`TOP_K_PART`] is compared the same way before its logits one by
+/// one. The engine calls this for every row a forward computes: on a 49,152-logit
+/// vocabulary a logit-by-logit pass cost a few percent of a step, and runs of 64 compared as
+/// ordering keys 7.1 us a row against 4.5 us now (Intel Xeon, AVX-512).
 pub(crate) fn top_k_into(logits: &[f32], out: &mut [u32]) {
     let k = out.len();
     if k == 0 {
         return;
     }
     let mut best: Vec<(i32, u32)> = Vec::with_capacity(k + 1);
-    for (run, chunk) in logits.chunks(TOP_K_RUN).enumerate() {
-        if best.len() == k {
-            let floor = best[k - 1].0;
-            let beats = chunk
-                .iter()
-                .fold(false, |any, &l| any | (order_key(l) > floor));
-            if !beats {
-                continue;
-            }
+    let mut at = 0;
+    for run in logits.chunks(TOP_K_RUN) {
+        if !beats_floor(&best, k, run) {
+            at += run.len();
+            continue;
         }
-        for (j, &l) in chunk.iter().enumerate() {
-            let key = order_key(l);
-            if best.len() == k && key <= best[k - 1].0 {
-                continue;
+        for part in run.chunks(TOP_K_PART) {
+            if beats_floor(&best, k, part) {
+                for (j, &l) in part.iter().enumerate() {
+                    let key = order_key(l);
+                    if best.len() == k && key <= best[k - 1].0 {
+                        continue;
+                    }
+                    // After every kept logit at least as large: ties keep the earlier
+                    // index first.
+                    let place = best.partition_point(|&(b, _)| b >= key);
+                    best.insert(place, (key, (at + j) as u32));
+                    best.truncate(k);
+                }
             }
-            // After every kept logit at least as large: ties keep the earlier index first.
-            let at = best.partition_point(|&(b, _)| b >= key);
-            best.insert(at, (key, (run * TOP_K_RUN + j) as u32));
-            best.truncate(k);
+            at += part.len();
         }
     }
     for (slot, &(_, id)) in out.iter_mut().zip(&best) {
@@ -284,8 +288,32 @@ pub(crate) fn top_k_into(logits: &[f32], out: &mut [u32]) {
     }
 }
 
+/// Whether any of `logits` may rank above the smallest of the `k` kept (always, while fewer
+/// are kept). Compared as floats, which is cheaper than ordering keys: a logit not below the
+/// smallest kept one (equal, a NaN, or `0.0` against `-0.0`) counts, so nothing that ranks
+/// above it in `total_cmp`'s order is missed, and the exact comparison follows.
+// `!(l < floor)` is meant: a NaN must count, and it is one comparison a lane.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+#[inline(always)]
+fn beats_floor(best: &[(i32, u32)], k: usize, logits: &[f32]) -> bool {
+    if best.len() < k {
+        return true;
+    }
+    let floor = from_order_key(best[k - 1].0);
+    logits.iter().fold(false, |any, &l| any | !(l < floor))
+}
+
+/// The `f32` whose [`order_key`] is `key`.
+#[inline(always)]
+fn from_order_key(key: i32) -> f32 {
+    f32::from_bits((key ^ (((key >> 31) as u32) >> 1) as i32) as u32)
+}
+
 /// Logits `top_k_into` compares with its smallest kept one at once.
-const TOP_K_RUN: usize = 64;
+const TOP_K_RUN: usize = 256;
+
+/// Within a run that holds a larger logit, the parts compared at once before logit by logit.
+const TOP_K_PART: usize = 16;
 
 /// `x` as an integer in `f32::total_cmp`'s order: `a.total_cmp(&b)` is
 /// `order_key(a).cmp(&order_key(b))`.
