@@ -183,6 +183,29 @@ impl TreeMask {
         })
     }
 
+    /// The ancestors of row `i`, nearest first (its parent, then the parent's parent...).
+    pub fn ancestors_nearest_first(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        let row = &self.bits[i * self.words_per_row..(i + 1) * self.words_per_row];
+        // Bits below `i` only: ancestors precede their descendants.
+        let (last, below) = (i / 64, i % 64);
+        (0..=last.min(row.len().saturating_sub(1)))
+            .rev()
+            .flat_map(move |w| {
+                let mut word = if w == last {
+                    row[w] & ((1u64 << below) - 1)
+                } else {
+                    row[w]
+                };
+                std::iter::from_fn(move || {
+                    (word != 0).then(|| {
+                        let bit = 63 - word.leading_zeros() as usize;
+                        word &= !(1u64 << bit);
+                        w * 64 + bit
+                    })
+                })
+            })
+    }
+
     /// How many nodes row `i` sees.
     pub fn count_visible(&self, i: usize) -> usize {
         self.bits[i * self.words_per_row..(i + 1) * self.words_per_row]
@@ -195,6 +218,20 @@ impl TreeMask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ancestors_come_nearest_first_across_words() {
+        let mask = TreeMask::from_parents(&[None, Some(0), Some(0), Some(2), Some(1), Some(3)]);
+        let of = |i| mask.ancestors_nearest_first(i).collect::<Vec<_>>();
+        assert_eq!(of(0), Vec::<usize>::new());
+        assert_eq!(of(4), vec![1, 0]);
+        assert_eq!(of(5), vec![3, 2, 0]);
+        let chain = TreeMask::causal(130);
+        let of = |i| chain.ancestors_nearest_first(i).collect::<Vec<_>>();
+        assert_eq!(of(129), (0..129).rev().collect::<Vec<_>>());
+        assert_eq!(of(64), (0..64).rev().collect::<Vec<_>>());
+        assert_eq!(of(63), (0..63).rev().collect::<Vec<_>>());
+    }
 
     #[test]
     fn retain_drops_nodes_and_their_descendants() {

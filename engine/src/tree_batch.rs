@@ -202,6 +202,25 @@ impl TreeBatch {
         self.token_ids.len()
     }
 
+    /// The batch's sequence that row `at` belongs to (its index in `seqs`).
+    pub fn seq_of(&self, at: usize) -> usize {
+        self.seqs.partition_point(|e| e.rows.end <= at)
+    }
+
+    /// The tokens of row `at`'s nearest ancestors in its sequence's rows, its grandparent's
+    /// and its parent's, where it has them (a chain's rows have the rows before them).
+    pub fn ancestor_tokens(&self, at: usize) -> [Option<u32>; 2] {
+        let Some(entry) = self.seqs.get(self.seq_of(at)) else {
+            return [None, None];
+        };
+        let mut nearest = entry
+            .mask
+            .ancestors_nearest_first(at - entry.rows.start)
+            .map(|a| self.token_ids[entry.rows.start + a]);
+        let parent = nearest.next();
+        [nearest.next(), parent]
+    }
+
     /// Slot of context position `position` of sequence `seq`.
     pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
         seq.block_table.slot(position, self.block_size)
@@ -266,6 +285,33 @@ mod tests {
         let slots: Vec<u32> = batch.slots.iter().map(|s| s.0).collect();
         assert_eq!(slots, vec![5, 6, 7, 0, 1, 2, 3]);
         assert_eq!(batch.logit_rows, vec![0, 1, 2, 6]);
+    }
+
+    #[test]
+    fn a_rows_ancestors_are_its_own_sequences() {
+        let mut batch = TreeBatch::new(4);
+        let table = BlockTable::from_blocks(vec![BlockId(3), BlockId(1), BlockId(2)]);
+        let tree =
+            TokenTree::new(vec![7, 8, 9, 10], vec![None, Some(0), Some(0), Some(2)]).unwrap();
+        batch.push(5, &table, &tree, LogitRows::All).unwrap();
+        let chain = TokenTree::chain(&[1, 2, 3]);
+        batch
+            .push(
+                0,
+                &BlockTable::from_blocks(vec![BlockId(0)]),
+                &chain,
+                LogitRows::All,
+            )
+            .unwrap();
+        assert_eq!(batch.seq_of(3), 0);
+        assert_eq!(batch.seq_of(4), 1);
+        assert_eq!(batch.ancestor_tokens(0), [None, None]);
+        assert_eq!(batch.ancestor_tokens(1), [None, Some(7)]);
+        assert_eq!(batch.ancestor_tokens(2), [None, Some(7)]);
+        assert_eq!(batch.ancestor_tokens(3), [Some(7), Some(9)]);
+        // The chain's first row has none: the tree's rows are another sequence's.
+        assert_eq!(batch.ancestor_tokens(4), [None, None]);
+        assert_eq!(batch.ancestor_tokens(6), [Some(1), Some(2)]);
     }
 
     #[test]

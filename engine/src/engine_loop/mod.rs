@@ -52,7 +52,7 @@ use crate::model::tokenizer::ModelTokenizer;
 use crate::request::{Event, Failure, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::coordinator::Speculation;
-use crate::spec::speculator::ObservedRow;
+use crate::spec::speculator::{Before, ObservedRow};
 use crate::tree::TokenTree;
 use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::Result;
@@ -383,11 +383,14 @@ impl Engine {
         let scheduled = scheduled.as_slice();
         let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
         let mut prompt_rows = Vec::new();
-        // Each of the batch's sequences' cache-salt scope, in the batch's order.
+        // Each of the batch's sequences' cache-salt scope and last tokens before its rows, in
+        // the batch's order.
         let mut scopes = Vec::with_capacity(scheduled.len());
+        let mut tails = Vec::with_capacity(scheduled.len());
         for (s, tree) in scheduled.iter().zip(&trees) {
             let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
             scopes.push(seq.cache_scope());
+            tails.push(Before::new(&seq.tokens()[..s.num_computed]));
             let table = self
                 .scheduler
                 .block_table(s.seq)
@@ -444,17 +447,20 @@ impl Engine {
         });
         let logits = logits?;
         self.merge_masks(&mut masks, computed?);
-        let computed = logits
-            .iter()
-            .zip(&batch.logit_rows)
-            .map(|(row, &at)| ObservedRow {
+        let computed = logits.iter().zip(&batch.logit_rows).map(|(row, &at)| {
+            let seq = batch.seq_of(at);
+            // The sequence's tokens before the batch's rows, then the row's ancestors.
+            let mut before = tails.get(seq).copied().unwrap_or_default();
+            for token in batch.ancestor_tokens(at).into_iter().flatten() {
+                before.push(token);
+            }
+            ObservedRow {
                 token: batch.token_ids[at],
                 logits: row.as_slice(),
-                cache_scope: scopes
-                    .get(batch.seqs.partition_point(|e| e.rows.end <= at))
-                    .copied()
-                    .flatten(),
-            });
+                cache_scope: scopes.get(seq).copied().flatten(),
+                before,
+            }
+        });
         self.spec
             .observe_forward(batch.num_rows(), forward_seconds, computed);
         let decided = Instant::now();

@@ -25,6 +25,43 @@ pub struct ObservedRow<'a> {
     pub logits: &'a [f32],
     /// The cache-salt scope of the row's sequence's request (`NewSequence::cache_scope`).
     pub cache_scope: Option<BlockHash>,
+    /// The tokens fed before this row's on its path: its sequence's tokens before the
+    /// batch's rows, then the row's ancestors in its tree or chain.
+    pub before: Before,
+}
+
+/// The last (at most two) tokens fed before a row's own on its path, oldest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Before {
+    tokens: [u32; 2],
+    len: u8,
+}
+
+impl Before {
+    /// The last two of `tokens` (all of them when fewer).
+    pub fn new(tokens: &[u32]) -> Self {
+        let mut before = Self::default();
+        for &t in &tokens[tokens.len().saturating_sub(2)..] {
+            before.push(t);
+        }
+        before
+    }
+
+    /// `token` comes last, the oldest of two drops out.
+    pub fn push(&mut self, token: u32) {
+        if usize::from(self.len) == self.tokens.len() {
+            self.tokens[0] = self.tokens[1];
+            self.tokens[1] = token;
+        } else {
+            self.tokens[usize::from(self.len)] = token;
+            self.len += 1;
+        }
+    }
+
+    /// The tokens, oldest first.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens[..usize::from(self.len)]
+    }
 }
 
 /// A request's tokens the engine saw, whatever its method: at admission its prompt, when

@@ -17,6 +17,7 @@ pub mod ngram_trie;
 pub mod prediction;
 pub mod prompt_lookup;
 pub mod recycling;
+pub mod recycling_context;
 pub mod recycling_matrices;
 pub mod suffix;
 pub mod suffix_index;

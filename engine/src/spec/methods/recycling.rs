@@ -4,10 +4,17 @@
 //! what one request teaches, all use (the paper's hot start, shared across concurrent
 //! requests), and the matrix can be saved and loaded so a restarted server starts warm.
 //!
-//! Drafting walks a static, imbalanced tree (80 nodes in 6 layers, from the paper) breadth
-//! first: a node `[i, j]` is the j-th candidate of the i-th candidate of the root. The
-//! tree's node list is in layer order, so its first b entries are the smaller tree used for
-//! a budget of b.
+//! Beside `M`, each matrix keeps rows keyed by the last two and three tokens fed on a row's
+//! path (`recycling_context`), learnt from the same logits: a row in context answers before
+//! the token's own row where it is known (on chat, its first candidate is right about twice
+//! as often), and how many tokens keyed the root's row is the drafter's evidence, so the
+//! engine learns what trees of each kind accept.
+//!
+//! Drafting walks a static, imbalanced tree (80 nodes in 6 layers, from the paper): a node
+//! `[i, j]` is the j-th candidate of the i-th candidate of the root, taken from the row after
+//! the end of that node's path. The tree's node list is best first (a chain of first
+//! candidates before the root's second), so its first b entries are the tree used for a
+//! budget of b.
 //!
 //! [`RecyclingSpeculator`] is the method's engine-wide side: it owns the matrices (one per
 //! cache salt in use, `recycling_matrices`; each shared read-only with every drafter that
@@ -22,6 +29,7 @@ use std::sync::Arc;
 
 use kvcache::BlockHash;
 
+use super::recycling_context::{ContextRows, LONGEST_CONTEXT};
 use super::recycling_matrices::RecyclingMatrices;
 use crate::spec::speculator::{ObservedRow, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
@@ -42,6 +50,8 @@ pub struct RecyclingMatrix {
     k: usize,
     /// `vocab * k` candidates; a row is unset until its token is first seen.
     rows: Vec<AtomicU32>,
+    /// The rows after the last two and three tokens fed (not saved with the matrix).
+    context: ContextRows,
 }
 
 impl PartialEq for RecyclingMatrix {
@@ -67,6 +77,7 @@ impl RecyclingMatrix {
             vocab,
             k,
             rows: cells.into_iter().map(AtomicU32::new).collect(),
+            context: ContextRows::new(k),
         }
     }
 
@@ -84,9 +95,9 @@ impl RecyclingMatrix {
         self.k
     }
 
-    /// Bytes of the matrix.
+    /// Bytes of the matrix, its rows in context included.
     pub fn bytes(&self) -> usize {
-        self.rows.len() * 4
+        self.rows.len() * 4 + self.context.bytes()
     }
 
     /// Rows that have been written.
@@ -119,8 +130,29 @@ impl RecyclingMatrix {
         })
     }
 
+    /// The `rank`-th candidate after `context` (oldest first, the token whose successors
+    /// are asked for last) and how many of its tokens keyed the row that answered: the row
+    /// after its last three tokens, else its last two, else `M[last]`.
+    pub fn candidate_in(&self, context: &[u32], rank: usize) -> Option<(u32, usize)> {
+        let &last = context.last()?;
+        (2..=context.len().min(LONGEST_CONTEXT))
+            .rev()
+            .find_map(|n| {
+                let keyed = &context[context.len() - n..];
+                self.context.candidate(keyed, rank).map(|t| (t, n))
+            })
+            .or_else(|| self.candidate(last, rank).map(|t| (t, 1)))
+    }
+
     /// Sets `M[token]` to the top-k of `logits`.
     pub fn update(&self, token: u32, logits: &[f32]) {
+        self.update_after(&[], token, logits);
+    }
+
+    /// Sets `M[token]`, and the rows after `token` preceded by the last one and two tokens of
+    /// `before` (the tokens fed before it on its path, oldest first), to the top-k of
+    /// `logits`.
+    pub fn update_after(&self, before: &[u32], token: u32, logits: &[f32]) {
         let t = token as usize;
         if t >= self.vocab || logits.len() < self.k {
             return;
@@ -137,6 +169,12 @@ impl RecyclingMatrix {
         // The first cell marks the row as set, so it is written last.
         for (i, &id) in row.iter().enumerate().rev() {
             self.rows[t * self.k + i].store(id, Ordering::Relaxed);
+        }
+        let mut context = [0u32; LONGEST_CONTEXT];
+        for n in 2..=(before.len() + 1).min(LONGEST_CONTEXT) {
+            context[..n - 1].copy_from_slice(&before[before.len() + 1 - n..]);
+            context[n - 1] = token;
+            self.context.store(&context[..n], row);
         }
     }
 
@@ -208,10 +246,46 @@ pub struct StaticTree {
 
 const TREE_JSON: &str = include_str!("../../../data/token_recycling_tree.json");
 
+/// How often the candidate of each rank is the next token, where a row is known: measured
+/// on SmolLM2's chat answers over rows keyed by one to three tokens (`benches/recycling_orders.py`
+/// counts; rank 0 is 0.17-0.63 by key length, rank 1 0.08).
+const RANK_ACCEPTED: [f64; 8] = [0.45, 0.08, 0.04, 0.025, 0.02, 0.015, 0.012, 0.01];
+
 impl StaticTree {
-    /// The paper's 80-node tree.
+    /// The paper's 80-node tree, its nodes best first ([`StaticTree::best_first`]).
     pub fn paper() -> Self {
-        Self::from_json(TREE_JSON).unwrap_or_else(|_| Self::chain(8))
+        Self::from_json(TREE_JSON)
+            .map(Self::best_first)
+            .unwrap_or_else(|_| Self::chain(8))
+    }
+
+    /// The same tree with its nodes ordered by how likely each is to be accepted, parents
+    /// first, so that the first b nodes are the best tree of b nodes it holds rather than
+    /// its first layers: a node's estimate is the product of [`RANK_ACCEPTED`] along its
+    /// path (ties keep the given order). On a CPU, where a tree is a few nodes, the paper's
+    /// layer order drafts the root's first candidates side by side, where the first
+    /// candidate's own first candidate is far likelier than the root's second.
+    pub fn best_first(self) -> Self {
+        let mut likely = Vec::with_capacity(self.len());
+        for (&parent, &rank) in self.parents.iter().zip(&self.ranks) {
+            let own = RANK_ACCEPTED.get(rank).copied().unwrap_or(0.005);
+            likely.push(parent.map_or(1.0, |p: usize| likely[p]) * own);
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        // A child is less likely than its parent (every factor is below one), so it still
+        // comes after it.
+        order.sort_by(|&a, &b| likely[b].total_cmp(&likely[a]));
+        let mut at = vec![0; self.len()];
+        for (new, &old) in order.iter().enumerate() {
+            at[old] = new;
+        }
+        Self {
+            parents: order
+                .iter()
+                .map(|&old| self.parents[old].map(|p| at[p]))
+                .collect(),
+            ranks: order.iter().map(|&old| self.ranks[old]).collect(),
+        }
     }
 
     /// A chain of `len` top-1 candidates (a fallback that cannot fail).
@@ -265,6 +339,8 @@ pub struct TokenRecycling {
     matrix: Arc<RecyclingMatrix>,
     tree: Arc<StaticTree>,
     candidates: Candidates,
+    /// How many tokens keyed the row that gave this step's first candidate (0: none).
+    evidence: u8,
 }
 
 impl TokenRecycling {
@@ -274,7 +350,41 @@ impl TokenRecycling {
             matrix,
             tree,
             candidates: Candidates::new(),
+            evidence: 0,
         }
+    }
+}
+
+/// The last [`LONGEST_CONTEXT`] tokens of a path, oldest first.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathEnd {
+    tokens: [u32; LONGEST_CONTEXT],
+    len: usize,
+}
+
+impl PathEnd {
+    fn of(tokens: &[u32]) -> Self {
+        let mut end = Self::default();
+        for &t in &tokens[tokens.len().saturating_sub(LONGEST_CONTEXT)..] {
+            end = end.then(t);
+        }
+        end
+    }
+
+    /// This path with `token` after it.
+    fn then(mut self, token: u32) -> Self {
+        if self.len == LONGEST_CONTEXT {
+            self.tokens.copy_within(1.., 0);
+            self.tokens[LONGEST_CONTEXT - 1] = token;
+        } else {
+            self.tokens[self.len] = token;
+            self.len += 1;
+        }
+        self
+    }
+
+    fn tokens(&self) -> &[u32] {
+        &self.tokens[..self.len]
     }
 }
 
@@ -285,23 +395,39 @@ impl Drafter for TokenRecycling {
 
     fn prepare(&mut self, ctx: &DraftContext<'_>) -> usize {
         self.candidates.clear();
-        let Some(&pending) = ctx.tokens.last() else {
+        self.evidence = 0;
+        if ctx.tokens.is_empty() {
             return 0;
-        };
-        // Candidate index of each static-tree node, `None` where its parent had no row.
-        let mut placed: Vec<Option<usize>> = Vec::with_capacity(self.tree.len());
+        }
+        let root = PathEnd::of(ctx.tokens);
+        // Each static-tree node's candidate index and the end of its path, `None` where its
+        // parent had no row. A node's candidates come from the row after the longest end of
+        // its path the matrix knows (three tokens, two, or its own token alone).
+        let mut placed: Vec<Option<(usize, PathEnd)>> = Vec::with_capacity(self.tree.len());
         for (&parent, &rank) in self.tree.parents.iter().zip(&self.tree.ranks) {
-            let (source, parent_index) = match parent {
-                None => (Some(pending), None),
+            let (path, parent_index) = match parent {
+                None => (Some(root), None),
                 Some(p) => match placed[p] {
-                    Some(c) => (Some(self.candidates.token(c)), Some(c)),
+                    Some((c, path)) => (Some(path), Some(c)),
                     None => (None, None),
                 },
             };
-            let token = source.and_then(|t| self.matrix.candidate(t, rank));
-            placed.push(token.map(|t| self.candidates.push(parent_index, t)));
+            let found = path.and_then(|path| {
+                let (token, keyed) = self.matrix.candidate_in(path.tokens(), rank)?;
+                Some((token, keyed, path.then(token)))
+            });
+            if parent.is_none() && rank == 0 {
+                self.evidence = found.map_or(0, |(_, keyed, _)| keyed as u8);
+            }
+            placed.push(
+                found.map(|(token, _, path)| (self.candidates.push(parent_index, token), path)),
+            );
         }
         self.candidates.len()
+    }
+
+    fn evidence(&self) -> u8 {
+        self.evidence
     }
 
     fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
@@ -365,7 +491,7 @@ impl Speculator for RecyclingSpeculator {
     fn observe_row(&mut self, row: &ObservedRow<'_>) {
         self.matrices
             .get(row.cache_scope)
-            .update(row.token, row.logits);
+            .update_after(row.before.tokens(), row.token, row.logits);
     }
 
     fn save(&self) {
@@ -378,89 +504,5 @@ impl Speculator for RecyclingSpeculator {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_paper_tree_has_80_nodes_in_layer_order() {
-        let tree = StaticTree::paper();
-        assert_eq!(tree.len(), 80);
-        assert!(tree
-            .parents
-            .iter()
-            .enumerate()
-            .all(|(i, p)| p.is_none_or(|p| p < i)));
-        assert_eq!(tree.parents.iter().filter(|p| p.is_none()).count(), 8);
-    }
-
-    #[test]
-    fn matrix_keeps_the_top_k_and_round_trips_through_a_file() {
-        let m = RecyclingMatrix::new(10, 3);
-        assert_eq!(m.candidates(4), None);
-        m.update(4, &[0.0, 5.0, 1.0, 9.0, 2.0, 0.5, 3.0, 0.0, 0.0, 0.0]);
-        assert_eq!(m.candidates(4), Some(vec![3, 1, 6]));
-        assert_eq!(m.candidate(4, 1), Some(1));
-        assert_eq!(m.candidate(4, 3), None);
-        assert_eq!(m.filled_rows(), 1);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.bin");
-        m.save(&path).unwrap();
-        assert_eq!(RecyclingMatrix::load(&path, 10, 3).unwrap(), m);
-        assert!(RecyclingMatrix::load(&path, 11, 3).is_err());
-        std::fs::write(&path, b"junk").unwrap();
-        assert!(RecyclingMatrix::load(&path, 10, 3).is_err());
-    }
-
-    #[test]
-    fn a_salted_sequence_drafts_only_from_its_salts_rows() {
-        let mut spec = RecyclingSpeculator::new(10, None);
-        let a = Some(BlockHash::scope(b"a"));
-        let mut logits = vec![0.0; 10];
-        logits[2] = 2.0;
-        logits[3] = 1.0;
-        spec.observe_row(&ObservedRow {
-            token: 1,
-            logits: &logits,
-            cache_scope: a,
-        });
-        let tokens = [7, 1];
-        let ctx = DraftContext { tokens: &tokens };
-        let candidates = |scope| {
-            let new = NewSequence {
-                tokens: &tokens,
-                prompt_len: 1,
-                prediction: None,
-                cache_scope: scope,
-            };
-            spec.drafter(&new).expect("recycling drafts").prepare(&ctx)
-        };
-        assert!(candidates(a) > 0);
-        assert_eq!(candidates(None), 0);
-        assert_eq!(candidates(Some(BlockHash::scope(b"b"))), 0);
-        assert!(spec.wants_logits(1, None));
-        assert!(!spec.wants_logits(1, a));
-    }
-
-    #[test]
-    fn drafts_follow_the_matrix_breadth_first() {
-        let m = RecyclingMatrix::new(10, 2);
-        let row = |best: usize, second: usize| {
-            let mut l = vec![0.0; 10];
-            l[best] = 2.0;
-            l[second] = 1.0;
-            l
-        };
-        m.update(1, &row(2, 3));
-        m.update(2, &row(4, 5));
-        let tree =
-            StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}"#).unwrap();
-        let mut d = TokenRecycling::new(Arc::new(m), Arc::new(tree));
-        let tokens = [7, 1];
-        let ctx = DraftContext { tokens: &tokens };
-        // Root 1 -> [2, 3]; 2 -> [4]; 3 has no row; 4 has no row.
-        assert_eq!(d.prepare(&ctx), 3);
-        let t = d.draft(&ctx, 3);
-        assert_eq!(t.tokens(), &[1, 2, 3, 4]);
-        assert_eq!(t.parents(), &[None, Some(0), Some(0), Some(1)]);
-    }
-}
+#[path = "recycling_tests.rs"]
+mod tests;
