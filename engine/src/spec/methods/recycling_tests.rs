@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Ten logits whose largest is `best`'s and second largest `second`'s.
+fn row(best: usize, second: usize) -> Vec<f32> {
+    let mut l = vec![0.0; 10];
+    l[best] = 2.0;
+    l[second] = 1.0;
+    l
+}
+
 #[test]
 fn the_paper_tree_has_80_nodes_best_first() {
     let tree = StaticTree::paper();
@@ -76,12 +84,6 @@ fn a_salted_sequence_drafts_only_from_its_salts_rows() {
 #[test]
 fn rows_in_context_answer_before_the_tokens_own_row() {
     let m = RecyclingMatrix::new(10, 2);
-    let row = |best: usize, second: usize| {
-        let mut l = vec![0.0; 10];
-        l[best] = 2.0;
-        l[second] = 1.0;
-        l
-    };
     // 3 after 1 2 3 was followed by 4; after 5 2 3 by 6; 3 last seen after 7 8.
     m.update_after(&[1, 2], 3, &row(4, 0));
     m.update_after(&[5, 2], 3, &row(6, 0));
@@ -104,12 +106,6 @@ fn rows_in_context_answer_before_the_tokens_own_row() {
 #[test]
 fn a_tree_walks_the_rows_after_each_nodes_path() {
     let m = RecyclingMatrix::new(10, 2);
-    let row = |best: usize, second: usize| {
-        let mut l = vec![0.0; 10];
-        l[best] = 2.0;
-        l[second] = 1.0;
-        l
-    };
     // After 7 1 the model said 2 (and 3); after 7 1 2, 5; then after 1 2, 4 (the row
     // after 1 2 that 7 1 2 also wrote is overwritten); 2 alone: 8.
     m.update_after(&[7], 1, &row(2, 3));
@@ -137,12 +133,6 @@ fn a_tree_walks_the_rows_after_each_nodes_path() {
 #[test]
 fn drafts_follow_the_matrix_breadth_first() {
     let m = RecyclingMatrix::new(10, 2);
-    let row = |best: usize, second: usize| {
-        let mut l = vec![0.0; 10];
-        l[best] = 2.0;
-        l[second] = 1.0;
-        l
-    };
     m.update(1, &row(2, 3));
     m.update(2, &row(4, 5));
     let tree =
