@@ -25,7 +25,9 @@ fn the_paper_tree_has_80_nodes_best_first() {
     assert_eq!(&tree.parents[..4], &[None, Some(0), Some(1), None]);
     assert_eq!(&tree.ranks[..4], &[0, 0, 0, 1]);
     // The same nodes as the file's tree, in another order.
-    let mut given = StaticTree::from_json(TREE_JSON).unwrap().paths();
+    let mut given = StaticTree::from_json(TREE_JSON)
+        .expect("the paper tree parses")
+        .paths();
     let mut ordered = tree.paths();
     given.sort();
     ordered.sort();
@@ -41,12 +43,12 @@ fn matrix_keeps_the_top_k_and_round_trips_through_a_file() {
     assert_eq!(m.candidate(4, 1), Some(1));
     assert_eq!(m.candidate(4, 3), None);
     assert_eq!(m.filled_rows(), 1);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("m.bin");
-    m.save(&path).unwrap();
-    assert_eq!(RecyclingMatrix::load(&path, 10, 3).unwrap(), m);
+    m.save(&path).expect("saved");
+    assert_eq!(RecyclingMatrix::load(&path, 10, 3).expect("loaded"), m);
     assert!(RecyclingMatrix::load(&path, 11, 3).is_err());
-    std::fs::write(&path, b"junk").unwrap();
+    std::fs::write(&path, b"junk").expect("written");
     assert!(RecyclingMatrix::load(&path, 10, 3).is_err());
 }
 
@@ -112,7 +114,7 @@ fn a_tree_walks_the_rows_after_each_nodes_path() {
     m.update_after(&[7, 1], 2, &row(5, 0));
     m.update_after(&[1], 2, &row(4, 0));
     m.update_after(&[], 2, &row(8, 0));
-    let tree = StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0]]}"#).unwrap();
+    let tree = StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0]]}"#).expect("tree");
     let mut d = TokenRecycling::new(Arc::new(m), Arc::new(tree));
     let tokens = [6, 7, 1];
     let ctx = DraftContext { tokens: &tokens };
@@ -136,7 +138,7 @@ fn drafts_follow_the_matrix_breadth_first() {
     m.update(1, &row(2, 3));
     m.update(2, &row(4, 5));
     let tree =
-        StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}"#).unwrap();
+        StaticTree::from_json(r#"{"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}"#).expect("tree");
     let mut d = TokenRecycling::new(Arc::new(m), Arc::new(tree));
     let tokens = [7, 1];
     let ctx = DraftContext { tokens: &tokens };
