@@ -31,36 +31,51 @@ pub struct ObservedRow<'a> {
 }
 
 /// The last (at most two) tokens fed before a row's own on its path, oldest first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Before {
-    tokens: [u32; 2],
-    len: u8,
+pub type Before = LastTokens<2>;
+
+/// The last (at most `N`) tokens of a sequence of them, oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastTokens<const N: usize> {
+    tokens: [u32; N],
+    len: usize,
 }
 
-impl Before {
-    /// The last two of `tokens` (all of them when fewer).
-    pub fn new(tokens: &[u32]) -> Self {
-        let mut before = Self::default();
-        for &t in &tokens[tokens.len().saturating_sub(2)..] {
-            before.push(t);
+impl<const N: usize> Default for LastTokens<N> {
+    fn default() -> Self {
+        Self {
+            tokens: [0; N],
+            len: 0,
         }
-        before
+    }
+}
+
+impl<const N: usize> LastTokens<N> {
+    /// The last `N` of `tokens` (all of them when fewer).
+    pub fn new(tokens: &[u32]) -> Self {
+        let mut last = Self::default();
+        for &t in &tokens[tokens.len().saturating_sub(N)..] {
+            last.push(t);
+        }
+        last
     }
 
-    /// `token` comes last, the oldest of two drops out.
+    /// `token` comes last; the oldest drops out when `N` are kept.
     pub fn push(&mut self, token: u32) {
-        if usize::from(self.len) == self.tokens.len() {
-            self.tokens[0] = self.tokens[1];
-            self.tokens[1] = token;
+        if N == 0 {
+            return;
+        }
+        if self.len == N {
+            self.tokens.copy_within(1.., 0);
+            self.tokens[N - 1] = token;
         } else {
-            self.tokens[usize::from(self.len)] = token;
+            self.tokens[self.len] = token;
             self.len += 1;
         }
     }
 
     /// The tokens, oldest first.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens[..usize::from(self.len)]
+        &self.tokens[..self.len]
     }
 }
 
@@ -215,5 +230,24 @@ impl Speculator for ContextSpeculator {
 
     fn drafter(&self, seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
         Some((self.make)(seq.tokens))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_tokens_keep_the_newest_oldest_first() {
+        let mut last = LastTokens::<2>::new(&[1, 2, 3]);
+        assert_eq!(last.tokens(), &[2, 3]);
+        last.push(4);
+        assert_eq!(last.tokens(), &[3, 4]);
+        let mut short = LastTokens::<3>::new(&[]);
+        assert!(short.tokens().is_empty());
+        short.push(5);
+        short.push(6);
+        assert_eq!(short.tokens(), &[5, 6]);
+        assert_eq!(LastTokens::<3>::new(&[7]).tokens(), &[7]);
     }
 }

@@ -31,7 +31,7 @@ use kvcache::BlockHash;
 
 use super::recycling_context::{ContextRows, LONGEST_CONTEXT};
 use super::recycling_matrices::RecyclingMatrices;
-use crate::spec::speculator::{ObservedRow, Speculator};
+use crate::spec::speculator::{LastTokens, ObservedRow, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
 use crate::{Error, Result};
@@ -356,37 +356,7 @@ impl TokenRecycling {
 }
 
 /// The last [`LONGEST_CONTEXT`] tokens of a path, oldest first.
-#[derive(Debug, Clone, Copy, Default)]
-struct PathEnd {
-    tokens: [u32; LONGEST_CONTEXT],
-    len: usize,
-}
-
-impl PathEnd {
-    fn of(tokens: &[u32]) -> Self {
-        let mut end = Self::default();
-        for &t in &tokens[tokens.len().saturating_sub(LONGEST_CONTEXT)..] {
-            end = end.then(t);
-        }
-        end
-    }
-
-    /// This path with `token` after it.
-    fn then(mut self, token: u32) -> Self {
-        if self.len == LONGEST_CONTEXT {
-            self.tokens.copy_within(1.., 0);
-            self.tokens[LONGEST_CONTEXT - 1] = token;
-        } else {
-            self.tokens[self.len] = token;
-            self.len += 1;
-        }
-        self
-    }
-
-    fn tokens(&self) -> &[u32] {
-        &self.tokens[..self.len]
-    }
-}
+type PathEnd = LastTokens<LONGEST_CONTEXT>;
 
 impl Drafter for TokenRecycling {
     fn method(&self) -> SpecMethod {
@@ -399,7 +369,7 @@ impl Drafter for TokenRecycling {
         if ctx.tokens.is_empty() {
             return 0;
         }
-        let root = PathEnd::of(ctx.tokens);
+        let root = PathEnd::new(ctx.tokens);
         // Each static-tree node's candidate index and the end of its path, `None` where its
         // parent had no row. A node's candidates come from the row after the longest end of
         // its path the matrix knows (three tokens, two, or its own token alone).
@@ -412,9 +382,10 @@ impl Drafter for TokenRecycling {
                     None => (None, None),
                 },
             };
-            let found = path.and_then(|path| {
+            let found = path.and_then(|mut path| {
                 let (token, keyed) = self.matrix.candidate_in(path.tokens(), rank)?;
-                Some((token, keyed, path.then(token)))
+                path.push(token);
+                Some((token, keyed, path))
             });
             if parent.is_none() && rank == 0 {
                 self.evidence = found.map_or(0, |(_, keyed, _)| keyed as u8);
