@@ -298,6 +298,7 @@ fn bench_spec_control_is_a_second_plain_engine_in_the_table() {
 /// `--warm-up half`: the questions alternate between a measured half and a warm-up half;
 /// every method runs cold and warm on fresh engines, the warm engines having served the
 /// warm-up half first, and each phase's speedups are over its own `none`.
+/// `--warm-up-per-category` caps the warm-up half apart from the measured one.
 #[test]
 fn bench_spec_measures_cold_and_warm_engines_on_disjoint_questions() {
     let (table, report) = bench_spec(&[
@@ -307,6 +308,8 @@ fn bench_spec_measures_cold_and_warm_engines_on_disjoint_questions() {
         "recycling",
         "--warm-up",
         "half",
+        "--warm-up-per-category",
+        "2",
     ]);
     for label in [
         "none (cold)",
@@ -317,10 +320,10 @@ fn bench_spec_measures_cold_and_warm_engines_on_disjoint_questions() {
         assert!(table.contains(&format!("| {label} |")), "{label}: {table}");
     }
     assert!(
-        table.contains("each first served 13 warm-up questions"),
+        table.contains("each first served 26 warm-up questions"),
         "{table}"
     );
-    assert_eq!(report["warm_up_questions"], 13, "{report}");
+    assert_eq!(report["warm_up_questions"], 26, "{report}");
     let ms = report["measurements"].as_array().expect("measurements");
     assert_eq!(ms.len(), 4 * 13, "13 measured questions, four engines");
     // The measured half: the first question of each category, never the second.

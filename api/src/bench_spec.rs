@@ -79,9 +79,15 @@ pub struct SpecBenchArgs {
     /// Only the questions of these categories [default: all].
     #[arg(long, value_delimiter = ',')]
     pub categories: Vec<String>,
-    /// Questions per category at most (measured, and warm-up).
+    /// Questions per category at most (measured, and warm-up unless
+    /// `--warm-up-per-category` says otherwise).
     #[arg(long)]
     pub per_category: Option<usize>,
+    /// Warm-up questions per category at most [default: `--per-category`]. A server that
+    /// has been running has seen more than the measured set; `--warm-up half
+    /// --warm-up-per-category 1000` serves the whole other half first.
+    #[arg(long)]
+    pub warm_up_per_category: Option<usize>,
     /// Also measure warm engines: `half` splits `--dataset` (each category's questions
     /// alternate between the measured set and the warm-up set), or a file of warm-up
     /// questions in Spec-Bench's shape. Every engine of the warm phase serves the warm-up
@@ -119,9 +125,9 @@ fn question_sets(
     args: &SpecBenchArgs,
     loaded: &LoadedModel,
 ) -> anyhow::Result<(Vec<Question>, Vec<Question>)> {
-    let load = |path: &std::path::Path, split| {
+    let load = |path: &std::path::Path, split, per_category| {
         let selection = Selection {
-            per_category: args.per_category,
+            per_category,
             categories: &args.categories,
             split,
             tool_choice: &args.tool_choice,
@@ -129,12 +135,17 @@ fn question_sets(
         };
         load_questions(path, &selection, loaded)
     };
+    let measured = args.per_category;
+    let warm = args.warm_up_per_category.or(args.per_category);
     match args.warm_up.as_deref() {
-        None => Ok((load(&args.dataset, (1, 0))?, Vec::new())),
-        Some("half") => Ok((load(&args.dataset, (2, 0))?, load(&args.dataset, (2, 1))?)),
+        None => Ok((load(&args.dataset, (1, 0), measured)?, Vec::new())),
+        Some("half") => Ok((
+            load(&args.dataset, (2, 0), measured)?,
+            load(&args.dataset, (2, 1), warm)?,
+        )),
         Some(file) => Ok((
-            load(&args.dataset, (1, 0))?,
-            load(std::path::Path::new(file), (1, 0))?,
+            load(&args.dataset, (1, 0), measured)?,
+            load(std::path::Path::new(file), (1, 0), warm)?,
         )),
     }
 }

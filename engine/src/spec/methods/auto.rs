@@ -171,7 +171,7 @@ impl Drafter for AutoDrafter {
             None => LIMITS,
         };
         self.tree
-            .grow(pending, &proposals, matrix, &self.calibration, limits);
+            .grow(tokens, &proposals, matrix, &self.calibration, limits);
         self.evidence = match_bucket(self.own_tokens.found.len.max(self.found_global.len));
         self.tree.candidates.len()
     }

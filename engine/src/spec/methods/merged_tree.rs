@@ -3,18 +3,21 @@
 //! prediction of its output (where it gave one), and Token Recycling's matrix. The context,
 //! the global index and the prediction each propose a weighted trie of continuations (of
 //! their longest match; the prediction's, from where the output stands in it); Token
-//! Recycling proposes, under the nodes a match
-//! proposed (and a few levels past them), the model's top candidates after that node's
-//! token, so it branches and extends where the matches are thin; where nothing matches it
+//! Recycling proposes, under the nodes a match proposed (and a few levels past them), the
+//! model's top candidates after the end of that node's path (the row keyed by its last three
+//! or two tokens where the matrix has one, else its own token's, calibrated apart), so it
+//! branches and extends where the matches are thin; where nothing matches it
 //! drafts alone a few levels deep, priced apart (its own calibration cells), so the planner
 //! keeps those nodes only where they pay. Children proposed by several sources merge into
 //! one node.
 //!
 //! Each source's proposal of a node is priced by [`Calibration`]: the rate at which such
 //! proposals were accepted once their parent was (learnt online, engine-wide, from every
-//! verified tree, per source, evidence — match length, or the candidate's rank — depth and
-//! the node's share of its source's weight there). A node's acceptance combines its sources'
-//! (the best, raised by the others), its path's is the product down from the root, and the
+//! verified tree, per source, evidence — match length, or the candidate's rank — depth, the
+//! node's share of its source's weight there, and which other sources proposed the node too:
+//! proposals others agree with are learnt apart from those no other source makes, which are
+//! accepted far less often). A node's acceptance is the best of its sources' rates, its
+//! path's is the product down from the root, and the
 //! tree grows best first by that path probability. Its running sum is what the drafter
 //! tells the planner a tree of its first n nodes is expected to accept, so the planner keeps
 //! the nodes whose expected gain pays for their rows.
@@ -24,7 +27,12 @@ use std::sync::Mutex;
 
 use super::continuations::ContinuationTree;
 use super::recycling::RecyclingMatrix;
+use super::recycling_context::LONGEST_CONTEXT;
+use crate::spec::speculator::LastTokens;
 use crate::spec::{Candidates, SpecMethod};
+
+/// The last [`LONGEST_CONTEXT`] tokens of a node's path, its own last.
+type PathEnd = LastTokens<LONGEST_CONTEXT>;
 
 /// A source of proposals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,11 +73,25 @@ impl Source {
 }
 
 const EVIDENCE: usize = 8;
-/// Where Token Recycling's evidence starts when it drafts alone (no match above the node):
-/// its rank is added, so alone and beside a match it is calibrated apart.
+/// Where Token Recycling's evidence starts when it drafts alone (no match above the node),
+/// so alone and beside a match it is calibrated apart ([`recycled`]).
 const ALONE: usize = 4;
+
+/// Token Recycling's evidence for its `rank`-th candidate (the first two ranks apart, the
+/// rest with the second) from a row `keyed` by so many of the path's last tokens (one, or
+/// more: two and three together), beside a match or alone.
+fn recycled(matched: bool, rank: usize, keyed: usize) -> usize {
+    let base = if matched { 0 } else { ALONE };
+    base + rank.min(1) + 2 * usize::from(keyed > 1)
+}
 const DEPTHS: usize = 8;
 const SHARES: usize = 4;
+/// Which other sources proposed the same node too (one bit per other source, none: 0): a
+/// source's candidates that others also propose are accepted far more often than those
+/// only it proposes (Token Recycling's first candidate is usually a match's continuation
+/// too), and more so where the others include the request's own context, so each set of
+/// them is calibrated apart.
+const AGREEMENT: usize = 1 << (SOURCES - 1);
 /// Pseudo-outcomes of a cell's prior.
 const PRIOR_WEIGHT: f32 = 2.0;
 /// Outcomes a cell remembers: past them the counts halve, so the rates follow the traffic.
@@ -96,22 +118,39 @@ impl Cell {
             s if s >= 0.3 => 1,
             _ => 0,
         };
-        let index = ((source as usize * EVIDENCE + evidence.min(EVIDENCE - 1)) * DEPTHS + depth)
+        let index = (((source as usize * EVIDENCE + evidence.min(EVIDENCE - 1)) * DEPTHS + depth)
             * SHARES
-            + share;
+            + share)
+            * AGREEMENT;
         Self(index as u16)
     }
 
+    /// The same proposal where the other sources `proposed_by` (per source, in
+    /// [`Source::ALL`]'s order; its own entry is ignored) proposed the node too.
+    pub fn agreed(self, proposed_by: [bool; SOURCES]) -> Self {
+        let own = self.source() as usize;
+        let others = (0..SOURCES)
+            .filter(|&s| s != own)
+            .enumerate()
+            .filter(|&(_, s)| proposed_by[s])
+            .fold(0u16, |bits, (bit, _)| bits | 1 << bit);
+        Self(self.0 - self.0 % AGREEMENT as u16 + others)
+    }
+
+    fn is_agreed(self) -> bool {
+        !self.0.is_multiple_of(AGREEMENT as u16)
+    }
+
     fn source(self) -> Source {
-        Source::ALL[usize::from(self.0) / (EVIDENCE * DEPTHS * SHARES)]
+        Source::ALL[usize::from(self.0) / (EVIDENCE * DEPTHS * SHARES * AGREEMENT)]
     }
 
     fn evidence(self) -> usize {
-        usize::from(self.0) / (DEPTHS * SHARES) % EVIDENCE
+        usize::from(self.0) / (DEPTHS * SHARES * AGREEMENT) % EVIDENCE
     }
 
     fn share(self) -> usize {
-        usize::from(self.0) % SHARES
+        usize::from(self.0) / AGREEMENT % SHARES
     }
 }
 
@@ -133,24 +172,40 @@ impl Calibration {
     /// No outcome yet: every cell at its prior.
     pub fn new() -> Self {
         Self {
-            cells: Mutex::new(vec![(0.0, 0.0); SOURCES * EVIDENCE * DEPTHS * SHARES]),
+            cells: Mutex::new(vec![
+                (0.0, 0.0);
+                SOURCES * EVIDENCE * DEPTHS * SHARES * AGREEMENT
+            ]),
         }
     }
 
     /// What a cell is expected to accept before any outcome: a match's continuation by its
     /// share (a longer match a little more), the prediction's higher (a client predicts
-    /// its output on purpose), a recycled candidate by its rank.
+    /// its output on purpose), a recycled candidate by its rank; where another source
+    /// proposed the node too, a third of what it misses is made up.
     fn prior(cell: Cell) -> f32 {
+        let alone = Self::prior_alone(cell);
+        if cell.is_agreed() {
+            alone + (1.0 - alone) / 3.0
+        } else {
+            alone
+        }
+    }
+
+    /// [`Self::prior`] of a proposal no other source made.
+    fn prior_alone(cell: Cell) -> f32 {
         let share = [0.15, 0.35, 0.55, 0.7][cell.share()];
         match cell.source() {
             Source::Prediction => {
                 let evidence = [0.5, 0.55, 0.65, 0.75, 0.8, 0.9, 0.95, 0.97][cell.evidence()];
                 evidence * [0.3, 0.6, 0.85, 1.0][cell.share()]
             }
-            Source::Recycling if cell.evidence() >= ALONE => {
-                0.2 / (1.0 + (cell.evidence() - ALONE) as f32)
+            Source::Recycling => {
+                let evidence = cell.evidence();
+                let first = if evidence >= ALONE { 0.2 } else { 0.3 };
+                let keyed = if evidence & 2 != 0 { 1.5 } else { 1.0 };
+                first * keyed / (1.0 + (evidence & 1) as f32)
             }
-            Source::Recycling => 0.3 / (1.0 + cell.evidence() as f32),
             _ => share * (0.7 + 0.05 * cell.evidence() as f32),
         }
     }
@@ -238,6 +293,8 @@ struct Frontier {
     /// Levels Token Recycling may still add below: [`Limits::recycling_depth`] under a node
     /// a match proposed, one less under each node only it proposed.
     reach: usize,
+    /// The last tokens of its path, its own last: the matrix's rows keyed by them.
+    path: PathEnd,
     /// Whether a match proposed it or a node above it.
     matched: bool,
 }
@@ -288,11 +345,12 @@ impl MergedTree {
         self.heap.clear();
     }
 
-    /// Grows the tree under `pending` from the matching sources' `proposals` and `matrix`,
+    /// Grows the tree under `tokens`' last (the pending token) from the matching sources'
+    /// `proposals` and `matrix` (its rows keyed by the path's last tokens where it has them),
     /// priced by `calibration`.
     pub fn grow(
         &mut self,
-        pending: u32,
+        tokens: &[u32],
         proposals: &Proposals<'_>,
         matrix: Option<&RecyclingMatrix>,
         calibration: &Calibration,
@@ -311,7 +369,7 @@ impl MergedTree {
         let matched = at.iter().any(|&a| a != NONE);
         let root = Frontier {
             p: 1.0,
-            token: pending,
+            token: tokens.last().copied().unwrap_or(0),
             parent: None,
             depth: 0,
             at,
@@ -322,6 +380,7 @@ impl MergedTree {
                 limits.recycling_alone
             },
             matched,
+            path: PathEnd::new(tokens),
         };
         self.expand(&root, None, &proposals, matrix, &cells, limits);
         while self.candidates.len() < limits.max_nodes {
@@ -363,7 +422,7 @@ impl MergedTree {
             for (child, token) in proposal.trie.children(at) {
                 let share = proposal.trie.weight(child) / total;
                 let cell = Cell::new(source, proposal.evidence, depth, share);
-                let entry = self.child(token, index, depth);
+                let entry = self.child(token, index, node);
                 entry.cells[which] = Some(cell);
                 entry.at[which] = child;
             }
@@ -371,17 +430,21 @@ impl MergedTree {
         // Token Recycling branches beside and extends past what a match proposes; alone
         // (no match above) its candidates are calibrated apart, being accepted less often.
         if let Some(matrix) = matrix.filter(|_| node.reach > 0) {
-            let evidence = if node.matched { 0 } else { ALONE };
             for rank in 0..limits.recycling_branch {
-                let Some(token) = matrix.candidate(node.token, rank) else {
+                let Some((token, keyed)) = matrix.candidate_in(node.path.tokens(), rank) else {
                     break;
                 };
-                let cell = Cell::new(Source::Recycling, evidence + rank, depth, 0.0);
-                let entry = self.child(token, index, depth);
+                let evidence = recycled(node.matched, rank, keyed);
+                let cell = Cell::new(Source::Recycling, evidence, depth, 0.0);
+                let entry = self.child(token, index, node);
                 entry.cells[Source::Recycling as usize] = Some(cell);
             }
         }
         for mut child in self.children.drain(..) {
+            let proposed_by = child.cells.map(|c| c.is_some());
+            for cell in child.cells.iter_mut().flatten() {
+                *cell = cell.agreed(proposed_by);
+            }
             let proposed = child.at.iter().any(|&a| a != NONE);
             child.matched = node.matched || proposed;
             child.reach = if proposed {
@@ -389,20 +452,15 @@ impl MergedTree {
             } else {
                 node.reach.saturating_sub(1)
             };
-            let mut rates: Vec<f32> = child
+            // The best of its sources' rates: where several proposed it, each source's rate
+            // was learnt from the nodes it proposed with others, so it holds their agreement.
+            let rate = child
                 .cells
                 .iter()
                 .flatten()
                 .map(|&c| rate(calibration, c))
-                .collect();
-            rates.sort_by(|a, b| b.total_cmp(a));
-            // The best source's rate, raised by the others' (half-trusted: sources agree
-            // more often than independent ones would).
-            let mut miss = 1.0 - rates.first().copied().unwrap_or(0.0);
-            for r in rates.iter().skip(1) {
-                miss *= 1.0 - 0.5 * r;
-            }
-            child.p = node.p * (1.0 - miss).clamp(0.0, 1.0);
+                .fold(0.0f32, f32::max);
+            child.p = node.p * rate.clamp(0.0, 1.0);
             if child.p >= limits.floor {
                 self.heap.push(child);
             }
@@ -410,10 +468,13 @@ impl MergedTree {
     }
 
     /// The child of `node` with `token` among this expansion's, made when new.
-    fn child(&mut self, token: u32, index: Option<usize>, depth: usize) -> &mut Frontier {
+    fn child(&mut self, token: u32, index: Option<usize>, node: &Frontier) -> &mut Frontier {
         let at = match self.children.iter().position(|c| c.token == token) {
             Some(at) => at,
             None => {
+                let mut path = node.path;
+                path.push(token);
+                let depth = node.depth + 1;
                 self.children.push(Frontier {
                     p: 0.0,
                     token,
@@ -423,6 +484,7 @@ impl MergedTree {
                     cells: [None; SOURCES],
                     reach: 0,
                     matched: false,
+                    path,
                 });
                 self.children.len() - 1
             }

@@ -44,14 +44,14 @@ fn sources_proposing_the_same_node_merge_and_raise_it() {
         context: Some(proposal(&context)),
         ..Proposals::default()
     };
-    tree.grow(0, &only, None, &calibration, LIMITS);
+    tree.grow(&[0], &only, None, &calibration, LIMITS);
     let alone = tree.p[0];
     assert_eq!(tree.candidates.token(0), 1);
     let both = Proposals {
         global: Some(proposal(&global)),
         ..only
     };
-    tree.grow(0, &both, None, &calibration, LIMITS);
+    tree.grow(&[0], &both, None, &calibration, LIMITS);
     assert_eq!(tree.candidates.token(0), 1);
     assert!(
         tree.p[0] > alone,
@@ -85,7 +85,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
         evidence: 2,
     };
     let mut tree = MergedTree::default();
-    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
+    tree.grow(&[0], &context_only(proposal), None, &calibration, LIMITS);
     let before = tree.expected.last().copied().unwrap_or(0.0);
     // Every one of these proposals accepted: the whole chain is expected to be.
     for _ in 0..200 {
@@ -93,7 +93,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
             calibration.record(*cell, true);
         }
     }
-    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
+    tree.grow(&[0], &context_only(proposal), None, &calibration, LIMITS);
     let after = tree.expected.last().copied().unwrap_or(0.0);
     assert_eq!(tree.candidates.len(), 6);
     assert!(after > 5.5 && after > before, "{before} -> {after}");
@@ -103,14 +103,14 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
             calibration.record(*cell, false);
         }
     }
-    tree.grow(0, &context_only(proposal), None, &calibration, LIMITS);
+    tree.grow(&[0], &context_only(proposal), None, &calibration, LIMITS);
     assert!(tree.candidates.len() <= 1, "{:?}", tokens(&tree));
     // Another kind of proposal (a longer match) kept its own record.
     let longer = Proposal {
         trie: &context,
         evidence: 5,
     };
-    tree.grow(0, &context_only(longer), None, &calibration, LIMITS);
+    tree.grow(&[0], &context_only(longer), None, &calibration, LIMITS);
     assert!(tree.candidates.len() >= 2);
 }
 
@@ -127,7 +127,7 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
     let mut tree = MergedTree::default();
     // Nothing matches: no tree, unless recycling may draft alone.
     tree.grow(
-        0,
+        &[0],
         &Proposals::default(),
         Some(&matrix),
         &calibration,
@@ -138,7 +138,13 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
         recycling_alone: 2,
         ..LIMITS
     };
-    tree.grow(0, &Proposals::default(), Some(&matrix), &calibration, alone);
+    tree.grow(
+        &[0],
+        &Proposals::default(),
+        Some(&matrix),
+        &calibration,
+        alone,
+    );
     let all = tokens(&tree);
     // 1 and 5 after 0, then (what clears the floor of) 2 and 6 after 1, 6 and 10 after 5;
     // never a third level.
@@ -165,7 +171,7 @@ fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_a
         evidence: 4,
     };
     tree.grow(
-        0,
+        &[0],
         &context_only(proposal),
         Some(&matrix),
         &calibration,
@@ -227,13 +233,13 @@ fn a_prediction_merges_with_a_match_and_its_chain_reaches_deeper() {
         ..LIMITS
     };
     // The same chain: from the prediction, more of it clears the floor than from a match.
-    tree.grow(0, &context_only(prediction), None, &calibration, limits);
+    tree.grow(&[0], &context_only(prediction), None, &calibration, limits);
     let as_context = tree.candidates.len();
     let alone = Proposals {
         prediction: Some(prediction),
         ..Proposals::default()
     };
-    tree.grow(0, &alone, None, &calibration, limits);
+    tree.grow(&[0], &alone, None, &calibration, limits);
     let as_prediction = tree.candidates.len();
     assert!(
         as_prediction > as_context && as_prediction >= 16,
@@ -246,7 +252,7 @@ fn a_prediction_merges_with_a_match_and_its_chain_reaches_deeper() {
         context: Some(context),
         ..alone
     };
-    tree.grow(0, &merged, None, &calibration, limits);
+    tree.grow(&[0], &merged, None, &calibration, limits);
     let all = tokens(&tree);
     assert_eq!(all.iter().filter(|&&t| t == 100).count(), 1, "{all:?}");
     assert!(all.contains(&7), "{all:?}");
@@ -260,4 +266,100 @@ fn a_prediction_merges_with_a_match_and_its_chain_reaches_deeper() {
     assert!(first.is_some_and(both), "{all:?}");
     assert_eq!((0..tree.candidates.len()).filter(|&i| both(i)).count(), 3);
     assert_eq!(Source::Prediction.method(), SpecMethod::Prediction);
+}
+
+#[test]
+fn a_sources_proposals_that_others_share_are_calibrated_apart_from_its_own() {
+    let calibration = Calibration::new();
+    // After 0 the matrix's first candidate is always 1.
+    let matrix = RecyclingMatrix::new(16, 8);
+    for token in 0..16u32 {
+        let mut logits = vec![0.0f32; 16];
+        logits[((token + 1) % 16) as usize] = 2.0;
+        matrix.update(token, &logits);
+    }
+    let agrees = trie(&[&[1]]);
+    let differs = trie(&[&[2]]);
+    let proposal = |trie| Proposal { trie, evidence: 3 };
+    let mut tree = MergedTree::default();
+    let p_of = |tree: &MergedTree, token: u32| {
+        (0..tree.candidates.len())
+            .find(|&i| tree.candidates.parent(i).is_none() && tree.candidates.token(i) == token)
+            .map(|i| tree.p[i])
+    };
+    // Where the match continues with 1 too, 1 is accepted; where the match continues with
+    // 2, the matrix's 1 is rejected (and the match's 2 accepted).
+    for _ in 0..300 {
+        for (trie, accepted) in [(&agrees, 1), (&differs, 2)] {
+            tree.grow(
+                &[0],
+                &context_only(proposal(trie)),
+                Some(&matrix),
+                &calibration,
+                LIMITS,
+            );
+            for (i, cells) in tree.cells.iter().enumerate() {
+                if tree.candidates.parent(i).is_none() {
+                    let hit = tree.candidates.token(i) == accepted;
+                    for cell in cells.iter().flatten() {
+                        calibration.record(*cell, hit);
+                    }
+                }
+            }
+        }
+    }
+    tree.grow(
+        &[0],
+        &context_only(proposal(&agrees)),
+        Some(&matrix),
+        &calibration,
+        LIMITS,
+    );
+    let shared = p_of(&tree, 1).expect("1 is drafted where both propose it");
+    tree.grow(
+        &[0],
+        &context_only(proposal(&differs)),
+        Some(&matrix),
+        &calibration,
+        LIMITS,
+    );
+    let own = p_of(&tree, 1).unwrap_or(0.0);
+    let matched = p_of(&tree, 2).expect("the match's 2 is drafted");
+    // Pooled, the matrix's first candidate would read about one in two either way.
+    assert!(shared > 0.9, "proposed by both: {shared}");
+    assert!(own < 0.1, "proposed by the matrix alone: {own}");
+    assert!(matched > 0.9, "{matched}");
+}
+
+#[test]
+fn recycling_reads_the_row_keyed_by_the_paths_last_tokens_first() {
+    let calibration = Calibration::new();
+    let matrix = RecyclingMatrix::new(16, 8);
+    let top = |token: usize| {
+        let mut logits = vec![0.0f32; 16];
+        logits[token] = 2.0;
+        logits
+    };
+    // After 7 then 1 the model said 9, and after 9 (following 7, 1) it said 11; its last
+    // word after 1 alone was 5, and after 9 alone 3.
+    matrix.update_after(&[7], 1, &top(9));
+    matrix.update_after(&[7, 1], 9, &top(11));
+    matrix.update(1, &top(5));
+    matrix.update(9, &top(3));
+    let alone = Limits {
+        recycling_alone: 2,
+        recycling_branch: 1,
+        ..LIMITS
+    };
+    let mut tree = MergedTree::default();
+    let none = Proposals::default();
+    tree.grow(&[7, 1], &none, Some(&matrix), &calibration, alone);
+    assert_eq!(tokens(&tree), [9, 11]);
+    let keyed = tree.cells[0][Source::Recycling as usize].expect("recycled");
+    tree.grow(&[4, 1], &none, Some(&matrix), &calibration, alone);
+    assert_eq!(tokens(&tree), [5]);
+    let own = tree.cells[0][Source::Recycling as usize].expect("recycled");
+    // Rows keyed by more tokens are calibrated apart, and trusted more at first.
+    assert_ne!(keyed, own);
+    assert!(calibration.rate(keyed) > calibration.rate(own));
 }
