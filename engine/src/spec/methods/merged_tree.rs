@@ -76,14 +76,6 @@ const EVIDENCE: usize = 8;
 /// Where Token Recycling's evidence starts when it drafts alone (no match above the node),
 /// so alone and beside a match it is calibrated apart ([`recycled`]).
 const ALONE: usize = 4;
-
-/// Token Recycling's evidence for its `rank`-th candidate (the first two ranks apart, the
-/// rest with the second) from a row `keyed` by so many of the path's last tokens (one, or
-/// more: two and three together), beside a match or alone.
-fn recycled(matched: bool, rank: usize, keyed: usize) -> usize {
-    let base = if matched { 0 } else { ALONE };
-    base + rank.min(1) + 2 * usize::from(keyed > 1)
-}
 const DEPTHS: usize = 8;
 const SHARES: usize = 4;
 /// Which other sources proposed the same node too (one bit per other source, none: 0): a
@@ -96,6 +88,14 @@ const AGREEMENT: usize = 1 << (SOURCES - 1);
 const PRIOR_WEIGHT: f32 = 2.0;
 /// Outcomes a cell remembers: past them the counts halve, so the rates follow the traffic.
 const MEMORY: f32 = 2000.0;
+
+/// Token Recycling's evidence for its `rank`-th candidate (the first two ranks apart, the
+/// rest with the second) from a row `keyed` by so many of the path's last tokens (one, or
+/// more: two and three together), beside a match or alone.
+fn recycled(matched: bool, rank: usize, keyed: usize) -> usize {
+    let base = if matched { 0 } else { ALONE };
+    base + rank.min(1) + 2 * usize::from(keyed > 1)
+}
 
 /// One calibration cell: what kind of proposal it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,6 +27,20 @@ fn context_only(proposal: Proposal<'_>) -> Proposals<'_> {
     }
 }
 
+/// A matrix of 16 tokens where after each token `t` the model gave `t + step` (mod 16) the
+/// logit of each `(step, logit)`.
+fn successors(steps: &[(u32, f32)]) -> RecyclingMatrix {
+    let matrix = RecyclingMatrix::new(16, 8);
+    for token in 0..16u32 {
+        let mut logits = vec![0.0f32; 16];
+        for &(step, logit) in steps {
+            logits[((token + step) % 16) as usize] = logit;
+        }
+        matrix.update(token, &logits);
+    }
+    matrix
+}
+
 fn tokens(tree: &MergedTree) -> Vec<u32> {
     (0..tree.candidates.len())
         .map(|i| tree.candidates.token(i))
@@ -117,13 +131,7 @@ fn calibration_learns_what_each_kind_of_proposal_is_worth() {
 #[test]
 fn recycling_branches_and_extends_what_a_match_proposes_and_drafts_alone_where_allowed() {
     let calibration = Calibration::new();
-    let matrix = RecyclingMatrix::new(16, 8);
-    for token in 0..16u32 {
-        let mut logits = vec![0.0f32; 16];
-        logits[((token + 1) % 16) as usize] = 2.0;
-        logits[((token + 5) % 16) as usize] = 1.0;
-        matrix.update(token, &logits);
-    }
+    let matrix = successors(&[(1, 2.0), (5, 1.0)]);
     let mut tree = MergedTree::default();
     // Nothing matches: no tree, unless recycling may draft alone.
     tree.grow(
@@ -272,12 +280,7 @@ fn a_prediction_merges_with_a_match_and_its_chain_reaches_deeper() {
 fn a_sources_proposals_that_others_share_are_calibrated_apart_from_its_own() {
     let calibration = Calibration::new();
     // After 0 the matrix's first candidate is always 1.
-    let matrix = RecyclingMatrix::new(16, 8);
-    for token in 0..16u32 {
-        let mut logits = vec![0.0f32; 16];
-        logits[((token + 1) % 16) as usize] = 2.0;
-        matrix.update(token, &logits);
-    }
+    let matrix = successors(&[(1, 2.0)]);
     let agrees = trie(&[&[1]]);
     let differs = trie(&[&[2]]);
     let proposal = |trie| Proposal { trie, evidence: 3 };
