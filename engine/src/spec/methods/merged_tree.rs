@@ -26,13 +26,8 @@ use std::collections::BinaryHeap;
 use std::sync::Mutex;
 
 use super::continuations::ContinuationTree;
-use super::recycling::RecyclingMatrix;
-use super::recycling_context::LONGEST_CONTEXT;
-use crate::spec::speculator::LastTokens;
+use super::recycling::{PathEnd, RecyclingMatrix};
 use crate::spec::{Candidates, SpecMethod};
-
-/// The last [`LONGEST_CONTEXT`] tokens of a node's path, its own last.
-type PathEnd = LastTokens<LONGEST_CONTEXT>;
 
 /// A source of proposals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -355,8 +355,9 @@ impl TokenRecycling {
     }
 }
 
-/// The last [`LONGEST_CONTEXT`] tokens of a path, oldest first.
-type PathEnd = LastTokens<LONGEST_CONTEXT>;
+/// The last [`LONGEST_CONTEXT`] tokens of a path, oldest first: what the matrix's rows are
+/// keyed by (here and in `auto`'s merged tree).
+pub(crate) type PathEnd = LastTokens<LONGEST_CONTEXT>;
 
 impl Drafter for TokenRecycling {
     fn method(&self) -> SpecMethod {
