@@ -1,5 +1,5 @@
 //! The softmax of attention scores, in arithmetic that vectorises and gives the same bits on
-//! every CPU: `exp` is computed in plain f32 multiplies and adds (Cody-Waite reduction by ln 2,
+//! every CPU: `exp` is computed in f32 fused multiply-adds (Cody-Waite reduction by ln 2,
 //! Cephes' degree-6 polynomial, the power of two built from its bits), the maximum and the
 //! sum run in eight fixed lanes. The library `exp` is a call per value that no compiler
 //! vectorises, and it was the largest part of attention; this one is within 2 ulp of the
@@ -21,16 +21,17 @@ pub fn exp(x: f32) -> f32 {
     // which Rust's saturating `as` would keep from vectorising.
     const SHIFTER: f32 = 12_582_912.0;
     let clamped = x.max(FLOOR);
-    let shifted = clamped * LOG2E + SHIFTER;
+    let shifted = clamped.mul_add(LOG2E, SHIFTER);
     let n = shifted - SHIFTER;
-    let r = clamped - n * LN2_HI - n * LN2_LO;
+    let r = (-n).mul_add(LN2_HI, clamped);
+    let r = (-n).mul_add(LN2_LO, r);
     let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = p * (r * r) + r + 1.0;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
     let exponent = shifted
         .to_bits()
         .wrapping_sub(SHIFTER.to_bits())
@@ -43,11 +44,14 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
-/// `xs[i] = e^(xs[i] - max) / sum_j e^(xs[j] - max)`.
+/// `xs[i] = e^(xs[i] - max) / sum_j e^(xs[j] - max)`, the division taken as a multiply by
+/// the sum's reciprocal (one division a row instead of one a value: measured on an Intel Xeon,
+/// the divisions were 5% of attention over 900 keys).
 pub fn softmax_in_place(xs: &mut [f32]) {
     let (_, sum) = exp_in_place(xs);
+    let reciprocal = 1.0 / sum;
     for x in xs.iter_mut() {
-        *x /= sum;
+        *x *= reciprocal;
     }
 }
 
@@ -100,11 +104,11 @@ fn portable_exp_in_place(xs: &mut [f32]) -> (f32, f32) {
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    *AVX512.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"))
 }
 
-/// `exp_in_place` in sixteen lanes, with the same bits: `exp`'s multiplies and adds one by
-/// one (never fused), and the eight-lane sum taken in the same pass as the exponentials, so
+/// `exp_in_place` in sixteen lanes, with the same bits: `exp`'s fused multiply-adds, plain
+/// multiplies and adds one for one (an FMA rounds once whoever computes it), and the eight-lane sum taken in the same pass as the exponentials, so
 /// that its chain of dependent adds overlaps their arithmetic (measured: a 528-score row went
 /// from 258 to 154 ns on an AMD EPYC of family 26).
 #[cfg(target_arch = "x86_64")]
@@ -113,20 +117,15 @@ mod x86 {
 
     /// `super::exp` of sixteen values.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,fma")]
     unsafe fn exp16(x: __m512) -> __m512 {
         let set = _mm512_set1_ps;
         let clamped = _mm512_max_ps(x, set(-87.0));
         let shifter = set(12_582_912.0);
-        let shifted = _mm512_add_ps(
-            _mm512_mul_ps(clamped, set(std::f32::consts::LOG2_E)),
-            shifter,
-        );
+        let shifted = _mm512_fmadd_ps(clamped, set(std::f32::consts::LOG2_E), shifter);
         let n = _mm512_sub_ps(shifted, shifter);
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(clamped, _mm512_mul_ps(n, set(0.693_359_4))),
-            _mm512_mul_ps(n, set(-2.121_944_4e-4)),
-        );
+        let r = _mm512_fnmadd_ps(n, set(0.693_359_4), clamped);
+        let r = _mm512_fnmadd_ps(n, set(-2.121_944_4e-4), r);
         let mut p = set(1.987_569_1e-4);
         for c in [
             1.398_199_9e-3,
@@ -135,12 +134,9 @@ mod x86 {
             1.666_666_5e-1,
             0.5,
         ] {
-            p = _mm512_add_ps(_mm512_mul_ps(p, r), set(c));
+            p = _mm512_fmadd_ps(p, r, set(c));
         }
-        let y = _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
-            set(1.0),
-        );
+        let y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), set(1.0));
         let exponent = _mm512_add_epi32(
             _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_castps_si512(shifter)),
             _mm512_set1_epi32(127),
@@ -151,7 +147,7 @@ mod x86 {
     }
 
     /// `super::exp_in_place` on a CPU with AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn exp_in_place(xs: &mut [f32]) -> (f32, f32) {
         let len = xs.len();
         let at = xs.as_mut_ptr();

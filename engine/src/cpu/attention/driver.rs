@@ -42,7 +42,7 @@ fn runs_of(keys: usize) -> usize {
 }
 
 /// Rows whose query heads (`group` per row) are scored together against each key: up to 32
-/// queries at once (the score loop reads each tile of keys once per four of them; the value
+/// queries at once (the score loop reads each tile of keys once per six of them; the value
 /// loop takes them a few at a time).
 fn together(group: usize) -> usize {
     (32 / group.max(1)).max(1)
@@ -305,8 +305,11 @@ fn attend_group<T: KvValue>(
                 .unwrap_or(0);
             // Each query's scores are one contiguous run: context, then its row's tree keys.
             let stride = shared.len() + longest;
-            scores.clear();
-            scores.resize(queries.len() * stride, 0.0);
+            // Every score the loops below read is written first (each query's context keys,
+            // then its row's own keys), so the buffer is only grown, never cleared.
+            if scores.len() < queries.len() * stride {
+                scores.resize(queries.len() * stride, 0.0);
+            }
             sums.clear();
             sums.resize(queries.len() * hd, 0.0);
             key_scores(&queries, k, shared_keys, scale, &mut scores, stride);

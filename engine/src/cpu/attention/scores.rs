@@ -5,7 +5,7 @@
 //! then times the scale, in sixteen lanes at once. No horizontal sum, no transpose at read
 //! time. The keys of a call go in runs of consecutive slots within one tile (a context's whole
 //! tiles; a chain's or a tree's rows in shorter runs); up to four runs are scored at a time
-//! for every query of the call, four queries by four tiles in registers, each run as its whole
+//! for every query of the call, six queries by four tiles in registers, each run as its whole
 //! tile with only its own lanes kept. Every score is that one chain whoever computes it, so
 //! the AVX-512 loop and the portable one give the same bits, and a query's scores never
 //! depend on the other queries, keys or rows of the call.
@@ -15,6 +15,10 @@ use crate::cpu::kv_store::{key_at, KvValue, KEY_TILE};
 
 /// Tiles scored together.
 const TILES_AT_ONCE: usize = 4;
+
+/// Queries scored together against them (six by four tiles: 24 accumulators in registers).
+#[cfg(target_arch = "x86_64")]
+const QUERIES_AT_ONCE: usize = 6;
 
 /// Tests set this to run the portable loop on any CPU (both loops give the same bits, so
 /// other tests running meanwhile are unaffected).
@@ -162,9 +166,11 @@ fn score_tiles<T: KvValue>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{KvValue, Run, KEY_TILE};
+    use super::{KvValue, Run, KEY_TILE, QUERIES_AT_ONCE};
 
-    /// `super::score_tiles` in blocks of up to four queries by the call's tiles.
+    /// `super::score_tiles` in blocks of up to six queries by the call's tiles (six by four:
+    /// measured on an Intel Xeon, one core, 64 rows over 900 keys, attention went from 1633
+    /// to 1563 us a layer against blocks of four).
     ///
     /// # Safety
     /// As `super::score_tiles` says, on a CPU with AVX-512F and FMA.
@@ -212,9 +218,11 @@ mod x86 {
                 1 => job.by_tiles::<1>([at(0)]),
                 2 => job.by_tiles::<2>([at(0), at(1)]),
                 3 => job.by_tiles::<3>([at(0), at(1), at(2)]),
-                _ => job.by_tiles::<4>([at(0), at(1), at(2), at(3)]),
+                4 => job.by_tiles::<4>([at(0), at(1), at(2), at(3)]),
+                5 => job.by_tiles::<5>([at(0), at(1), at(2), at(3), at(4)]),
+                _ => job.by_tiles::<6>([at(0), at(1), at(2), at(3), at(4), at(5)]),
             }
-            g += 4;
+            g += QUERIES_AT_ONCE;
         }
     }
 
