@@ -1,6 +1,7 @@
 //! SiLU (`x / (1 + e^-x)`, the gate of SwiGLU) as thicket computes it on the CPU: with
-//! `softmax::exp`'s fused multiply-adds, so a whole row of gates vectorises, where the
-//! library `exp` is a call per value. The fused CPU pass and the candle-ops forward with
+//! `softmax::exp`'s fused multiply-adds, so a whole row of gates vectorises (the build targets
+//! the host CPU, whose FMA instructions they become), where the library `exp` is a call per
+//! value. The fused CPU pass and the candle-ops forward with
 //! thicket's attention both use it (their logits stay bit-identical); the reference
 //! arithmetic (`--attention reference`) keeps candle's own `silu`.
 

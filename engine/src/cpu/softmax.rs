@@ -108,9 +108,10 @@ fn avx512() -> bool {
 }
 
 /// `exp_in_place` in sixteen lanes, with the same bits: `exp`'s fused multiply-adds, plain
-/// multiplies and adds one for one (an FMA rounds once whoever computes it), and the eight-lane sum taken in the same pass as the exponentials, so
-/// that its chain of dependent adds overlaps their arithmetic (measured: a 528-score row went
-/// from 258 to 154 ns on an AMD EPYC of family 26).
+/// multiplies and adds one for one (an FMA rounds once whoever computes it), and the
+/// eight-lane sum taken in the same pass as the exponentials, so that its chain of dependent
+/// adds overlaps their arithmetic (measured: a 528-score row went from 258 to 154 ns on an
+/// AMD EPYC of family 26).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
