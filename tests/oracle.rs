@@ -5,7 +5,7 @@
 //! summation order). SmolLM2 dequantized to f32: close logits with an f32 KV store, and
 //! bounded differences and the same greedy choices with the default f16 one. SmolLM2 as
 //! shipped (Q4_1): thicket's kernel and the f16 KV store stay as close to the f32 model as
-//! candle's kernel with f32 K/V.
+//! candle's kernel with f32 K/V, over four rotations of the prompts.
 
 use std::sync::Mutex;
 
@@ -153,6 +153,12 @@ fn smollm2_f32_logits_match_candle_dequantized_llama() {
     assert_eq!(same_choice, tokens.len(), "f16 KV changed a greedy choice");
 }
 
+/// Rotations of the prompts that `thicket_matmul_logits_track_candle_qmatmul` runs as chains.
+/// One chain's distances are dominated by where 8-bit re-rounding first diverges: a one-ulp
+/// change in attention moved them by about 10% (candle's, with its kernel unchanged, read
+/// 0.26-0.31). Four chains of 127 positions average that out.
+const ROTATIONS: usize = 4;
+
 #[test]
 fn thicket_matmul_logits_track_candle_qmatmul() {
     // Both kernels quantize activations to 8 bits identically and differ only in float
@@ -168,48 +174,59 @@ fn thicket_matmul_logits_track_candle_qmatmul() {
         .with_quant_kernel(QuantKernel::Candle)
         .unwrap();
     assert_eq!(candle.quant_kernel(), Some(QuantKernel::Candle));
-    let mut tokens = Vec::new();
-    for prompt in PROMPTS {
-        tokens.extend(loaded.tokenizer.encode(prompt).unwrap());
-    }
-    let logits = |model: &engine::Model| chain_logits(model, &tokens);
-    let (ours, theirs) = (logits(&loaded.model), logits(&candle));
-    let exact = logits(&smollm2_f32().model.clone().with_kv_dtype(KvDtype::F32));
-    let ours_f32_kv = logits(&loaded.model.clone().with_kv_dtype(KvDtype::F32));
-    let rms = |a: &Tensor, b: &Tensor| -> f32 {
+    let exact_model = smollm2_f32().model.clone().with_kv_dtype(KvDtype::F32);
+    let ours_f32_kv_model = loaded.model.clone().with_kv_dtype(KvDtype::F32);
+    // Sums of squared differences to the f32 model (thicket, candle, thicket with an f32 KV
+    // store), between the two kernels, and the positions where greedy choices agree.
+    let (mut ours_sq, mut candle_sq, mut f32_kv_sq, mut between_sq) = (0f64, 0f64, 0f64, 0f64);
+    let (mut values, mut positions, mut same_argmax, mut same_as_f32_kv) = (0, 0, 0, 0);
+    let squared = |a: &Tensor, b: &Tensor| -> f64 {
         let d = (a - b).unwrap();
-        (d.sqr()
-            .unwrap()
-            .mean_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap())
-        .sqrt()
+        f64::from(
+            d.sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+        )
     };
-    let (ours_error, candle_error) = (rms(&ours, &exact), rms(&theirs, &exact));
-    let mut same_argmax = 0;
-    for pos in 0..tokens.len() {
-        let a: Vec<f32> = ours.i(pos).unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = theirs.i(pos).unwrap().to_vec1().unwrap();
-        same_argmax += usize::from(argmax(&a) == argmax(&b));
+    let argmax_at = |t: &Tensor, pos: usize| argmax(&t.i(pos).unwrap().to_vec1::<f32>().unwrap());
+    for rotation in 0..ROTATIONS {
+        let mut tokens = Vec::new();
+        for i in 0..PROMPTS.len() {
+            let prompt = PROMPTS[(i + rotation) % PROMPTS.len()];
+            tokens.extend(loaded.tokenizer.encode(prompt).unwrap());
+        }
+        let ours = chain_logits(&loaded.model, &tokens);
+        let theirs = chain_logits(&candle, &tokens);
+        let exact = chain_logits(&exact_model, &tokens);
+        let ours_f32_kv = chain_logits(&ours_f32_kv_model, &tokens);
+        ours_sq += squared(&ours, &exact);
+        candle_sq += squared(&theirs, &exact);
+        f32_kv_sq += squared(&ours_f32_kv, &exact);
+        between_sq += squared(&ours, &theirs);
+        values += ours.elem_count();
+        positions += tokens.len();
+        for pos in 0..tokens.len() {
+            let mine = argmax_at(&ours, pos);
+            same_argmax += usize::from(mine == argmax_at(&theirs, pos));
+            same_as_f32_kv += usize::from(mine == argmax_at(&ours_f32_kv, pos));
+        }
     }
-    let f32_kv_error = rms(&ours_f32_kv, &exact);
-    let mut same_as_f32_kv = 0;
-    for pos in 0..tokens.len() {
-        let a: Vec<f32> = ours.i(pos).unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = ours_f32_kv.i(pos).unwrap().to_vec1().unwrap();
-        same_as_f32_kv += usize::from(argmax(&a) == argmax(&b));
-    }
+    let rms = |sum: f64| (sum / values as f64).sqrt();
+    let (ours_error, candle_error) = (rms(ours_sq), rms(candle_sq));
+    let f32_kv_error = rms(f32_kv_sq);
     eprintln!(
-        "over {} positions: rms distance to the f32 model: thicket {ours_error}, candle \
-         {candle_error}; between them {}; argmax equal at {same_argmax}; thicket with an \
-         f32 KV store {f32_kv_error}, argmax as with f16 at {same_as_f32_kv}",
-        tokens.len(),
-        rms(&ours, &theirs)
+        "over {positions} positions in {ROTATIONS} chains: rms distance to the f32 model: \
+         thicket {ours_error}, candle {candle_error}; between them {}; argmax equal at \
+         {same_argmax}; thicket with an f32 KV store {f32_kv_error}, argmax as with f16 at \
+         {same_as_f32_kv}",
+        rms(between_sq)
     );
     // No systematic error: thicket's kernel is as close to exact arithmetic as candle's, and
     // the default f16 KV store adds no error of its own beside the 8-bit activations' (both
-    // measured 0.27).
+    // measured 0.27-0.29).
     assert!(
         ours_error <= 1.25 * candle_error,
         "thicket {ours_error} vs candle {candle_error}"
@@ -219,12 +236,12 @@ fn thicket_matmul_logits_track_candle_qmatmul() {
         "f16 KV {ours_error} vs f32 KV {f32_kv_error}"
     );
     assert!(
-        same_as_f32_kv * 20 >= tokens.len() * 19,
-        "argmax as with an f32 KV store at {same_as_f32_kv}"
+        same_as_f32_kv * 20 >= positions * 19,
+        "argmax as with an f32 KV store at {same_as_f32_kv} of {positions}"
     );
     assert!(
-        same_argmax * 20 >= tokens.len() * 19,
-        "argmax equal at {same_argmax}"
+        same_argmax * 20 >= positions * 19,
+        "argmax equal at {same_argmax} of {positions}"
     );
 }
 
