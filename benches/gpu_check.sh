@@ -15,6 +15,8 @@
 #   benches/gpu_check.sh all     # last call: tests/cuda.rs, bench forward (before, graphs off
 #                                # and on, runs of 512 keys), the engine tests twice at once,
 #                                # bench engine and bench spec
+#   benches/gpu_check.sh speculation   # instead of `all`: Spec-Bench chat cold and warm, and
+#                                      # the batch job (none, auto, its ceiling)
 #
 # Logs are archived to $OUT/logs.tgz (or /tmp/gpu-out) with a summary printed last. Every step
 # has its own time limit, and none starts after DEADLINE seconds (default 520).
@@ -118,8 +120,58 @@ all)
     results
     tar -czf "$OUT/logs.tgz" -C "$LOGS" .
     ;;
+speculation)
+    # The chat and batch speculation targets where a verified row costs little: Spec-Bench chat at
+    # one client, cold and warm (the other half served first), then the batch job through one
+    # JSON schema at 4 lines in flight, none and auto alternating, then its ceiling (each line
+    # predicting its own answer from none's results).
+    nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee -a "$summary"
+    step 240 spec-chat.log $new bench spec --model "$model" --methods auto --control \
+        --warm-up half --per-category 2 --warm-up-per-category 1000 --max-tokens 128 \
+        --out "$LOGS/spec-chat.json"
+    python3 benches/batch_json_job.py >/tmp/gpu/job.jsonl
+    job() { # job NAME METHOD INPUT: one batch job in a fresh process, its wall time noted
+        rm -f "/tmp/gpu/$1.jsonl"
+        local t0
+        t0=$(date +%s.%N)
+        step 90 "batch-$1.log" $new batch --model "$model" --speculation "$2" --max-in-flight 4 \
+            --input "$3" --output "/tmp/gpu/$1.jsonl" &&
+            note "batch $1: $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f} s')")"
+    }
+    job none-1 none /tmp/gpu/job.jsonl
+    job auto-1 auto /tmp/gpu/job.jsonl
+    job auto-2 auto /tmp/gpu/job.jsonl
+    job none-2 none /tmp/gpu/job.jsonl
+    python3 benches/batch_json_job.py --predict-from /tmp/gpu/none-1.jsonl >/tmp/gpu/perfect.jsonl &&
+        job perfect-1 auto /tmp/gpu/perfect.jsonl
+    python3 - /tmp/gpu/none-1.jsonl /tmp/gpu/none-2.jsonl /tmp/gpu/auto-1.jsonl \
+        /tmp/gpu/auto-2.jsonl /tmp/gpu/perfect-1.jsonl <<'PY' | tee -a "$summary"
+import json, sys
+def answers(path):
+    try:
+        lines = [json.loads(l) for l in open(path)]
+    except OSError:
+        return None
+    return {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"]
+            for r in lines if r.get("response")}
+base = answers(sys.argv[1])
+for path in sys.argv[2:]:
+    other = answers(path)
+    if base is None or other is None:
+        print(f"{path}: missing")
+        continue
+    same = sum(1 for k, v in base.items() if other.get(k) == v)
+    print(f"{path}: {same} of {len(base)} answers identical to none-1's ({len(other)} lines)")
+PY
+    for f in "$LOGS"/batch-*.log; do
+        [ -f "$f" ] && { echo "== $(basename "$f")"; tail -4 "$f"; } >>"$summary"
+    done
+    { echo "== spec-chat.log"; tail -30 "$LOGS/spec-chat.log"; } >>"$summary"
+    cp "$LOGS/spec-chat.json" "$OUT/" 2>/dev/null
+    tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+    ;;
 *)
-    echo "usage: benches/gpu_check.sh setup|all" >&2
+    echo "usage: benches/gpu_check.sh setup|all|speculation" >&2
     exit 2
     ;;
 esac
