@@ -13,9 +13,11 @@
 //! tree of b nodes (its
 //! drafter's online statistics, supplied by the engine) and `cost` the measured forward-cost
 //! curve plus what a step costs beside its forward (measured by the engine,
-//! `CostCurve::set_step_overhead`): a part every step pays however many tokens it yields
-//! (scheduling, lookups, bookkeeping) and a part per token it yields (sampling). The rows a
-//! tree adds are priced at no less than the curve as first measured says, in proportion to
+//! `CostCurve::set_step_overhead`, `set_row_overhead`): a part every step pays however many
+//! tokens it yields (scheduling, lookups, bookkeeping), a part per token it yields
+//! (sampling) and a part per row it computes (the speculators reading each row's logits).
+//! The rows a tree adds are priced at no less than the curve as first measured says, in
+//! proportion to
 //! what the step costs now (`CostCurve::step_with`). Marginal gains are taken best first;
 //! the number of extra nodes kept is the one
 //! that maximises the rate, so when extra rows are expensive (a compute-bound batch, or a
@@ -226,6 +228,29 @@ pub(crate) mod tests {
         assert_eq!(allocate(&offers, 1, 1, 8, &cost), vec![0]);
         cost.set_step_overhead(f64::NAN, 0.0);
         assert_eq!(cost.step(1, 1.0), 1.5);
+    }
+
+    #[test]
+    fn a_row_overhead_makes_rows_dearer() {
+        // Rows nearly free on the curve (a GPU's): 16 nodes of 0.3 expected tokens each pay
+        // on top of one row. Once the host spends 0.5 units reading every row, a node's 0.3
+        // tokens cost more than the step's own token does (0.3 / 0.508 against 1 / 1.5).
+        let mut cost = CostCurve::new(vec![(1, 1.0), (64, 1.5)]).unwrap();
+        let expected: Vec<f32> = (1..=16).map(|n| 0.3 * n as f32).collect();
+        let o = offer(&expected);
+        let offers = [(SeqId(1), &o)];
+        assert_eq!(allocate(&offers, 1, 1, 16, &cost), vec![16]);
+        assert!(cost.break_even_gain(1, 16) < 0.3);
+        cost.set_row_overhead(0.5);
+        assert!((cost.step(2, 1.0) - (cost.cost(2) + 1.0)).abs() < 1e-12);
+        let three_more = cost.step_with(1, 3, 1.0) - cost.step(1, 1.0);
+        assert!((three_more - (cost.cost(4) - cost.cost(1) + 1.5)).abs() < 1e-9);
+        assert_eq!(allocate(&offers, 1, 1, 16, &cost), vec![0]);
+        assert!(cost.break_even_gain(1, 16) > 0.3);
+        // Not a number, or below zero: ignored.
+        cost.set_row_overhead(f64::NAN);
+        cost.set_row_overhead(-1.0);
+        assert!((cost.step(1, 1.0) - 1.5).abs() < 1e-12);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The forward-cost curve the draft planner prices steps with (`CostCurve`): what a forward
 //! of so many rows costs, measured at start-up and refined by the engine's own forwards, what
-//! a step costs beside its forward, and what a forward of a few rows costs the one-row
-//! forwards after it (the after-effect) where one sequence decodes alone.
+//! a step costs beside its forward (per step, per token it yields and per row it computes),
+//! and what a forward of a few rows costs the one-row forwards after it (the after-effect)
+//! where one sequence decodes alone.
 
 /// Cost of one forward as a function of the rows it feeds: piecewise linear between
 /// measured points, extended along the last segment.
@@ -14,6 +15,9 @@ pub struct CostCurve {
     /// What a step costs beside its forward, in the curve's units: a fixed part, and a part
     /// per token the step yields.
     overhead: (f64, f64),
+    /// What the host spends beside the forward per row it computes (the speculators reading
+    /// each row's logits), in the curve's units.
+    per_row: f64,
 }
 
 impl CostCurve {
@@ -30,6 +34,7 @@ impl CostCurve {
             first: points.clone(),
             points,
             overhead: (0.0, 0.0),
+            per_row: 0.0,
         })
     }
 
@@ -39,6 +44,7 @@ impl CostCurve {
             points: vec![(1, 1.0)],
             first: vec![(1, 1.0)],
             overhead: (0.0, 0.0),
+            per_row: 0.0,
         }
     }
 
@@ -48,6 +54,7 @@ impl CostCurve {
             points: vec![(1, 1.0), (2, 2.0)],
             first: vec![(1, 1.0), (2, 2.0)],
             overhead: (0.0, 0.0),
+            per_row: 0.0,
         }
     }
 
@@ -67,10 +74,19 @@ impl CostCurve {
         }
     }
 
+    /// Sets what the host spends beside the forward per row it computes, in the curve's
+    /// units (ignored unless finite and non-negative). Where a row's forward is cheap (a GPU)
+    /// the speculators' reading of its logits is a large part of what a draft row costs.
+    pub fn set_row_overhead(&mut self, per_row: f64) {
+        if per_row.is_finite() && per_row >= 0.0 {
+            self.per_row = per_row;
+        }
+    }
+
     /// What a step of `rows` rows that yields `tokens` tokens costs: its forward and the
     /// step's overhead.
     pub fn step(&self, rows: usize, tokens: f64) -> f64 {
-        self.cost(rows) + self.overhead.0 + self.overhead.1 * tokens
+        self.cost(rows) + self.overhead.0 + self.overhead.1 * tokens + self.per_row * rows as f64
     }
 
     /// Refines the curve with a measured forward of `rows` rows, by 5% of the error each
@@ -127,7 +143,7 @@ impl CostCurve {
         } else {
             0.0
         };
-        self.step(base, tokens) + refined.max(floor)
+        self.step(base, tokens) + refined.max(floor) + self.per_row * extra as f64
     }
 
     /// A gain per draft node at or below which no draft pays on a step of `base` rows that
@@ -137,9 +153,10 @@ impl CostCurve {
     /// the sequence's best case gains more, so at a load where rows cost more than drafts
     /// return, no drafter prepares anything.
     ///
-    /// Nodes of gain `g` pay for some `m` exactly when `g * (cost(base) + fixed overhead) >
-    /// base * extra(m) / m`, where `extra(m)` is what [`CostCurve::step_with`] adds for `m`
-    /// rows: the larger of the refined curve's price and the first curve's floor. Each of
+    /// Nodes of gain `g` pay for some `m` exactly when `g * (cost(base) + fixed overhead +
+    /// base rows' overhead) > base * extra(m) / m`, where `extra(m)` is what
+    /// [`CostCurve::step_with`] adds for `m` rows: the larger of the refined curve's price
+    /// and the first curve's floor, plus each row's overhead. Each of
     /// those two, per row, is least at a knot or at an end (it is linear between knots),
     /// so the larger of their two least values is a lower bound on the least price per row,
     /// and the gain returned is a lower bound too: exact while the curve has not been
@@ -168,8 +185,8 @@ impl CostCurve {
             }
         }
         let floor = if floor.is_finite() { floor } else { 0.0 };
-        let per_row = refined.max(floor).max(0.0);
-        base as f64 * per_row / (now + self.overhead.0)
+        let per_row = refined.max(floor).max(0.0) + self.per_row;
+        base as f64 * per_row / (now + self.overhead.0 + self.per_row * base as f64)
     }
 
     /// How many rows (at most `max`) a forward of `base` rows can take on while its estimated

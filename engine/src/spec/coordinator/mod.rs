@@ -105,6 +105,9 @@ pub(crate) struct Speculation {
     /// Measured seconds of sampling per token a step yields (moving average): verification
     /// samples along the accepted path only, so every token pays them, drafted or not.
     sampling_per_token: Option<f64>,
+    /// Measured seconds the speculators spend reading one computed row (moving average):
+    /// Token Recycling's top-k over the row's logits, for instance. A draft row pays it.
+    observing_per_row: Option<f64>,
     /// This step's measurements so far, until `observe_step`.
     this_step: StepTimes,
     /// Each method's [`Speculation::best_per_node`] since its statistics last changed: the
@@ -123,6 +126,8 @@ struct StepTimes {
     /// admitted and finished requests (the global index's upkeep).
     lookup: f64,
     sampling: f64,
+    /// The speculators' reading of the forward's computed rows.
+    observing: f64,
 }
 
 /// Most prompt rows computed per step only for speculators that learn from them.
@@ -197,6 +202,7 @@ impl Speculation {
             seconds_per_unit: None,
             step_overhead: None,
             sampling_per_token: None,
+            observing_per_row: None,
             this_step: StepTimes::default(),
             best_per_node: Vec::new(),
         })
@@ -480,6 +486,7 @@ impl Speculation {
             if per_unit > 0.0 {
                 let per_token = self.sampling_per_token.unwrap_or(0.0);
                 cost.set_step_overhead(fixed / per_unit, per_token / per_unit);
+                cost.set_row_overhead(self.observing_per_row.unwrap_or(0.0) / per_unit);
             }
         }
         cost

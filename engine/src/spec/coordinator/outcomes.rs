@@ -19,10 +19,23 @@ impl Speculation {
     ) {
         self.observe_cost(rows, seconds);
         self.this_step.forward = Some(seconds);
+        if self.speculators.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let mut observed = 0usize;
         for row in computed {
+            observed += 1;
             for speculator in &mut self.speculators {
                 speculator.observe_row(&row);
             }
+        }
+        // What reading each row costs is priced per row (a GPU's rows are cheap enough that
+        // it is a large part of what a draft row costs), not in the step's fixed overhead.
+        if observed > 0 {
+            let spent = started.elapsed().as_secs_f64();
+            self.this_step.observing += spent;
+            smooth(&mut self.observing_per_row, spent / observed as f64);
         }
     }
 
@@ -35,15 +48,16 @@ impl Speculation {
     }
 
     /// After a step that ran a forward and took `seconds` in all (`None`: it failed): what it
-    /// spent beside the forward, the drafting and the sampling refines the step overhead, and
-    /// each phase's time goes to the step-phase histogram.
+    /// spent beside the forward, the drafting, the sampling and the speculators' reading of
+    /// its rows refines the step overhead, and each phase's time goes to the step-phase
+    /// histogram (the reading of rows inside "other").
     pub(crate) fn observe_step(&mut self, seconds: Option<f64>) {
         let times = std::mem::take(&mut self.this_step);
         if let (Some(forward), Some(seconds)) = (times.forward, seconds) {
             // The lookup is paid every step whatever it yields: the planner counts it in
             // the step's overhead, while the histogram shows it apart.
             let rest = (seconds - forward - times.drafting - times.sampling).max(0.0);
-            smooth(&mut self.step_overhead, rest);
+            smooth(&mut self.step_overhead, (rest - times.observing).max(0.0));
             use crate::metrics::STEP_PHASE;
             for (phase, spent) in [
                 ("forward", forward),

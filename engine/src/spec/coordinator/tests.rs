@@ -1,5 +1,6 @@
 //! Unit tests of the speculation state: acceptance learnt per evidence level, a costly
-//! method probed and then charged by tree size, learning rows charged on the cost curve,
+//! method probed and then charged by tree size, the reading of rows priced per row,
+//! learning rows charged on the cost curve,
 //! drafters left unprepared where no tree could pay, and no offer made where its own trees
 //! could not, a method asked again once its record says it pays.
 
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::spec::speculator::ObservedRow;
 
 /// Speculation with one registered method, `name`, made by `make`, over a vocabulary of 16,
 /// with free rows (so that every drafter is asked), and a drafter of that method for a
@@ -193,6 +195,66 @@ fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
     speculation.observe_step(Some(0.500));
     let units = overhead(&mut speculation, &mut state);
     assert!((units - 0.25).abs() < 1e-9, "{units}");
+}
+
+/// Drafts as `ParitySpeculator` does, and spends `SLOW_ROW` reading every computed row.
+struct SlowReader;
+
+const SLOW_ROW: std::time::Duration = std::time::Duration::from_millis(2);
+
+impl Speculator for SlowReader {
+    fn method(&self) -> SpecMethod {
+        SpecMethod::Named("slow-reader")
+    }
+    fn drafter(&self, _seq: &NewSequence<'_>) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(Parity { last: 0 }))
+    }
+    fn observe_row(&mut self, _row: &ObservedRow<'_>) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < SLOW_ROW {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[test]
+fn reading_each_computed_row_is_priced_per_row_not_per_step() {
+    let (mut speculation, mut state) = one_method("slow-reader", || Box::new(SlowReader));
+    let seq = SeqId(1);
+    let priced = |speculation: &mut Speculation, state: &mut SeqDrafter| {
+        let tokens = [3];
+        let inputs = speculation
+            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
+            .expect("an offer");
+        (
+            inputs.cost.step(1, 1.0) - inputs.cost.cost(1),
+            inputs.cost.step_with(1, 3, 1.0) - inputs.cost.step(1, 1.0),
+        )
+    };
+    // A 10 ms forward (one unit of the flat curve) of four rows, each read in 2 ms, in a
+    // step of 20 ms: the reading is 0.2 units a row, and the step's fixed overhead the
+    // 2 ms left (0.2 units) beside it. Three more rows cost three more readings.
+    let logits = [0.0f32; 16];
+    let rows = (0..4).map(|token| ObservedRow {
+        token,
+        logits: &logits,
+        cache_scope: None,
+        before: Default::default(),
+    });
+    speculation.observe_forward(4, 0.010, rows);
+    let read = speculation.this_step.observing;
+    assert!(read >= 4.0 * SLOW_ROW.as_secs_f64(), "{read}");
+    speculation.observe_step(Some(0.010 + read + 0.002));
+    let (one_row, three_more) = priced(&mut speculation, &mut state);
+    let per_row = read / 4.0 / 0.010;
+    assert!(
+        (one_row - (0.2 + per_row)).abs() < 1e-6,
+        "{one_row} against {per_row}"
+    );
+    assert!(
+        (three_more - 3.0 * per_row).abs() < 1e-6,
+        "{three_more} against {per_row}"
+    );
 }
 
 #[test]
