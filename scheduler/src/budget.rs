@@ -251,6 +251,11 @@ pub(crate) mod tests {
         cost.set_row_overhead(f64::NAN);
         cost.set_row_overhead(-1.0);
         assert!((cost.step(1, 1.0) - 1.5).abs() < 1e-12);
+        // A flat curve declares rows free and keeps them so.
+        let mut flat = CostCurve::flat();
+        flat.set_row_overhead(0.5);
+        assert_eq!(flat.step(8, 1.0), flat.step(1, 1.0));
+        assert_eq!(allocate(&offers, 1, 1, 16, &flat), vec![16]);
     }
 
     #[test]

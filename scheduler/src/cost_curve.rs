@@ -77,8 +77,10 @@ impl CostCurve {
     /// Sets what the host spends beside the forward per row it computes, in the curve's
     /// units (ignored unless finite and non-negative). Where a row's forward is cheap (a GPU)
     /// the speculators' reading of its logits is a large part of what a draft row costs.
+    /// A flat curve (one knot) is declared, not measured: it says rows cost nothing, and
+    /// keeps saying so, as `observe` leaves it as it is.
     pub fn set_row_overhead(&mut self, per_row: f64) {
-        if per_row.is_finite() && per_row >= 0.0 {
+        if self.points.len() > 1 && per_row.is_finite() && per_row >= 0.0 {
             self.per_row = per_row;
         }
     }

@@ -219,7 +219,22 @@ impl Speculator for SlowReader {
 
 #[test]
 fn reading_each_computed_row_is_priced_per_row_not_per_step() {
-    let (mut speculation, mut state) = one_method("slow-reader", || Box::new(SlowReader));
+    // A measured curve, though level (a flat one declares rows free and takes no price).
+    let config = SpeculationConfig {
+        speculators: vec![SpeculatorFactory::new("slow-reader", |_| {
+            Box::new(SlowReader)
+        })],
+        cost: CostCurve::new(vec![(1, 1.0), (64, 1.0)]).expect("a curve"),
+        ..SpeculationConfig::default()
+    };
+    let mut speculation = Speculation::new(config, 16).expect("a new method name");
+    let request = SpecRequest {
+        method: SpecMethod::Named("slow-reader"),
+        max_draft_tokens: None,
+    };
+    let mut state = speculation
+        .drafter_for(Some(request), &[0], 1, None, None)
+        .expect("the method drafts");
     let seq = SeqId(1);
     let priced = |speculation: &mut Speculation, state: &mut SeqDrafter| {
         let tokens = [3];
@@ -231,7 +246,7 @@ fn reading_each_computed_row_is_priced_per_row_not_per_step() {
             inputs.cost.step_with(1, 3, 1.0) - inputs.cost.step(1, 1.0),
         )
     };
-    // A 10 ms forward (one unit of the flat curve) of four rows, each read in 2 ms, in a
+    // A 10 ms forward (one unit of the curve) of four rows, each read in 2 ms, in a
     // step of 20 ms: the reading is 0.2 units a row, and the step's fixed overhead the
     // 2 ms left (0.2 units) beside it. Three more rows cost three more readings.
     let logits = [0.0f32; 16];
