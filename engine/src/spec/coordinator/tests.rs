@@ -14,9 +14,18 @@ use crate::spec::speculator::ObservedRow;
 /// with free rows (so that every drafter is asked), and a drafter of that method for a
 /// sequence of one token.
 fn one_method(name: &'static str, make: fn() -> Box<dyn Speculator>) -> (Speculation, SeqDrafter) {
+    one_method_on(CostCurve::flat(), name, make)
+}
+
+/// `one_method` on the cost curve `cost`.
+fn one_method_on(
+    cost: CostCurve,
+    name: &'static str,
+    make: fn() -> Box<dyn Speculator>,
+) -> (Speculation, SeqDrafter) {
     let config = SpeculationConfig {
         speculators: vec![SpeculatorFactory::new(name, move |_| make())],
-        cost: CostCurve::flat(),
+        cost,
         ..SpeculationConfig::default()
     };
     let speculation = Speculation::new(config, 16).expect("a new method name");
@@ -220,21 +229,8 @@ impl Speculator for SlowReader {
 #[test]
 fn reading_each_computed_row_is_priced_per_row_not_per_step() {
     // A measured curve, though level (a flat one declares rows free and takes no price).
-    let config = SpeculationConfig {
-        speculators: vec![SpeculatorFactory::new("slow-reader", |_| {
-            Box::new(SlowReader)
-        })],
-        cost: CostCurve::new(vec![(1, 1.0), (64, 1.0)]).expect("a curve"),
-        ..SpeculationConfig::default()
-    };
-    let mut speculation = Speculation::new(config, 16).expect("a new method name");
-    let request = SpecRequest {
-        method: SpecMethod::Named("slow-reader"),
-        max_draft_tokens: None,
-    };
-    let mut state = speculation
-        .drafter_for(Some(request), &[0], 1, None, None)
-        .expect("the method drafts");
+    let level = CostCurve::new(vec![(1, 1.0), (64, 1.0)]).expect("a curve");
+    let (mut speculation, mut state) = one_method_on(level, "slow-reader", || Box::new(SlowReader));
     let seq = SeqId(1);
     let priced = |speculation: &mut Speculation, state: &mut SeqDrafter| {
         let tokens = [3];
