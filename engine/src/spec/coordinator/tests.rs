@@ -182,16 +182,22 @@ fn a_costly_method_is_probed_then_charged_by_tree_size() {
     assert!(inputs.offers[&seq].is_free());
 }
 
+/// The cost curve the planner is offered with `state`'s drafter, for sequence 1 after the
+/// token 3.
+fn offered_cost(speculation: &mut Speculation, state: &mut SeqDrafter) -> CostCurve {
+    let tokens = [3];
+    speculation
+        .offers(std::iter::once((SeqId(1), &tokens[..], state, 0)), 1, 80)
+        .expect("an offer")
+        .cost
+}
+
 #[test]
 fn what_a_step_spends_beside_its_forward_is_offered_as_overhead() {
     let (mut speculation, mut state) = one_method("costly", || Box::new(Costly));
-    let seq = SeqId(1);
     let overhead = |speculation: &mut Speculation, state: &mut SeqDrafter| {
-        let tokens = [3];
-        let inputs = speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
-            .expect("an offer");
-        inputs.cost.step(1, 1.0) - inputs.cost.cost(1)
+        let cost = offered_cost(speculation, state);
+        cost.step(1, 1.0) - cost.cost(1)
     };
     // No step measured yet: none.
     speculation.observe_forward(1, 0.010, std::iter::empty());
@@ -231,17 +237,7 @@ fn reading_each_computed_row_is_priced_per_row_not_per_step() {
     // A measured curve, though level (a flat one declares rows free and takes no price).
     let level = CostCurve::new(vec![(1, 1.0), (64, 1.0)]).expect("a curve");
     let (mut speculation, mut state) = one_method_on(level, "slow-reader", || Box::new(SlowReader));
-    let seq = SeqId(1);
-    let priced = |speculation: &mut Speculation, state: &mut SeqDrafter| {
-        let tokens = [3];
-        let inputs = speculation
-            .offers(std::iter::once((seq, &tokens[..], state, 0)), 1, 80)
-            .expect("an offer");
-        (
-            inputs.cost.step(1, 1.0) - inputs.cost.cost(1),
-            inputs.cost.step_with(1, 3, 1.0) - inputs.cost.step(1, 1.0),
-        )
-    };
+
     // A 10 ms forward (one unit of the curve) of four rows, each read in 2 ms, in a
     // step of 20 ms: the reading is 0.2 units a row, and the step's fixed overhead the
     // 2 ms left (0.2 units) beside it. Three more rows cost three more readings.
@@ -256,7 +252,9 @@ fn reading_each_computed_row_is_priced_per_row_not_per_step() {
     let read = speculation.this_step.observing;
     assert!(read >= 4.0 * SLOW_ROW.as_secs_f64(), "{read}");
     speculation.observe_step(Some(0.010 + read + 0.002));
-    let (one_row, three_more) = priced(&mut speculation, &mut state);
+    let cost = offered_cost(&mut speculation, &mut state);
+    let one_row = cost.step(1, 1.0) - cost.cost(1);
+    let three_more = cost.step_with(1, 3, 1.0) - cost.step(1, 1.0);
     let per_row = read / 4.0 / 0.010;
     assert!(
         (one_row - (0.2 + per_row)).abs() < 1e-6,
