@@ -258,6 +258,31 @@ fn bench_spec_interleaves_methods_question_by_question_on_their_own_engines() {
             .sum();
         assert!(wall >= own, "{label}: {wall} < {own}");
     }
+    // Acceptance by depth comes from the engines' counters: each engine's verification
+    // steps are those its answers report.
+    let mut verified = 0;
+    for (label, counts) in report["acceptance_by_depth"]
+        .as_array()
+        .expect("acceptance by depth")
+        .iter()
+        .map(|pair| (&pair[0], &pair[1]))
+    {
+        let steps: u64 = ms
+            .iter()
+            .filter(|m| &m["method"] == label)
+            .map(|m| m["verify_steps"].as_u64().expect("verify steps"))
+            .sum();
+        assert_eq!(
+            counts["verify_steps"].as_f64(),
+            Some(steps as f64),
+            "{label}"
+        );
+        verified += steps;
+    }
+    assert!(
+        verified > 0,
+        "prompt lookup verified no draft in 13 questions"
+    );
     for (round, pair) in ms.chunks(2).enumerate() {
         // One question per round, on both engines; rounds go in pairs, the second running
         // the first's order backwards, and the order rotates from pair to pair.

@@ -439,7 +439,8 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
     } else {
         vec![(Some("cold"), &[]), (Some("warm"), warm_up.as_slice())]
     };
-    let counters = args.plot_dir.as_ref().map(|_| crate::server::prometheus());
+    // The engines' counters give acceptance by depth, for the charts and the report alike.
+    let counters = (args.plot_dir.is_some() || args.out.is_some()).then(crate::server::prometheus);
     let categories: Vec<String> = {
         let mut c: Vec<String> = questions.iter().map(|q| q.category.clone()).collect();
         c.sort();
