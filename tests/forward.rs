@@ -13,7 +13,9 @@ use kvcache::{BlockId, BlockPool, BlockTable, ManagerConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{max_abs_diff, one_sequence, smollm2, smollm2_f32, tiny_model, PROMPTS};
+use crate::common::{
+    max_abs_diff, one_sequence, qwen_path, smollm2, smollm2_f32, tiny_model, PROMPTS,
+};
 
 /// A random tree: node i > 0 hangs under a uniformly chosen earlier node.
 fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
@@ -96,6 +98,28 @@ fn tree_nodes_match_their_root_paths_over_a_long_context_on_smollm2() {
         .max()
         .unwrap();
     assert!(1020 + deepest > 1024, "the tree reaches past 1024 keys");
+    let worst = tree_vs_chains(&loaded.model, &prefix, &tree);
+    assert_eq!(worst, 0.0, "tree vs chain logits differ by {worst}");
+}
+
+#[test]
+fn tree_nodes_match_their_root_paths_on_qwen2_5_coder_in_every_instruction_set() {
+    // Q5_0, Q8_0, Q4_K and Q6_K weights: every one on thicket's kernels and the fused pass,
+    // in whichever instruction set this process runs (`THICKET_ISA`), so a verified tree's
+    // rows carry their root paths' bits and greedy speculation is exactly plain decoding.
+    let loaded = engine::load_model(
+        qwen_path().to_str().unwrap(),
+        &engine::LoadOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        loaded.model.is_fused(),
+        "{} runs candle's ops",
+        engine::cpu::qgemm::process_isa().name()
+    );
+    let prefix = loaded.tokenizer.encode("def quicksort(arr):\n").unwrap();
+    let mut rng = StdRng::seed_from_u64(6);
+    let tree = random_tree(&mut rng, 12, 151_000);
     let worst = tree_vs_chains(&loaded.model, &prefix, &tree);
     assert_eq!(worst, 0.0, "tree vs chain logits differ by {worst}");
 }

@@ -4,7 +4,8 @@
 //! question with a `get_weather` call that the API returns parsed (`tool_calls`,
 //! `finish_reason: "tool_calls"`), the same whole and streamed, for `auto`, a named function
 //! and `required` (with parallel calls allowed too: the answer still ends after its one
-//! call), with and without speculation.
+//! call), with and without speculation; and greedy BFCL calls on the AVX2 kernels are the
+//! same tokens under `auto` as under `none`.
 
 use api::server::generate::render_messages;
 use api::server::protocol::ChatMessageIn;
@@ -189,4 +190,73 @@ fn qwen_answers_with_a_parsed_tool_call_whole_and_streamed() {
             "{case}: {sse}"
         );
     }
+}
+
+/// Greedy tool calls are the same tokens with speculation as without, on the AVX2 kernels
+/// (the path most CPUs take, run here whatever this CPU's best is): BFCL turns whose calls
+/// carry several arguments, under `none` and `auto`, on one server each.
+#[test]
+fn greedy_tool_calls_are_the_same_with_speculation_on_the_avx2_path() {
+    #[cfg(target_arch = "x86_64")]
+    let isa = if std::is_x86_feature_detected!("avx2") {
+        "avx2"
+    } else {
+        eprintln!("this CPU has no AVX2: the turns run on its own kernels");
+        ""
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let isa = "";
+    let turns: Vec<Value> = include_str!("../benches/data/bfcl_live.jsonl")
+        .lines()
+        .take(3)
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let model = qwen_path();
+    let mut answers: Vec<Vec<Value>> = Vec::new();
+    let mut accepted = 0;
+    for method in ["none", "auto"] {
+        let server = ServerProcess::start(
+            &[
+                "--kv-cache-mib",
+                "128",
+                "--max-model-len",
+                "2048",
+                "--model",
+                model.to_str().unwrap(),
+            ],
+            &[("THICKET_ISA", isa)],
+        );
+        let mut answered = Vec::new();
+        for turn in &turns {
+            let body = json!({
+                "messages": turn["messages"],
+                "tools": turn["tools"],
+                "tool_choice": "required",
+                "max_tokens": 96,
+                "temperature": 0,
+                "speculation": {"method": method},
+            });
+            let (status, whole) = server.post("/v1/chat/completions", &body);
+            assert_eq!(status, 200, "{method}: {whole}");
+            let message = &whole["choices"][0]["message"];
+            assert!(message["tool_calls"].is_array(), "{method}: {whole}");
+            // The calls without their random ids.
+            let calls: Vec<&Value> = message["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| &c["function"])
+                .collect();
+            answered.push(json!({"calls": calls, "tokens": whole["usage"]["completion_tokens"]}));
+            accepted += whole["thicket"]["speculation"]["accepted_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        answers.push(answered);
+    }
+    assert_eq!(answers[0], answers[1], "none, then auto");
+    assert!(
+        accepted > 0,
+        "auto accepted no draft: the comparison says nothing"
+    );
 }

@@ -9,18 +9,31 @@ use kvcache::SeqId;
 
 use super::Engine;
 use crate::metrics as names;
-use crate::request::{Event, FinishReason, TokenLogprob, Usage};
+use crate::request::{Event, FinishReason, Usage};
+use crate::sampler::Sampled;
 use crate::Result;
 
 impl Engine {
-    /// Records `token` as the newest output of `seq_id`, checks stop conditions and sends
-    /// the events. Returns true when the sample finished (it is then gone).
-    pub(super) fn emit(
-        &mut self,
-        seq_id: SeqId,
-        token: u32,
-        logprob: Option<TokenLogprob>,
-    ) -> Result<bool> {
+    /// The speculation counts of `seq_id`'s last verified tree go to its totals and the
+    /// metrics, its accepted drafts among the first `emitted` tokens of its path only.
+    pub(super) fn settle(&mut self, seq_id: SeqId, emitted: usize) {
+        if let Some(drafter) = self
+            .records
+            .get_mut(&seq_id)
+            .and_then(|r| r.drafter.as_mut())
+        {
+            drafter.settle(emitted);
+        }
+    }
+
+    /// Records `sampled` as the newest output of `seq_id`, the `nth` token it emits this
+    /// step, checks stop conditions and sends the events. Returns true when the sample
+    /// finished (it is then gone, its usage counting only the tokens it output).
+    pub(super) fn emit(&mut self, seq_id: SeqId, sampled: Sampled, nth: usize) -> Result<bool> {
+        let Sampled {
+            token_id: token,
+            logprob,
+        } = sampled;
         let now = Instant::now();
         let max_model_len = self.scheduler.config().max_model_len;
         let Some(state) = self.records.get_mut(&seq_id) else {
@@ -86,11 +99,13 @@ impl Engine {
         let Some(reason) = finish else {
             return Ok(false);
         };
-        let spec = state
-            .drafter
-            .as_ref()
-            .map(|d| d.totals())
-            .unwrap_or_default();
+        let spec = match state.drafter.as_mut() {
+            Some(drafter) => {
+                drafter.settle(nth);
+                drafter.totals()
+            }
+            None => Default::default(),
+        };
         let usage = Usage {
             prompt_tokens: request.request.prompt.len(),
             completion_tokens: state.num_output,

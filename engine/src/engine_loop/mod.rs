@@ -470,10 +470,16 @@ impl Engine {
         let tokens = emissions.iter().map(|(_, t)| t.len()).sum();
         self.spec.observe_sampling(tokens, sampling);
         for (seq, tokens) in emissions {
-            for sampled in tokens {
-                if self.emit(seq, sampled.token_id, sampled.logprob)? {
+            let mut finished = false;
+            for (i, sampled) in tokens.into_iter().enumerate() {
+                if self.emit(seq, sampled, i + 1)? {
+                    finished = true;
                     break;
                 }
+            }
+            // Every token of its tree went out: its draft counts do too.
+            if !finished {
+                self.settle(seq, usize::MAX);
             }
         }
         Ok(())

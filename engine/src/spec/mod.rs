@@ -128,6 +128,29 @@ pub struct NewSequence<'a> {
     pub cache_scope: Option<kvcache::BlockHash>,
 }
 
+/// One draft source's part of a verified tree merged from several sources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOutcome {
+    /// The source.
+    pub method: SpecMethod,
+    /// Its nodes in the tree.
+    pub drafted: usize,
+    /// The depths (1: the first draft token) of its nodes on the accepted path, ascending.
+    pub accepted_at: Vec<usize>,
+}
+
+impl SourceOutcome {
+    /// Its accepted nodes.
+    pub fn accepted(&self) -> usize {
+        self.accepted_at.len()
+    }
+
+    /// Its accepted nodes among the path's first `depth` draft tokens.
+    pub fn accepted_within(&self, depth: usize) -> usize {
+        self.accepted_at.partition_point(|&d| d <= depth)
+    }
+}
+
 /// One sequence's drafter.
 pub trait Drafter: Send {
     /// The method drafting right now (for `auto`, the one it picked).
@@ -157,10 +180,10 @@ pub trait Drafter: Send {
     /// The outcome of the last draft node by node: the tree verified (its nodes are a subset
     /// of the drafted ones, closed under parents) and its accepted nodes, root first.
     fn verified(&mut self, _tree: &TokenTree, _accepted: &[usize]) {}
-    /// Per draft source, the nodes of the last verified tree it proposed and how many of
-    /// them were accepted, for a drafter merging several sources into one tree (a node
-    /// several sources proposed counts for each); empty: the whole tree is `method()`'s.
-    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+    /// Per draft source, the nodes of the last verified tree it proposed and which of them
+    /// were accepted, for a drafter merging several sources into one tree (a node several
+    /// sources proposed counts for each); empty: the whole tree is `method()`'s.
+    fn source_outcomes(&self) -> &[SourceOutcome] {
         &[]
     }
     /// Whether this step's tree needs its speculator's batched work (a draft model's

@@ -27,6 +27,9 @@ const EXTRAPOLATION: f32 = 0.8;
 /// do; the bonus buys a few small trees early, which the evidence then keeps or stops.
 const EXPLORATION: f32 = 0.15;
 
+use crate::spec::methods::prediction;
+use crate::spec::SpecMethod;
+
 /// Weight of a new measurement in the moving averages of measured costs.
 const COST_SMOOTHING: f64 = 0.2;
 
@@ -74,7 +77,46 @@ pub fn best_per_node(expected: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Expected accepted tokens at each bucket's size for a chain each of whose nodes, given
+/// its parent, is accepted with probability `rate`.
+fn chain_prior(rate: f32) -> [f32; 8] {
+    let rate = rate.clamp(0.0, 0.999);
+    BUCKET_UPPER.map(|upper| {
+        let nodes = upper.min(128) as i32;
+        rate * (1.0 - rate.powi(nodes)) / (1.0 - rate)
+    })
+}
+
 impl AcceptanceStats {
+    /// `method`'s statistics at `evidence` before any observation: the pessimistic prior,
+    /// except for a request's prediction. A client sends that on purpose and an output that
+    /// follows it follows it for long, so its chains start from the acceptance its
+    /// evidence level promises ([`prediction::prior_rate`]): a right prediction drafts from
+    /// the first request even where rows are dear, and the evidence then keeps or stops it.
+    pub fn prior(method: SpecMethod, evidence: u8) -> Self {
+        let expected = match method {
+            SpecMethod::Prediction => chain_prior(prediction::prior_rate(evidence)),
+            _ => PRIOR,
+        };
+        Self {
+            expected,
+            seen: [0; 8],
+            observations: 0,
+        }
+    }
+
+    /// The most hopeful of `method`'s priors, whatever the evidence (what a method not seen
+    /// yet may do at best).
+    pub fn best_prior(method: SpecMethod) -> Self {
+        match method {
+            SpecMethod::Prediction => Self {
+                expected: chain_prior(prediction::BEST_PRIOR_RATE),
+                ..Self::default()
+            },
+            _ => Self::default(),
+        }
+    }
+
     /// Records that a tree of `nodes` drafted nodes had `accepted` of them accepted, where
     /// only the count is known: each smaller size is taken to have accepted as many, up to
     /// its own size (an upper bound; [`AcceptanceStats::record_tree`] knows better).
@@ -165,6 +207,27 @@ impl AcceptanceStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prediction_that_is_followed_starts_hopeful_and_learns_otherwise() {
+        // Level 16: a 5-token match near the anchor. On a CPU where a second row costs 0.45
+        // of a step and eight cost 3.6 steps, its 8-node chain must pay from the start.
+        let mut s = AcceptanceStats::prior(SpecMethod::Prediction, 16);
+        let c = s.curve(8);
+        assert!((1.0 + c[7]) / 3.6 > 1.5, "{c:?}");
+        assert!(c[0] > 0.45, "{c:?}");
+        assert_eq!(
+            AcceptanceStats::prior(SpecMethod::PromptLookup, 16),
+            AcceptanceStats::default()
+        );
+        let best = AcceptanceStats::best_prior(SpecMethod::Prediction).best_per_node(128);
+        assert!(best >= s.best_per_node(128), "{best}");
+        // Predictions that are never followed lose their trees.
+        for _ in 0..60 {
+            s.record(8, 0);
+        }
+        assert!(s.curve(8)[7] < 0.5, "{:?}", s.curve(8));
+    }
 
     #[test]
     fn curve_is_monotone_capped_and_learns() {

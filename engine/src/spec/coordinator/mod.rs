@@ -150,9 +150,41 @@ const PROBE_VERIFICATIONS: u64 = 8;
 /// Most nodes a probing tree has.
 const PROBE_NODES: usize = 4;
 
+/// Where a drafter prices its nodes by the engine's statistics, its method's first trees at
+/// each evidence level are offered as if their first [`EXPLORE_NODES`] nodes would be
+/// accepted (and the rest as the statistics say), until this many were verified; and a
+/// method with fewer than
+/// [`PROBE_VERIFICATIONS`] verified trees in all prepares whatever its prior says. Where a
+/// second row costs 0.4 of a step (two cores without AVX-512), the pessimistic prior and
+/// its exploration bonus never pass the break-even, so a method that would pay never
+/// drafts and never shows that it does. Exploring costs a few small trees per evidence
+/// level once per engine; the evidence then keeps or stops them.
+const EXPLORE_VERIFICATIONS: u64 = 2;
+
+/// Nodes of an exploring tree offered as sure.
+const EXPLORE_NODES: usize = 2;
+
 /// How far a sequence's acceptance ratio drifts back towards 1 per step it decodes and
 /// could draft.
 const RATIO_RECOVERY: f32 = 0.02;
+
+/// An exploring tree's curve: its first [`EXPLORE_NODES`] nodes sure, each later node adding
+/// what it added before.
+fn explore(expected: &mut [f32]) {
+    let sure = EXPLORE_NODES.min(expected.len());
+    let Some(&before) = sure.checked_sub(1).and_then(|i| expected.get(i)) else {
+        return;
+    };
+    let lift = (sure as f32 - before).max(0.0);
+    for (i, e) in expected.iter_mut().enumerate() {
+        let nodes = (i + 1) as f32;
+        *e = if i < sure {
+            nodes
+        } else {
+            (*e + lift).min(nodes)
+        };
+    }
+}
 
 impl Speculation {
     /// State for a model with `vocab` logits per row: the built-in speculators (Token
@@ -283,6 +315,7 @@ impl Speculation {
             ratios: Vec::new(),
             available: 0,
             totals: SpecTotals::default(),
+            unsettled: None,
         })
     }
 
@@ -418,7 +451,8 @@ impl Speculation {
             let method = state.drafter.method();
             let ratio = state.ratio(method);
             let key = (method, state.drafter.evidence());
-            let stats = self.stats.entry(key).or_default();
+            let stats =
+                (self.stats.entry(key)).or_insert_with(|| AcceptanceStats::prior(key.0, key.1));
             let own = state.drafter.expected_accepted();
             let mut expected_accepted: Vec<f32> =
                 if costly && stats.observations() < PROBE_VERIFICATIONS {
@@ -438,6 +472,9 @@ impl Speculation {
                 };
             let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
             expected_accepted.resize(state.available.max(forced), drafted_best);
+            if !costly && own.is_none() && stats.observations() < EXPLORE_VERIFICATIONS {
+                explore(&mut expected_accepted);
+            }
             for (i, e) in expected_accepted.iter_mut().enumerate() {
                 *e = e.max((i + 1).min(forced) as f32);
             }
@@ -465,15 +502,19 @@ impl Speculation {
     }
 
     /// The most `method`'s statistics at any evidence level (the prior for a level not
-    /// seen yet) expect a node of a tree to accept.
+    /// seen yet) expect a node of a tree to accept; a whole token while the method is still
+    /// exploring (fewer than [`PROBE_VERIFICATIONS`] trees verified).
     fn best_per_node(&self, method: SpecMethod) -> f32 {
         let max_nodes = self.config.max_draft_tokens;
-        self.stats
-            .iter()
-            .filter(|((m, _), _)| *m == method)
+        let of_method = || self.stats.iter().filter(|((m, _), _)| *m == method);
+        let verified: u64 = of_method().map(|(_, stats)| stats.observations()).sum();
+        if verified < PROBE_VERIFICATIONS {
+            return 1.0;
+        }
+        of_method()
             .map(|(_, stats)| stats.best_per_node(max_nodes))
             .fold(
-                AcceptanceStats::default().best_per_node(max_nodes),
+                AcceptanceStats::best_prior(method).best_per_node(max_nodes),
                 f32::max,
             )
     }

@@ -1,11 +1,13 @@
 //! What the engine thread's speculation learns after each forward: the forward's time
 //! refines the cost curve, every computed row goes to every speculator, each step's phases
 //! are timed, and each verified tree updates its method's acceptance statistics, the
-//! sequence's acceptance ratio, its drafter, its totals per source and the metrics.
+//! sequence's acceptance ratio and its drafter, and waits for the emit stage to be counted
+//! in the sequence's totals and the metrics.
 
+use super::seq::Unsettled;
 use super::{SeqDrafter, Speculation};
 use crate::spec::speculator::ObservedRow;
-use crate::spec::stats::smooth;
+use crate::spec::stats::{smooth, AcceptanceStats};
 use crate::tree::TokenTree;
 
 impl Speculation {
@@ -96,7 +98,8 @@ impl Speculation {
         let accepted_drafts = accepted.len().saturating_sub(1);
         let method = state.drafter.method();
         let evidence = state.drafter.evidence();
-        let stats = self.stats.entry((method, evidence)).or_default();
+        let stats = (self.stats.entry((method, evidence)))
+            .or_insert_with(|| AcceptanceStats::prior(method, evidence));
         // What the tree was expected to accept, by the pricing the planner used.
         let own = state
             .drafter
@@ -125,25 +128,13 @@ impl Speculation {
         self.best_per_node.retain(|(m, _)| *m != method);
         state.drafter.record(drafted, accepted_drafts);
         state.drafter.verified(tree, accepted);
-        let name = method.as_str();
-        use crate::metrics::spec::*;
-        let sources = state.drafter.source_outcomes();
-        if sources.is_empty() {
-            state.totals.add(method, drafted, accepted_drafts);
-            metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
-            metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted_drafts as u64);
-        } else {
-            state.totals.add_sources(drafted, accepted_drafts, sources);
-            for &(source, drafted, accepted) in sources {
-                let name = source.as_str();
-                metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
-                metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted as u64);
-            }
-        }
-        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
-        for depth in 1..accepted.len() {
-            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
-                .increment(1);
-        }
+        // Counted when its tokens are emitted (a tree left uncounted is counted whole).
+        state.settle(usize::MAX);
+        state.unsettled = Some(Unsettled {
+            method,
+            drafted,
+            accepted: accepted_drafts,
+            sources: state.drafter.source_outcomes().to_vec(),
+        });
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::spec::methods::prediction::Prediction;
-use crate::spec::{Drafter, SpecMethod, SpecRequest};
+use crate::spec::{Drafter, SourceOutcome, SpecMethod, SpecRequest};
 
 /// One speculating sequence's drafting state; it lives in the engine's record of the
 /// sequence and goes with it.
@@ -27,8 +27,23 @@ pub(crate) struct SeqDrafter {
     pub(super) ratios: Vec<(SpecMethod, f32)>,
     /// Nodes the drafter prepared this step.
     pub(super) available: usize,
-    /// What it drafted and had accepted so far.
+    /// What it drafted and had accepted so far, of the tokens emitted.
     pub(super) totals: SpecTotals,
+    /// The last verified tree, counted once the emit stage knows how many of its tokens
+    /// the client received.
+    pub(super) unsettled: Option<Unsettled>,
+}
+
+/// A verified tree not yet in a sequence's totals and the metrics: a sample that ends on
+/// one of its tokens (its length, a stop string, its end of sequence) drops the rest, and
+/// accepted tokens past that point were never output.
+pub(super) struct Unsettled {
+    pub(super) method: SpecMethod,
+    pub(super) drafted: usize,
+    /// Draft tokens on its accepted path.
+    pub(super) accepted: usize,
+    /// Per source (empty: the whole tree is `method`'s).
+    pub(super) sources: Vec<SourceOutcome>,
 }
 
 impl SeqDrafter {
@@ -54,6 +69,39 @@ impl SeqDrafter {
             }
         };
         &mut self.ratios[at].1
+    }
+
+    /// The emit stage output the first `emitted` tokens of the last verified tree's path
+    /// (its accepted drafts, then the model's next token): its counts go to the totals and
+    /// the metrics, with the accepted drafts past them dropped. Nothing when there is no
+    /// tree left to count.
+    pub(crate) fn settle(&mut self, emitted: usize) {
+        let Some(tree) = self.unsettled.take() else {
+            return;
+        };
+        let kept = tree.accepted.min(emitted);
+        use crate::metrics::spec::*;
+        let name = tree.method.as_str();
+        if tree.sources.is_empty() {
+            self.totals.add(tree.method, tree.drafted, kept);
+            metrics::counter!(DRAFT_TOKENS, "method" => name).increment(tree.drafted as u64);
+            metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(kept as u64);
+        } else {
+            let sources: Vec<(SpecMethod, usize, usize)> = (tree.sources.iter())
+                .map(|o| (o.method, o.drafted, o.accepted_within(kept)))
+                .collect();
+            self.totals.add_sources(tree.drafted, kept, &sources);
+            for (source, drafted, accepted) in sources {
+                let name = source.as_str();
+                metrics::counter!(DRAFT_TOKENS, "method" => name).increment(drafted as u64);
+                metrics::counter!(ACCEPTED_TOKENS, "method" => name).increment(accepted as u64);
+            }
+        }
+        metrics::counter!(VERIFY_STEPS, "method" => name).increment(1);
+        for depth in 1..=kept {
+            metrics::counter!(ACCEPTED_PER_POSITION, "method" => name, "position" => depth.to_string())
+                .increment(1);
+        }
     }
 
     /// The sequence's known tokens grew by their last `appended`.

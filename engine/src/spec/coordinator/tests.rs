@@ -401,8 +401,16 @@ fn a_method_that_starts_to_pay_is_asked_again() {
     let cost = CostCurve::new(vec![(1, 1.0), (2, 1.5), (3, 2.0), (128, 64.5)]).expect("a curve");
     assert!((cost.break_even_gain(1, 80) - 0.5).abs() < 1e-6);
     let (mut speculation, mut state, prepared) = counted(cost);
+    // A new method explores all the same: its first trees are offered as sure.
+    assert!(offer(&mut speculation, &mut state));
+    assert_eq!(prepared.load(Ordering::Relaxed), 1);
+    // They are rejected: once it has shown that, it is no longer asked to prepare.
+    let tree = TokenTree::chain(&[5, 6, 7, 8, 9]);
+    for _ in 0..(PROBE_VERIFICATIONS as usize) {
+        speculation.verified(&mut state, &tree, &[0]);
+    }
     assert!(!offer(&mut speculation, &mut state));
-    assert_eq!(prepared.load(Ordering::Relaxed), 0);
+    assert_eq!(prepared.load(Ordering::Relaxed), 1);
     // Its trees turn out to be accepted whole (verified, as forced tokens would be): the
     // best case the check keeps for it follows, and it is asked to prepare again.
     let tree = TokenTree::chain(&[5, 6, 7, 8, 9]);
@@ -410,7 +418,7 @@ fn a_method_that_starts_to_pay_is_asked_again() {
         speculation.verified(&mut state, &tree, &[0, 1, 2, 3, 4]);
     }
     assert!(offer(&mut speculation, &mut state));
-    assert_eq!(prepared.load(Ordering::Relaxed), 1);
+    assert_eq!(prepared.load(Ordering::Relaxed), 2);
 }
 
 #[test]

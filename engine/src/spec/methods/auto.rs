@@ -27,7 +27,7 @@ use super::recycling_matrices::RecyclingMatrices;
 use super::suffix::{find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes};
 use super::suffix_index::{Occurrences, SuffixIndex};
 use crate::spec::speculator::Speculator;
-use crate::spec::{DraftContext, Drafter, NewSequence, SpecMethod};
+use crate::spec::{DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 
 /// The shape of `auto`'s trees.
@@ -62,7 +62,7 @@ pub struct AutoDrafter {
     prediction_trie: ContinuationTree,
     tree: MergedTree,
     evidence: u8,
-    outcomes: Vec<(SpecMethod, usize, usize)>,
+    outcomes: Vec<SourceOutcome>,
 }
 
 impl AutoDrafter {
@@ -198,7 +198,9 @@ impl Drafter for AutoDrafter {
             .map(|i| ((candidates.parent(i), candidates.token(i)), i))
             .collect();
         let mut drafted_as: Vec<Option<usize>> = vec![None; tree.len()];
-        let mut counts = [(0usize, 0usize); SOURCES];
+        self.outcomes.clear();
+        let mut drafted = [0usize; SOURCES];
+        let mut accepted_at: [Vec<usize>; SOURCES] = Default::default();
         for node in 1..tree.len() {
             let Some(parent) = tree.parents()[node] else {
                 continue;
@@ -214,29 +216,38 @@ impl Drafter for AutoDrafter {
                 continue;
             };
             drafted_as[node] = Some(candidate);
-            let hit = accepted.contains(&node);
+            // The accepted path is root first: a hit's depth is its place on it.
+            let depth = accepted.iter().position(|&a| a == node);
+            let hit = depth.is_some();
             let parent_hit = accepted.contains(&parent);
             for cell in self.tree.cells[candidate].iter().flatten() {
                 if parent_hit {
                     self.calibration.record(*cell, hit);
                 }
             }
-            for (source, count) in Source::ALL.iter().zip(&mut counts) {
-                if self.tree.cells[candidate][*source as usize].is_some() {
-                    count.0 += 1;
-                    count.1 += usize::from(hit);
+            for source in Source::ALL {
+                let at = source as usize;
+                if self.tree.cells[candidate][at].is_some() {
+                    drafted[at] += 1;
+                    accepted_at[at].extend(depth);
                 }
             }
         }
-        self.outcomes.clear();
-        for (source, &(drafted, hit)) in Source::ALL.iter().zip(&counts) {
+        for (source, (drafted, mut accepted_at)) in
+            Source::ALL.iter().zip(drafted.into_iter().zip(accepted_at))
+        {
             if drafted > 0 {
-                self.outcomes.push((source.method(), drafted, hit));
+                accepted_at.sort_unstable();
+                self.outcomes.push(SourceOutcome {
+                    method: source.method(),
+                    drafted,
+                    accepted_at,
+                });
             }
         }
     }
 
-    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+    fn source_outcomes(&self) -> &[SourceOutcome] {
         &self.outcomes
     }
 

@@ -48,8 +48,8 @@ fn a_repeating_context_drafts_its_continuation_counted_as_context() {
     assert!(accepted >= 4, "accepted {accepted}");
     let outcomes = d.source_outcomes();
     assert_eq!(outcomes.len(), 1, "{outcomes:?}");
-    assert_eq!(outcomes[0].0, SpecMethod::Context);
-    assert_eq!(outcomes[0].2, accepted);
+    assert_eq!(outcomes[0].method, SpecMethod::Context);
+    assert_eq!(outcomes[0].accepted(), accepted);
     assert!(d.expected_accepted().is_some_and(|e| !e.is_empty()));
 }
 
@@ -70,7 +70,7 @@ fn what_another_request_sent_drafts_through_the_global_index() {
     assert!(d
         .source_outcomes()
         .iter()
-        .any(|&(m, _, a)| m == SpecMethod::SuffixIndex && a == accepted));
+        .any(|o| o.method == SpecMethod::SuffixIndex && o.accepted() == accepted));
     // Without the index, nothing in the sequence's own tokens predicts it.
     let alone = auto(None, RecyclingMatrix::new(256, 8));
     let mut d = drafter(&alone, &tokens);
@@ -125,7 +125,8 @@ fn a_prediction_is_one_more_source_of_the_same_tree() {
     assert!(
         outcomes
             .iter()
-            .any(|&(m, _, a)| m == SpecMethod::Prediction && a == 7),
+            .any(|o| o.method == SpecMethod::Prediction
+                && o.accepted_at == (1..=7).collect::<Vec<_>>()),
         "{outcomes:?}"
     );
     // Where it reaches 30..34 the prompt's own 30..40 proposes the same first tokens: those
@@ -148,8 +149,8 @@ fn a_prediction_is_one_more_source_of_the_same_tree() {
     let counted = |m: SpecMethod| {
         d.source_outcomes()
             .iter()
-            .find(|o| o.0 == m)
-            .map_or(0, |o| o.2)
+            .find(|o| o.method == m)
+            .map_or(0, SourceOutcome::accepted)
     };
     assert_eq!(counted(SpecMethod::Prediction), 4);
     assert_eq!(counted(SpecMethod::Context), 2);

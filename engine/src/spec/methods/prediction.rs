@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::continuations::ContinuationTree;
-use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
+use crate::spec::{Candidates, DraftContext, Drafter, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 
 /// Longest match measured (a longer one is as strong as this).
@@ -176,6 +176,28 @@ fn level(k: usize, near: bool) -> u8 {
         _ => 8,
     }
 }
+
+/// The share of a prediction's drafted nodes, each given its parent, expected accepted at
+/// evidence `level` before any was verified: a long match, or a short one where the output
+/// follows from its start or rejoins it, is followed for long; the anchor's branch with
+/// no match is a guess.
+pub(crate) fn prior_rate(level: u8) -> f32 {
+    match level {
+        0 | 1 => 0.5,
+        2 => 0.55,
+        3 => 0.65,
+        4 => 0.75,
+        5 => 0.8,
+        6 => 0.9,
+        7 => 0.93,
+        8 => 0.95,
+        12..=18 => 0.84 + 0.015 * f32::from(level - 12),
+        _ => 0.5,
+    }
+}
+
+/// The highest [`prior_rate`].
+pub(crate) const BEST_PRIOR_RATE: f32 = 0.95;
 
 /// How far after the anchor a match may continue and still count as rejoining there.
 const NEAR: usize = 48;
@@ -421,7 +443,7 @@ impl Drafter for PredictionFirst {
         self.current_mut().verified(tree, accepted);
     }
 
-    fn source_outcomes(&self) -> &[(SpecMethod, usize, usize)] {
+    fn source_outcomes(&self) -> &[SourceOutcome] {
         self.current().source_outcomes()
     }
 
