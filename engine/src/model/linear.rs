@@ -8,7 +8,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::cpu::qgemm::formats::{QuantFormat, Shape};
+use crate::cpu::qgemm::formats::QuantFormat;
 use crate::cpu::qgemm::QuantMatrix;
 use crate::Result;
 
@@ -225,13 +225,10 @@ impl Weight {
     }
 }
 
-/// Whether thicket's kernel multiplies `q` faster than candle's: on the CPU, for the 32-value
-/// formats, and for Q4_K and Q6_K where the AVX-512 kernel runs them. Without AVX-512 those
-/// two decode to scratch first, and candle's repacked kernels are faster (`benches/README.md`),
-/// so they stay with candle.
+/// Whether thicket's kernel multiplies `q`: on the CPU, every format it supports. Its rows
+/// never depend on the rows beside them, which lossless verification needs and candle's x86
+/// kernels do not give (their Q6_K takes one path for a single row and another for several,
+/// so a verified tree's row differs from the same token decoded alone).
 fn prefer_thicket(q: &QTensor) -> bool {
-    q.device().is_cpu()
-        && QuantFormat::from_ggml(q.dtype()).is_some_and(|f| {
-            f.shape() == Shape::Block32 || crate::cpu::qgemm::process_isa().has_avx512()
-        })
+    q.device().is_cpu() && QuantFormat::from_ggml(q.dtype()).is_some()
 }
