@@ -2,7 +2,9 @@
 //! of a whole SmolLM2-135M-shaped model (30 layers of q, k, v, o, gate, up, down in Q4_1;
 //! 75 MB, far larger than the caches, so every product streams its weights from memory as a
 //! real forward does), for M = 1..128 activation rows. Set `QGEMM_BENCH_FORMAT` (q4_0, q4_1,
-//! q5_0, q8_0, q4k, q6k) to bench another format; K formats use 768-wide inputs.
+//! q5_0, q8_0, q4k, q6k) to bench another format; K formats use 768-wide inputs. Set
+//! `QGEMM_BENCH_ROWS` (say `1,16`) to bench only those row counts, and `THICKET_ISA` (say
+//! `avx2`) to bench another instruction set's kernels.
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -19,6 +21,21 @@ fn format() -> QuantFormat {
                 || format!("{f:?}").eq_ignore_ascii_case(&name)
         })
         .expect("QGEMM_BENCH_FORMAT: one of q4_0 q4_1 q5_0 q8_0 q4k q6k")
+}
+
+/// The row counts to bench: `QGEMM_BENCH_ROWS`, or 1 to 128.
+fn row_counts() -> Vec<usize> {
+    match std::env::var("QGEMM_BENCH_ROWS") {
+        Ok(list) => list
+            .split(',')
+            .map(|m| {
+                m.trim()
+                    .parse()
+                    .expect("QGEMM_BENCH_ROWS: row counts, comma-separated")
+            })
+            .collect(),
+        Err(_) => vec![1, 4, 8, 16, 32, 64, 128],
+    }
 }
 
 fn layer_shapes(hidden: usize) -> Vec<(usize, usize)> {
@@ -62,7 +79,7 @@ fn qgemm(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("linears_30_layers_{format:?}"));
     group.sample_size(10);
     group.throughput(Throughput::Bytes(bytes as u64));
-    for m in [1usize, 4, 8, 16, 32, 64, 128] {
+    for m in row_counts() {
         let xs: Vec<Vec<f32>> = [hidden, hidden * 8 / 3]
             .iter()
             .map(|&k| {

@@ -78,6 +78,12 @@ impl Isa {
         matches!(self, Self::Avx512 | Self::Amx)
     }
 
+    /// Whether this set's kernels read the `Tiles16` layout (AVX2 and AVX-512 do; the portable
+    /// kernels read GGUF blocks).
+    pub fn reads_tiles16(self) -> bool {
+        matches!(self, Self::Avx2 | Self::Avx512 | Self::Amx)
+    }
+
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,21 +1,26 @@
 //! `QuantMatrix`: thicket's CPU matmul for GGUF-quantized weights, `y = x W^T` for 1 to a few
 //! hundred activation rows, built so that verifying many draft tokens costs little more than
-//! decoding one. The weights are streamed from memory once per product, whatever the row
-//! count: the output columns are split into tiles of 16 weight rows across the thread pool,
-//! and each tile's blocks are unpacked once and applied to every activation row with integer
-//! SIMD dot products. On AVX-512 VNNI every format is rearranged at load into the kernel's
-//! order (`tiles16`) and unpacked in registers (`avx512_block32` for the 32-value formats,
-//! `avx512_super256` for Q4_K/Q6_K); where the CPU and OS allow AMX, products of two or more
-//! rows in the 32-value formats take int8 tiles instead (`amx`, bit-identical to the VNNI
-//! kernel); elsewhere a tile is decoded from GGUF blocks into L1-resident scratch first
-//! (`formats`) and multiplied by the AVX2 or portable kernels (`kernels`). Activations are
-//! quantized to 8 bits the way candle quantizes them (`activations`), so results agree with
-//! candle's `QMatMul` to float rounding; a row's result never depends on the other rows (batch
-//! invariance, which lossless tree verification relies on).
+//! decoding one. The weights are streamed from memory once per product, whatever the row count:
+//! the output columns are split into tiles of 16 weight rows across the thread pool, and each
+//! tile's blocks are unpacked once and applied to every activation row with integer SIMD dot
+//! products. On AVX2 and AVX-512 every format is rearranged at load into the kernels' order
+//! (`tiles16`) and unpacked in registers (`avx512_block32` and `avx2_block32` for the 32-value
+//! formats, `avx512_super256` and `avx2_super256` for Q4_K/Q6_K); where the CPU and OS allow
+//! AMX, products of two or more rows in the 32-value formats take int8 tiles instead (`amx`,
+//! bit-identical to the VNNI kernel); elsewhere (and for matrices kept in GGUF's layout) a tile
+//! is decoded from GGUF blocks into L1-resident scratch first (`formats`) and multiplied by the
+//! portable or x86 kernels (`kernels`). Activations are quantized to 8 bits the way candle
+//! quantizes them (`activations`), so results agree with candle's `QMatMul` to float rounding;
+//! a row's result never depends on the other rows (batch invariance, which lossless tree
+//! verification relies on).
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2_block32;
+#[cfg(target_arch = "x86_64")]
+mod avx2_super256;
 #[cfg(target_arch = "x86_64")]
 mod avx512_block32;
 #[cfg(target_arch = "x86_64")]
@@ -78,7 +83,7 @@ pub struct QuantMatrix {
 pub enum BlockLayout {
     /// GGUF's: row after row of blocks. Every instruction set reads it.
     Gguf,
-    /// `tiles16`: rearranged for the AVX-512 kernels.
+    /// `tiles16`: rearranged for the AVX2 and AVX-512 kernels (see `Isa::reads_tiles16`).
     Tiles16,
 }
 
@@ -111,10 +116,10 @@ impl QuantMatrix {
         Ok(Some(Self::new(format, n, k, data)?.for_isa(process_isa())))
     }
 
-    /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` on AVX-512, GGUF
-    /// otherwise).
+    /// The same matrix in the layout `isa`'s kernels read fastest (`Tiles16` on AVX2 and
+    /// AVX-512, GGUF otherwise).
     pub fn for_isa(self, isa: Isa) -> Self {
-        let layout = if isa.has_avx512() {
+        let layout = if isa.reads_tiles16() {
             BlockLayout::Tiles16
         } else {
             BlockLayout::Gguf
@@ -204,9 +209,9 @@ impl QuantMatrix {
                 isa.name()
             )));
         }
-        if self.layout == BlockLayout::Tiles16 && !isa.has_avx512() {
+        if self.layout == BlockLayout::Tiles16 && !isa.reads_tiles16() {
             return Err(Error::Metadata(format!(
-                "a matrix laid out for AVX-512 cannot run the {} kernels",
+                "a matrix laid out for the SIMD kernels cannot run the {} kernels",
                 isa.name()
             )));
         }
@@ -299,6 +304,12 @@ impl QuantMatrix {
         let m = rows.q.len() / self.k;
         let n = self.n;
         let tiles = self.tiles();
+        assert!(
+            self.layout == BlockLayout::Gguf || isa.reads_tiles16(),
+            "a {:?} matrix run with the {} kernels",
+            self.layout,
+            isa.name()
+        );
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let end = ((task + 1) * per_task).min(tiles);
@@ -346,12 +357,19 @@ impl QuantMatrix {
         if self.layout == BlockLayout::Tiles16 {
             let size = blocks * tiles16::block_bytes(self.format);
             let tile = &self.data[t * size..(t + 1) * size];
-            // SAFETY: `Tiles16` matrices only run with `Isa::Avx512` or `Isa::Amx` (checked in
-            // `matmul_with`), which are only detected on CPUs with every feature the kernels
-            // need (and, for AMX, the OS's permission); the tile holds all its blocks, `rows`
-            // were quantized for this format (`check`), and `out` takes a whole tile of results.
+            // SAFETY: `Tiles16` matrices only run with `Isa::Avx2`, `Isa::Avx512` or `Isa::Amx`
+            // (checked in `matmul_with` and `task`), which are only detected on CPUs with every
+            // feature their kernels need (and, for AMX, the OS's permission); the tile holds
+            // all its blocks, `rows` were quantized for this format (`check`), and `out` takes
+            // a whole tile of results.
             unsafe {
-                if shape == Shape::Super256 {
+                if isa == Isa::Avx2 {
+                    if shape == Shape::Super256 {
+                        avx2_super256::tile(self.format, tile, rows, store)
+                    } else {
+                        avx2_block32::tile(self.format, tile, rows, store)
+                    }
+                } else if shape == Shape::Super256 {
                     avx512_super256::tile(self.format, tile, rows, store)
                 } else if isa == Isa::Amx && m >= 2 {
                     amx::tile(self.format, tile, rows, store)

@@ -163,6 +163,43 @@ fn a_row_gives_the_same_bits_whatever_rows_share_the_product() {
 }
 
 #[test]
+fn avx2_rows_give_their_own_bits_in_products_of_every_size() {
+    if !Isa::available().contains(&Isa::Avx2) {
+        eprintln!("skipped: this CPU has no AVX2, FMA and F16C");
+        return;
+    }
+    for format in QuantFormat::ALL {
+        for (n, k) in shapes(format) {
+            let case = case(format, n, k);
+            let ours = case.ours(Isa::Avx2);
+            assert_eq!(ours.layout(), BlockLayout::Tiles16, "{format:?}");
+            let x = values(24 * k, 13);
+            let alone: Vec<Vec<f32>> = (0..24)
+                .map(|r| ours.matmul_with(Isa::Avx2, &x[r * k..(r + 1) * k]).unwrap())
+                .collect();
+            for m in 1..=20 {
+                // Windows starting at different rows: each row meets other neighbours.
+                let start = m * 7 % 5;
+                let got = ours
+                    .matmul_with(Isa::Avx2, &x[start * k..(start + m) * k])
+                    .unwrap();
+                for r in 0..m {
+                    let same = got[r * n..(r + 1) * n]
+                        .iter()
+                        .zip(&alone[start + r])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{format:?} [{n}, {k}] m={m}: row {} differs from its product alone",
+                        start + r
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn instruction_sets_agree_within_the_tolerance() {
     for format in QuantFormat::ALL {
         let (n, k) = shapes(format)[1];
@@ -196,9 +233,10 @@ fn layouts_convert_both_ways_and_guard_their_kernels() {
         assert_eq!(avx512.layout(), BlockLayout::Tiles16, "{format:?}");
         assert_eq!(avx512.gguf(), gguf.gguf(), "{format:?}");
         assert_eq!(avx512.bytes(), gguf.bytes());
-        if avx512.layout() == BlockLayout::Tiles16 {
-            assert!(avx512.matmul_with(Isa::Portable, &vec![0.0; k]).is_err());
-        }
+        assert!(avx512.matmul_with(Isa::Portable, &vec![0.0; k]).is_err());
+        let avx2 = gguf.clone().for_isa(Isa::Avx2);
+        assert_eq!(avx2.layout(), BlockLayout::Tiles16, "{format:?}");
+        assert_eq!(avx2.gguf(), gguf.gguf(), "{format:?}");
     }
 }
 

@@ -1,14 +1,15 @@
 //! The `Tiles16` weight layout: GGUF's 32-value blocks rearranged once, at load, into the order
-//! the AVX-512 kernel consumes, so a step reads each block with plain 512-bit loads instead of
-//! gathering it from 16 rows. The bytes are the same, only moved: for each tile of 16 weight
-//! rows (the last one padded with zero blocks) and each block index, the values come first as
-//! "dword j of every row" registers (`chunk j` holds bytes `4j..4j + 4` of each row's packed
-//! values, row `c` in 32-bit lane `c`; Q8_0's signed bytes moved to unsigned by +128), then the
-//! 16 f16 scales, then (Q4_1) the 16 f16 minimums or (Q5_0) the 16 fifth-bit words.
-//! The 256-value formats (`super_block`) are laid out the same way per super-block: their
-//! packed values as dword registers, then their sub-scales unpacked to one byte per row and
-//! sub-block (Q4_K's 6-bit scales and minimums, Q6_K's signed scales), then the f16 scales.
-//! Q6_K keeps its size; Q4_K grows by 64 bytes per 2,304 (its 6-bit fields take a byte each).
+//! the AVX-512 and AVX2 kernels consume, so a step reads each block with plain 512-bit loads
+//! (or, on AVX2, two 256-bit loads: rows 0..8, then rows 8..16) instead of gathering it from 16
+//! rows. The bytes are the same, only moved: for each tile of 16 weight rows (the last one
+//! padded with zero blocks) and each block index, the values come first as "dword j of every
+//! row" registers (`chunk j` holds bytes `4j..4j + 4` of each row's packed values, row `c` in
+//! 32-bit lane `c`; Q8_0's signed bytes moved to unsigned by +128), then the 16 f16 scales,
+//! then (Q4_1) the 16 f16 minimums or (Q5_0) the 16 fifth-bit words. The 256-value formats
+//! (`super_block`) are laid out the same way per super-block: their packed values as dword
+//! registers, then their sub-scales unpacked to one byte per row and sub-block (Q4_K's 6-bit
+//! scales and minimums, Q6_K's signed scales), then the f16 scales. Q6_K keeps its size; Q4_K
+//! grows by 64 bytes per 2,304 (its 6-bit fields take a byte each).
 
 use super::formats::QuantFormat;
 
