@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::offers::PROBE_VERIFICATIONS;
 use super::*;
 use crate::spec::speculator::ObservedRow;
 
