@@ -206,6 +206,13 @@ pub(super) unsafe fn broadcast(x: *const i32, i: usize) -> __m256i {
 unsafe fn dot<const F: u8>(chunks: &[__m256i; 8], signs: &[__m256i; 8], x: *const i32) -> __m256i {
     let ones = _mm256_set1_epi16(1);
     let pairs = |i: usize| _mm256_maddubs_epi16(chunks[i], broadcast(x, i));
+    // Chunks i..i + 4's pair sums added as 16-bit integers.
+    let quad = |i: usize| {
+        _mm256_add_epi16(
+            _mm256_add_epi16(pairs(i), pairs(i + 1)),
+            _mm256_add_epi16(pairs(i + 2), pairs(i + 3)),
+        )
+    };
     match F {
         Q8_0 => {
             // Magnitudes times sign-moved activations (pair sums reach 2 * 128 * 127, so each
@@ -220,27 +227,14 @@ unsafe fn dot<const F: u8>(chunks: &[__m256i; 8], signs: &[__m256i; 8], x: *cons
         }
         Q5_0 => {
             // Four 5-bit chunks' pair sums stay below 4 * 2 * 31 * 128 < 2^15.
-            let a = _mm256_add_epi16(
-                _mm256_add_epi16(pairs(0), pairs(1)),
-                _mm256_add_epi16(pairs(2), pairs(3)),
-            );
-            let b = _mm256_add_epi16(
-                _mm256_add_epi16(pairs(4), pairs(5)),
-                _mm256_add_epi16(pairs(6), pairs(7)),
-            );
-            _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
+            _mm256_add_epi32(
+                _mm256_madd_epi16(quad(0), ones),
+                _mm256_madd_epi16(quad(4), ones),
+            )
         }
         _ => {
             // Eight 4-bit chunks' pair sums stay below 8 * 2 * 15 * 128 < 2^15.
-            let a = _mm256_add_epi16(
-                _mm256_add_epi16(pairs(0), pairs(1)),
-                _mm256_add_epi16(pairs(2), pairs(3)),
-            );
-            let b = _mm256_add_epi16(
-                _mm256_add_epi16(pairs(4), pairs(5)),
-                _mm256_add_epi16(pairs(6), pairs(7)),
-            );
-            _mm256_madd_epi16(_mm256_add_epi16(a, b), ones)
+            _mm256_madd_epi16(_mm256_add_epi16(quad(0), quad(4)), ones)
         }
     }
 }
