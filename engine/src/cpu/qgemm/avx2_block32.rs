@@ -81,10 +81,16 @@ unsafe fn in_formats<const F: u8>(
     store: &mut impl FnMut(usize, &[f32; COLUMNS]),
 ) {
     in_groups(rows.q.len() / rows.k, |first, n| match n {
-        4 => in_halves::<4>(first, store, |half| half_of::<4, F>(t, rows, first, half)),
-        3 => in_halves::<3>(first, store, |half| half_of::<3, F>(t, rows, first, half)),
-        2 => in_halves::<2>(first, store, |half| half_of::<2, F>(t, rows, first, half)),
-        _ => in_halves::<1>(first, store, |half| half_of::<1, F>(t, rows, first, half)),
+        4 => in_halves::<4>(first, store, |half| {
+            half_of::<4, F, 1>(t, rows, first, half)[0]
+        }),
+        3 => in_halves::<3>(first, store, |half| {
+            half_of::<3, F, 1>(t, rows, first, half)[0]
+        }),
+        2 => in_halves::<2>(first, store, |half| {
+            half_of::<2, F, 1>(t, rows, first, half)[0]
+        }),
+        _ => in_both(first, store, half_of::<1, F, 2>(t, rows, first, 0)),
     });
 }
 
@@ -107,6 +113,18 @@ pub(super) unsafe fn in_halves<const R: usize>(
     for (r, out) in out.iter().enumerate() {
         store(first + r, out);
     }
+}
+
+/// One row `first` of the tile, given both halves' results at once (a row that swept the
+/// tile's lines once): stored with its 16 results.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn in_both(
+    first: usize,
+    store: &mut impl FnMut(usize, &[f32; COLUMNS]),
+    both: [[__m256; 1]; 2],
+) {
+    in_halves::<1>(first, store, |h| both[h]);
 }
 
 /// Asks for part `part` of `parts` of the lines of a tile block, as the one at `base` is read
@@ -142,23 +160,25 @@ pub(super) unsafe fn prefetch(
     }
 }
 
-/// Rows `first..first + R` against weight rows `8 half..8 half + 8` of the tile: each row's
-/// results, one weight row per lane. A block's scaled sum and then its offset term go into
-/// one accumulator per row (one register per row, so that four rows, eight unpacked chunks
-/// and the temporaries fit AVX2's sixteen registers).
+/// Rows `first..first + R` against weight rows `8 half..8 half + 8` of the tile, and for
+/// `H = 2` the next eight too (a single row sweeps the tile's lines once, both halves of each
+/// line together): each row's results, one weight row per lane. A block's scaled sum and then
+/// its offset term go into one accumulator per row (one register per row, so that four rows,
+/// eight unpacked chunks and the temporaries fit AVX2's sixteen registers). Each half's
+/// arithmetic is the same for either `H`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half_of<const R: usize, const F: u8>(
+unsafe fn half_of<const R: usize, const F: u8, const H: usize>(
     tile: *const u8,
     rows: &QuantizedRows,
     first: usize,
     half: usize,
-) -> [__m256; R] {
+) -> [[__m256; R]; H] {
     let format = format_of(F);
     let k = rows.k;
     let blocks = k / 32;
     let layout = tiles16::tile_block(format);
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = [[_mm256_setzero_ps(); R]; H];
     for b in 0..blocks {
         let base = tile.add(b * layout.bytes);
         let tile_bytes = blocks * layout.bytes;
@@ -168,24 +188,28 @@ unsafe fn half_of<const R: usize, const F: u8>(
             base,
             layout.bytes,
             tile_bytes,
-            PREFETCH_BLOCKS,
+            PREFETCH_BLOCKS * H,
             0,
             1,
         );
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(
-            base.add(layout.scales + 2 * HALF * half) as *const __m128i
-        ));
-        let (chunks, signs) = unpack::<F>(base, layout, half);
-        let offset = offsets::<F>(base, layout, half, d);
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let row = first + r;
-            let x = rows.q.as_ptr().add(row * k + b * 32) as *const i32;
-            let p = dot::<F>(&chunks, &signs, x);
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(*rows.d.get_unchecked(row * blocks + b)));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
-            if F != Q8_0 {
-                let sum = _mm256_set1_ps(*rows.sums.get_unchecked(row * blocks + b));
-                *acc = _mm256_fmadd_ps(offset, sum, *acc);
+        for (hh, acc) in acc.iter_mut().enumerate() {
+            let half = half + hh;
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(
+                base.add(layout.scales + 2 * HALF * half) as *const __m128i
+            ));
+            let (chunks, signs) = unpack::<F>(base, layout, half);
+            let offset = offsets::<F>(base, layout, half, d);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let row = first + r;
+                let x = rows.q.as_ptr().add(row * k + b * 32) as *const i32;
+                let p = dot::<F>(&chunks, &signs, x);
+                let scale =
+                    _mm256_mul_ps(d, _mm256_set1_ps(*rows.d.get_unchecked(row * blocks + b)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
+                if F != Q8_0 {
+                    let sum = _mm256_set1_ps(*rows.sums.get_unchecked(row * blocks + b));
+                    *acc = _mm256_fmadd_ps(offset, sum, *acc);
+                }
             }
         }
     }
