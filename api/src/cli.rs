@@ -12,10 +12,12 @@ use engine::QuantKernel;
 use engine::{load_model, DeviceChoice, LoadOptions, LoadedModel, WeightDType};
 
 use crate::batch::{self, BatchArgs};
-use crate::bench_cmd;
-use crate::bench_edits::{self, EditBenchArgs};
-use crate::bench_serve::{self, sweep::SweepArgs, tot::TotArgs, ServeBenchArgs};
-use crate::bench_spec::{self, SpecBenchArgs};
+use crate::bench::edits::{self, EditBenchArgs};
+use crate::bench::serve::{self, ServeBenchArgs};
+use crate::bench::spec::{self, SpecBenchArgs};
+use crate::bench::sweep::{self, SweepArgs};
+use crate::bench::tot::{self, TotArgs};
+use crate::bench::{engine as engine_bench, forward};
 use crate::engine_args::EngineArgs;
 use crate::generate_cmd::{self, GenerateArgs};
 use crate::server::serve_cmd::{self, ServeArgs};
@@ -202,7 +204,7 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
                     sizes,
                     repeats,
                 },
-        } => bench_cmd::forward(&load(&model)?, context, &sizes, repeats),
+        } => forward::run(&load(&model)?, context, &sizes, repeats),
         Command::Bench {
             bench:
                 BenchCommand::Engine {
@@ -211,22 +213,22 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
                     concurrency,
                     max_tokens,
                 },
-        } => bench_cmd::engine(&load(&model)?, &engine, &concurrency, max_tokens),
+        } => engine_bench::run(&load(&model)?, &engine, &concurrency, max_tokens),
         Command::Bench {
             bench: BenchCommand::Spec(args),
-        } => bench_spec::run(&load(&args.model)?, &args),
+        } => spec::run(&load(&args.model)?, &args),
         Command::Bench {
             bench: BenchCommand::Edits(args),
-        } => bench_edits::run(&load(&args.model)?, &args),
+        } => edits::run(&load(&args.model)?, &args),
         Command::Bench {
             bench: BenchCommand::Serve(args),
-        } => bench_serve::run(&args),
+        } => serve::run(&args),
         Command::Bench {
             bench: BenchCommand::Sweep(args),
-        } => bench_serve::sweep::run(&args),
+        } => sweep::run(&args),
         Command::Bench {
             bench: BenchCommand::Tot(args),
-        } => bench_serve::tot::run(&args),
+        } => tot::run(&args),
     }
 }
 

@@ -2,12 +2,13 @@
 //! and the server and batch runner), and how they become an [`EngineConfig`] for a model.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::{
-    CostCurve, DraftModelSetup, EngineConfig, LoadOptions, ManagerConfig, Model, SchedulerConfig,
-    SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
+    CostCurve, DraftModelSetup, EngineConfig, EngineHandle, LoadOptions, LoadedModel,
+    ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
 };
 
 /// KV cache flags.
@@ -210,6 +211,20 @@ impl EngineArgs {
         }
         Ok(config)
     }
+}
+
+/// Starts the engine thread for `loaded` under `config`, with the model's tokenizer and its
+/// end-of-sequence tokens.
+pub fn spawn(
+    loaded: &LoadedModel,
+    config: EngineConfig,
+) -> anyhow::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    Ok(engine::spawn(
+        loaded.model.clone(),
+        Arc::new(loaded.tokenizer.clone()),
+        loaded.tokenizer.eos_ids().to_vec(),
+        config,
+    )?)
 }
 
 /// Bumped whenever the forward's code changes its cost, or the way the curve is measured, so

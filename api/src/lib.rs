@@ -5,13 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
-pub mod bench_cmd;
-pub mod bench_edits;
-pub mod bench_serve;
-pub mod bench_spec;
-pub mod bench_spec_charts;
-pub mod bench_spec_table;
-pub mod bench_spec_workload;
+pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod engine_args;
