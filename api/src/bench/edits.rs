@@ -26,9 +26,8 @@ use engine::{LoadedModel, Request, SpecMethod};
 use serde::Serialize;
 
 use super::harness::{read_timed, round_order, run_round, start_warm, CONTROL};
+use crate::args::{EngineArgs, ModelArgs};
 use crate::chat::user_prompt;
-use crate::cli::ModelArgs;
-use crate::engine_args::EngineArgs;
 
 /// Flags of `thicket bench edits`.
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use engine::{Event, LoadedModel, Request, SamplingParams, StopConditions};
 
-use crate::engine_args::{spawn, EngineArgs};
+use crate::args::{spawn, EngineArgs};
 
 /// Prompts the engine bench cycles through (request i gets prompt i mod len).
 const PROMPTS: &[&str] = &[

@@ -10,8 +10,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use engine::{Event, LoadedModel, Request, SpecMethod};
 
+use crate::args::{spawn, EngineArgs};
 use crate::chat::user_prompt;
-use crate::engine_args::{spawn, EngineArgs};
 
 /// A prompt outside every bench's data set, for each engine's untimed warm-up: it pages the
 /// weights in and settles the allocator without putting any measured request's prefix in the

@@ -35,8 +35,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use super::harness::{read_timed, round_order, run_round, start_warm, BenchEngine, CONTROL};
-use crate::cli::ModelArgs;
-use crate::engine_args::EngineArgs;
+use crate::args::{EngineArgs, ModelArgs};
 use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 use table::{mat, print_table};
 use workload::{load_questions, submit, Question, Selection};
