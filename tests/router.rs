@@ -139,7 +139,7 @@ fn the_kubernetes_example_is_valid_and_its_commands_parse() {
         .map(|json| serde_json::from_str(json).expect("the arguments as a JSON list"))
         .expect("the script prints the worker's arguments");
     let argv = std::iter::once("thicket".to_string()).chain(args.iter().cloned());
-    if let Err(e) = api::cli::try_parse_from(argv) {
+    if let Err(e) = api::commands::try_parse_from(argv) {
         panic!("thicket does not take the example's arguments {args:?}: {e}");
     }
 }

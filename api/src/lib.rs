@@ -1,19 +1,20 @@
-//! thicket's user-facing layer: the command line (`fetch`, `generate`, `serve`, `batch`, `bench
-//! forward`, `bench engine`, `bench spec`), the OpenAI-compatible HTTP server, engine flags,
-//! and chat prompt rendering. Tokenization for users happens here; the engine sees token ids.
+//! thicket's user-facing layer; tokenization for users happens here, the engine sees token
+//! ids. A map:
+//!
+//! - [`commands`]: the `thicket` command line, one file per command (`fetch`, `generate`,
+//!   `serve`, `batch`, `bench`), each turning its flags into a call into the modules below;
+//! - [`args`]: the model and engine flag groups those commands share, and the engine started
+//!   from them;
+//! - [`server`]: the OpenAI- and Anthropic-compatible HTTP server;
+//! - [`batch`]: the offline batch runner, through the server's request path without HTTP;
+//! - [`bench`]: the benchmarks, in-process on a loaded model and as a client of any server;
+//! - [`chat`]: chat prompt rendering.
 
 #![deny(missing_docs)]
 
+pub mod args;
 pub mod batch;
-pub mod bench_cmd;
-pub mod bench_edits;
-pub mod bench_serve;
-pub mod bench_spec;
-pub mod bench_spec_charts;
-pub mod bench_spec_table;
-pub mod bench_spec_workload;
+pub mod bench;
 pub mod chat;
-pub mod cli;
-pub mod engine_args;
-pub mod generate_cmd;
+pub mod commands;
 pub mod server;

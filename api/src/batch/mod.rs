@@ -1,4 +1,5 @@
-//! `thicket batch`: offline generation over a JSONL file. Every line goes straight into the
+//! The runner behind `thicket batch`: offline generation over a JSONL file ([`Job`]), its
+//! summary returned for the command to print. Every line goes straight into the
 //! engine (no HTTP) through the same validation and response building as the server, so a
 //! result body is exactly what the endpoint would answer. All lines are in flight at once
 //! within the engine's limits, so continuous batching and speculation work as in serving.
@@ -14,12 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::Args;
+use engine::{EngineConfig, LoadedModel};
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::cli::{load, ModelArgs};
-use crate::engine_args::EngineArgs;
+use crate::args::spawn;
 use crate::server::body::generation_body;
 use crate::server::completion_bodies::Endpoint;
 use crate::server::error::{ApiError, ApiResult};
@@ -33,42 +33,34 @@ use report::{Outcome, Progress, Summary};
 /// How long a line refused for a full queue waits before it is offered again.
 const RETRY_DELAY: Duration = Duration::from_millis(20);
 
-/// Flags of `thicket batch`.
-#[derive(Debug, Args)]
-pub struct BatchArgs {
-    /// Model flags.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Engine flags.
-    #[command(flatten)]
-    pub engine: EngineArgs,
+/// A batch job: where its lines come from and where their results go.
+#[derive(Debug, Clone)]
+pub struct Job {
     /// Input JSONL: OpenAI batch lines `{"custom_id", "method", "url", "body"}`, or
     /// `{"prompt": ...}` / `{"messages": [...]}` with an optional `id`.
-    #[arg(short = 'i', long)]
     pub input: PathBuf,
     /// Output JSONL, one result line per input line (in finishing order). Results already
     /// in it are kept and their lines skipped.
-    #[arg(short = 'o', long)]
     pub output: PathBuf,
-    /// The model name lines may give in `model` [default: the --model value].
-    #[arg(long)]
-    pub served_model_name: Option<String>,
-    /// Most lines in flight at once [default: all the engine accepts, --max-num-seqs plus
-    /// --max-queue]; 1 runs them one at a time.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_in_flight: Option<u32>,
-    /// Print the summary as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
+    /// The model name lines may give in `model`.
+    pub served_model_name: String,
+    /// Most lines in flight at once [default: all the engine accepts]; 1 runs them one at a
+    /// time.
+    pub max_in_flight: Option<usize>,
 }
 
-/// Runs a batch job.
-pub fn run(args: BatchArgs) -> anyhow::Result<()> {
-    refuse_same_file(&args.input, &args.output)?;
-    let text = std::fs::read_to_string(&args.input)
-        .with_context(|| format!("reading {}", args.input.display()))?;
+/// Runs a batch job and returns its summary once every result is written and checked. `load`
+/// loads the model and says how its engine runs; it is called only when a line needs the
+/// engine.
+pub fn run(
+    job: &Job,
+    load: impl FnOnce() -> anyhow::Result<(LoadedModel, EngineConfig)>,
+) -> anyhow::Result<Summary> {
+    refuse_same_file(&job.input, &job.output)?;
+    let text = std::fs::read_to_string(&job.input)
+        .with_context(|| format!("reading {}", job.input.display()))?;
     let parsed = parse_input(&text);
-    let (mut log, resumed) = OutputLog::open(&args.output)?;
+    let (mut log, resumed) = OutputLog::open(&job.output)?;
     let mut summary = Summary {
         input_lines: parsed.lines.len() + parsed.duplicates.len(),
         duplicate_ids: parsed.duplicates.len(),
@@ -89,7 +81,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         eprintln!(
             "warning: {} ids already appear more than once in {}",
             resumed.duplicated.len(),
-            args.output.display()
+            job.output.display()
         );
     }
     let todo: Vec<BatchLine> = parsed
@@ -101,7 +93,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     if summary.already_done > 0 || resumed.torn_bytes > 0 || !resumed.retried.is_empty() {
         eprintln!(
             "resuming {}: {} results kept, {} lines to run ({} server-side failures again, {} bytes of a torn line cut)",
-            args.output.display(),
+            job.output.display(),
             summary.already_done,
             todo.len(),
             resumed.retried.len(),
@@ -116,7 +108,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        let finished = runtime.block_on(run_with_engine(&args, todo, &mut log, &mut summary));
+        let finished = runtime.block_on(run_with_engine(job, load, todo, &mut log, &mut summary));
         if let Err(e) = finished {
             // What was written stays whole and is kept by the next run.
             let _ = log.sync();
@@ -142,49 +134,32 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         summary.finish(started.elapsed());
     }
     log.sync()?;
-    verify_output(&text, &args.output)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        print!("{}", summary.text());
-        println!("results: {}", args.output.display());
-    }
-    Ok(())
+    verify_output(&text, &job.output)?;
+    Ok(summary)
 }
 
 /// Loads the model, runs every line through the engine and writes each result as it
 /// finishes. Ctrl-C stops the job (the engine shuts down cleanly, saving the recycling
 /// state); the results written so far are kept for the next run.
 async fn run_with_engine(
-    args: &BatchArgs,
+    job: &Job,
+    load: impl FnOnce() -> anyhow::Result<(LoadedModel, EngineConfig)>,
     todo: Vec<BatchLine>,
     log: &mut OutputLog,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
-    let loaded = load(&args.model)?;
-    let config = args.engine.config(&loaded.model)?;
+    let (loaded, config) = load()?;
     let default_method = config.speculation.default.method.as_str();
     let max_pending = config.max_pending;
-    let (engine, thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(loaded.tokenizer.clone()),
-        loaded.tokenizer.eos_ids().to_vec(),
-        config,
-    )?;
+    let (engine, thread) = spawn(&loaded, config)?;
     let state = AppState::new(ServerConfig {
-        served_model_name: args
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| args.model.model.clone()),
+        served_model_name: job.served_model_name.clone(),
         api_key: None,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
     });
     state.set_engine(engine);
 
-    let in_flight = args
-        .max_in_flight
-        .map_or(max_pending, |n| n as usize)
-        .max(1);
+    let in_flight = job.max_in_flight.unwrap_or(max_pending).max(1);
     let slots = Arc::new(Semaphore::new(in_flight));
     let (results, mut finished) = mpsc::unbounded_channel();
     let mut progress = Progress::new(todo.len());

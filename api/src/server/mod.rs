@@ -16,7 +16,6 @@ pub mod messages_api;
 pub mod prediction;
 pub mod protocol;
 pub mod responses_api;
-pub mod serve_cmd;
 pub mod stream;
 pub mod tools;
 

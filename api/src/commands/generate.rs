@@ -2,16 +2,14 @@
 //! is produced (or one JSON object with `--json`). Greedy unless `--temperature` is set.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::{Event, LoadedModel, Request, SamplingParams, StopConditions};
 
+use crate::args::{spawn, EngineArgs, ModelArgs};
 use crate::chat::user_prompt;
-use crate::cli::ModelArgs;
-use crate::engine_args::EngineArgs;
 
 /// Flags of `thicket generate`.
 #[derive(Debug, Args)]
@@ -64,12 +62,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
     };
     let prompt = tokenizer.encode(&text)?;
     let config = args.engine.config(&loaded.model)?;
-    let (handle, _thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(tokenizer.clone()),
-        tokenizer.eos_ids().to_vec(),
-        config,
-    )?;
+    let (handle, _thread) = spawn(loaded, config)?;
     let request = Request {
         prompt: prompt.clone(),
         sampling: SamplingParams {

@@ -1,14 +1,20 @@
-//! Engine flags shared by every command that runs the engine (`generate`, `bench engine`,
-//! and the server and batch runner), and how they become an [`EngineConfig`] for a model.
+//! Engine flags shared by every command that runs the engine (`generate`, `serve`, `batch`,
+//! `bench engine`, `bench spec`, `bench edits`): [`KvArgs`], [`SpecArgs`] and [`EngineArgs`]
+//! around them, how they become an [`EngineConfig`] for a model (measuring and caching the
+//! forward-cost curve the planner weighs drafts with), and [`spawn`], the engine thread over
+//! a loaded model.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::{
-    CostCurve, DraftModelSetup, EngineConfig, LoadOptions, ManagerConfig, Model, SchedulerConfig,
-    SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
+    CostCurve, DraftModelSetup, EngineConfig, EngineHandle, LoadOptions, LoadedModel,
+    ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
 };
+
+use super::model::parse_dtype;
 
 /// KV cache flags.
 #[derive(Debug, Clone, Args)]
@@ -92,10 +98,6 @@ pub struct SpecArgs {
     /// Memory for the draft model's KV cache, in MiB.
     #[arg(long, default_value_t = 512)]
     pub draft_kv_cache_mib: usize,
-}
-
-fn parse_dtype(s: &str) -> Result<WeightDType, String> {
-    WeightDType::parse(s).ok_or_else(|| format!("unknown dtype '{s}' (auto, q, f32, f16, bf16)"))
 }
 
 fn parse_method(s: &str) -> Result<SpecMethod, String> {
@@ -210,6 +212,20 @@ impl EngineArgs {
         }
         Ok(config)
     }
+}
+
+/// Starts the engine thread for `loaded` under `config`, with the model's tokenizer and its
+/// end-of-sequence tokens.
+pub fn spawn(
+    loaded: &LoadedModel,
+    config: EngineConfig,
+) -> anyhow::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+    Ok(engine::spawn(
+        loaded.model.clone(),
+        Arc::new(loaded.tokenizer.clone()),
+        loaded.tokenizer.eos_ids().to_vec(),
+        config,
+    )?)
 }
 
 /// Bumped whenever the forward's code changes its cost, or the way the curve is measured, so

@@ -3,14 +3,12 @@
 //! concurrency, each streamed and timed; the report gives request, output-token and
 //! total-token throughput, TTFT, TPOT, ITL and end-to-end latency (mean, median, p90, p99),
 //! goodput under latency objectives, and failures, as text and JSON, with an optional chart.
-//! The sweep and tree-of-thought benchmarks build on the same pieces.
+//! The sweep and tree-of-thought benchmarks (`super::sweep`, `super::tot`) build on the same
+//! pieces.
 
 pub mod client;
 pub mod dataset;
-pub mod plot;
 pub mod stats;
-pub mod sweep;
-pub mod tot;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -455,7 +453,7 @@ pub fn run(args: &ServeBenchArgs) -> anyhow::Result<()> {
             eprintln!("report: {}", path.display());
         }
         if let Some(path) = &args.plot {
-            plot::latency_cdf(path, &report)?;
+            super::plot::latency_cdf(path, &report)?;
             eprintln!("chart: {}", path.display());
         }
         Ok(())

@@ -17,8 +17,8 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::client::{post_json, ServerUrl};
-use super::runtime;
+use super::serve::client::{post_json, ServerUrl};
+use super::serve::runtime;
 
 /// Flags of `thicket bench tot`.
 #[derive(Debug, Clone, Args)]

@@ -6,7 +6,7 @@
 //! request's `prediction`. Each configuration (`none`, a method, a method `+prediction`,
 //! and with `--control` a second `none`) runs on its own fresh engine, warmed up on a prompt
 //! outside the set, the edits interleaved edit by edit in rounds of `--concurrency`, each
-//! engine as often early in a round as late (`bench_spec::round_order`).
+//! engine as often early in a round as late (the harness's `round_order`).
 //!
 //! The table gives per configuration: decoding speedup (tokens after the first over the
 //! time after the first token, against `none`), end-to-end speedup (each engine's wall
@@ -25,10 +25,9 @@ use clap::Args;
 use engine::{LoadedModel, Request, SpecMethod};
 use serde::Serialize;
 
-use crate::bench_spec::{read_timed, round_order, start_warm};
+use super::harness::{read_timed, round_order, run_round, start_warm, CONTROL};
+use crate::args::{EngineArgs, ModelArgs};
 use crate::chat::user_prompt;
-use crate::cli::ModelArgs;
-use crate::engine_args::EngineArgs;
 
 /// Flags of `thicket bench edits`.
 #[derive(Debug, Args)]
@@ -103,9 +102,6 @@ struct Measurement {
     rejected_prediction_tokens: usize,
     equals_reference: bool,
 }
-
-/// The label of the second `none` engine.
-const CONTROL: &str = "none (control)";
 
 /// The request text: the instruction and the whole file, asking for the whole file back.
 fn edit_prompt(instruction: &str, path: &str, language: &str, before: &str) -> String {
@@ -216,51 +212,36 @@ fn parse_configs(args: &EditBenchArgs) -> anyhow::Result<Vec<Config>> {
 }
 
 /// Runs `edits` at once on `handle` under `config` and measures each.
-fn run_round(
+fn measure_round(
     handle: &engine::EngineHandle,
     config: &Config,
     edits: &[Edit],
 ) -> anyhow::Result<Vec<Measurement>> {
-    let submitted = edits
-        .iter()
-        .map(|e| {
+    run_round(
+        edits,
+        |e| {
             let mut request = Request::greedy(e.prompt.clone(), e.max_tokens, Some(config.method));
             request.prediction = config.prediction.then(|| Arc::clone(&e.prediction));
-            Ok((e, Instant::now(), handle.submit(request)?))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    std::thread::scope(|scope| {
-        let readers: Vec<_> = submitted
-            .into_iter()
-            .map(|(e, started, stream)| {
-                scope.spawn(move || -> anyhow::Result<Measurement> {
-                    let t =
-                        read_timed(started, stream).with_context(|| format!("edit {}", e.id))?;
-                    Ok(Measurement {
-                        edit: e.id.clone(),
-                        config: config.label.clone(),
-                        output_tokens: t.tokens,
-                        seconds: t.seconds,
-                        ttft_seconds: t.ttft_seconds,
-                        decode_seconds: t.seconds - t.ttft_seconds,
-                        verify_steps: t.usage.spec_steps,
-                        draft_tokens: t.usage.draft_tokens,
-                        accepted_tokens: t.usage.accepted_tokens,
-                        accepted_prediction_tokens: t.usage.accepted_prediction_tokens(),
-                        rejected_prediction_tokens: t.usage.rejected_prediction_tokens(),
-                        equals_reference: normalized(&t.text) == e.after,
-                    })
-                })
+            Ok(handle.submit(request)?)
+        },
+        |e, started, stream| {
+            let t = read_timed(started, stream).with_context(|| format!("edit {}", e.id))?;
+            Ok(Measurement {
+                edit: e.id.clone(),
+                config: config.label.clone(),
+                output_tokens: t.tokens,
+                seconds: t.seconds,
+                ttft_seconds: t.ttft_seconds,
+                decode_seconds: t.seconds - t.ttft_seconds,
+                verify_steps: t.usage.spec_steps,
+                draft_tokens: t.usage.draft_tokens,
+                accepted_tokens: t.usage.accepted_tokens,
+                accepted_prediction_tokens: t.usage.accepted_prediction_tokens(),
+                rejected_prediction_tokens: t.usage.rejected_prediction_tokens(),
+                equals_reference: normalized(&t.text) == e.after,
             })
-            .collect();
-        readers
-            .into_iter()
-            .map(|r| {
-                r.join()
-                    .map_err(|_| anyhow::anyhow!("a bench reader panicked"))?
-            })
-            .collect()
-    })
+        },
+    )
 }
 
 /// Totals of one configuration's measurements.
@@ -338,7 +319,7 @@ pub fn run(loaded: &LoadedModel, args: &EditBenchArgs) -> anyhow::Result<()> {
     for (round, batch) in edits.chunks(args.concurrency.max(1)).enumerate() {
         for i in round_order(round, engines.len()) {
             let started = Instant::now();
-            results.extend(run_round(&engines[i].0, &configs[i], batch)?);
+            results.extend(measure_round(&engines[i].handle, &configs[i], batch)?);
             busy[i] += started.elapsed().as_secs_f64();
         }
         eprint!(
@@ -348,9 +329,8 @@ pub fn run(loaded: &LoadedModel, args: &EditBenchArgs) -> anyhow::Result<()> {
         );
     }
     eprintln!();
-    for (handle, thread) in engines {
-        handle.shutdown();
-        let _ = thread.join();
+    for engine in engines {
+        engine.stop();
     }
     let totals: Vec<Totals> = configs
         .iter()

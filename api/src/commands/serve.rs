@@ -4,17 +4,18 @@
 //! grace period, then cancels the rest, stops the engine (saving the Token Recycling
 //! matrix) and exits.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use super::responses_api::store::{ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES};
-use super::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
-use crate::cli::{announce, load, ModelArgs};
-use crate::engine_args::EngineArgs;
+use super::{announce, load};
+use crate::args::{spawn, EngineArgs, ModelArgs};
+use crate::server::responses_api::store::{
+    ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
+};
+use crate::server::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `thicket serve`.
 #[derive(Debug, Args)]
@@ -90,13 +91,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let loaded = load(&args.model)?;
         let config = args.engine.config(&loaded.model)?;
-        let tokenizer = Arc::new(loaded.tokenizer.clone());
-        let (handle, thread) = engine::spawn(
-            loaded.model.clone(),
-            tokenizer,
-            loaded.tokenizer.eos_ids().to_vec(),
-            config,
-        )?;
+        let (handle, thread) = spawn(&loaded, config)?;
         loader_state.set_engine(handle);
         announce(&format!("ready: serving '{}'", loader_state.model_name()));
         Ok(thread)

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::BenchReport;
+use super::serve::BenchReport;
 
 /// Series colours, distinguishable in print.
 const COLORS: [RGBColor; 6] = [

@@ -13,7 +13,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::plot::LineChart;
-use super::{run_load, runtime, BenchReport, LoadArgs, LoadPlan, Target};
+use super::serve::{run_load, runtime, BenchReport, LoadArgs, LoadPlan, Target};
 
 /// Flags of `thicket bench sweep`.
 #[derive(Debug, Clone, Args)]

@@ -10,7 +10,7 @@ use engine::metrics::spec::{ACCEPTED_PER_POSITION, VERIFY_STEPS};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
-use crate::bench_serve::plot::{BarChart, LineChart};
+use crate::bench::plot::{BarChart, LineChart};
 
 /// Verification steps and accepted tokens per depth, summed over every method label.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

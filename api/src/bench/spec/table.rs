@@ -4,7 +4,7 @@
 
 use engine::SpecMethod;
 
-use crate::bench_spec::Measurement;
+use super::Measurement;
 
 /// Decoding speed: tokens after the first over the time after the first token.
 pub(crate) fn tokens_per_second(ms: &[&Measurement]) -> f64 {

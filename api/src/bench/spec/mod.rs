@@ -19,25 +19,26 @@
 //! that traffic and never from the measured questions. `--out` writes every measurement as
 //! JSON; `--plot-dir` draws acceptance by tree depth and MAT per method.
 
+pub mod charts;
+pub mod table;
+pub mod workload;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use engine::{Event, LoadedModel, Request, SpecMethod};
+use engine::{LoadedModel, SpecMethod};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::bench_spec_charts as charts;
-use crate::bench_spec_table::{mat, print_table};
-use crate::bench_spec_workload::{load_questions, submit, Question, Selection};
-use crate::chat::user_prompt;
-use crate::cli::ModelArgs;
-use crate::engine_args::EngineArgs;
+use super::harness::{read_timed, round_order, run_round, start_warm, BenchEngine, CONTROL};
+use crate::args::{EngineArgs, ModelArgs};
 use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use table::{mat, print_table};
+use workload::{load_questions, submit, Question, Selection};
 
 /// Flags of `thicket bench spec`.
 #[derive(Debug, Args)]
@@ -150,94 +151,14 @@ fn question_sets(
     }
 }
 
-/// A prompt outside every Spec-Bench file, for each engine's untimed warm-up: it pages the
-/// weights in and settles the allocator without putting any question's prefix in the cache
-/// or its continuation in the recycling matrix.
-const WARM_UP: &str = "List the days of the week.";
-
-/// The label of the second `none` engine (`--control`).
-const CONTROL: &str = "none (control)";
-
-/// Starts an engine of `engine_args` drafting with `method` by default, with its KV cache
-/// mapped, warmed up untimed on [`WARM_UP`].
-pub(crate) fn start_warm(
-    loaded: &LoadedModel,
-    engine_args: &EngineArgs,
-    method: SpecMethod,
-) -> anyhow::Result<(engine::EngineHandle, std::thread::JoinHandle<()>)> {
-    let mut engine_args = engine_args.clone();
-    engine_args.spec.speculation = method;
-    // Every engine's pages mapped before the timing starts: otherwise each pays the OS's
-    // first touch of its pool inside its rounds, and what a first touch costs varies with
-    // what the host did before (on one host the same round took 10% longer at some places
-    // in the rotation than at others).
-    engine_args.kv.kv_prefault = true;
-    let config = engine_args.config(&loaded.model)?;
-    let (handle, thread) = engine::spawn(
-        loaded.model.clone(),
-        Arc::new(loaded.tokenizer.clone()),
-        loaded.tokenizer.eos_ids().to_vec(),
-        config,
-    )?;
-    let prompt = loaded
-        .tokenizer
-        .encode(&user_prompt(&loaded.tokenizer, WARM_UP)?)?;
-    let warm = Request::greedy(prompt, 8, Some(method));
-    handle.submit(warm)?.wait().map_err(anyhow::Error::msg)?;
-    Ok((handle, thread))
-}
-
-/// One request's stream read to its end, timed from its submission.
-pub(crate) struct Timed {
-    /// Its text.
-    pub text: String,
-    /// Its tokens.
-    pub tokens: usize,
-    /// Submission to the last token.
-    pub seconds: f64,
-    /// Submission to the first token.
-    pub ttft_seconds: f64,
-    /// Its usage.
-    pub usage: engine::Usage,
-}
-
-/// Reads `stream` (submitted at `started`) to its end.
-pub(crate) fn read_timed(started: Instant, stream: engine::RequestStream) -> anyhow::Result<Timed> {
-    let (mut first, mut tokens, mut text, mut usage) = (None, 0, String::new(), None);
-    while let Some(event) = stream.recv() {
-        match event {
-            Event::Output {
-                token_ids, text: t, ..
-            } => {
-                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                tokens += token_ids.len();
-                text.push_str(&t);
-            }
-            Event::Finished { usage: u, .. } => usage = Some(u),
-            Event::Error(e) => bail!("{e}"),
-        }
-    }
-    let usage = usage.context("the engine stopped early")?;
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(Timed {
-        text,
-        tokens,
-        seconds,
-        ttft_seconds: first.unwrap_or(seconds),
-        usage,
-    })
-}
-
-/// One method's own engine, alive for the whole bench so that questions can be interleaved
-/// across methods while each method still sees only its own traffic.
+/// One method's own engine (see [`BenchEngine`]), with the server's request path over it.
 struct MethodEngine {
     method: SpecMethod,
     /// The method's name, or `none (control)` for the control engine.
     label: String,
-    handle: engine::EngineHandle,
-    /// The server's request path over `handle`, for questions given as request bodies.
+    engine: BenchEngine,
+    /// The server's request path over the engine, for questions given as request bodies.
     state: AppState,
-    thread: std::thread::JoinHandle<()>,
 }
 
 impl MethodEngine {
@@ -247,55 +168,37 @@ impl MethodEngine {
         (method, label): &(SpecMethod, String),
     ) -> anyhow::Result<Self> {
         let method = *method;
-        let (handle, thread) = start_warm(loaded, &args.engine, method)?;
+        let engine = start_warm(loaded, &args.engine, method)?;
         let state = AppState::new(ServerConfig {
             served_model_name: args.model.model.clone(),
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         });
-        state.set_engine(handle.clone());
+        state.set_engine(engine.handle.clone());
         Ok(Self {
             method,
             label: label.clone(),
-            handle,
+            engine,
             state,
-            thread,
         })
     }
 
-    /// Runs `questions` all at once (one client each) and measures each. Every question is
-    /// submitted before any stream is read, so each round reaches the engine in the same
-    /// order and at once for every method (threads started one by one would let the engine
-    /// begin with whichever few had arrived, and the prefill order would vary by method).
+    /// Runs `questions` all at once (one client each) and measures each (see
+    /// [`run_round`]).
     fn run(&self, questions: &[Question], max_tokens: usize) -> anyhow::Result<Vec<Measurement>> {
         let (method, label) = (self.method, self.label.as_str());
-        let submitted = questions
-            .iter()
-            .map(|q| {
-                let started = Instant::now();
-                let stream = submit(&self.state, &q.work, max_tokens, method)
-                    .with_context(|| format!("question {}", q.id))?;
-                Ok((q, started, stream))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = submitted
-                .into_iter()
-                .map(|(q, started, stream)| scope.spawn(move || read(label, q, started, stream)))
-                .collect();
-            readers
-                .into_iter()
-                .map(|w| {
-                    w.join()
-                        .map_err(|_| anyhow::anyhow!("a bench reader panicked"))?
-                })
-                .collect()
-        })
+        run_round(
+            questions,
+            |q| {
+                submit(&self.state, &q.work, max_tokens, method)
+                    .with_context(|| format!("question {}", q.id))
+            },
+            |q, started, stream| read(label, q, started, stream),
+        )
     }
 
     fn stop(self) {
-        self.handle.shutdown();
-        let _ = self.thread.join();
+        self.engine.stop();
     }
 }
 
@@ -320,20 +223,6 @@ fn read(
         draft_tokens: timed.usage.draft_tokens,
         accepted_tokens: timed.usage.accepted_tokens,
     })
-}
-
-/// The order in which `engines` engines run round `round`. Rounds go in pairs: the second
-/// of a pair runs the first's order backwards, so over each pair every engine's two places
-/// add up to the same (a host that slows down or speeds up along a round weighs on all
-/// alike, however few the rounds), and the order rotates by one from pair to pair.
-pub(crate) fn round_order(round: usize, engines: usize) -> Vec<usize> {
-    let pair = round / 2;
-    let order = (0..engines).map(move |turn| (pair + turn) % engines);
-    if round.is_multiple_of(2) {
-        order.collect()
-    } else {
-        order.rev().collect()
-    }
 }
 
 /// Seed of the questions' order when several run at once.
@@ -506,37 +395,4 @@ pub fn run(loaded: &LoadedModel, args: &SpecBenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::round_order;
-
-    #[test]
-    fn every_engine_runs_as_often_early_as_late() {
-        for engines in 1..=7 {
-            let mut places = vec![0; engines];
-            for round in 0..2 * engines {
-                let order = round_order(round, engines);
-                let mut sorted = order.clone();
-                sorted.sort();
-                assert_eq!(sorted, (0..engines).collect::<Vec<_>>(), "a permutation");
-                for (place, &engine) in order.iter().enumerate() {
-                    places[engine] += place;
-                }
-                if !round.is_multiple_of(2) {
-                    // After each pair of rounds every engine's places add up alike.
-                    let each = round.div_ceil(2) * (engines - 1);
-                    assert_eq!(
-                        places,
-                        vec![each; engines],
-                        "{engines} engines, round {round}"
-                    );
-                }
-            }
-        }
-        // The first place rotates from pair to pair.
-        let firsts: Vec<usize> = (0..8).map(|r| round_order(r, 3)[0]).collect();
-        assert_eq!(firsts, [0, 2, 1, 0, 2, 1, 0, 2]);
-    }
 }
