@@ -5,25 +5,16 @@
 //! Messages routes report a failed step in their own shapes, as a body or as a stream's
 //! `error` event.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use api::server::{router, AppState, ServerConfig};
-use axum::body::Body;
-use axum::http::{header, Request as HttpRequest, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use engine::handle::EngineHandle;
-use engine::model::testing::write_tiny_tokenizer;
-use engine::model::tokenizer::ModelTokenizer;
-use engine::{
-    Backend, CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig,
-    SpeculationConfig, TreeBatch,
-};
-use http_body_util::BodyExt;
+use engine::{Backend, MockBackend, TreeBatch};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
-const VOCAB: usize = 64;
+use super::mock_server::{call_with_key, mock_server, Server};
+
 /// A prompt starting with this token makes the forward fail.
 const FAIL: u32 = 13;
 /// A prompt starting with this token makes the forward panic.
@@ -73,64 +64,19 @@ impl Backend for FaultyBackend {
 }
 
 fn faulty_server() -> (Router, EngineHandle, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_tokenizer(dir.path(), VOCAB).unwrap();
+    let faulty = |inner| -> Box<dyn Backend> { Box::new(FaultyBackend { inner }) };
     // A chat template of the bare contents, so a chat-shaped prompt starts with its first
     // message's first token (the fault keys): the Responses and Messages routes need one.
-    std::fs::write(
-        dir.path().join("tokenizer_config.json"),
-        json!({"chat_template": "{% for message in messages %}{{ message.content }} {% endfor %}"})
-            .to_string(),
-    )
-    .unwrap();
-    let tokenizer = Arc::new(ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap());
-    let kv = ManagerConfig {
-        num_blocks: 64,
-        block_size: 4,
-        prefix_caching: true,
-        watermark: 0.0,
-    };
-    let config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 8,
-            max_model_len: 96,
-            kv,
-        },
-        max_pending: 64,
-        speculation: SpeculationConfig {
-            cost: CostCurve::flat(),
-            ..SpeculationConfig::default()
-        },
-        kv_prefault: false,
-    };
-    let backend = Box::new(FaultyBackend {
-        inner: MockBackend::new(VOCAB, kv.num_blocks * kv.block_size),
-    });
-    let (engine, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();
-    let state = AppState::new(ServerConfig {
-        served_model_name: "mock".into(),
-        api_key: None,
-        max_body_bytes: 1 << 20,
-    });
-    state.set_engine(engine.clone());
-    (router(state), engine, dir)
+    let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
+    let Server {
+        app, engine, _dir, ..
+    } = mock_server(faulty, template, 64, None, 1 << 20);
+    (app, engine, _dir)
 }
 
+/// One request without a key (the server asks for none).
 async fn call(app: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut builder = HttpRequest::builder().method(method).uri(path);
-    if body.is_some() {
-        builder = builder.header(header::CONTENT_TYPE, "application/json");
-    }
-    let request = builder
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, value)
+    call_with_key(app, method, path, body, None).await
 }
 
 /// The engine runs, holds no request and no KV block: nothing a failed step touched leaked.

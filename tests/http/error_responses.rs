@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use engine::{Request, SamplingParams, StopConditions};
 use serde_json::{json, Value};
 
-use super::endpoints::{
+use super::mock_server::{
     assert_error, call, call_raw, request, server_over, server_with, KEY, MAX_MODEL_LEN,
 };
 
