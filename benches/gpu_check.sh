@@ -12,7 +12,7 @@
 #   $GPU_DIR/tests/tests.xz             the test binary
 #
 #   benches/gpu_check.sh setup   # first call: copies its pieces and stops
-#   benches/gpu_check.sh all     # last call: tests/cuda.rs, bench forward (before, graphs off
+#   benches/gpu_check.sh all     # last call: tests/model/cuda.rs, bench forward (before, graphs off
 #                                # and on, runs of 512 keys), the engine tests twice at once,
 #                                # bench engine and bench spec
 #   benches/gpu_check.sh speculation   # instead of `all`: Spec-Bench chat cold and warm, and
@@ -83,7 +83,7 @@ step() { # step SECONDS LOG COMMAND...: runs, logs, notes the outcome
 new=/tmp/gpu/thicket old=/tmp/gpu/thicket-before t=/tmp/gpu/tests
 fwd="bench forward --model $model --context 512 --sizes 1,16,64,80 --repeats 7"
 eng="bench engine --model $model --concurrency 1,64 --max-tokens 64 --speculation none"
-mods="speculation:: serving:: kv_cache:: structured:: masked_sampling:: errors:: speculator_seam:: prediction::"
+mods="engine::speculation:: engine::requests:: model::kv_cache:: engine::structured:: engine::masked_sampling:: model::load_and_input_errors:: http::error_responses:: engine::speculator_seam:: engine::prediction::"
 results() {
     note "--- results"
     for f in "$LOGS"/fwd*.log; do
@@ -103,7 +103,7 @@ setup)
     ;;
 all)
     nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee -a "$summary"
-    step 120 test-cuda.log $t cuda:: --test-threads=1 --nocapture
+    step 120 test-cuda.log $t model::cuda:: --test-threads=1 --nocapture
     [ -x $old ] && step 40 fwd-before.log $old $fwd
     step 40 fwd-split512.log env THICKET_CUDA_SPLIT_KEYS=512 $new $fwd
     step 40 fwd-graphs-off.log env THICKET_CUDA_GRAPHS=0 $new $fwd

@@ -1,37 +1,21 @@
-//! thicket's integration tests, one binary: correctness of the paged tree-attention forward
-//! on the real default model (SmolLM2-135M, fetched on first use) and on tiny random models
-//! built in code, against candle-transformers' reference implementations; the KV cache and
-//! the serving engine end to end.
+//! thicket's integration tests, one binary, a module per layer from the bottom up:
+//!
+//! - `support`: no tests; the shared fixtures (models loaded once, tiny random models), the
+//!   plain greedy decoder the engine is checked against, and the real `thicket` binary run
+//!   as a child process.
+//! - `model`: a model alone: the paged tree-attention forward, agreement with
+//!   candle-transformers' reference implementations, the tokenizer, the KV cache under plain
+//!   greedy decoding, load and input errors, and the CUDA backend.
+//! - `engine`: the serving engine's thread: requests, speculation, Predicted Outputs,
+//!   structured outputs, `cache_salt` isolation, and the speculator seam.
+//! - `http`: the HTTP router in process, over an engine with the mock backend.
+//! - `cli`: the real `thicket` binary's commands (`serve`, `batch`, `bench`) as processes.
+//! - `interop`: third-party clients and tools (SDKs, aiperf, schemathesis, vllm-router)
+//!   against the real `thicket serve`.
 
-mod agent_apis;
-mod aiperf;
-mod batch;
-mod bench_serve;
-mod cache_salt;
-mod common;
-mod conformance;
-mod cuda;
-mod errors;
-mod faults;
-mod forward;
-mod greedy;
-mod hostile;
-mod kv_cache;
-mod load;
-mod masked_sampling;
-mod mock_backend;
-mod openai_e2e;
-mod oracle;
-mod prediction;
-mod processes;
-mod router;
-mod security;
-mod server;
-mod server_errors;
-mod serving;
-mod speculation;
-mod speculator_seam;
-mod structured;
-mod structured_limits;
-mod tokenizer;
-mod tools;
+mod cli;
+mod engine;
+mod http;
+mod interop;
+mod model;
+mod support;

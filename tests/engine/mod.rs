@@ -1,0 +1,13 @@
+//! The serving engine's thread, driven through its handle: requests on SmolLM2 and on the
+//! mock backend, speculation and Predicted Outputs, structured outputs, `cache_salt`
+//! isolation, and drafting methods defined outside the engine.
+
+mod cache_salt;
+mod masked_sampling;
+mod mock_backend;
+mod prediction;
+mod requests;
+mod speculation;
+mod speculator_seam;
+mod structured;
+mod structured_limits;

@@ -1,0 +1,10 @@
+//! A model alone, below the engine: the paged tree-attention forward's properties, its
+//! agreement with candle-transformers on the same weights, the tokenizer, the KV cache under
+//! the plain greedy decoder, load and input errors, and the CUDA backend.
+
+mod candle_oracle;
+mod cuda;
+mod forward;
+mod kv_cache;
+mod load_and_input_errors;
+mod tokenizer;
