@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use super::responses_api::store::{ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES};
+use super::openai::responses::store::{ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES};
 use super::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 use crate::cli::{announce, load, ModelArgs};
 use crate::engine_args::EngineArgs;
