@@ -8,8 +8,8 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use crate::server::completion_bodies::Endpoint;
 use crate::server::error::ApiError;
+use crate::server::openai::body::Endpoint;
 
 /// The endpoints a batch line may target.
 pub const URLS: [&str; 2] = ["/v1/completions", "/v1/chat/completions"];

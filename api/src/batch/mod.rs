@@ -21,10 +21,13 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::args::spawn;
 use crate::server::body::generation_body;
-use crate::server::completion_bodies::Endpoint;
 use crate::server::error::{ApiError, ApiResult};
-use crate::server::generate::{start_chat, start_completion, Started};
-use crate::server::protocol::{ChatRequest, CommonFields, CompletionRequest};
+use crate::server::openai::body::Endpoint;
+use crate::server::openai::chat::request::ChatRequest;
+use crate::server::openai::completions::request::CompletionRequest;
+use crate::server::openai::completions::start_completion;
+use crate::server::openai::protocol::CommonFields;
+use crate::server::pipeline::{start_chat, Started};
 use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 use input::{parse_input, BatchLine, Work};
 use output::{result_line, OutputLog};

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use super::{announce, load};
 use crate::args::{spawn, EngineArgs, ModelArgs};
-use crate::server::responses_api::store::{
+use crate::server::openai::responses::store::{
     ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
 };
 use crate::server::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};

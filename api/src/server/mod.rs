@@ -1,41 +1,37 @@
-//! The OpenAI-compatible HTTP server: the shared state every handler sees (the engine once
-//! the model is loaded, the served name, the API key, the Prometheus recorder), the router
-//! with its middleware (API key, body limit, HTTP metrics, JSON 404/405), and the small
-//! endpoints: health, models, metrics, tokenize, detokenize. Generation lives in
-//! [`generate`], streaming in [`stream`], the `serve` command in [`serve_cmd`], what routers
-//! read (vLLM-named load metrics, `/get_load`, `/version`) in `load`.
+//! The HTTP server: the state every handler sees (the engine once the model is loaded, the
+//! served name, the API key, the Prometheus recorder, the stored responses) and the route
+//! table. The routes live by protocol: [`openai`] (chat, completions, responses) and
+//! [`anthropic`] (messages, count_tokens), both over the one generation path in
+//! [`pipeline`] with the request settings of [`settings`]; the routes that generate nothing
+//! (health, models, tokenize, detokenize, metrics, load) are [`admin`]; what every route
+//! passes through (API key, body limit, HTTP metrics, JSON 404/405) is `layers`. The
+//! `serve` command that runs it is `crate::commands::serve`.
 
-pub mod answer;
+pub mod adapter;
+pub mod admin;
+pub mod anthropic;
 pub mod body;
-pub mod completion_bodies;
-pub mod convert;
 pub mod error;
-pub mod generate;
-mod load;
-pub mod messages_api;
-pub mod prediction;
-pub mod protocol;
-pub mod responses_api;
-pub mod stream;
+mod layers;
+pub mod openai;
+pub mod pipeline;
+pub mod settings;
 pub mod tools;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, Method, Uri};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use engine::handle::EngineHandle;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sha2::{Digest, Sha256};
 
-use body::JsonBody;
 use error::{ApiError, ApiResult};
-use protocol::{DetokenizeRequest, ModelCard, TokenizeRequest};
+use openai::responses::store::ResponseStore;
 
 /// Largest request body accepted, in bytes.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -65,7 +61,7 @@ struct Shared {
     metrics: PrometheusHandle,
     created: u64,
     api_key_digest: Option<[u8; 32]>,
-    responses: Arc<responses_api::store::ResponseStore>,
+    responses: Arc<ResponseStore>,
 }
 
 /// The process-wide Prometheus recorder (installed on first use).
@@ -87,14 +83,11 @@ impl AppState {
     /// State of a server whose engine is still loading, keeping stored responses under the
     /// default bounds.
     pub fn new(config: ServerConfig) -> Self {
-        Self::with_response_store(config, responses_api::store::ResponseStore::default())
+        Self::with_response_store(config, ResponseStore::default())
     }
 
     /// [`AppState::new`] keeping stored responses (`/v1/responses`) in `responses`.
-    pub fn with_response_store(
-        config: ServerConfig,
-        responses: responses_api::store::ResponseStore,
-    ) -> Self {
+    pub fn with_response_store(config: ServerConfig, responses: ResponseStore) -> Self {
         let api_key_digest = config
             .api_key
             .as_ref()
@@ -107,7 +100,7 @@ impl AppState {
                 engine: OnceLock::new(),
                 shutting_down: AtomicBool::new(false),
                 metrics,
-                created: completion_bodies::unix_now(),
+                created: unix_now(),
                 api_key_digest,
                 responses: Arc::new(responses),
             }),
@@ -148,7 +141,7 @@ impl AppState {
     }
 
     /// Where stored responses are kept.
-    pub fn response_store(&self) -> Arc<responses_api::store::ResponseStore> {
+    pub fn response_store(&self) -> Arc<ResponseStore> {
         Arc::clone(&self.inner.responses)
     }
 
@@ -188,36 +181,36 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let limit = state.inner.config.max_body_bytes;
     let protected = Router::new()
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/chat/completions", post(generate::chat_completions))
-        .route("/v1/responses", post(responses_api::create))
-        .route("/v1/messages", post(messages_api::create))
+        .route("/v1/completions", post(openai::completions::create))
+        .route("/v1/chat/completions", post(openai::chat::create))
+        .route("/v1/responses", post(openai::responses::create))
+        .route("/v1/messages", post(anthropic::messages::create))
         .route(
             "/v1/messages/count_tokens",
-            post(messages_api::count_tokens),
+            post(anthropic::count_tokens::count),
         )
         .route(
             "/v1/responses/{id}",
-            get(responses_api::get).delete(responses_api::delete),
+            get(openai::responses::get).delete(openai::responses::delete),
         )
-        .route("/v1/models", get(models))
-        .route("/v1/models/{model}", get(model))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route("/metrics", get(render_metrics))
+        .route("/v1/models", get(admin::models))
+        .route("/v1/models/{model}", get(admin::model))
+        .route("/tokenize", post(admin::tokenize))
+        .route("/detokenize", post(admin::detokenize))
+        .route("/metrics", get(admin::render_metrics))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            require_api_key,
+            layers::require_api_key,
         ));
     Router::new()
-        .route("/health", get(health))
-        .route("/get_load", get(load::get_load))
-        .route("/version", get(load::version))
+        .route("/health", get(admin::health))
+        .route("/get_load", get(admin::load::get_load))
+        .route("/version", get(admin::load::version))
         .merge(protected)
-        .fallback(not_found)
-        .method_not_allowed_fallback(wrong_method)
+        .fallback(layers::not_found)
+        .method_not_allowed_fallback(layers::wrong_method)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn(record_http_metrics))
+        .layer(middleware::from_fn(layers::record_http_metrics))
         .with_state(state)
 }
 
@@ -225,146 +218,10 @@ fn describe_metrics() {
     engine::metrics::describe();
 }
 
-async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    // `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
-    let headers = request.headers();
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim);
-    if state.key_matches(presented) {
-        next.run(request).await
-    } else if request.uri().path().starts_with(messages_api::PATH_PREFIX) {
-        messages_api::MessagesError(ApiError::unauthorized()).into_response()
-    } else {
-        ApiError::unauthorized().into_response()
-    }
-}
-
-async fn record_http_metrics(request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = request.method().to_string();
-    let path = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    metrics::counter!(engine::metrics::http::HTTP_REQUESTS, "method" => method.clone(), "path" => path.clone(), "status" => status)
-        .increment(1);
-    metrics::histogram!(engine::metrics::http::HTTP_LATENCY, "method" => method, "path" => path)
-        .record(started.elapsed().as_secs_f64());
-    response
-}
-
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::unknown_path(method.as_str(), uri.path())
-}
-
-async fn wrong_method(method: Method, uri: Uri) -> ApiError {
-    ApiError::wrong_method(method.as_str(), uri.path())
-}
-
-async fn health(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
-    state.engine()?;
-    Ok(Json(serde_json::json!({"status": "ok"})))
-}
-
-async fn render_metrics(State(state): State<AppState>) -> Response {
-    let handle = &state.inner.metrics;
-    handle.run_upkeep();
-    let mut text = handle.render();
-    text.push_str(&load::vllm_metrics(&state));
-    let mut response = text.into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    response
-}
-
-fn card(state: &AppState, engine: &EngineHandle) -> ModelCard {
-    ModelCard {
-        id: state.model_name().to_string(),
-        object: "model",
-        created: state.inner.created,
-        owned_by: "thicket",
-        max_model_len: engine.limits().max_model_len,
-    }
-}
-
-async fn models(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
-    let engine = state.engine()?;
-    Ok(Json(serde_json::json!({
-        "object": "list",
-        "data": [card(&state, engine)],
-    })))
-}
-
-async fn model(
-    State(state): State<AppState>,
-    axum::extract::Path(name): axum::extract::Path<String>,
-) -> ApiResult<Json<ModelCard>> {
-    let engine = state.engine()?;
-    if name != state.model_name() {
-        return Err(ApiError::unknown_model(&name, state.model_name()));
-    }
-    Ok(Json(card(&state, engine)))
-}
-
-async fn tokenize(
-    State(state): State<AppState>,
-    JsonBody(body): JsonBody<TokenizeRequest>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let engine = state.engine()?;
-    state.check_model(body.model.as_deref())?;
-    let tokenizer = engine.tokenizer();
-    let tokens = match (body.prompt, body.messages) {
-        (Some(prompt), None) => {
-            if body.add_special_tokens.unwrap_or(true) {
-                tokenizer.encode(&prompt)
-            } else {
-                tokenizer.encode_plain(&prompt)
-            }
-        }
-        (None, Some(messages)) => {
-            let text = generate::render_messages(tokenizer, &messages, &[])?;
-            tokenizer.encode_plain(&text)
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "give exactly one of prompt or messages",
-            ))
-        }
-    }
-    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-    Ok(Json(serde_json::json!({
-        "count": tokens.len(),
-        "max_model_len": engine.limits().max_model_len,
-        "tokens": tokens,
-    })))
-}
-
-async fn detokenize(
-    State(state): State<AppState>,
-    JsonBody(body): JsonBody<DetokenizeRequest>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let engine = state.engine()?;
-    state.check_model(body.model.as_deref())?;
-    let vocab = engine.limits().vocab_size;
-    if let Some(bad) = body.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid(
-            "tokens",
-            format!("token id {bad} outside the vocabulary of {vocab}"),
-        ));
-    }
-    let text = engine
-        .tokenizer()
-        .decode(&body.tokens)
-        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-    Ok(Json(serde_json::json!({ "prompt": text })))
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

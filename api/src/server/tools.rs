@@ -8,7 +8,7 @@ use engine::constraint::{compact, ConstraintSpec};
 use serde_json::{json, Value};
 
 use super::error::{ApiError, ApiResult};
-use super::protocol::{FunctionCallOut, ToolCallOut};
+use super::openai::chat::response::{FunctionCallOut, ToolCallOut};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 
 /// What `tool_choice` asks.

@@ -337,7 +337,7 @@ pub fn report(
     errors.dedup();
     errors.truncate(5);
     BenchReport {
-        date: crate::server::completion_bodies::unix_now(),
+        date: crate::server::unix_now(),
         url: target.args.url.clone(),
         endpoint: target.args.endpoint.clone(),
         model: target.model.clone(),

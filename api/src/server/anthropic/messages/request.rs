@@ -11,6 +11,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::server::adapter::{chat_tools, string_field, text_of, ChatBody, Rename, TextParts};
 use crate::server::error::{ApiError, ApiResult};
 
 /// The fields of a Messages request thicket reads.
@@ -49,52 +50,21 @@ pub struct MessagesRequest {
     pub cache_salt: Option<Value>,
 }
 
-/// Text of a `tool_result`'s or the system's content: a string or text blocks.
-fn text_of(content: &Value, param: &str) -> ApiResult<String> {
-    match content {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(blocks) => {
-            let mut text = String::new();
-            for (j, block) in blocks.iter().enumerate() {
-                match (
-                    block.get("type").and_then(Value::as_str),
-                    block.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (kind, _) => {
-                        return Err(ApiError::invalid(
-                            format!("{param}[{j}]"),
-                            format!(
-                                "blocks of type {:?} are not supported here; only text",
-                                kind.unwrap_or("")
-                            ),
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(ApiError::invalid(
-            param,
-            "content must be a string or a list of blocks",
-        )),
-    }
-}
+/// How a `tool_result`'s or the system's content holds text: a string or `text` blocks.
+const TEXT_BLOCKS: TextParts = TextParts {
+    kinds: &["text"],
+    refusal: false,
+    list: "blocks",
+    unsupported: |kind| format!("blocks of type {kind:?} are not supported here; only text"),
+};
 
-fn string_field<'a>(block: &'a Value, field: &str, param: &str) -> ApiResult<&'a str> {
-    block.get(field).and_then(Value::as_str).ok_or_else(|| {
-        ApiError::invalid(
-            format!("{param}.{field}"),
-            format!("this block needs a string `{field}`"),
-        )
-    })
-}
+/// What needs a string field that is missing, in errors.
+const BLOCK: &str = "this block";
 
 /// The chat messages of one Messages message.
 fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<()> {
     let param = format!("messages[{i}]");
-    let role = string_field(message, "role", &param)?;
+    let role = string_field(message, "role", &param, BLOCK)?;
     if role != "user" && role != "assistant" {
         return Err(ApiError::invalid(
             format!("{param}.role"),
@@ -121,10 +91,10 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
         let at = format!("{param}.content[{j}]");
         let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
         match (role, kind) {
-            (_, "text") => text.push_str(string_field(block, "text", &at)?),
+            (_, "text") => text.push_str(string_field(block, "text", &at, BLOCK)?),
             ("assistant", "tool_use") => {
-                let id = string_field(block, "id", &at)?;
-                let name = string_field(block, "name", &at)?;
+                let id = string_field(block, "id", &at, BLOCK)?;
+                let name = string_field(block, "name", &at, BLOCK)?;
                 let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
                 if !input.is_object() {
                     return Err(ApiError::invalid(
@@ -136,9 +106,9 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
                                   "function": {"name": name, "arguments": input}}));
             }
             ("user", "tool_result") => {
-                let id = string_field(block, "tool_use_id", &at)?;
+                let id = string_field(block, "tool_use_id", &at, BLOCK)?;
                 let content = block.get("content").unwrap_or(&Value::Null);
-                let mut result = text_of(content, &format!("{at}.content"))?;
+                let mut result = text_of(content, &format!("{at}.content"), &TEXT_BLOCKS)?;
                 if block.get("is_error").and_then(Value::as_bool) == Some(true) {
                     result = format!("Error: {result}");
                 }
@@ -166,36 +136,33 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
     Ok(())
 }
 
-/// `tools` in the chat shape.
-fn chat_tools(tools: &[Value]) -> ApiResult<Value> {
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("custom");
-        if kind != "custom" {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].type"),
-                format!(
-                    "tool type {kind:?} is not supported: define the tool with a name and an \
-                     input_schema, and run it in the client"
-                ),
-            ));
-        }
-        let name = string_field(tool, "name", &format!("tools[{i}]"))?;
-        let schema = tool.get("input_schema").ok_or_else(|| {
-            ApiError::invalid(
-                format!("tools[{i}].input_schema"),
-                "a tool needs an input_schema",
-            )
-        })?;
-        let mut function = Map::new();
-        function.insert("name".into(), json!(name));
-        if let Some(d) = tool.get("description").filter(|d| !d.is_null()) {
-            function.insert("description".into(), d.clone());
-        }
-        function.insert("parameters".into(), schema.clone());
-        out.push(json!({"type": "function", "function": function}));
+/// A tool's `function` object in the chat shape: its name, description and `input_schema`
+/// as the parameters; tools of other types (server tools) refused.
+fn function_of(i: usize, tool: &Value) -> ApiResult<Map<String, Value>> {
+    let kind = tool.get("type").and_then(Value::as_str).unwrap_or("custom");
+    if kind != "custom" {
+        return Err(ApiError::invalid(
+            format!("tools[{i}].type"),
+            format!(
+                "tool type {kind:?} is not supported: define the tool with a name and an \
+                 input_schema, and run it in the client"
+            ),
+        ));
     }
-    Ok(Value::Array(out))
+    let name = string_field(tool, "name", &format!("tools[{i}]"), BLOCK)?;
+    let schema = tool.get("input_schema").ok_or_else(|| {
+        ApiError::invalid(
+            format!("tools[{i}].input_schema"),
+            "a tool needs an input_schema",
+        )
+    })?;
+    let mut function = Map::new();
+    function.insert("name".into(), json!(name));
+    if let Some(d) = tool.get("description").filter(|d| !d.is_null()) {
+        function.insert("description".into(), d.clone());
+    }
+    function.insert("parameters".into(), schema.clone());
+    Ok(function)
 }
 
 /// `tool_choice` as the chat fields `tool_choice` and `parallel_tool_calls`.
@@ -215,7 +182,7 @@ fn chat_tool_choice(choice: &Value) -> ApiResult<(Value, Option<bool>)> {
         "any" => json!("required"),
         "none" => json!("none"),
         "tool" => {
-            let name = string_field(choice, "name", "tool_choice")?;
+            let name = string_field(choice, "name", "tool_choice", BLOCK)?;
             json!({"type": "function", "function": {"name": name}})
         }
         other => {
@@ -270,7 +237,7 @@ impl MessagesRequest {
         }
         let mut chat = Vec::with_capacity(messages.len() + 1);
         if let Some(system) = self.system.as_ref() {
-            let text = text_of(system, "system")?;
+            let text = text_of(system, "system", &TEXT_BLOCKS)?;
             if !text.is_empty() {
                 chat.push(json!({"role": "system", "content": text}));
             }
@@ -278,59 +245,43 @@ impl MessagesRequest {
         for (i, message) in messages.iter().enumerate() {
             chat_messages(i, message, &mut chat)?;
         }
-        let mut body = Map::new();
-        body.insert("messages".into(), Value::Array(chat));
-        let mut put = |key: &str, value: Option<Value>| {
-            if let Some(v) = value.filter(|v| !v.is_null()) {
-                body.insert(key.to_string(), v);
-            }
-        };
-        put("model", self.model.clone().map(Value::from));
-        put("max_tokens", self.max_tokens.map(Value::from));
-        put("stop", self.stop_sequences.clone().map(Value::from));
-        put("temperature", self.temperature.clone());
-        put("top_p", self.top_p.clone());
-        put("top_k", self.top_k.clone());
-        put("speculation", self.speculation.clone());
-        put("prediction", self.prediction.clone());
-        put("cache_salt", self.cache_salt.clone());
+        let mut body = ChatBody::new(chat);
+        body.put("model", self.model.clone().map(Value::from));
+        body.put("max_tokens", self.max_tokens.map(Value::from));
+        body.put("stop", self.stop_sequences.clone().map(Value::from));
+        body.put("temperature", self.temperature.clone());
+        body.put("top_p", self.top_p.clone());
+        body.put("top_k", self.top_k.clone());
+        body.put("speculation", self.speculation.clone());
+        body.put("prediction", self.prediction.clone());
+        body.put("cache_salt", self.cache_salt.clone());
         if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
-            put("tools", Some(chat_tools(tools)?));
+            body.put("tools", Some(chat_tools(tools, function_of)?));
         }
         if let Some(choice) = &self.tool_choice {
             let (choice, parallel) = chat_tool_choice(choice)?;
-            put("tool_choice", Some(choice));
-            put("parallel_tool_calls", parallel.map(Value::from));
+            body.put("tool_choice", Some(choice));
+            body.put("parallel_tool_calls", parallel.map(Value::from));
         }
         if let Some(config) = &self.output_config {
-            put("response_format", output_format(config)?);
+            body.put("response_format", output_format(config)?);
         }
-        Ok(Value::Object(body))
+        Ok(body.into_value())
     }
 }
 
-/// An error of the chat path with its field named as the Messages API names it.
-pub fn renamed(mut e: ApiError) -> ApiError {
-    let renamed = match e.param.as_deref() {
-        Some("stop") => Some("stop_sequences".to_string()),
-        Some("response_format") => Some("output_config.format".to_string()),
-        Some(p) if p.starts_with("tools[") && p.contains(".function.parameters") => {
-            Some(p.replace(".function.parameters", ".input_schema"))
-        }
-        Some(p) if p.starts_with("tools[") && p.contains(".function") => {
-            Some(p.replace(".function", ""))
-        }
-        _ => None,
-    };
-    if let Some(param) = renamed {
-        e.param = Some(param);
-    }
-    e
-}
+/// The chat path's fields as the Messages API names them.
+pub const FIELD_NAMES: &[Rename] = &[
+    Rename::Field("stop", "stop_sequences"),
+    Rename::Field("response_format", "output_config.format"),
+    Rename::InTools(".function.parameters", ".input_schema"),
+    Rename::InTools(".function", ""),
+];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::adapter::renamed;
 
     fn request(body: Value) -> MessagesRequest {
         serde_json::from_value(body).expect("a request")
@@ -413,7 +364,7 @@ mod tests {
             body["response_format"]["json_schema"]["schema"]["type"],
             "object"
         );
-        let e = renamed(ApiError::invalid("stop", "bad"));
+        let e = renamed(ApiError::invalid("stop", "bad"), FIELD_NAMES);
         assert_eq!(e.param.as_deref(), Some("stop_sequences"));
     }
 }

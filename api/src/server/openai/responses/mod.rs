@@ -1,33 +1,33 @@
 //! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
-//! `DELETE /v1/responses/{id}`. A request becomes a chat-completions body (`request`) and
-//! goes through the one generation path every front end shares (`generate::start_chat`);
-//! its answer comes back as parts (`answer`) and is written as a response object
-//! (`output`) or as the API's typed stream events (`events`). Responses are stored unless
+//! `DELETE /v1/responses/{id}`. A request becomes a chat-completions body ([`request`]) and
+//! goes through the one generation path every front end shares (`pipeline::start_chat`, by
+//! way of `adapter::start_answer`); its answer comes back as parts (`adapter::answer`) and is
+//! written as a response object ([`response`]) or as the API's typed stream events
+//! ([`stream`]). Responses are stored unless
 //! `store` is false (`store`), and `previous_response_id` continues a stored one's
 //! conversation; a missing or dropped id is a 404 in OpenAI's error shape, and a response
 //! that failed (stored so that a stream's announced id can be fetched) cannot be continued
 //! (400).
 
-pub mod events;
-pub mod output;
 pub mod request;
+pub mod response;
 pub mod store;
+pub mod stream;
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use self::events::ResponseEvents;
-use self::output::{assistant_message, final_status, output_items, Shell};
-use self::request::{renamed, ResponsesRequest};
+use self::request::{ResponsesRequest, FIELD_NAMES};
+use self::response::{assistant_message, final_status, output_items, Shell};
 use self::store::Stored;
-use super::answer::sse;
-use super::body::{generation_body, JsonBody};
-use super::error::{ApiError, ApiResult};
-use super::generate::{off_runtime, start_chat};
-use super::protocol::ChatRequest;
-use super::AppState;
+use self::stream::ResponseEvents;
+use crate::server::adapter::events::sse;
+use crate::server::adapter::start_answer;
+use crate::server::body::JsonBody;
+use crate::server::error::{ApiError, ApiResult};
+use crate::server::AppState;
 
 fn not_found(id: &str, param: Option<&str>) -> ApiError {
     let mut e = ApiError::not_found(
@@ -39,7 +39,7 @@ fn not_found(id: &str, param: Option<&str>) -> ApiError {
 }
 
 /// `POST /v1/responses`.
-pub(super) async fn create(
+pub(in crate::server) async fn create(
     State(state): State<AppState>,
     JsonBody(request): JsonBody<ResponsesRequest>,
 ) -> ApiResult<Response> {
@@ -61,22 +61,13 @@ pub(super) async fn create(
     };
     let form = request.chat_form(history)?;
     let shell = Shell::new(&request, state.model_name());
-    let body = form.body;
-    let started = off_runtime(state.clone(), move |state| {
-        let chat: ChatRequest = generation_body(&body)?;
-        start_chat(state, chat)
-    })
-    .await
-    .map_err(renamed)?;
-    let answer = started.into_answer()?;
+    let answer = start_answer(&state, form.body, FIELD_NAMES).await?;
     let keep = request.store.unwrap_or(true).then_some(store);
     if request.stream.unwrap_or(false) {
-        return Ok(sse(ResponseEvents::new(
-            shell,
+        return Ok(sse(
             answer,
-            keep,
-            form.conversation,
-        )));
+            ResponseEvents::new(shell, keep, form.conversation),
+        ));
     }
     let answer = answer.collect().await?;
     let status = final_status(&answer.ending);
@@ -93,7 +84,7 @@ pub(super) async fn create(
 }
 
 /// `GET /v1/responses/{id}`.
-pub(super) async fn get(
+pub(in crate::server) async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
@@ -105,7 +96,7 @@ pub(super) async fn get(
 }
 
 /// `DELETE /v1/responses/{id}`.
-pub(super) async fn delete(
+pub(in crate::server) async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {

@@ -1,21 +1,18 @@
-//! The bodies `/v1/completions` and `/v1/chat/completions` answer with, built from engine
-//! events: one accumulator per choice (text, logprobs, finish reason, usage), the
-//! whole-response objects of both endpoints, stream chunks, and the usage and `thicket`
-//! speculation totals over every choice of a request. (The Responses API's objects are
-//! `responses_api`'s.)
-
-use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+//! The envelope `/v1/completions` and `/v1/chat/completions` answer in, built from engine
+//! events: one accumulator per choice (text, logprobs, finish reason, usage), the whole
+//! response and the stream chunks with each endpoint's choices in them (built by
+//! `completions::response` and `chat::response` / `chat::stream`), and the usage and
+//! `thicket` speculation totals over every choice of a request. (The Responses API's objects
+//! are `responses::response`'s.)
 
 use engine::request::TokenLogprob;
 use engine::{FinishReason, ModelTokenizer, Usage};
+use serde::Serialize;
 
-use super::protocol::{
-    ChatChoice, ChatChunkChoice, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob,
-    CompletionChoice, CompletionLogprobs, ResponseBody, Skip, SpeculationStats, ThicketBody,
-    ToolCallDelta, UsageBody,
-};
-use super::tools::parse_calls;
+use super::chat::stream::ToolCallDelta;
+use super::protocol::{ResponseBody, Skip, SpeculationStats, ThicketBody, UsageBody};
+use super::{chat, completions};
+use crate::server::unix_now;
 
 /// Which endpoint a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +67,6 @@ impl ResponseMeta {
             thicket: None,
         }
     }
-}
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 /// Everything one choice produced so far.
@@ -146,54 +135,8 @@ pub fn totals(choices: &[ChoiceState], n: usize) -> (UsageBody, ThicketBody) {
 }
 
 /// Text of one token (as the model would print it alone).
-fn token_text(tokenizer: &ModelTokenizer, id: u32) -> String {
+pub(crate) fn token_text(tokenizer: &ModelTokenizer, id: u32) -> String {
     tokenizer.decode(&[id]).unwrap_or_default()
-}
-
-/// Log-probabilities in the completions shape; offsets start at `offset` characters.
-pub fn completion_logprobs(
-    tokenizer: &ModelTokenizer,
-    logprobs: &[TokenLogprob],
-    mut offset: usize,
-) -> CompletionLogprobs {
-    let mut out = CompletionLogprobs::default();
-    for lp in logprobs {
-        let text = token_text(tokenizer, lp.token_id);
-        out.text_offset.push(offset);
-        offset += text.chars().count();
-        out.tokens.push(text);
-        out.token_logprobs.push(lp.logprob);
-        let top: BTreeMap<String, f32> = lp
-            .top
-            .iter()
-            .map(|&(id, l)| (token_text(tokenizer, id), l))
-            .collect();
-        out.top_logprobs.push(top);
-    }
-    out
-}
-
-/// Log-probabilities in the chat shape.
-pub fn chat_logprobs(tokenizer: &ModelTokenizer, logprobs: &[TokenLogprob]) -> ChatLogprobs {
-    let entry = |id: u32, logprob: f32, top: Option<Vec<ChatTokenLogprob>>| {
-        let token = token_text(tokenizer, id);
-        ChatTokenLogprob {
-            bytes: token.as_bytes().to_vec(),
-            token,
-            logprob,
-            top_logprobs: top,
-        }
-    };
-    ChatLogprobs {
-        content: logprobs
-            .iter()
-            .map(|lp| {
-                let top = lp.top.iter().map(|&(id, l)| entry(id, l, None)).collect();
-                entry(lp.token_id, lp.logprob, Some(top))
-            })
-            .collect(),
-        refusal: None,
-    }
 }
 
 /// The whole (non-streamed) response.
@@ -207,7 +150,7 @@ pub fn full_response(
     tool_calls: Option<&[String]>,
 ) -> serde_json::Value {
     let (usage, thicket) = totals(choices, n);
-    let value = match meta.endpoint {
+    match meta.endpoint {
         Endpoint::Completion => {
             let list = choices
                 .iter()
@@ -218,60 +161,36 @@ pub fn full_response(
                         .cloned()
                         .flatten()
                         .unwrap_or_default();
-                    let (finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
-                    CompletionChoice {
-                        index,
-                        logprobs: want_logprobs.then(|| {
-                            completion_logprobs(tokenizer, &c.logprobs, prefix.chars().count())
-                        }),
-                        text: prefix + &c.text,
-                        finish_reason,
-                        stop_reason,
-                    }
+                    completions::response::choice(index, c, prefix, tokenizer, want_logprobs)
                 })
                 .collect();
-            let mut body = meta.body("text_completion", list);
-            body.usage = Skip::Value(usage);
-            body.thicket = Some(thicket);
-            serde_json::to_value(body)
+            whole(meta, "text_completion", list, usage, thicket)
         }
         Endpoint::Chat => {
             let list = choices
                 .iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    let (mut finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
-                    let (content, calls) = match tool_calls.map(|names| parse_calls(&c.text, names))
-                    {
-                        Some(Some((content, calls))) => {
-                            if finish_reason == Some("stop") {
-                                finish_reason = Some("tool_calls");
-                            }
-                            (content, calls)
-                        }
-                        _ => (Some(c.text.clone()), Vec::new()),
-                    };
-                    ChatChoice {
-                        index,
-                        message: ChatMessageOut {
-                            role: "assistant",
-                            content,
-                            refusal: None,
-                            tool_calls: calls,
-                        },
-                        logprobs: want_logprobs.then(|| chat_logprobs(tokenizer, &c.logprobs)),
-                        finish_reason,
-                        stop_reason,
-                    }
+                    chat::response::choice(index, c, tokenizer, want_logprobs, tool_calls)
                 })
                 .collect();
-            let mut body = meta.body("chat.completion", list);
-            body.usage = Skip::Value(usage);
-            body.thicket = Some(thicket);
-            serde_json::to_value(body)
+            whole(meta, "chat.completion", list, usage, thicket)
         }
-    };
-    value.unwrap_or_default()
+    }
+}
+
+/// A whole response of `choices`, with its totals.
+fn whole<C: Serialize>(
+    meta: &ResponseMeta,
+    object: &'static str,
+    choices: Vec<C>,
+    usage: UsageBody,
+    thicket: ThicketBody,
+) -> serde_json::Value {
+    let mut body = meta.body(object, choices);
+    body.usage = Skip::Value(usage);
+    body.thicket = Some(thicket);
+    serde_json::to_value(body).unwrap_or_default()
 }
 
 /// One stream chunk for choice `index`: new `text` (and its tokens' log-probabilities), the
@@ -307,34 +226,16 @@ pub fn chunk(
         finish_reason = Some("tool_calls");
     }
     let usage = if usage_null { Skip::Null } else { Skip::Absent };
+    let finish = (finish_reason, stop_reason);
     let value = match meta.endpoint {
         Endpoint::Completion => {
-            let choice = CompletionChoice {
-                index: parts.index,
-                logprobs: parts
-                    .logprobs
-                    .map(|l| completion_logprobs(tokenizer, l, parts.offset)),
-                text: parts.text,
-                finish_reason,
-                stop_reason,
-            };
+            let choice = completions::response::chunk_choice(tokenizer, parts, finish);
             let mut body = meta.body("text_completion", vec![choice]);
             body.usage = usage;
             serde_json::to_value(body)
         }
         Endpoint::Chat => {
-            let content = (parts.role || !parts.text.is_empty()).then_some(parts.text);
-            let choice = ChatChunkChoice {
-                index: parts.index,
-                delta: ChatDelta {
-                    role: parts.role.then_some("assistant"),
-                    content,
-                    tool_calls: parts.tool_calls,
-                },
-                logprobs: parts.logprobs.map(|l| chat_logprobs(tokenizer, l)),
-                finish_reason,
-                stop_reason,
-            };
+            let choice = chat::stream::chunk_choice(tokenizer, parts, finish);
             let mut body = meta.body("chat.completion.chunk", vec![choice]);
             body.usage = usage;
             serde_json::to_value(body)

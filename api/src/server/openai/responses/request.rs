@@ -10,6 +10,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::server::adapter::{chat_tools, string_field, text_of, ChatBody, Rename, TextParts};
 use crate::server::error::{ApiError, ApiResult};
 
 /// The fields of a Responses request thicket reads (others are ignored, as OpenAI's own
@@ -74,52 +75,21 @@ const HOSTED_TOOLS: [&str; 9] = [
     "local_shell",
 ];
 
+/// How the API's content holds text: `input_text`, `output_text` or `text` parts, and
+/// `refusal` parts by their `refusal`.
+const TEXT_PARTS: TextParts = TextParts {
+    kinds: &["input_text", "output_text", "text"],
+    refusal: true,
+    list: "text parts",
+    unsupported: |kind| format!("content parts of type {kind:?} are not supported; only text"),
+};
+
 /// The chat message list and body of a request.
 pub struct ChatForm {
     /// The chat-completions body.
     pub body: Value,
     /// The conversation without the system message: what a later response continues.
     pub conversation: Vec<Value>,
-}
-
-/// The text of a content value: a string, or a list of text parts.
-fn text_of(content: &Value, param: &str) -> ApiResult<String> {
-    match content {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    ("input_text" | "output_text" | "text", Some(t)) => text.push_str(t),
-                    ("refusal", _) => {
-                        text.push_str(part.get("refusal").and_then(Value::as_str).unwrap_or(""))
-                    }
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("{param}[{j}]"),
-                            format!("content parts of type {kind:?} are not supported; only text"),
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        Value::Null => Ok(String::new()),
-        _ => Err(ApiError::invalid(
-            param,
-            "content must be a string or a list of text parts",
-        )),
-    }
-}
-
-fn string_field<'a>(item: &'a Value, field: &str, param: &str) -> ApiResult<&'a str> {
-    item.get(field).and_then(Value::as_str).ok_or_else(|| {
-        ApiError::invalid(
-            format!("{param}.{field}"),
-            format!("{param} needs a string `{field}`"),
-        )
-    })
 }
 
 /// The chat messages of `input` appended to `messages`.
@@ -150,7 +120,7 @@ pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()>
             };
         match kind {
             "message" => {
-                let role = string_field(item, "role", &param)?;
+                let role = string_field(item, "role", &param, &param)?;
                 if !["user", "system", "developer", "assistant"].contains(&role) {
                     return Err(ApiError::invalid(
                         format!("{param}.role"),
@@ -158,13 +128,13 @@ pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()>
                     ));
                 }
                 let content = item.get("content").unwrap_or(&Value::Null);
-                let text = text_of(content, &format!("{param}.content"))?;
+                let text = text_of(content, &format!("{param}.content"), &TEXT_PARTS)?;
                 messages.push(json!({"role": role, "content": text}));
             }
             "function_call" => {
-                let call_id = string_field(item, "call_id", &param)?;
-                let name = string_field(item, "name", &param)?;
-                let arguments = string_field(item, "arguments", &param)?;
+                let call_id = string_field(item, "call_id", &param, &param)?;
+                let name = string_field(item, "name", &param, &param)?;
+                let arguments = string_field(item, "arguments", &param, &param)?;
                 let call = json!({
                     "id": call_id,
                     "type": "function",
@@ -184,9 +154,9 @@ pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()>
                 }
             }
             "function_call_output" => {
-                let call_id = string_field(item, "call_id", &param)?;
+                let call_id = string_field(item, "call_id", &param, &param)?;
                 let output = item.get("output").unwrap_or(&Value::Null);
-                let text = text_of(output, &format!("{param}.output"))?;
+                let text = text_of(output, &format!("{param}.output"), &TEXT_PARTS)?;
                 messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
             }
             // What a reasoning model thought: thicket's models give none, and a client
@@ -206,35 +176,31 @@ pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()>
     Ok(())
 }
 
-/// `tools` in the chat shape.
-fn chat_tools(tools: &[Value]) -> ApiResult<Value> {
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-        if HOSTED_TOOLS.contains(&kind) {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].type"),
-                format!(
-                    "tool type {kind:?} needs the server to run the tool, which thicket does \
-                     not do; offer function tools and run them in the client"
-                ),
-            ));
-        }
-        if kind != "function" {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].type"),
-                format!("unknown tool type {kind:?}: thicket serves function tools"),
-            ));
-        }
-        let mut function = Map::new();
-        for field in ["name", "description", "parameters", "strict"] {
-            if let Some(v) = tool.get(field).filter(|v| !v.is_null()) {
-                function.insert(field.to_string(), v.clone());
-            }
-        }
-        out.push(json!({"type": "function", "function": function}));
+/// A function tool's `function` object in the chat shape; tools of other types refused.
+fn function_of(i: usize, tool: &Value) -> ApiResult<Map<String, Value>> {
+    let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+    if HOSTED_TOOLS.contains(&kind) {
+        return Err(ApiError::invalid(
+            format!("tools[{i}].type"),
+            format!(
+                "tool type {kind:?} needs the server to run the tool, which thicket does \
+                 not do; offer function tools and run them in the client"
+            ),
+        ));
     }
-    Ok(Value::Array(out))
+    if kind != "function" {
+        return Err(ApiError::invalid(
+            format!("tools[{i}].type"),
+            format!("unknown tool type {kind:?}: thicket serves function tools"),
+        ));
+    }
+    let mut function = Map::new();
+    for field in ["name", "description", "parameters", "strict"] {
+        if let Some(v) = tool.get(field).filter(|v| !v.is_null()) {
+            function.insert(field.to_string(), v.clone());
+        }
+    }
+    Ok(function)
 }
 
 /// `tool_choice` in the chat shape.
@@ -305,63 +271,49 @@ impl ResponsesRequest {
             messages.push(json!({"role": "system", "content": instructions}));
         }
         messages.extend(conversation.iter().cloned());
-        let mut body = Map::new();
-        body.insert("messages".into(), Value::Array(messages));
-        let mut put = |key: &str, value: Option<Value>| {
-            if let Some(v) = value.filter(|v| !v.is_null()) {
-                body.insert(key.to_string(), v);
-            }
-        };
-        put("model", self.model.clone().map(Value::from));
-        put("max_tokens", self.max_output_tokens.map(Value::from));
-        put("temperature", self.temperature.clone());
-        put("top_p", self.top_p.clone());
-        put("user", self.user.clone().map(Value::from));
-        put(
+        let mut body = ChatBody::new(messages);
+        body.put("model", self.model.clone().map(Value::from));
+        body.put("max_tokens", self.max_output_tokens.map(Value::from));
+        body.put("temperature", self.temperature.clone());
+        body.put("top_p", self.top_p.clone());
+        body.put("user", self.user.clone().map(Value::from));
+        body.put(
             "parallel_tool_calls",
             self.parallel_tool_calls.map(Value::from),
         );
-        put("speculation", self.speculation.clone());
-        put("prediction", self.prediction.clone());
-        put("cache_salt", self.cache_salt.clone());
-        put("seed", self.seed.clone());
-        put("top_k", self.top_k.clone());
+        body.put("speculation", self.speculation.clone());
+        body.put("prediction", self.prediction.clone());
+        body.put("cache_salt", self.cache_salt.clone());
+        body.put("seed", self.seed.clone());
+        body.put("top_k", self.top_k.clone());
         if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
-            put("tools", Some(chat_tools(tools)?));
+            body.put("tools", Some(chat_tools(tools, function_of)?));
         }
         if let Some(choice) = &self.tool_choice {
-            put("tool_choice", Some(chat_tool_choice(choice)?));
+            body.put("tool_choice", Some(chat_tool_choice(choice)?));
         }
         if let Some(text) = &self.text {
-            put("response_format", response_format(text)?);
+            body.put("response_format", response_format(text)?);
         }
         Ok(ChatForm {
-            body: Value::Object(body),
+            body: body.into_value(),
             conversation,
         })
     }
 }
 
-/// An error of the chat path with its field named as the Responses API names it.
-pub fn renamed(mut e: ApiError) -> ApiError {
-    let renamed = match e.param.as_deref() {
-        Some("max_tokens") => Some("max_output_tokens".to_string()),
-        Some("response_format") => Some("text.format".to_string()),
-        Some(p) if p.starts_with("messages") => Some("input".to_string()),
-        Some(p) if p.starts_with("tools[") && p.contains(".function") => {
-            Some(p.replace(".function", ""))
-        }
-        _ => None,
-    };
-    if let Some(param) = renamed {
-        e.param = Some(param);
-    }
-    e
-}
+/// The chat path's fields as the Responses API names them.
+pub const FIELD_NAMES: &[Rename] = &[
+    Rename::Field("max_tokens", "max_output_tokens"),
+    Rename::Field("response_format", "text.format"),
+    Rename::Under("messages", "input"),
+    Rename::InTools(".function", ""),
+];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::adapter::renamed;
 
     fn request(body: Value) -> ResponsesRequest {
         serde_json::from_value(body).expect("a request")
@@ -422,7 +374,7 @@ mod tests {
         let call = request(json!({"input": [{"type": "function_call", "name": "f"}]}));
         let e = call.chat_form(Vec::new()).err().expect("refused");
         assert_eq!(e.param.as_deref(), Some("input[0].call_id"));
-        let e = renamed(ApiError::invalid("max_tokens", "too many"));
+        let e = renamed(ApiError::invalid("max_tokens", "too many"), FIELD_NAMES);
         assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
     }
 }

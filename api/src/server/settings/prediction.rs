@@ -4,8 +4,8 @@
 
 use engine::ModelTokenizer;
 
-use super::convert::Settings;
-use super::error::{ApiError, ApiResult};
+use super::Settings;
+use crate::server::error::{ApiError, ApiResult};
 
 impl Settings {
     /// Tokenizes the prediction (once for every prompt of the request), as the model's

@@ -5,16 +5,16 @@
 
 use serde_json::{json, Map, Value};
 
-use super::request::ResponsesRequest;
-use crate::server::answer::{Collected, Ending};
-use crate::server::completion_bodies::unix_now;
-use crate::server::protocol::ToolCallOut;
 use engine::FinishReason;
 
-/// A fresh id with `prefix` (`resp`, `msg`, `fc`).
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{:032x}", rand::random::<u128>())
-}
+use super::request::ResponsesRequest;
+use crate::server::adapter::answer::{Collected, Ending};
+use crate::server::adapter::new_id;
+use crate::server::openai::chat::response::ToolCallOut;
+use crate::server::unix_now;
+
+/// Hex digits of the API's ids after their prefix (`resp_`, `msg_`, `fc_`).
+pub const ID_DIGITS: usize = 32;
 
 /// What every version of one response object shares: its id, time, model and the request's
 /// fields it echoes.
@@ -28,7 +28,7 @@ pub struct Shell {
 impl Shell {
     /// The shell of a response to `request` from `model`.
     pub fn new(request: &ResponsesRequest, model: &str) -> Self {
-        let id = new_id("resp");
+        let id = new_id("resp", ID_DIGITS);
         let or = |v: Option<Value>, default: Value| v.filter(|v| !v.is_null()).unwrap_or(default);
         let fields = json!({
             "id": id,
@@ -157,11 +157,15 @@ pub fn call_item(id: &str, call: &ToolCallOut, arguments: &str, status: &str) ->
 pub fn output_items(answer: &Collected) -> Vec<Value> {
     let mut items = Vec::with_capacity(1 + answer.calls.len());
     if !answer.text.trim().is_empty() || answer.calls.is_empty() {
-        items.push(message_item(&new_id("msg"), &answer.text, "completed"));
+        items.push(message_item(
+            &new_id("msg", ID_DIGITS),
+            &answer.text,
+            "completed",
+        ));
     }
     for call in &answer.calls {
         items.push(call_item(
-            &new_id("fc"),
+            &new_id("fc", ID_DIGITS),
             call,
             &call.function.arguments,
             "completed",

@@ -12,17 +12,19 @@ use axum::extract::State;
 use axum::Json;
 use engine::handle::EngineStats;
 
-use super::error::ApiResult;
-use super::AppState;
+use crate::server::error::{ApiError, ApiResult};
+use crate::server::AppState;
 
 /// `{"load": N}`: the requests accepted and not yet finished (running, waiting, and those
 /// still on their way to the engine thread).
-pub(super) async fn get_load(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+pub(in crate::server) async fn get_load(
+    State(state): State<AppState>,
+) -> ApiResult<Json<serde_json::Value>> {
     Ok(Json(serde_json::json!({"load": state.engine()?.pending()})))
 }
 
 /// `{"version": ...}`: thicket's version.
-pub(super) async fn version() -> Json<serde_json::Value> {
+pub(in crate::server) async fn version() -> Json<serde_json::Value> {
     Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
 }
 
@@ -30,7 +32,7 @@ fn stats(state: &AppState) -> ApiResult<EngineStats> {
     state
         .engine()?
         .stats()
-        .ok_or_else(|| super::error::ApiError::unavailable("the engine stopped".to_string()))
+        .ok_or_else(|| ApiError::unavailable("the engine stopped".to_string()))
 }
 
 /// The vLLM-named metrics in Prometheus text, for `model` (empty while the model loads).

@@ -1,24 +1,22 @@
 //! One generated answer read as parts — text, whole tool calls, and its end — for the front
 //! ends that answer one conversation with one message: the Responses API and Anthropic's
-//! Messages API. Both submit through the chat-completions path (`generate::start_chat`:
+//! Messages API. Both submit through the chat-completions path (`pipeline::start_chat`:
 //! template, tool grammar, validation); this reads that request's engine events the way the
 //! chat stream does (calls held until whole by [`CallReader`], blank text after a call
-//! dropped) and hands each front end the same parts, streamed or collected.
+//! dropped) and hands each front end the same parts, streamed ([`super::events`]) or
+//! collected.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 
-use axum::response::sse::{Event as SseEvent, Sse};
-use axum::response::{IntoResponse, Response};
 use engine::handle::RequestStream;
 use engine::{Event, Failure, FinishReason, Usage};
-use futures_util::stream;
 
-use super::completion_bodies::{totals, ChoiceState};
-use super::error::{ApiError, ApiResult};
-use super::generate::engine_failure;
-use super::protocol::{ThicketBody, ToolCallOut, UsageBody};
-use super::tools::{CallReader, Piece};
+use crate::server::error::ApiResult;
+use crate::server::openai::body::{totals, ChoiceState};
+use crate::server::openai::chat::response::ToolCallOut;
+use crate::server::openai::protocol::{ThicketBody, UsageBody};
+use crate::server::pipeline::engine_failure;
+use crate::server::tools::{CallReader, Piece};
 
 /// A piece of an answer.
 #[derive(Debug, Clone)]
@@ -180,55 +178,4 @@ impl Answer {
             "",
         ))
     }
-}
-
-/// The events a streamed answer has ready to send, and whether its stream has ended.
-#[derive(Default)]
-pub struct Outbox {
-    events: VecDeque<SseEvent>,
-    /// Set once the last event is queued.
-    pub ended: bool,
-}
-
-impl Outbox {
-    /// Queues the event `kind` with `data` (its `type` field set to `kind`).
-    pub fn push(&mut self, kind: &str, mut data: serde_json::Value) {
-        data["type"] = serde_json::Value::from(kind);
-        self.events
-            .push_back(SseEvent::default().event(kind).data(data.to_string()));
-    }
-}
-
-/// A front end's stream of server-sent events over an answer: it turns each part (or the
-/// failure that ends the answer) into events of its API, queued in its [`Outbox`].
-pub trait AnswerEvents: Send + 'static {
-    /// The answer read.
-    fn answer(&mut self) -> &mut Answer;
-    /// Its queued events.
-    fn outbox(&mut self) -> &mut Outbox;
-    /// Queues the events of `part`.
-    fn part(&mut self, part: Part);
-    /// Queues the events that end a failed answer.
-    fn failed(&mut self, e: ApiError);
-}
-
-/// The server-sent events response of `events`.
-pub fn sse<T: AnswerEvents>(events: T) -> Response {
-    let body = stream::unfold(events, |mut state| async move {
-        loop {
-            let outbox = state.outbox();
-            if let Some(event) = outbox.events.pop_front() {
-                return Some((Ok::<_, Infallible>(event), state));
-            }
-            if outbox.ended {
-                return None;
-            }
-            match state.answer().next().await {
-                Some(Ok(part)) => state.part(part),
-                Some(Err(e)) => state.failed(e),
-                None => state.failed(ApiError::internal("the answer ended without finishing")),
-            }
-        }
-    });
-    Sse::new(body).into_response()
 }

@@ -1,12 +1,12 @@
-//! Server-sent events for streamed responses: the engine events of every prompt are merged,
-//! each becomes a chunk (`data: {...}`), a chat choice opens with the assistant role and
-//! every choice closes with its finish reason; with `stream_options.include_usage` every
-//! chunk carries `"usage": null` and a last chunk carries the totals; `data: [DONE]` ends
-//! the stream. An engine failure mid-stream is sent as an error object before `[DONE]`.
-//! When the answer is read for tool calls, text goes out as it comes but a call is held until
-//! it is whole, then sent as OpenAI sends one: a delta naming it, then its arguments.
-//! When the client goes away the stream is dropped, and with it the engine streams, which
-//! cancels their requests.
+//! The stream writer `/v1/completions` and `/v1/chat/completions` share: the engine events
+//! of every prompt are merged, each becomes a chunk (`data: {...}`), a chat choice opens
+//! with the assistant role and every choice closes with its finish reason; with
+//! `stream_options.include_usage` every chunk carries `"usage": null` and a last chunk
+//! carries the totals; `data: [DONE]` ends the stream. An engine failure mid-stream is sent
+//! as an error object before `[DONE]`. When the answer is read for tool calls, text goes out
+//! as it comes but a call is held until it is whole, then sent as chat deltas
+//! (`chat::stream`). When the client goes away the stream is dropped, and with it the engine
+//! streams, which cancels their requests.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -20,13 +20,11 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 
 use engine::request::TokenLogprob;
 
-use super::completion_bodies::{
-    chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta,
-};
-use super::convert::ResponseOptions;
-use super::generate::{engine_failure, Submitted};
-use super::protocol::{FunctionDelta, ToolCallDelta};
-use super::tools::{CallReader, Piece};
+use super::body::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
+use super::chat::stream::deltas;
+use crate::server::pipeline::{engine_failure, Submitted};
+use crate::server::settings::ResponseOptions;
+use crate::server::tools::{CallReader, Piece};
 
 /// `(prompt index, event)` of every prompt, merged.
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -170,10 +168,8 @@ impl StreamState {
         }
     }
 
-    /// Chunks for what a call reader gave: text as content (blank text after a call
-    /// dropped), each call (numbered from `first_call`) as a delta naming it and one with its
-    /// arguments. `logprobs` go with the first chunk, or alone when the reader held
-    /// everything back.
+    /// Chunks for what a call reader gave (see [`deltas`]); `logprobs` go with the first
+    /// chunk.
     fn send_pieces(
         &mut self,
         at: usize,
@@ -182,41 +178,7 @@ impl StreamState {
         logprobs: Option<&[TokenLogprob]>,
     ) {
         let mut logprobs = logprobs;
-        let mut call_index = first_call;
-        let mut parts = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Text(text) if call_index > 0 && text.trim().is_empty() => {}
-                Piece::Text(text) => parts.push((text, None)),
-                Piece::Call(call) => {
-                    let named = ToolCallDelta {
-                        index: call_index,
-                        id: Some(call.id),
-                        kind: Some("function"),
-                        function: FunctionDelta {
-                            name: Some(call.function.name),
-                            arguments: String::new(),
-                        },
-                    };
-                    let arguments = ToolCallDelta {
-                        index: call_index,
-                        id: None,
-                        kind: None,
-                        function: FunctionDelta {
-                            name: None,
-                            arguments: call.function.arguments,
-                        },
-                    };
-                    parts.push((String::new(), Some(vec![named])));
-                    parts.push((String::new(), Some(vec![arguments])));
-                    call_index += 1;
-                }
-            }
-        }
-        if parts.is_empty() && logprobs.is_some() {
-            parts.push((String::new(), None));
-        }
-        for (text, tool_calls) in parts {
+        for (text, tool_calls) in deltas(pieces, first_call, logprobs.is_some()) {
             let offset = self.sent_chars[at];
             self.sent_chars[at] += text.chars().count();
             let value = self.chunk(ChunkParts {

@@ -14,13 +14,15 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::output::{
-    assistant_message, call_item, final_status, message_item, new_id, text_part, Shell,
+use super::response::{
+    assistant_message, call_item, final_status, message_item, text_part, Shell, ID_DIGITS,
 };
 use super::store::{ResponseStore, Stored};
-use crate::server::answer::{Answer, AnswerEvents, Outbox, Part};
+use crate::server::adapter::answer::Part;
+use crate::server::adapter::events::{AnswerEvents, Outbox};
+use crate::server::adapter::new_id;
 use crate::server::error::ApiError;
-use crate::server::protocol::ToolCallOut;
+use crate::server::openai::chat::response::ToolCallOut;
 
 /// The message item being streamed.
 struct OpenMessage {
@@ -32,13 +34,10 @@ struct OpenMessage {
 /// Where a streamed response stands.
 pub struct ResponseEvents {
     shell: Shell,
-    answer: Answer,
     /// Where the finished response goes (`store: false`: nowhere).
     store: Option<Arc<ResponseStore>>,
     /// The conversation before this response's output.
     conversation: Vec<Value>,
-    sequence: u64,
-    outbox: Outbox,
     output: Vec<Value>,
     message: Option<OpenMessage>,
     text: String,
@@ -46,47 +45,29 @@ pub struct ResponseEvents {
 }
 
 impl ResponseEvents {
-    /// The events of `answer` to the response `shell` opens.
-    pub fn new(
-        shell: Shell,
-        answer: Answer,
-        store: Option<Arc<ResponseStore>>,
-        conversation: Vec<Value>,
-    ) -> Self {
-        let mut events = Self {
+    /// The events of the response `shell` opens.
+    pub fn new(shell: Shell, store: Option<Arc<ResponseStore>>, conversation: Vec<Value>) -> Self {
+        Self {
             shell,
-            answer,
             store,
             conversation,
-            sequence: 0,
-            outbox: Outbox::default(),
             output: Vec::new(),
             message: None,
             text: String::new(),
             calls: Vec::new(),
-        };
-        let opening = events.shell.object("in_progress", Vec::new(), None);
-        events.emit("response.created", json!({"response": opening}));
-        events.emit("response.in_progress", json!({"response": opening}));
-        events
+        }
     }
 
-    fn emit(&mut self, kind: &str, mut data: Value) {
-        data["sequence_number"] = json!(self.sequence);
-        self.sequence += 1;
-        self.outbox.push(kind, data);
-    }
-
-    fn text(&mut self, delta: String) {
+    fn text(&mut self, delta: String, out: &mut Outbox) {
         if self.message.is_none() {
-            let id = new_id("msg");
+            let id = new_id("msg", ID_DIGITS);
             let index = self.output.len();
             let item = message_item(&id, "", "in_progress");
-            self.emit(
+            out.push(
                 "response.output_item.added",
                 json!({"output_index": index, "item": item}),
             );
-            self.emit(
+            out.push(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": index, "content_index": 0,
                        "part": text_part("")}),
@@ -105,7 +86,7 @@ impl ResponseEvents {
         message.text.push_str(&delta);
         self.text.push_str(&delta);
         let (id, index) = (message.id.clone(), message.index);
-        self.emit(
+        out.push(
             "response.output_text.delta",
             json!({"item_id": id, "output_index": index, "content_index": 0,
                    "delta": delta, "logprobs": []}),
@@ -114,23 +95,23 @@ impl ResponseEvents {
 
     /// Ends the open message item (if any) with `status`: `completed`, or `incomplete`
     /// when the response failed inside it.
-    fn close_message(&mut self, status: &str) {
+    fn close_message(&mut self, status: &str, out: &mut Outbox) {
         let Some(message) = self.message.take() else {
             return;
         };
         let (id, index, text) = (message.id, message.index, message.text);
-        self.emit(
+        out.push(
             "response.output_text.done",
             json!({"item_id": id, "output_index": index, "content_index": 0,
                    "text": text, "logprobs": []}),
         );
-        self.emit(
+        out.push(
             "response.content_part.done",
             json!({"item_id": id, "output_index": index, "content_index": 0,
                    "part": text_part(&text)}),
         );
         let item = message_item(&id, &text, status);
-        self.emit(
+        out.push(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
         );
@@ -139,26 +120,26 @@ impl ResponseEvents {
         }
     }
 
-    fn call(&mut self, call: ToolCallOut) {
-        self.close_message("completed");
-        let id = new_id("fc");
+    fn call(&mut self, call: ToolCallOut, out: &mut Outbox) {
+        self.close_message("completed", out);
+        let id = new_id("fc", ID_DIGITS);
         let index = self.output.len();
         let arguments = call.function.arguments.clone();
-        self.emit(
+        out.push(
             "response.output_item.added",
             json!({"output_index": index, "item": call_item(&id, &call, "", "in_progress")}),
         );
-        self.emit(
+        out.push(
             "response.function_call_arguments.delta",
             json!({"item_id": id, "output_index": index, "delta": arguments}),
         );
-        self.emit(
+        out.push(
             "response.function_call_arguments.done",
             json!({"item_id": id, "output_index": index, "name": call.function.name,
                    "arguments": arguments}),
         );
         let item = call_item(&id, &call, &arguments, "completed");
-        self.emit(
+        out.push(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
         );
@@ -168,20 +149,20 @@ impl ResponseEvents {
 }
 
 impl AnswerEvents for ResponseEvents {
-    fn answer(&mut self) -> &mut Answer {
-        &mut self.answer
+    const NUMBERED: bool = true;
+
+    fn open(&mut self, out: &mut Outbox) {
+        let opening = self.shell.object("in_progress", Vec::new(), None);
+        out.push("response.created", json!({"response": opening}));
+        out.push("response.in_progress", json!({"response": opening}));
     }
 
-    fn outbox(&mut self) -> &mut Outbox {
-        &mut self.outbox
-    }
-
-    fn part(&mut self, part: Part) {
+    fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
-            Part::Text(text) => self.text(text),
-            Part::Call(call) => self.call(call),
+            Part::Text(text) => self.text(text, out),
+            Part::Call(call) => self.call(call, out),
             Part::End(ending) => {
-                self.close_message("completed");
+                self.close_message("completed", out);
                 let output = std::mem::take(&mut self.output);
                 let status = final_status(&ending);
                 let response = self.shell.object(status, output, Some(&ending));
@@ -197,18 +178,18 @@ impl AnswerEvents for ResponseEvents {
                     "incomplete" => "response.incomplete",
                     _ => "response.completed",
                 };
-                self.emit(kind, json!({"response": response}));
-                self.outbox.ended = true;
+                out.push(kind, json!({"response": response}));
+                out.ended = true;
             }
         }
     }
 
-    fn failed(&mut self, e: ApiError) {
-        self.close_message("incomplete");
+    fn failed(&mut self, e: ApiError, out: &mut Outbox) {
+        self.close_message("incomplete", out);
         let body = e.body();
         let error = &body["error"];
         let message = error["message"].clone();
-        self.emit(
+        out.push(
             "error",
             json!({"code": error["code"].as_str().unwrap_or(error["type"].as_str().unwrap_or("server_error")),
                    "message": message, "param": error["param"]}),
@@ -224,8 +205,8 @@ impl AnswerEvents for ResponseEvents {
                 Stored::failed(response.clone(), conversation),
             );
         }
-        self.emit("response.failed", json!({"response": response}));
-        self.outbox.ended = true;
+        out.push("response.failed", json!({"response": response}));
+        out.ended = true;
     }
 }
 

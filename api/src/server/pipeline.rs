@@ -1,37 +1,33 @@
-//! `POST /v1/completions` and `POST /v1/chat/completions`: validate the body, render chat
-//! messages with the model's template, tokenize, submit one engine request per prompt (its
-//! `n` samples share the prompt's KV), then either collect every choice into one response
-//! or hand the event streams to [`super::stream`]. Dropping the handler (a client that went
-//! away) drops the engine streams, which cancels the requests.
+//! The one generation path every route that generates shares: the request is set up off the
+//! async runtime ([`off_runtime`]); a chat request (`/v1/chat/completions`, and the Responses
+//! and Messages APIs once translated into one) is validated, its messages rendered with the
+//! model's template and its tools shown ([`start_chat`]); every prompt is submitted to the
+//! engine (its `n` samples share the prompt's KV) and comes back as a [`Started`] request,
+//! answered whole or as a stream in the OpenAI shapes of [`super::openai`], or read as parts
+//! by the adapters ([`super::adapter::answer`]). `/v1/completions` validates its own body
+//! (`openai::completions::start_completion`) and submits through [`submit_all`]. Dropping a
+//! request's streams (a client that went away) cancels it.
 
 use std::sync::Arc;
 
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::handle::{EngineHandle, RequestStream};
 use engine::{Event, Failure, ModelTokenizer};
 
-use super::answer::Answer;
-use super::body::GenerationBody;
-use super::completion_bodies::{full_response, ChoiceState, Endpoint, ResponseMeta};
-use super::convert::{
-    response_format, settings, ResponseOptions, Settings, DEFAULT_COMPLETION_TOKENS,
-};
+use super::adapter::answer::Answer;
 use super::error::{ApiError, ApiResult};
-use super::protocol::{
-    ChatMessageIn, ChatRequest, CompletionRequest, MessageContent, PromptInput, ToolCallIn,
-};
-use super::stream::sse_response;
+use super::openai::body::{full_response, ChoiceState, Endpoint, ResponseMeta};
+use super::openai::chat::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
+use super::openai::stream::sse_response;
+use super::settings::output_format::response_format;
+use super::settings::{settings, ResponseOptions, Settings};
 use super::tools::ToolRequest;
 use super::AppState;
 use crate::chat::{render_chat, ChatMessage};
 
 /// Roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
-
-/// Most prompts in one completions request.
-pub const MAX_PROMPTS: usize = 256;
 
 /// One submitted prompt.
 pub struct Submitted {
@@ -41,30 +37,10 @@ pub struct Submitted {
     pub echo: Option<String>,
 }
 
-pub(super) async fn completions(
-    State(state): State<AppState>,
-    GenerationBody(body): GenerationBody<CompletionRequest>,
-) -> ApiResult<Response> {
-    off_runtime(state, move |state| start_completion(state, body))
-        .await?
-        .respond()
-        .await
-}
-
-pub(super) async fn chat_completions(
-    State(state): State<AppState>,
-    GenerationBody(body): GenerationBody<ChatRequest>,
-) -> ApiResult<Response> {
-    off_runtime(state, move |state| start_chat(state, body))
-        .await?
-        .respond()
-        .await
-}
-
 /// Runs `start` on tokio's blocking pool: rendering the template, encoding the prompt and
 /// compiling an output format grow with the request (a long prompt, a large schema), and
 /// on the runtime's own threads they would hold up every other connection meanwhile.
-pub(super) async fn off_runtime<T: Send + 'static>(
+pub async fn off_runtime<T: Send + 'static>(
     state: AppState,
     start: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
@@ -75,12 +51,12 @@ pub(super) async fn off_runtime<T: Send + 'static>(
 
 /// A generation request the engine accepted: everything its response needs.
 pub struct Started {
-    meta: ResponseMeta,
-    tokenizer: Arc<ModelTokenizer>,
-    options: ResponseOptions,
-    submitted: Vec<Submitted>,
+    pub(crate) meta: ResponseMeta,
+    pub(crate) tokenizer: Arc<ModelTokenizer>,
+    pub(crate) options: ResponseOptions,
+    pub(crate) submitted: Vec<Submitted>,
     /// The offered functions, when answers are read for tool calls.
-    tool_names: Vec<String>,
+    pub(crate) tool_names: Vec<String>,
 }
 
 impl Started {
@@ -123,7 +99,9 @@ impl Started {
         self.submitted.into_iter().map(|s| s.stream).collect()
     }
 
-    async fn respond(self) -> ApiResult<Response> {
+    /// The endpoint's answer: server-sent events when the request streams, else the whole
+    /// body.
+    pub async fn respond(self) -> ApiResult<Response> {
         if self.options.stream {
             return Ok(sse_response(
                 self.meta,
@@ -135,78 +113,6 @@ impl Started {
         }
         Ok(Json(self.body().await?).into_response())
     }
-}
-
-/// Validates a `/v1/completions` body and submits its prompts.
-pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<Started> {
-    let engine = state.engine()?;
-    state.check_model(body.common.model.as_deref())?;
-    let limits = engine.limits();
-    if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "suffix is not supported"));
-    }
-    let echo = body.echo.unwrap_or(false);
-    if echo && body.logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "echo together with logprobs is not supported (prompt log-probabilities are not computed)",
-        ));
-    }
-    let mut settings = settings(&body.common, body.common.max_tokens, body.logprobs, limits)?;
-    settings.predict(engine.tokenizer())?;
-    if let Some(best_of) = body.best_of {
-        if best_of != settings.options.n {
-            return Err(ApiError::invalid(
-                "best_of",
-                "only best_of equal to n is supported",
-            ));
-        }
-    }
-    let tokenizer = engine.tokenizer();
-    let encode = |text: &str| {
-        tokenizer
-            .encode(text)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-    };
-    let prompts: Vec<Vec<u32>> = match body.prompt {
-        None => return Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(PromptInput::Text(text)) => vec![encode(&text)?],
-        Some(PromptInput::Texts(texts)) => {
-            texts.iter().map(|t| encode(t)).collect::<ApiResult<_>>()?
-        }
-        Some(PromptInput::Tokens(ids)) => vec![ids],
-        Some(PromptInput::TokenLists(lists)) => lists,
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt list is empty"));
-    }
-    if prompts.len() > MAX_PROMPTS {
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("at most {MAX_PROMPTS} prompts in one request"),
-        ));
-    }
-    let echoes = prompts
-        .iter()
-        .map(|p| {
-            echo.then(|| tokenizer.decode_skip_special(p))
-                .transpose()
-                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
-    let submitted = submit_all(
-        engine,
-        &settings,
-        prompts.into_iter().zip(echoes),
-        Some(DEFAULT_COMPLETION_TOKENS),
-    )?;
-    Ok(Started {
-        meta: ResponseMeta::new(Endpoint::Completion, state.model_name()),
-        tokenizer: tokenizer.clone(),
-        options: settings.options,
-        submitted,
-        tool_names: Vec::new(),
-    })
 }
 
 /// Validates a `/v1/chat/completions` body and submits its prompt.
@@ -383,7 +289,7 @@ fn history_call(call: &ToolCallIn) -> Option<serde_json::Value> {
 }
 
 /// Submits every prompt; on a refusal the ones already queued are cancelled (dropped).
-fn submit_all(
+pub fn submit_all(
     engine: &EngineHandle,
     settings: &Settings,
     prompts: impl Iterator<Item = (Vec<u32>, Option<String>)>,

@@ -1,0 +1,163 @@
+//! The routes that serve no generation: `GET /health`, `GET /v1/models` and
+//! `/v1/models/{model}`, `POST /tokenize` and `/detokenize`, `GET /metrics` (the Prometheus
+//! recorder's text with vLLM's load metrics appended), and what routers poll (`/get_load`,
+//! `/version`, in [`load`]), with the wire types of these routes.
+
+pub mod load;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::handle::EngineHandle;
+use serde::{Deserialize, Serialize};
+
+use super::body::JsonBody;
+use super::error::{ApiError, ApiResult};
+use super::openai::chat::request::ChatMessageIn;
+use super::pipeline::render_messages;
+use super::AppState;
+
+/// `GET /v1/models`' entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    /// The served name.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix seconds the server started.
+    pub created: u64,
+    /// Always `thicket`.
+    pub owned_by: &'static str,
+    /// Prompt plus output tokens at most.
+    pub max_model_len: usize,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    /// The model (optional).
+    pub model: Option<String>,
+    /// Text to tokenize.
+    pub prompt: Option<String>,
+    /// Or messages, rendered with the chat template first.
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Add the model's special tokens (BOS); default true.
+    pub add_special_tokens: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    /// The model (optional).
+    pub model: Option<String>,
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// `GET /health`: 200 once the model has loaded, 503 before and while shutting down.
+pub(super) async fn health(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+    state.engine()?;
+    Ok(Json(serde_json::json!({"status": "ok"})))
+}
+
+/// `GET /metrics`.
+pub(super) async fn render_metrics(State(state): State<AppState>) -> Response {
+    let handle = &state.inner.metrics;
+    handle.run_upkeep();
+    let mut text = handle.render();
+    text.push_str(&load::vllm_metrics(&state));
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+fn card(state: &AppState, engine: &EngineHandle) -> ModelCard {
+    ModelCard {
+        id: state.model_name().to_string(),
+        object: "model",
+        created: state.inner.created,
+        owned_by: "thicket",
+        max_model_len: engine.limits().max_model_len,
+    }
+}
+
+/// `GET /v1/models`.
+pub(super) async fn models(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
+    let engine = state.engine()?;
+    Ok(Json(serde_json::json!({
+        "object": "list",
+        "data": [card(&state, engine)],
+    })))
+}
+
+/// `GET /v1/models/{model}`.
+pub(super) async fn model(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> ApiResult<Json<ModelCard>> {
+    let engine = state.engine()?;
+    if name != state.model_name() {
+        return Err(ApiError::unknown_model(&name, state.model_name()));
+    }
+    Ok(Json(card(&state, engine)))
+}
+
+/// `POST /tokenize`.
+pub(super) async fn tokenize(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<TokenizeRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let engine = state.engine()?;
+    state.check_model(body.model.as_deref())?;
+    let tokenizer = engine.tokenizer();
+    let tokens = match (body.prompt, body.messages) {
+        (Some(prompt), None) => {
+            if body.add_special_tokens.unwrap_or(true) {
+                tokenizer.encode(&prompt)
+            } else {
+                tokenizer.encode_plain(&prompt)
+            }
+        }
+        (None, Some(messages)) => {
+            let text = render_messages(tokenizer, &messages, &[])?;
+            tokenizer.encode_plain(&text)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "give exactly one of prompt or messages",
+            ))
+        }
+    }
+    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+    Ok(Json(serde_json::json!({
+        "count": tokens.len(),
+        "max_model_len": engine.limits().max_model_len,
+        "tokens": tokens,
+    })))
+}
+
+/// `POST /detokenize`.
+pub(super) async fn detokenize(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<DetokenizeRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let engine = state.engine()?;
+    state.check_model(body.model.as_deref())?;
+    let vocab = engine.limits().vocab_size;
+    if let Some(bad) = body.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("token id {bad} outside the vocabulary of {vocab}"),
+        ));
+    }
+    let text = engine
+        .tokenizer()
+        .decode(&body.tokens)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(Json(serde_json::json!({ "prompt": text })))
+}

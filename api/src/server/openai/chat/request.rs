@@ -1,0 +1,93 @@
+//! A `POST /v1/chat/completions` body: the conversation (`messages`, with text or text
+//! parts, earlier tool calls and tool results), `tools` and `tool_choice`, `logprobs`,
+//! `response_format`, and the fields it shares with completions ([`CommonFields`]).
+
+use serde::Deserialize;
+
+use crate::server::openai::protocol::{CommonFields, HasCommonFields};
+
+/// Content of a chat message: text, or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Typed parts; only `text` parts are supported.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `text` (others are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// One chat message of a request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Its content (absent for tool-call messages).
+    pub content: Option<MessageContent>,
+    /// The calls an assistant message made.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message answers for (optional).
+    pub name: Option<String>,
+}
+
+/// A tool call of an earlier assistant message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id.
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// What was called.
+    pub function: FunctionCallIn,
+}
+
+/// The function and arguments of a tool call in a request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCallIn {
+    /// Function name.
+    pub name: String,
+    /// Arguments: a JSON object as a string (OpenAI's shape), or the object itself.
+    pub arguments: Option<serde_json::Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation.
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Fields shared with completions (read in a second pass, see [`HasCommonFields`]).
+    #[serde(skip)]
+    pub common: CommonFields,
+    /// The newer name of `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    /// Return log-probabilities of the chosen tokens.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token with `logprobs`.
+    pub top_logprobs: Option<usize>,
+    /// Functions the model may call (`[{"type": "function", "function": {...}}]`).
+    pub tools: Option<serde_json::Value>,
+    /// `none`, `auto`, `required`, or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether one answer may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// Output format; only `text` is supported.
+    pub response_format: Option<serde_json::Value>,
+}
+
+impl HasCommonFields for ChatRequest {
+    fn common_mut(&mut self) -> &mut CommonFields {
+        &mut self.common
+    }
+}

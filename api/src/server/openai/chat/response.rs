@@ -1,0 +1,141 @@
+//! What `/v1/chat/completions` answers with when it does not stream: each choice's assistant
+//! message (its text, or the tool calls read from it, a `stop` finish then reported as
+//! `tool_calls`), its `logprobs` in the chat shape, and the tool-call objects the Responses
+//! and Messages APIs read too.
+
+use engine::request::TokenLogprob;
+use engine::ModelTokenizer;
+use serde::Serialize;
+
+use crate::server::openai::body::{finish_fields, token_text, ChoiceState};
+use crate::server::tools::parse_calls;
+
+/// One token's log-probability in the chat shape.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives (empty inside alternatives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+    /// Always null (required by the OpenAI schema).
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// An assistant message.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The generated text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// Always null: thicket never refuses (the field is required by the OpenAI schema).
+    pub refusal: Option<String>,
+    /// The functions the model called.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call in a response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallOut {
+    /// `call_...`, unique per call.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCallOut,
+}
+
+/// The function of a tool call in a response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCallOut {
+    /// Function name.
+    pub name: String,
+    /// Arguments, a JSON object as a string.
+    pub arguments: String,
+}
+
+/// A chat choice.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatChoice {
+    /// Position among the choices.
+    pub index: usize,
+    /// The answer.
+    pub message: ChatMessageOut,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: Option<&'static str>,
+    /// The stop string or token id that ended the choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<serde_json::Value>,
+}
+
+/// Log-probabilities in the chat shape.
+pub fn chat_logprobs(tokenizer: &ModelTokenizer, logprobs: &[TokenLogprob]) -> ChatLogprobs {
+    let entry = |id: u32, logprob: f32, top: Option<Vec<ChatTokenLogprob>>| {
+        let token = token_text(tokenizer, id);
+        ChatTokenLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob,
+            top_logprobs: top,
+        }
+    };
+    ChatLogprobs {
+        content: logprobs
+            .iter()
+            .map(|lp| {
+                let top = lp.top.iter().map(|&(id, l)| entry(id, l, None)).collect();
+                entry(lp.token_id, lp.logprob, Some(top))
+            })
+            .collect(),
+        refusal: None,
+    }
+}
+
+/// Choice `index` of a whole response: with `tool_calls` (the offered functions, when the
+/// answer is read for calls) its calls apart from its text.
+pub fn choice(
+    index: usize,
+    c: &ChoiceState,
+    tokenizer: &ModelTokenizer,
+    want_logprobs: bool,
+    tool_calls: Option<&[String]>,
+) -> ChatChoice {
+    let (mut finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
+    let (content, calls) = match tool_calls.map(|names| parse_calls(&c.text, names)) {
+        Some(Some((content, calls))) => {
+            if finish_reason == Some("stop") {
+                finish_reason = Some("tool_calls");
+            }
+            (content, calls)
+        }
+        _ => (Some(c.text.clone()), Vec::new()),
+    };
+    ChatChoice {
+        index,
+        message: ChatMessageOut {
+            role: "assistant",
+            content,
+            refusal: None,
+            tool_calls: calls,
+        },
+        logprobs: want_logprobs.then(|| chat_logprobs(tokenizer, &c.logprobs)),
+        finish_reason,
+        stop_reason,
+    }
+}

@@ -1,0 +1,133 @@
+//! What `/v1/chat/completions` streams: each chunk's choice (the assistant role on a choice's
+//! first chunk, new text, tool-call pieces, the finish reason on its last) and how a whole
+//! tool call goes out: a delta naming it, then one with its arguments, as OpenAI sends one.
+//! The stream itself (merging prompts, usage, `[DONE]`) is `openai::stream`'s.
+
+use engine::ModelTokenizer;
+use serde::Serialize;
+
+use super::response::{chat_logprobs, ChatLogprobs};
+use crate::server::openai::body::ChunkParts;
+use crate::server::tools::Piece;
+
+/// A tool call's piece of a streamed delta: the first names the call, later ones add
+/// argument text.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallDelta {
+    /// Which call of the choice (0, 1, ...).
+    pub index: usize,
+    /// The call's id (first piece).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first piece).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name (first piece) and argument text.
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionDelta {
+    /// Function name (first piece).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More argument text.
+    pub arguments: String,
+}
+
+/// The delta of a streamed chat choice.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ChatDelta {
+    /// `assistant` in the first chunk of a choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A streamed chat choice.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatChunkChoice {
+    /// Position among the choices.
+    pub index: usize,
+    /// What is new.
+    pub delta: ChatDelta,
+    /// Log-probabilities of the new tokens, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Set in the choice's last chunk.
+    pub finish_reason: Option<&'static str>,
+    /// The stop string or token id that ended the choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<serde_json::Value>,
+}
+
+/// The choice of one stream chunk, with its `finish_reason` and `stop_reason`.
+pub fn chunk_choice(
+    tokenizer: &ModelTokenizer,
+    parts: ChunkParts<'_>,
+    (finish_reason, stop_reason): (Option<&'static str>, Option<serde_json::Value>),
+) -> ChatChunkChoice {
+    let content = (parts.role || !parts.text.is_empty()).then_some(parts.text);
+    ChatChunkChoice {
+        index: parts.index,
+        delta: ChatDelta {
+            role: parts.role.then_some("assistant"),
+            content,
+            tool_calls: parts.tool_calls,
+        },
+        logprobs: parts.logprobs.map(|l| chat_logprobs(tokenizer, l)),
+        finish_reason,
+        stop_reason,
+    }
+}
+
+/// The deltas (text, tool-call pieces) of what a call reader gave: text as content (blank
+/// text after a call dropped), each call (numbered from `first_call`) as a delta naming it
+/// and one with its arguments. With `logprobs` to send and nothing else, one empty delta
+/// carries them.
+pub fn deltas(
+    pieces: Vec<Piece>,
+    first_call: usize,
+    logprobs: bool,
+) -> Vec<(String, Option<Vec<ToolCallDelta>>)> {
+    let mut call_index = first_call;
+    let mut parts = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) if call_index > 0 && text.trim().is_empty() => {}
+            Piece::Text(text) => parts.push((text, None)),
+            Piece::Call(call) => {
+                let named = ToolCallDelta {
+                    index: call_index,
+                    id: Some(call.id),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(call.function.name),
+                        arguments: String::new(),
+                    },
+                };
+                let arguments = ToolCallDelta {
+                    index: call_index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: call.function.arguments,
+                    },
+                };
+                parts.push((String::new(), Some(vec![named])));
+                parts.push((String::new(), Some(vec![arguments])));
+                call_index += 1;
+            }
+        }
+    }
+    if parts.is_empty() && logprobs {
+        parts.push((String::new(), None));
+    }
+    parts
+}
