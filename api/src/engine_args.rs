@@ -69,7 +69,7 @@ pub struct SpecArgs {
     /// Most tokens the global suffix index (what `suffix` drafts from: every request's prompt
     /// and output, per cache salt) holds; past it the oldest requests are evicted. 0 turns
     /// it off. About 33 bytes a token.
-    #[arg(long, default_value_t = engine::spec::methods::suffix_indexes::DEFAULT_BUDGET)]
+    #[arg(long, default_value_t = engine::spec::methods::suffix::global::DEFAULT_BUDGET)]
     pub suffix_index_tokens: usize,
     /// File the global suffix index (of requests without a cache salt) is loaded from at
     /// start and saved to at shutdown. It holds users' prompts and outputs, so it is off

@@ -11,9 +11,9 @@
 //! built in or registered by name ([`SpecMethod::Named`]); the engine loop never changes.
 //!
 //! Here: the traits and request types (this file, `speculator`), verification (`verify`),
-//! acceptance statistics (`stats`), the methods themselves (`methods/`, one file per draft
-//! source) and the engine thread's side that holds every method's speculator and turns
-//! drafters into the scheduler's offers and the forward's trees (`coordinator`).
+//! acceptance statistics (`stats`), the methods themselves (`methods/`, a file or a folder
+//! per draft source) and the engine thread's side that holds every method's speculator and
+//! turns drafters into the scheduler's offers and the forward's trees (`coordinator`).
 
 pub(crate) mod coordinator;
 pub mod methods;

@@ -24,7 +24,10 @@ use std::time::Instant;
 
 use kvcache::{BlockManager, ManagerConfig, SeqId};
 
-use super::likely_tree::LikelyTree;
+pub mod likely_tree;
+
+use likely_tree::LikelyTree;
+
 use crate::backend::{self, Backend};
 use crate::model::Model;
 use crate::spec::speculator::{Granted, Speculator};

@@ -1,7 +1,7 @@
 //! `auto`: one tree per sequence, merged from every source the engine has for it
 //! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
 //! index that grows with it) and in the global suffix index of its cache salt (what every
-//! request of the salt sent and received, `suffix_indexes`), the request's prediction of its
+//! request of the salt sent and received, `suffix::global`), the request's prediction of its
 //! output where it gave one (`prediction`: where the output stands in it), and Token
 //! Recycling's matrix of
 //! its salt, which branches beside and extends past what those matches propose, and drafts
@@ -19,13 +19,18 @@ use std::sync::Arc;
 
 use kvcache::BlockHash;
 
-use super::continuations::ContinuationTree;
-use super::merged_tree::{Calibration, Limits, MergedTree, Proposal, Proposals, Source, SOURCES};
-use super::prediction::{Prediction, PredictionDrafter};
-use super::recycling::RecyclingMatrix;
-use super::recycling_matrices::RecyclingMatrices;
-use super::suffix::{find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes};
-use super::suffix_index::{Occurrences, SuffixIndex};
+pub mod merged_tree;
+
+use merged_tree::{Calibration, Limits, MergedTree, Proposal, Proposals, Source, SOURCES};
+
+use crate::spec::methods::continuations::ContinuationTree;
+use crate::spec::methods::prediction::{Prediction, PredictionDrafter};
+use crate::spec::methods::recycling::matrices::RecyclingMatrices;
+use crate::spec::methods::recycling::RecyclingMatrix;
+use crate::spec::methods::suffix::index::{Occurrences, SuffixIndex};
+use crate::spec::methods::suffix::{
+    find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes,
+};
 use crate::spec::speculator::Speculator;
 use crate::spec::{DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
@@ -305,5 +310,4 @@ impl Speculator for AutoSpeculator {
 }
 
 #[cfg(test)]
-#[path = "auto_tests.rs"]
 mod tests;

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::continuations::ContinuationTree;
+use crate::spec::methods::continuations::ContinuationTree;
 use crate::spec::{Candidates, DraftContext, Drafter, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 

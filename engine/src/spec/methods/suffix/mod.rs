@@ -1,5 +1,5 @@
 //! `suffix`: drafts from the longest match of a sequence's recent tokens among everything its
-//! cache-salt scope has seen (the global suffix indexes, `suffix_indexes`: every request's
+//! cache-salt scope has seen (the global suffix indexes, `global`: every request's
 //! prompt from admission, its output once it left) and among its own tokens (a local suffix
 //! index that grows with the sequence). The most recent occurrences of the longest match, from
 //! either source (both where they match about as long), each add the tokens that followed
@@ -13,9 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use kvcache::BlockHash;
 
-use super::continuations::ContinuationTree;
-use super::suffix_index::{Occurrences, SuffixIndex, MAX_MATCH};
-use super::suffix_indexes::SuffixIndexes;
+pub mod global;
+pub mod index;
+
+use global::SuffixIndexes;
+use index::{Occurrences, SuffixIndex, MAX_MATCH};
+
+use crate::spec::methods::continuations::ContinuationTree;
 use crate::spec::speculator::{SeenRequest, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
 use crate::tree::TokenTree;
@@ -269,5 +273,4 @@ impl Speculator for SuffixSpeculator {
 }
 
 #[cfg(test)]
-#[path = "suffix_tests.rs"]
 mod tests;
