@@ -32,7 +32,7 @@ use crate::spec::methods::suffix::{
     find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes,
 };
 use crate::spec::speculator::Speculator;
-use crate::spec::{DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
+use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 
 /// The shape of `auto`'s trees.
@@ -189,12 +189,9 @@ impl Drafter for AutoDrafter {
         Some(&self.tree.expected)
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.tree.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.tree.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 
     fn verified(&mut self, tree: &TokenTree, accepted: &[usize]) {
         // Each verified node back to the candidate it was: by its parent's and its token.

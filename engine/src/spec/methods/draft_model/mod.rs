@@ -345,13 +345,6 @@ impl Drafter for DraftModelDrafter {
     fn prepare(&mut self, _ctx: &DraftContext<'_>) -> usize {
         self.max_nodes
     }
-
-    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
-        // Only the runner has trees; without it the pending token goes alone.
-        TokenTree::chain(&[ctx.tokens.last().copied().unwrap_or(0)])
-    }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 #[cfg(test)]

@@ -37,7 +37,6 @@ use matrices::RecyclingMatrices;
 
 use crate::spec::speculator::{LastTokens, ObservedRow, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
-use crate::tree::TokenTree;
 use crate::{Error, Result};
 
 /// Candidates kept per token.
@@ -406,12 +405,9 @@ impl Drafter for TokenRecycling {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 /// Token Recycling's engine-wide side: the matrices, learned from every computed row.

@@ -22,7 +22,6 @@ use index::{Occurrences, SuffixIndex, MAX_MATCH};
 use crate::spec::methods::continuations::ContinuationTree;
 use crate::spec::speculator::{SeenRequest, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
-use crate::tree::TokenTree;
 
 /// Most nodes prepared for one draft.
 pub const MAX_NODES: usize = 64;
@@ -189,12 +188,9 @@ impl Drafter for SuffixDrafter {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 /// Where `seq`'s prompt lies in its scope's global index.
