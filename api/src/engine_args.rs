@@ -235,7 +235,7 @@ const COST_CURVE_VERSION: u32 = 14;
 fn host_tag() -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine::bench::cpu_name().hash(&mut hasher);
+    engine::calibration::cpu_name().hash(&mut hasher);
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .hash(&mut hasher);
@@ -275,7 +275,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     // Every size up to 5 rows (small trees are decided there, and 5 rows start a second
     // group of the kernel's rows), then doublings.
     let sizes = [1, 2, 3, 4, 5, 8, 16, 32, 64];
-    let points = engine::bench::forward_cost(model, 64, &sizes, 25)?;
+    let points = engine::calibration::forward_cost(model, 64, &sizes, 25)?;
     let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
         .context("the measured forward cost is not usable")?;
     tracing::info!(
