@@ -63,7 +63,7 @@ fn main() -> anyhow::Result<()> {
     let one = chain(CONTEXT, 1, LogitRows::All)?;
     println!(
         "{model}, {}, one-row forwards after each disturbance (ms):",
-        engine::bench::cpu_name()
+        engine::calibration::cpu_name()
     );
     for kind in &kinds {
         if let Some((period, k)) = cycle(kind) {

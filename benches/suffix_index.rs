@@ -1,4 +1,4 @@
-//! Criterion bench of the global suffix index (`engine::spec::methods::suffix_index`) at 1M and
+//! Criterion bench of the global suffix index (`engine::spec::methods::suffix::index`) at 1M and
 //! 10M indexed tokens, against a suffix automaton over the same tokens, the structure it was
 //! chosen over. The tokens are real text: every string of the JSON data under
 //! `benches/data` (Spec-Bench, ShareGPT, GSM8K, code edits) tokenized with SmolLM2's
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use engine::spec::methods::continuations::ContinuationTree;
-use engine::spec::methods::suffix_index::{Occurrences, SuffixIndex};
+use engine::spec::methods::suffix::index::{Occurrences, SuffixIndex};
 use engine::spec::{Candidates, SpecMethod};
 use engine::LoadOptions;
 use rand::rngs::StdRng;

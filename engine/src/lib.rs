@@ -18,12 +18,14 @@
 //! backend/      the `Backend` trait and `for_model`: cpu (host KV, thicket's kernels),
 //!               cuda/ (device KV, feature `cuda`), mock (no tensors)
 //! spec/         speculation: the drafter and speculator traits, verify, stats,
-//!               methods/ (one file per draft source) and the engine-side coordinator
+//!               methods/ (a file or a folder per draft source) and the engine-side
+//!               coordinator
 //! constraint/   output formats (llguidance): JSON schema, grammars, tool calls
 //! engine_loop/  the one thread's step: intake -> schedule -> batch -> forward -> decide
 //!               -> update -> emit (the diagram in engine_loop/mod.rs)
 //! handle        spawning the engine thread; the channels in and out
-//! request, sampler, metrics, error, bench (the measured forward-cost curve)
+//! request, sampler, metrics, error, calibration (the start-up measurement of the
+//!               forward-cost curve)
 //! tree, tree_batch   the shared data types: a token tree and its mask, the batch a
 //!               forward takes (the CPU attention reads a TreeBatch)
 //! ```
@@ -37,7 +39,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
-pub mod bench;
+pub mod calibration;
 pub mod constraint;
 pub mod cpu;
 mod engine_loop;

@@ -442,7 +442,7 @@ fn the_backend_a_model_gets_runs_its_forward_bit_for_bit() {
 fn the_cost_curve_has_one_point_per_size_in_the_order_asked() {
     let (_dir, model) = tiny_model(&TinyModelSpec::default());
     let sizes = [16, 1, 9, 4, 8, 2];
-    let points = engine::bench::forward_cost(&model, 8, &sizes, 2).unwrap();
+    let points = engine::calibration::forward_cost(&model, 8, &sizes, 2).unwrap();
     let measured: Vec<usize> = points.iter().map(|p| p.new_tokens).collect();
     assert_eq!(measured, sizes);
     assert!(points
@@ -456,7 +456,7 @@ fn several_backends_each_get_every_size_of_the_curve() {
     // its weights for a while): every size still gets a point per backend, in order.
     let (_dir, model) = tiny_model(&TinyModelSpec::default());
     let sizes = [1, 3, 2, 12];
-    let curves = engine::bench::forward_costs(&[&model, &model], 8, &sizes, 2).unwrap();
+    let curves = engine::calibration::forward_costs(&[&model, &model], 8, &sizes, 2).unwrap();
     assert_eq!(curves.len(), 2);
     for curve in &curves {
         let measured: Vec<usize> = curve.points.iter().map(|p| p.new_tokens).collect();

@@ -75,7 +75,7 @@ pub struct SpecArgs {
     /// Most tokens the global suffix index (what `suffix` drafts from: every request's prompt
     /// and output, per cache salt) holds; past it the oldest requests are evicted. 0 turns
     /// it off. About 33 bytes a token.
-    #[arg(long, default_value_t = engine::spec::methods::suffix_indexes::DEFAULT_BUDGET)]
+    #[arg(long, default_value_t = engine::spec::methods::suffix::global::DEFAULT_BUDGET)]
     pub suffix_index_tokens: usize,
     /// File the global suffix index (of requests without a cache salt) is loaded from at
     /// start and saved to at shutdown. It holds users' prompts and outputs, so it is off
@@ -251,7 +251,7 @@ const COST_CURVE_VERSION: u32 = 14;
 fn host_tag() -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine::bench::cpu_name().hash(&mut hasher);
+    engine::calibration::cpu_name().hash(&mut hasher);
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .hash(&mut hasher);
@@ -291,7 +291,7 @@ fn measured_cost(model: &Model) -> anyhow::Result<CostCurve> {
     // Every size up to 5 rows (small trees are decided there, and 5 rows start a second
     // group of the kernel's rows), then doublings.
     let sizes = [1, 2, 3, 4, 5, 8, 16, 32, 64];
-    let points = engine::bench::forward_cost(model, 64, &sizes, 25)?;
+    let points = engine::calibration::forward_cost(model, 64, &sizes, 25)?;
     let curve = CostCurve::new(points.iter().map(|p| (p.new_tokens, p.seconds)).collect())
         .context("the measured forward cost is not usable")?;
     tracing::info!(

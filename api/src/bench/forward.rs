@@ -13,7 +13,7 @@ pub fn run(
 ) -> anyhow::Result<()> {
     println!(
         "CPU: {}; quantized matmul: {} kernel, {} path; layers: {}",
-        engine::bench::cpu_name(),
+        engine::calibration::cpu_name(),
         match loaded.model.quant_kernel() {
             Some(engine::QuantKernel::Candle) => "candle",
             Some(engine::QuantKernel::Thicket) => "thicket",
@@ -35,7 +35,7 @@ pub fn run(
         .then(|| loaded.model.clone().without_fused_pass());
     let mut models = vec![&loaded.model];
     models.extend(unfused.as_ref());
-    let curves = engine::bench::forward_costs(&models, context, sizes, repeats)?;
+    let curves = engine::calibration::forward_costs(&models, context, sizes, repeats)?;
     for curve in &curves {
         println!("Backend: {}", curve.backend);
     }
@@ -81,7 +81,7 @@ pub fn run(
     if !loaded.model.device().is_cpu() {
         return Ok(());
     }
-    let bandwidth = engine::bench::read_bandwidth(1 << 30, 3);
+    let bandwidth = engine::calibration::read_bandwidth(1 << 30, 3);
     let weight_bytes = loaded.model.weight_bytes() as f64;
     let kv_bytes = (context * loaded.model.kv_bytes_per_position()) as f64;
     let bound = bandwidth / weight_bytes;

@@ -1,5 +1,5 @@
-//! The last stage of a step: one new token of a sample becomes output. Its stop conditions
-//! are checked (end of sequence, stop tokens, stop strings, length), its text is
+//! The last stage of a step: each new token of a sample becomes output, in order. Its stop
+//! conditions are checked (end of sequence, stop tokens, stop strings, length), its text is
 //! detokenized and filtered, latency metrics are recorded, and the events go out; a finished
 //! sample leaves the engine (its sequence, its drafter) and reports its usage.
 
@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use kvcache::SeqId;
 
+use super::step_output::Emissions;
 use super::Engine;
 use crate::metrics as names;
 use crate::request::{Event, FinishReason, Usage};
@@ -14,6 +15,25 @@ use crate::sampler::Sampled;
 use crate::Result;
 
 impl Engine {
+    /// Emits every sequence's new tokens in order, up to the one that finishes its sample;
+    /// a sequence all of whose tokens went out settles its draft counts with them.
+    pub(super) fn emit_all(&mut self, emissions: Emissions) -> Result<()> {
+        for (seq, tokens) in emissions {
+            let mut finished = false;
+            for (i, sampled) in tokens.into_iter().enumerate() {
+                if self.emit(seq, sampled, i + 1)? {
+                    finished = true;
+                    break;
+                }
+            }
+            // Every token of its tree went out: its draft counts do too.
+            if !finished {
+                self.settle(seq, usize::MAX);
+            }
+        }
+        Ok(())
+    }
+
     /// The speculation counts of `seq_id`'s last verified tree go to its totals and the
     /// metrics, its accepted drafts among the first `emitted` tokens of its path only.
     pub(super) fn settle(&mut self, seq_id: SeqId, emitted: usize) {

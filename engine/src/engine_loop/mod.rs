@@ -12,15 +12,18 @@
 //!             runs its batched work first; drafting.rs); constrained sequences' trees
 //!             become their format's forced tokens or keep only what it allows
 //!             (constrain.rs); ONE TreeBatch for every scheduled sequence: prefill
-//!             chunks, plain decodes and draft trees mixed
+//!             chunks, plain decodes and draft trees mixed (batch.rs)
 //!  forward    the backend runs it while another thread computes the token masks of the
-//!             constrained rows; every speculator sees every computed row
+//!             constrained rows; every speculator sees every computed row (forward.rs)
 //!  decide     logits -> StepOutput: per sequence the sampled tokens (and forks' tokens)
 //!             or the accepted path of its tree; no state changes (step_output.rs)
 //!  update     scheduler commits, KV compaction, forks for n > 1, drafters observe
+//!             (step_output.rs)
 //!  emit       stop conditions, detokenize, events out; finished sequences leave (emit.rs)
 //!  metrics    step time, batch tokens, queue lengths, preemptions, KV use, latencies
 //! ```
+//! `Engine::step` schedules and records the metrics; between them `Engine::run_plan` calls
+//! each stage from batch to emit once, in that order.
 //! The crate's folders by stage: `schedule` is the `scheduler` crate with `spec/`'s offers
 //! (`spec::coordinator`); `batch` is `spec/` (the methods in `spec/methods/`), `constraint/`
 //! and `tree_batch`; `forward` is `backend/` (`backend::cpu` runs `model/` on the kernels of
@@ -37,9 +40,11 @@ use std::time::Instant;
 use kvcache::SeqId;
 use scheduler::{ScheduledSeq, Scheduler};
 
+mod batch;
 mod constrain;
 mod drafting;
 mod emit;
+mod forward;
 mod record;
 mod step_output;
 
@@ -52,9 +57,7 @@ use crate::model::tokenizer::ModelTokenizer;
 use crate::request::{Event, Failure, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::coordinator::Speculation;
-use crate::spec::speculator::{Before, ObservedRow};
 use crate::tree::TokenTree;
-use crate::tree_batch::{LogitRows, TreeBatch};
 use crate::Result;
 
 /// Messages from handles to the engine thread.
@@ -369,6 +372,9 @@ impl Engine {
         }
     }
 
+    /// Runs one planned step past the schedule: drafts and constraints, the batch, the
+    /// forward (the speculators seeing its rows), the decision and its update, and the
+    /// emission of every new token.
     fn run_plan(&mut self, scheduled: &[ScheduledSeq], copies: &[kvcache::KvMove]) -> Result<()> {
         self.backend.move_kv(copies)?;
         let mut trees = self.draft_trees(scheduled)?;
@@ -381,108 +387,16 @@ impl Engine {
             .filter(|(s, _)| self.records.contains_key(&s.seq))
             .unzip();
         let scheduled = scheduled.as_slice();
-        let mut batch = TreeBatch::new(self.scheduler.blocks().block_size());
-        let mut prompt_rows = Vec::new();
-        // Each of the batch's sequences' cache-salt scope and last tokens before its rows, in
-        // the batch's order.
-        let mut scopes = Vec::with_capacity(scheduled.len());
-        let mut tails = Vec::with_capacity(scheduled.len());
-        for (s, tree) in scheduled.iter().zip(&trees) {
-            let seq = self.scheduler.seq(s.seq).ok_or_else(|| missing(s.seq))?;
-            scopes.push(seq.cache_scope());
-            tails.push(Before::new(&seq.tokens()[..s.num_computed]));
-            let table = self
-                .scheduler
-                .block_table(s.seq)
-                .ok_or_else(|| missing(s.seq))?;
-            if let Some(tree) = tree {
-                batch.push(s.num_computed, table, tree, LogitRows::All)?;
-            } else {
-                let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
-                let rows = if s.samples {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
-                };
-                let pushed = batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
-                if let Some(drafter) = self.records.get(&s.seq).and_then(|r| r.drafter.as_ref()) {
-                    // A sampled row's logits are computed (and observed) anyway.
-                    let unsampled = fed.len() - usize::from(s.samples);
-                    prompt_rows.extend(
-                        pushed
-                            .zip(fed)
-                            .take(unsampled)
-                            .map(|(row, &token)| (row, token, drafter)),
-                    );
-                }
-            }
-            if s.first_since_admission && seq.num_preemptions() == 0 {
-                if let Some(request) = self.request_of(s.seq) {
-                    metrics::histogram!(names::QUEUE_TIME)
-                        .record(request.submitted.elapsed().as_secs_f64());
-                }
-            }
-        }
-        // Speculators may learn from prompt rows too, where the cost curve says the rows of
-        // the output projection that takes are cheap; their logits come after every sampled
-        // row.
-        for row in self.spec.learning_rows(&prompt_rows, batch.num_rows()) {
-            batch.request_logits(row)?;
-        }
-        // The masks sampling needs are computed beside the forward, which does not need them.
-        let jobs = constrain::deferred_jobs(&mut self.records, deferred);
-        let backend = &mut self.backend;
-        let (logits, forward_seconds, computed) = std::thread::scope(|scope| {
-            let masks = (!jobs.is_empty()).then(|| scope.spawn(|| constrain::deferred_masks(jobs)));
-            let forward_started = Instant::now();
-            let logits = backend.forward(&batch);
-            let seconds = forward_started.elapsed().as_secs_f64();
-            let computed = match masks {
-                Some(thread) => thread.join().map_err(|_| {
-                    crate::Error::InvalidBatch("the constraint stage panicked".into())
-                }),
-                None => Ok(Vec::new()),
-            };
-            (logits, seconds, computed)
-        });
-        let logits = logits?;
-        self.merge_masks(&mut masks, computed?);
-        let computed = logits.iter().zip(&batch.logit_rows).map(|(row, &at)| {
-            let seq = batch.seq_of(at);
-            // The sequence's tokens before the batch's rows, then the row's ancestors.
-            let mut before = tails.get(seq).copied().unwrap_or_default();
-            for token in batch.ancestor_tokens(at).into_iter().flatten() {
-                before.push(token);
-            }
-            ObservedRow {
-                token: batch.token_ids[at],
-                logits: row.as_slice(),
-                cache_scope: scopes.get(seq).copied().flatten(),
-                before,
-            }
-        });
-        self.spec
-            .observe_forward(batch.num_rows(), forward_seconds, computed);
+        let batch = self.assemble_batch(scheduled, &trees)?;
+        let (logits, forward_seconds) = self.forward_beside_masks(&batch, deferred, &mut masks)?;
+        self.observe_rows(&batch, &logits, forward_seconds);
         let decided = Instant::now();
         let output = self.decide(scheduled, trees, logits, &masks)?;
         let sampling = decided.elapsed().as_secs_f64();
         let emissions = self.update(scheduled, output)?;
         let tokens = emissions.iter().map(|(_, t)| t.len()).sum();
         self.spec.observe_sampling(tokens, sampling);
-        for (seq, tokens) in emissions {
-            let mut finished = false;
-            for (i, sampled) in tokens.into_iter().enumerate() {
-                if self.emit(seq, sampled, i + 1)? {
-                    finished = true;
-                    break;
-                }
-            }
-            // Every token of its tree went out: its draft counts do too.
-            if !finished {
-                self.settle(seq, usize::MAX);
-            }
-        }
-        Ok(())
+        self.emit_all(emissions)
     }
 
     /// The model's choice from `row` for `seq_id` after `output` (its output so far).

@@ -11,9 +11,9 @@
 //! built in or registered by name ([`SpecMethod::Named`]); the engine loop never changes.
 //!
 //! Here: the traits and request types (this file, `speculator`), verification (`verify`),
-//! acceptance statistics (`stats`), the methods themselves (`methods/`, one file per draft
-//! source) and the engine thread's side that holds every method's speculator and turns
-//! drafters into the scheduler's offers and the forward's trees (`coordinator`).
+//! acceptance statistics (`stats`), the methods themselves (`methods/`, a file or a folder
+//! per draft source) and the engine thread's side that holds every method's speculator and
+//! turns drafters into the scheduler's offers and the forward's trees (`coordinator`).
 
 pub(crate) mod coordinator;
 pub mod methods;
@@ -164,10 +164,25 @@ pub trait Drafter: Send {
     fn evidence(&self) -> u8 {
         0
     }
-    /// The draft tree for at most `budget` nodes under the pending token (root = node 0).
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree;
+    /// This step's candidates, where the drafter keeps them as a [`Candidates`] list (what
+    /// the default [`Drafter::draft`] cuts to the budget); `None`: it keeps none (its trees
+    /// come from its speculator, or it drafts its own way).
+    fn candidates(&self) -> Option<&Candidates> {
+        None
+    }
+    /// The draft tree for at most `budget` nodes under the pending token (root = node 0). By
+    /// default the first `budget` of [`Drafter::candidates`], or, without any, the pending
+    /// token alone.
+    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
+        let pending = ctx.tokens.last().copied().unwrap_or(0);
+        match self.candidates() {
+            Some(candidates) => candidates.tree(pending, budget),
+            None => TokenTree::chain(&[pending]),
+        }
+    }
     /// `tokens` grew by its last `appended` tokens (accepted drafts and the new pending one).
-    fn observe(&mut self, tokens: &[u32], appended: usize);
+    /// By default nothing (the next `prepare` sees every token).
+    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
     /// Outcome of the last draft: nodes drafted and how many were accepted.
     fn record(&mut self, _drafted: usize, _accepted: usize) {}
     /// The drafter's own estimate, for this step's candidates, of the draft tokens accepted

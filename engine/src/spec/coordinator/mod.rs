@@ -23,8 +23,8 @@ use crate::spec::methods::ngram_trie::NgramTrie;
 use crate::spec::methods::prediction::{Prediction, PredictionDrafter, PredictionFirst};
 use crate::spec::methods::prompt_lookup::PromptLookup;
 use crate::spec::methods::recycling::RecyclingSpeculator;
+use crate::spec::methods::suffix::global::{SuffixIndexes, DEFAULT_BUDGET};
 use crate::spec::methods::suffix::SuffixSpeculator;
-use crate::spec::methods::suffix_indexes::{SuffixIndexes, DEFAULT_BUDGET};
 use crate::spec::speculator::{
     ContextSpeculator, Granted, SeenRequest, Speculator, SpeculatorFactory,
 };

@@ -95,99 +95,147 @@ impl Speculation {
         let break_even = cost.break_even_gain(base, room);
         let mut offers = HashMap::new();
         for (seq, tokens, state, forced) in candidates {
-            // Without drafts there is no evidence, so a ratio that failures pushed below
-            // what drafting needs would never rise again: it drifts back towards the
-            // method's average, and the sequence tries a small tree now and then.
-            for (_, ratio) in &mut state.ratios {
-                *ratio += RATIO_RECOVERY * (1.0 - *ratio);
+            if let Some(offer) = self.offer(tokens, state, forced, break_even) {
+                offers.insert(seq, offer);
             }
-            state.available = 0;
-            let speculator = &self.speculators[state.speculator];
-            let costly = speculator.draft_seconds(1).is_some() && state.drafter.needs_speculator();
-            let forced = forced.min(state.max_draft);
-            if forced == 0 && !costly {
-                // The best any of its sources could do (a prediction is one of them).
-                let mut best = 0.0f32;
-                for method in [
-                    Some(state.drafter.method()),
-                    state.prediction.as_ref().map(|_| SpecMethod::Prediction),
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    let per_node = match self.best_per_node.iter().find(|(m, _)| *m == method) {
-                        Some(&(_, known)) => known,
-                        None => {
-                            let computed = self.best_per_node(method);
-                            self.best_per_node.push((method, computed));
-                            computed
-                        }
-                    };
-                    best = best.max(per_node * state.ratio(method));
-                }
-                if f64::from(best.min(1.0)) <= break_even {
-                    continue;
-                }
-            }
-            let ctx = DraftContext { tokens };
-            state.available = state.drafter.prepare(&ctx).min(state.max_draft);
-            if state.available == 0 && forced == 0 {
-                continue;
-            }
-            // Whether this step's tree is the speculator's costly work (a prediction drafts
-            // for free whatever the method).
-            let costly = speculator.draft_seconds(1).is_some() && state.drafter.needs_speculator();
-            let method = state.drafter.method();
-            let ratio = state.ratio(method);
-            let key = (method, state.drafter.evidence());
-            let stats =
-                (self.stats.entry(key)).or_insert_with(|| AcceptanceStats::prior(key.0, key.1));
-            let own = state.drafter.expected_accepted();
-            let mut expected_accepted: Vec<f32> =
-                if costly && stats.observations() < PROBE_VERIFICATIONS {
-                    state.available = state.available.min(PROBE_NODES);
-                    (1..=state.available).map(|n| n as f32).collect()
-                } else {
-                    // The drafter's own pricing where it keeps one, else the method's record.
-                    let curve = match own {
-                        Some(own) => own[..state.available.min(own.len())].to_vec(),
-                        None => stats.curve(state.available),
-                    };
-                    curve
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, e)| (e * ratio).min((i + 1) as f32))
-                        .collect()
-                };
-            let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
-            expected_accepted.resize(state.available.max(forced), drafted_best);
-            if !costly && own.is_none() && stats.observations() < EXPLORE_VERIFICATIONS {
-                explore(&mut expected_accepted);
-            }
-            for (i, e) in expected_accepted.iter_mut().enumerate() {
-                *e = e.max((i + 1).min(forced) as f32);
-            }
-            // The same test as before `prepare`, on this step's own curve: an offer none of
-            // whose trees could pay for its rows would only cost the planner's time.
-            let per_node = crate::spec::stats::best_per_node(&expected_accepted);
-            if forced == 0 && !costly && f64::from(per_node.min(1.0)) <= break_even {
-                continue;
-            }
-            let draft_cost = match self.seconds_per_unit {
-                Some(per_unit) if costly && per_unit > 0.0 => (1..=expected_accepted.len())
-                    .map(|n| speculator.draft_seconds(n).unwrap_or(0.0) / per_unit)
-                    .collect(),
-                _ => Vec::new(),
-            };
-            offers.insert(
-                seq,
-                DraftOffer {
-                    expected_accepted,
-                    draft_cost,
-                },
-            );
         }
         (!offers.is_empty()).then_some(DraftInputs { cost, offers })
+    }
+
+    /// One candidate's offer (its known `tokens`, its drafter, the `forced` tokens its
+    /// format forces next), or `None` where no tree of its could gain more than
+    /// `break_even` per node: its drafter prepares only where its best case could.
+    fn offer(
+        &mut self,
+        tokens: &[u32],
+        state: &mut SeqDrafter,
+        forced: usize,
+        break_even: f64,
+    ) -> Option<DraftOffer> {
+        // Without drafts there is no evidence, so a ratio that failures pushed below
+        // what drafting needs would never rise again: it drifts back towards the
+        // method's average, and the sequence tries a small tree now and then.
+        for (_, ratio) in &mut state.ratios {
+            *ratio += RATIO_RECOVERY * (1.0 - *ratio);
+        }
+        state.available = 0;
+        let forced = forced.min(state.max_draft);
+        if forced == 0
+            && !self.is_costly(state)
+            && f64::from(self.best_case(state).min(1.0)) <= break_even
+        {
+            return None;
+        }
+        let ctx = DraftContext { tokens };
+        state.available = state.drafter.prepare(&ctx).min(state.max_draft);
+        if state.available == 0 && forced == 0 {
+            return None;
+        }
+        // Whether this step's tree is the speculator's costly work (a prediction drafts
+        // for free whatever the method).
+        let costly = self.is_costly(state);
+        let expected_accepted = self.expected_accepted(state, forced, costly);
+        // The same test as before `prepare`, on this step's own curve: an offer none of
+        // whose trees could pay for its rows would only cost the planner's time.
+        let per_node = crate::spec::stats::best_per_node(&expected_accepted);
+        if forced == 0 && !costly && f64::from(per_node.min(1.0)) <= break_even {
+            return None;
+        }
+        let draft_cost = self.draft_cost(state, costly, expected_accepted.len());
+        Some(DraftOffer {
+            expected_accepted,
+            draft_cost,
+        })
+    }
+
+    /// Whether `state`'s tree would be its speculator's costly work (a draft model's
+    /// forwards), as its drafter stands now.
+    fn is_costly(&self, state: &SeqDrafter) -> bool {
+        self.speculators[state.speculator]
+            .draft_seconds(1)
+            .is_some()
+            && state.drafter.needs_speculator()
+    }
+
+    /// The best any of `state`'s sources could do per node (a prediction is one of them):
+    /// its method's best per node ([`Self::best_per_node`], kept until its statistics
+    /// change) scaled by the sequence's ratio.
+    fn best_case(&mut self, state: &SeqDrafter) -> f32 {
+        let mut best = 0.0f32;
+        for method in [
+            Some(state.drafter.method()),
+            state.prediction.as_ref().map(|_| SpecMethod::Prediction),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let per_node = match self.best_per_node.iter().find(|(m, _)| *m == method) {
+                Some(&(_, known)) => known,
+                None => {
+                    let computed = self.best_per_node(method);
+                    self.best_per_node.push((method, computed));
+                    computed
+                }
+            };
+            best = best.max(per_node * state.ratio(method));
+        }
+        best
+    }
+
+    /// The expected accepted tokens of each tree size of `state`'s prepared candidates: a
+    /// probing costly method's first nodes all sure (its tree cut to [`PROBE_NODES`]), else
+    /// the drafter's own pricing where it keeps one or its method's statistics, scaled by
+    /// the sequence's ratio; an exploring method's first nodes sure; and the first `forced`
+    /// nodes certain.
+    fn expected_accepted(
+        &mut self,
+        state: &mut SeqDrafter,
+        forced: usize,
+        costly: bool,
+    ) -> Vec<f32> {
+        let method = state.drafter.method();
+        let ratio = state.ratio(method);
+        let key = (method, state.drafter.evidence());
+        let stats = (self.stats.entry(key)).or_insert_with(|| AcceptanceStats::prior(key.0, key.1));
+        let own = state.drafter.expected_accepted();
+        let mut expected_accepted: Vec<f32> =
+            if costly && stats.observations() < PROBE_VERIFICATIONS {
+                state.available = state.available.min(PROBE_NODES);
+                (1..=state.available).map(|n| n as f32).collect()
+            } else {
+                // The drafter's own pricing where it keeps one, else the method's record.
+                let curve = match own {
+                    Some(own) => own[..state.available.min(own.len())].to_vec(),
+                    None => stats.curve(state.available),
+                };
+                curve
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, e)| (e * ratio).min((i + 1) as f32))
+                    .collect()
+            };
+        let drafted_best = expected_accepted.last().copied().unwrap_or(0.0);
+        expected_accepted.resize(state.available.max(forced), drafted_best);
+        if !costly && own.is_none() && stats.observations() < EXPLORE_VERIFICATIONS {
+            explore(&mut expected_accepted);
+        }
+        for (i, e) in expected_accepted.iter_mut().enumerate() {
+            *e = e.max((i + 1).min(forced) as f32);
+        }
+        expected_accepted
+    }
+
+    /// What drafting a tree of each size up to `sizes` nodes costs `state`'s speculator
+    /// where it is `costly`, in the cost curve's units; empty for a method that only looks
+    /// things up (or before the curve's unit is known).
+    fn draft_cost(&self, state: &SeqDrafter, costly: bool, sizes: usize) -> Vec<f64> {
+        let speculator = &self.speculators[state.speculator];
+        match self.seconds_per_unit {
+            Some(per_unit) if costly && per_unit > 0.0 => (1..=sizes)
+                .map(|n| speculator.draft_seconds(n).unwrap_or(0.0) / per_unit)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The most `method`'s statistics at any evidence level (the prior for a level not

@@ -1,24 +1,33 @@
-//! The speculation methods, one file per draft source, each a `Drafter` (per sequence) with
-//! its `Speculator` (engine-wide state and batched work): Token Recycling's shared adjacency
-//! matrix (`recycling`), the n-gram trie of a request's own context (`ngram_trie`), prompt
-//! lookup (`prompt_lookup`), the longest match among everything the server has seen
-//! (`suffix`, over the global `suffix_indexes` of `suffix_index`es, drafting through a weighted
-//! trie of `continuations`), a small draft model (`draft_model`, growing trees of its
-//! likeliest paths with `likely_tree`), `auto`, which picks per request among the
-//! model-free sources, and a request's own prediction of its output (`prediction`), which
-//! drafts first under any of them where a request gave one. A new method is a new file here behind the traits in `crate::spec`.
+//! The speculation methods, each a `Drafter` (per sequence) with its `Speculator` (engine-wide
+//! state and batched work). A method of one file is a file here; a method of several is a
+//! folder whose `mod.rs` holds its drafter and speculator.
+//!
+//! ```text
+//! recycling/      Token Recycling's shared adjacency matrix; context (its rows keyed by
+//!                 the last two or three tokens), matrices (one matrix per cache salt)
+//! ngram_trie      the n-gram trie of a request's own context
+//! prompt_lookup   prompt lookup: continue an earlier occurrence of the last tokens
+//! suffix/         the longest match among everything the server has seen: index (one
+//!                 suffix index: a sequence's own tokens, or a scope's requests), global
+//!                 (the engine's global indexes, one per cache-salt scope)
+//! draft_model/    a small draft model; likely_tree (its growing tree of likeliest paths)
+//! auto/           one tree per sequence merged from the model-free sources; merged_tree
+//!                 (the merge and the calibration that prices its nodes)
+//! prediction/     a request's own prediction of its output, which drafts first under any
+//!                 method where a request gave one
+//! continuations   the weighted trie of continuations that suffix, auto and prediction
+//!                 draft through
+//! ```
+//!
+//! Tests that outgrow their module's file live in a `tests.rs` beside the folder's `mod.rs`
+//! (`#[cfg(test)] mod tests;`); a module of one file keeps its tests inline. A new method
+//! is a new file (or folder) here behind the traits in `crate::spec`.
 
 pub mod auto;
 pub mod continuations;
 pub mod draft_model;
-pub mod likely_tree;
-pub mod merged_tree;
 pub mod ngram_trie;
 pub mod prediction;
 pub mod prompt_lookup;
 pub mod recycling;
-pub mod recycling_context;
-pub mod recycling_matrices;
 pub mod suffix;
-pub mod suffix_index;
-pub mod suffix_indexes;

@@ -21,7 +21,6 @@
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
-use crate::tree::TokenTree;
 
 /// Window length.
 pub const WINDOW: usize = 13;
@@ -213,13 +212,9 @@ impl Drafter for NgramTrie {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    /// Nothing until it next prepares, which takes in every token gained since.
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! length is accepted.
 
 use crate::spec::{Candidates, DraftContext, Drafter, SpecMethod};
-use crate::tree::TokenTree;
 
 /// Longest suffix matched.
 pub const MAX_NGRAM: usize = 6;
@@ -75,12 +74,9 @@ impl Drafter for PromptLookup {
         self.matched
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 #[cfg(test)]

@@ -25,8 +25,8 @@
 use std::collections::BinaryHeap;
 use std::sync::Mutex;
 
-use super::continuations::ContinuationTree;
-use super::recycling::{PathEnd, RecyclingMatrix};
+use crate::spec::methods::continuations::ContinuationTree;
+use crate::spec::methods::recycling::{PathEnd, RecyclingMatrix};
 use crate::spec::{Candidates, SpecMethod};
 
 /// A source of proposals.
@@ -489,5 +489,4 @@ impl MergedTree {
 }
 
 #[cfg(test)]
-#[path = "merged_tree_tests.rs"]
 mod tests;

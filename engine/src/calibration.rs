@@ -1,7 +1,11 @@
-//! The forward-cost curve: wall time of one forward that verifies N new tokens (a chain with
-//! logits for every row, as a verification step needs) over a cached context, for several N.
-//! Its shape decides how large draft trees may be: speculation pays only while cost(N) stays
-//! close to cost(1).
+//! The start-up calibration: what a forward costs on this machine. The forward-cost curve is
+//! the wall time of one forward that verifies N new tokens (a chain with logits for every
+//! row, as a verification step needs) over a cached context, for several N
+//! ([`forward_cost`]); its shape decides how large draft trees may be: speculation pays only
+//! while cost(N) stays close to cost(1). The server measures it once per model and host at
+//! start-up and keeps it in the models directory (named with [`cpu_name`]), and the planner
+//! prices every step with it. `thicket bench forward` measures several backends at once
+//! ([`forward_costs`]) and reports the host's memory [`read_bandwidth`] beside them.
 
 use std::time::Instant;
 

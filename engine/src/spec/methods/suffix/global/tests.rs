@@ -1,8 +1,8 @@
 //! Tests of the global suffix indexes: scopes, the token budget, and the state file.
 
 use super::*;
-use crate::spec::methods::suffix_index::tests::xorshift;
-use crate::spec::methods::suffix_index::Occurrences;
+use crate::spec::methods::suffix::index::tests::xorshift;
+use crate::spec::methods::suffix::index::Occurrences;
 
 fn matches(indexes: &SuffixIndexes, scope: Option<BlockHash>, context: &[u32]) -> usize {
     let mut out = Occurrences::default();

@@ -1,5 +1,5 @@
 //! `suffix`: drafts from the longest match of a sequence's recent tokens among everything its
-//! cache-salt scope has seen (the global suffix indexes, `suffix_indexes`: every request's
+//! cache-salt scope has seen (the global suffix indexes, `global`: every request's
 //! prompt from admission, its output once it left) and among its own tokens (a local suffix
 //! index that grows with the sequence). The most recent occurrences of the longest match, from
 //! either source (both where they match about as long), each add the tokens that followed
@@ -13,12 +13,15 @@ use std::sync::{Arc, Mutex};
 
 use kvcache::BlockHash;
 
-use super::continuations::ContinuationTree;
-use super::suffix_index::{Occurrences, SuffixIndex, MAX_MATCH};
-use super::suffix_indexes::SuffixIndexes;
+pub mod global;
+pub mod index;
+
+use global::SuffixIndexes;
+use index::{Occurrences, SuffixIndex, MAX_MATCH};
+
+use crate::spec::methods::continuations::ContinuationTree;
 use crate::spec::speculator::{SeenRequest, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
-use crate::tree::TokenTree;
 
 /// Most nodes prepared for one draft.
 pub const MAX_NODES: usize = 64;
@@ -185,12 +188,9 @@ impl Drafter for SuffixDrafter {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 /// Where `seq`'s prompt lies in its scope's global index.
@@ -269,5 +269,4 @@ impl Speculator for SuffixSpeculator {
 }
 
 #[cfg(test)]
-#[path = "suffix_tests.rs"]
 mod tests;

@@ -5,7 +5,7 @@
 //! requests), and the matrix can be saved and loaded so a restarted server starts warm.
 //!
 //! Beside `M`, each matrix keeps rows keyed by the last two and three tokens fed on a row's
-//! path (`recycling_context`), learnt from the same logits: a row in context answers before
+//! path (`context`), learnt from the same logits: a row in context answers before
 //! the token's own row where it is known (on chat, its first candidate is right about twice
 //! as often), and how many tokens keyed the root's row is the drafter's evidence, so the
 //! engine learns what trees of each kind accept.
@@ -17,7 +17,7 @@
 //! budget of b.
 //!
 //! [`RecyclingSpeculator`] is the method's engine-wide side: it owns the matrices (one per
-//! cache salt in use, `recycling_matrices`; each shared read-only with every drafter that
+//! cache salt in use, `matrices`; each shared read-only with every drafter that
 //! walks it), learns from every row the forward computed (into its sequence's salt's
 //! matrix), asks for the logits of prompt rows whose token the matrix has never seen, and
 //! saves the unsalted matrix.
@@ -29,11 +29,14 @@ use std::sync::Arc;
 
 use kvcache::BlockHash;
 
-use super::recycling_context::{ContextRows, LONGEST_CONTEXT};
-use super::recycling_matrices::RecyclingMatrices;
+pub mod context;
+pub mod matrices;
+
+use context::{ContextRows, LONGEST_CONTEXT};
+use matrices::RecyclingMatrices;
+
 use crate::spec::speculator::{LastTokens, ObservedRow, Speculator};
 use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SpecMethod};
-use crate::tree::TokenTree;
 use crate::{Error, Result};
 
 /// Candidates kept per token.
@@ -244,7 +247,7 @@ pub struct StaticTree {
     ranks: Vec<usize>,
 }
 
-const TREE_JSON: &str = include_str!("../../../data/token_recycling_tree.json");
+const TREE_JSON: &str = include_str!("../../../../data/token_recycling_tree.json");
 
 /// How often the candidate of each rank is the next token, where a row is known: measured
 /// on SmolLM2's chat answers over rows keyed by one to three tokens (`benches/recycling_orders.py`
@@ -402,12 +405,9 @@ impl Drafter for TokenRecycling {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 /// Token Recycling's engine-wide side: the matrices, learned from every computed row.
@@ -476,5 +476,4 @@ impl Speculator for RecyclingSpeculator {
 }
 
 #[cfg(test)]
-#[path = "recycling_tests.rs"]
 mod tests;

@@ -1,7 +1,7 @@
 //! Tests of the `suffix` drafter and its speculator.
 
 use super::*;
-use crate::spec::methods::suffix_indexes::DEFAULT_BUDGET;
+use crate::spec::methods::suffix::global::DEFAULT_BUDGET;
 
 fn speculator() -> SuffixSpeculator {
     SuffixSpeculator::new(SuffixIndexes::new(DEFAULT_BUDGET, None))

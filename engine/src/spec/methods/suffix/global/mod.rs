@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use kvcache::BlockHash;
 
-use super::suffix_index::{SuffixIndex, MAX_MATCH, SEPARATOR};
+use super::index::{SuffixIndex, MAX_MATCH, SEPARATOR};
 use crate::{Error, Result};
 
 /// Most cache salts with an index of their own at once.
@@ -285,5 +285,4 @@ fn read_requests(path: &Path) -> Result<Vec<Vec<u32>>> {
 }
 
 #[cfg(test)]
-#[path = "suffix_indexes_tests.rs"]
 mod tests;

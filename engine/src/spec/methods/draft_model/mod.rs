@@ -24,7 +24,10 @@ use std::time::Instant;
 
 use kvcache::{BlockManager, ManagerConfig, SeqId};
 
-use super::likely_tree::LikelyTree;
+pub mod likely_tree;
+
+use likely_tree::LikelyTree;
+
 use crate::backend::{self, Backend};
 use crate::model::Model;
 use crate::spec::speculator::{Granted, Speculator};
@@ -342,13 +345,6 @@ impl Drafter for DraftModelDrafter {
     fn prepare(&mut self, _ctx: &DraftContext<'_>) -> usize {
         self.max_nodes
     }
-
-    fn draft(&mut self, ctx: &DraftContext<'_>, _budget: usize) -> TokenTree {
-        // Only the runner has trees; without it the pending token goes alone.
-        TokenTree::chain(&[ctx.tokens.last().copied().unwrap_or(0)])
-    }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::continuations::ContinuationTree;
+use crate::spec::methods::continuations::ContinuationTree;
 use crate::spec::{Candidates, DraftContext, Drafter, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 
@@ -346,12 +346,9 @@ impl Drafter for PredictionDrafter {
         self.evidence
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 }
 
 /// The prediction before another drafter: the prediction drafts while the output follows it
@@ -418,6 +415,10 @@ impl Drafter for PredictionFirst {
 
     fn evidence(&self) -> u8 {
         self.current().evidence()
+    }
+
+    fn candidates(&self) -> Option<&Candidates> {
+        self.current().candidates()
     }
 
     fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {

@@ -1,7 +1,7 @@
 //! `auto`: one tree per sequence, merged from every source the engine has for it
 //! (`merged_tree`): the longest match of its recent tokens in its own tokens (a local suffix
 //! index that grows with it) and in the global suffix index of its cache salt (what every
-//! request of the salt sent and received, `suffix_indexes`), the request's prediction of its
+//! request of the salt sent and received, `suffix::global`), the request's prediction of its
 //! output where it gave one (`prediction`: where the output stands in it), and Token
 //! Recycling's matrix of
 //! its salt, which branches beside and extends past what those matches propose, and drafts
@@ -19,15 +19,20 @@ use std::sync::Arc;
 
 use kvcache::BlockHash;
 
-use super::continuations::ContinuationTree;
-use super::merged_tree::{Calibration, Limits, MergedTree, Proposal, Proposals, Source, SOURCES};
-use super::prediction::{Prediction, PredictionDrafter};
-use super::recycling::RecyclingMatrix;
-use super::recycling_matrices::RecyclingMatrices;
-use super::suffix::{find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes};
-use super::suffix_index::{Occurrences, SuffixIndex};
+pub mod merged_tree;
+
+use merged_tree::{Calibration, Limits, MergedTree, Proposal, Proposals, Source, SOURCES};
+
+use crate::spec::methods::continuations::ContinuationTree;
+use crate::spec::methods::prediction::{Prediction, PredictionDrafter};
+use crate::spec::methods::recycling::matrices::RecyclingMatrices;
+use crate::spec::methods::recycling::RecyclingMatrix;
+use crate::spec::methods::suffix::index::{Occurrences, SuffixIndex};
+use crate::spec::methods::suffix::{
+    find_global, match_bucket, own_prompt, OwnTokens, SharedIndexes,
+};
 use crate::spec::speculator::Speculator;
-use crate::spec::{DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
+use crate::spec::{Candidates, DraftContext, Drafter, NewSequence, SourceOutcome, SpecMethod};
 use crate::tree::TokenTree;
 
 /// The shape of `auto`'s trees.
@@ -184,12 +189,9 @@ impl Drafter for AutoDrafter {
         Some(&self.tree.expected)
     }
 
-    fn draft(&mut self, ctx: &DraftContext<'_>, budget: usize) -> TokenTree {
-        let pending = ctx.tokens.last().copied().unwrap_or(0);
-        self.tree.candidates.tree(pending, budget)
+    fn candidates(&self) -> Option<&Candidates> {
+        Some(&self.tree.candidates)
     }
-
-    fn observe(&mut self, _tokens: &[u32], _appended: usize) {}
 
     fn verified(&mut self, tree: &TokenTree, accepted: &[usize]) {
         // Each verified node back to the candidate it was: by its parent's and its token.
@@ -305,5 +307,4 @@ impl Speculator for AutoSpeculator {
 }
 
 #[cfg(test)]
-#[path = "auto_tests.rs"]
 mod tests;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use kvcache::BlockHash;
 
-use super::recycling::RecyclingMatrix;
+use super::RecyclingMatrix;
 
 /// Most cache salts with a matrix of their own at once.
 pub const MAX_SALTED_MATRICES: usize = 16;

@@ -2,8 +2,8 @@
 //! sources, outcomes counted per source, and calibration shared engine-wide.
 
 use super::*;
+use crate::spec::methods::suffix::global::{SuffixIndexes, DEFAULT_BUDGET};
 use crate::spec::methods::suffix::SuffixSpeculator;
-use crate::spec::methods::suffix_indexes::{SuffixIndexes, DEFAULT_BUDGET};
 use crate::spec::speculator::SeenRequest;
 
 fn auto(indexes: Option<SharedIndexes>, matrix: RecyclingMatrix) -> AutoSpeculator {

@@ -1,7 +1,7 @@
 //! The suffix index: token sequences the server has seen (whole requests, appended in
 //! order, a separator after each), and the longest-suffix match of a sequence's recent
 //! tokens among them. The same structure indexes one sequence's own tokens (its drafter's
-//! local index) and every request of a cache-salt scope (the global index, `suffix_indexes`).
+//! local index) and every request of a cache-salt scope (the global indexes, `global`).
 //!
 //! The structure is a variable-order n-gram hash with position chains, as compressors' match
 //! finders keep them: for each order k in [`ORDERS`] a hash table maps the last k tokens to
@@ -371,5 +371,4 @@ fn gram_hash<'a>(gram: impl Iterator<Item = &'a u32>) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "suffix_index_tests.rs"]
 pub(crate) mod tests;
