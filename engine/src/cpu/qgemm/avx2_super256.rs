@@ -94,6 +94,42 @@ unsafe fn halves(at: *const u8, half: usize) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(at.add(2 * HALF * half) as *const __m128i))
 }
 
+/// Closes a super-block for each row `r` of a group against eight weight rows: its exact
+/// integer sum `isum[r]` times the block scale `d` and the row's activation scale `dx(r)` into
+/// `acc[r]`, and its offset term (`offset_scale` times the row's `t[r]`) out of `off[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn close_block<const R: usize>(
+    acc: &mut [__m256; R],
+    off: &mut [__m256; R],
+    isum: &[__m256i; R],
+    d: __m256,
+    offset_scale: __m256,
+    t: &[__m256; R],
+    dx: impl Fn(usize) -> f32,
+) {
+    for r in 0..R {
+        let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx(r)));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+        off[r] = _mm256_fnmadd_ps(offset_scale, t[r], off[r]);
+    }
+}
+
+/// Each row's results: its scaled sums plus its offset terms, added once at the end.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_offsets<const R: usize, const H: usize>(
+    mut acc: [[__m256; R]; H],
+    off: [[__m256; R]; H],
+) -> [[__m256; R]; H] {
+    for (acc, off) in acc.iter_mut().zip(off) {
+        for (acc, off) in acc.iter_mut().zip(off) {
+            *acc = _mm256_add_ps(*acc, off);
+        }
+    }
+    acc
+}
+
 /// Q4_K rows `first..first + R` against weight rows `8 half..8 half + 8` of the tile, and for
 /// `H = 2` the next eight too (a single row sweeps the tile's lines once, both halves of each
 /// line together): `w = d * sc * q - dmin * m` per 32-value sub-block. Each half's arithmetic
@@ -171,20 +207,11 @@ unsafe fn q4k<const R: usize, const H: usize>(
                     *t = _mm256_fmadd_ps(m, _mm256_set1_ps(s), *t);
                 }
             }
-            for r in 0..R {
-                let dx = *rows.d.get_unchecked((first + r) * blocks + b);
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
-                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[hh][r]), scale, acc[hh][r]);
-                off[hh][r] = _mm256_fnmadd_ps(dmin, t[r], off[hh][r]);
-            }
+            let dx = |r: usize| *rows.d.get_unchecked((first + r) * blocks + b);
+            close_block(&mut acc[hh], &mut off[hh], &isum[hh], d, dmin, &t, dx);
         }
     }
-    for (acc, off) in acc.iter_mut().zip(off) {
-        for (acc, off) in acc.iter_mut().zip(off) {
-            *acc = _mm256_add_ps(*acc, off);
-        }
-    }
-    acc
+    with_offsets(acc, off)
 }
 
 /// Q6_K rows `first..first + R` against weight rows `8 half..8 half + 8` of the tile, and for
@@ -252,20 +279,11 @@ unsafe fn q6k<const R: usize, const H: usize>(
                     *t = _mm256_fmadd_ps(sc, _mm256_set1_ps(*sums.add(g)), *t);
                 }
             }
-            for r in 0..R {
-                let dx = *rows.d.get_unchecked((first + r) * blocks + b);
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(dx));
-                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[hh][r]), scale, acc[hh][r]);
-                off[hh][r] = _mm256_fnmadd_ps(d32, t[r], off[hh][r]);
-            }
+            let dx = |r: usize| *rows.d.get_unchecked((first + r) * blocks + b);
+            close_block(&mut acc[hh], &mut off[hh], &isum[hh], d, d32, &t, dx);
         }
     }
-    for (acc, off) in acc.iter_mut().zip(off) {
-        for (acc, off) in acc.iter_mut().zip(off) {
-            *acc = _mm256_add_ps(*acc, off);
-        }
-    }
-    acc
+    with_offsets(acc, off)
 }
 
 /// One part `(h, jh)` of a Q6_K super-block (see `q6k`) of weight rows `8 half..8 half + 8`,
