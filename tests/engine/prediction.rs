@@ -11,7 +11,7 @@ use engine::{Request, SamplingParams, SpecMethod};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::speculation::{chi_square, request, run_all, start, tiny_loaded, Setup};
+use super::speculation::{chi_square, plain_outputs, request, run_all, start, tiny_loaded, Setup};
 
 fn predicted(prompt: &[u32], method: SpecMethod, max_tokens: usize, prediction: &[u32]) -> Request {
     let mut r = request(prompt, method, max_tokens);
@@ -46,15 +46,7 @@ fn greedy_output_is_the_same_with_any_prediction_under_every_method() {
         })
         .collect();
     let max_tokens = 40;
-    let (plain, _) = start(&loaded, Setup::default());
-    let reference: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            run_all(&plain, vec![request(p, SpecMethod::None, max_tokens)])[0]
-                .token_ids
-                .clone()
-        })
-        .collect();
+    let reference = plain_outputs(&loaded, &prompts, max_tokens);
     let (handle, _) = start(
         &loaded,
         Setup {

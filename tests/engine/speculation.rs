@@ -100,6 +100,24 @@ pub(crate) fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<Samp
         .collect()
 }
 
+/// Each prompt's greedy output under plain decoding (`none`), one request at a time on a
+/// fresh engine: the reference every speculative run must equal.
+pub(crate) fn plain_outputs(
+    loaded: &LoadedModel,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    let (plain, _) = start(loaded, Setup::default());
+    prompts
+        .iter()
+        .map(|p| {
+            run_all(&plain, vec![request(p, SpecMethod::None, max_tokens)])[0]
+                .token_ids
+                .clone()
+        })
+        .collect()
+}
+
 pub(crate) fn tiny_loaded(dir: &Path, vocab: usize) -> LoadedModel {
     let spec = TinyModelSpec {
         vocab_size: vocab,
@@ -138,15 +156,7 @@ fn every_method_is_lossless_on_a_tiny_model_alone_and_in_mixed_batches() {
     let mut rng = StdRng::seed_from_u64(5);
     let prompts = repetitive_prompts(&mut rng, 16, 256);
     let max_tokens = 24;
-    let (plain, _) = start(&loaded, Setup::default());
-    let reference: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            run_all(&plain, vec![request(p, SpecMethod::None, max_tokens)])[0]
-                .token_ids
-                .clone()
-        })
-        .collect();
+    let reference = plain_outputs(&loaded, &prompts, max_tokens);
     // Alone, with large trees.
     let (alone, _) = start(
         &loaded,
