@@ -12,11 +12,7 @@ use engine::{LogitRows, PagedKvStore, TokenTree, TreeBatch};
 use kvcache::{BlockPool, BlockTable, Slot};
 
 fn attention(c: &mut Criterion) {
-    let shape = HeadShape {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-    };
+    let shape = HeadShape::plain(9, 3, 64);
     let bs = 16;
     for context in [512usize, 2048] {
         let mut group = c.benchmark_group(format!("attention_{context}_context"));

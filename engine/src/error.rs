@@ -22,7 +22,9 @@ pub enum Error {
         reason: String,
     },
     /// An architecture this engine does not implement.
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    #[error(
+        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, mistral, gemma3)"
+    )]
     UnsupportedArchitecture(String),
     /// A required metadata key or config field is absent or has the wrong type.
     #[error("model metadata: {0}")]

@@ -123,10 +123,15 @@ pub(crate) fn tiny_loaded(dir: &Path, vocab: usize) -> LoadedModel {
         vocab_size: vocab,
         ..TinyModelSpec::default()
     };
-    write_tiny_hf_model(dir, &spec).unwrap();
-    write_tiny_tokenizer(dir, vocab).unwrap();
+    tiny_loaded_as(dir, &spec, WeightDType::F32)
+}
+
+/// `spec` written to `dir` with a word-level tokenizer, loaded as `dtype`.
+pub(crate) fn tiny_loaded_as(dir: &Path, spec: &TinyModelSpec, dtype: WeightDType) -> LoadedModel {
+    write_tiny_hf_model(dir, spec).unwrap();
+    write_tiny_tokenizer(dir, spec.vocab_size).unwrap();
     let options = LoadOptions {
-        dtype: WeightDType::F32,
+        dtype,
         ..LoadOptions::default()
     };
     engine::load_model(dir.to_str().unwrap(), &options).unwrap()
@@ -152,7 +157,33 @@ fn repetitive_prompts(rng: &mut StdRng, count: usize, vocab: u32) -> Vec<Vec<u32
 #[test]
 fn every_method_is_lossless_on_a_tiny_model_alone_and_in_mixed_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let loaded = tiny_loaded(dir.path(), 256);
+    assert_lossless_alone_and_in_mixed_batches(&tiny_loaded(dir.path(), 256));
+}
+
+#[test]
+fn every_method_is_lossless_on_windowed_gemma3_and_qwen3_shapes() {
+    // Gemma 3's windows are 8 keys here, so prompts (up to ~50 tokens) and draft trees reach
+    // far past them: a node sees the window counted from its own position. Quantized (Q8_0),
+    // the models run the fused CPU pass with thicket's kernel.
+    for spec in [
+        crate::model::families::tiny_gemma3(),
+        crate::model::families::tiny_qwen3(),
+    ] {
+        let spec = TinyModelSpec {
+            vocab_size: 256,
+            ..spec
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = tiny_loaded_as(dir.path(), &spec, WeightDType::Quantized);
+        assert!(loaded.model.is_fused());
+        assert_lossless_alone_and_in_mixed_batches(&loaded);
+    }
+}
+
+/// Every method equals plain decoding alone with large trees, and in batches of 4 and 16
+/// mixing methods with prefill chunks and preemption.
+fn assert_lossless_alone_and_in_mixed_batches(loaded: &LoadedModel) {
+    let loaded = loaded.clone();
     let mut rng = StdRng::seed_from_u64(5);
     let prompts = repetitive_prompts(&mut rng, 16, 256);
     let max_tokens = 24;

@@ -271,6 +271,8 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
         num_layers: 3,
         num_heads: 4,
         num_kv_heads: 2,
+        head_dim: None,
+        sliding_window: None,
         tie_word_embeddings: false,
         seed: 11,
     };

@@ -124,6 +124,43 @@ fn tree_nodes_match_their_root_paths_on_qwen2_5_coder_in_every_instruction_set()
     assert_eq!(worst, 0.0, "tree vs chain logits differ by {worst}");
 }
 
+/// `spec` written and loaded with its projections quantized to Q8_0 (thicket's kernel).
+fn quantized_tiny(spec: &TinyModelSpec) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    engine::model::testing::write_tiny_hf_model(dir.path(), spec).unwrap();
+    let (model, _) = engine::model::load::load_hf_model(
+        dir.path(),
+        engine::WeightDType::Quantized,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    (dir, model)
+}
+
+#[test]
+fn tree_nodes_match_their_root_paths_on_windowed_gemma3_and_qwen3_shapes() {
+    // Windows of 8 keys and trees of 40 nodes over a prefix of 13: most nodes lie past the
+    // window, which they count from their own position, as their chains do.
+    for spec in [
+        crate::model::families::tiny_gemma3(),
+        crate::model::families::tiny_qwen3(),
+    ] {
+        let (_dir, model) = quantized_tiny(&spec);
+        let vocab = spec.vocab_size as u32;
+        let mut rng = StdRng::seed_from_u64(9);
+        let prefix: Vec<u32> = (0..13).map(|_| rng.random_range(0..vocab)).collect();
+        for _ in 0..3 {
+            let tree = random_tree(&mut rng, 40, vocab);
+            let worst = tree_vs_chains(&model, &prefix, &tree);
+            assert_eq!(
+                worst, 0.0,
+                "{:?}: tree vs chain logits differ by {worst}",
+                spec.architecture
+            );
+        }
+    }
+}
+
 #[test]
 fn tree_nodes_match_their_root_paths_on_tiny_f32_model() {
     let (_dir, model) = tiny_model(&TinyModelSpec::default());
@@ -376,9 +413,18 @@ fn fused_cpu_pass_gives_the_candle_ops_bits() {
         &candle_core::Device::Cpu,
     )
     .unwrap();
+    let families: Vec<(tempfile::TempDir, Model)> = [
+        crate::model::families::tiny_qwen3(),
+        crate::model::families::tiny_gemma3(),
+    ]
+    .iter()
+    .map(quantized_tiny)
+    .collect();
     for (name, model) in [
         ("smollm2 Q4_1", &smollm2().model),
         ("tiny qwen2 Q8_0", &tiny_qwen),
+        ("tiny qwen3 Q8_0", &families[0].1),
+        ("tiny gemma3 Q8_0 (windows of 8)", &families[1].1),
     ] {
         assert!(model.is_fused(), "{name}: the fused pass does not apply");
         let reference = model.clone().without_fused_pass();

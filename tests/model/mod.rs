@@ -4,6 +4,7 @@
 
 mod candle_oracle;
 mod cuda;
+pub(crate) mod families;
 mod forward;
 mod kv_cache;
 mod load_and_input_errors;

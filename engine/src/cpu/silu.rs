@@ -3,11 +3,48 @@
 //! the host CPU, whose FMA instructions they become), where the library `exp` is a call per
 //! value. The fused CPU pass and the candle-ops forward with
 //! thicket's attention both use it (their logits stay bit-identical); the reference
-//! arithmetic (`--attention reference`) keeps candle's own `silu`.
+//! arithmetic (`--attention reference`) keeps candle's own `silu`. Gemma's tanh GELU
+//! (`gelu_tanh`) is candle's expression, value by value, in every path; `gated` and
+//! `gated_into` apply either activation as the family declares.
 
 use crate::cpu::team::Disjoint;
 
 use crate::cpu::softmax::exp;
+use crate::model::config::Activation;
+
+/// `sqrt(2 / pi)`, as candle rounds it.
+const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+
+/// `0.5 v (1 + tanh(sqrt(2/pi) v (1 + 0.044715 v^2)))`: GELU's tanh approximation, candle's
+/// expression in candle's order.
+#[inline(always)]
+pub fn gelu_tanh(v: f32) -> f32 {
+    0.5 * v * (1.0 + f32::tanh(SQRT_TWO_OVER_PI * v * (1.0 + 0.044715 * v * v)))
+}
+
+/// `gate = act(gate) * up` for the family's activation.
+pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
+    match activation {
+        Activation::Silu => swiglu(gate, up),
+        Activation::GeluTanh => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = gelu_tanh(*g) * *u;
+            }
+        }
+    }
+}
+
+/// `out = act(gate) * up`: one row of `gated`, written elsewhere.
+pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    match activation {
+        Activation::Silu => swiglu_into(gate, up, out),
+        Activation::GeluTanh => {
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = gelu_tanh(*g) * *u;
+            }
+        }
+    }
+}
 
 /// Above this, `e^x` is taken as infinite (the true value nears f32's largest; the gate's
 /// output is then a vanishing fraction of a tiny number either way).
@@ -63,6 +100,16 @@ pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_tanh_is_candles_bit_for_bit() {
+        let values: Vec<f32> = (0..20_001).map(|i| -10.0 + i as f32 / 1000.0).collect();
+        let t = candle_core::Tensor::new(values.as_slice(), &candle_core::Device::Cpu).unwrap();
+        let theirs = t.gelu().unwrap().to_vec1::<f32>().unwrap();
+        for (v, want) in values.iter().zip(theirs) {
+            assert_eq!(gelu_tanh(*v).to_bits(), want.to_bits(), "gelu({v})");
+        }
+    }
 
     #[test]
     fn silu_matches_the_definition_over_its_range() {

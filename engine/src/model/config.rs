@@ -1,37 +1,13 @@
-//! `ModelConfig`: the hyper-parameters of a llama / qwen2 decoder, whichever file format they
-//! came from, plus the two facts that differ between formats and must travel with the weights:
-//! the RoPE pairing (GGUF llama weights are permuted for interleaved pairs; HF and qwen2 use
-//! halves) and whether the head is tied to the embedding.
+//! `ModelConfig`: the hyper-parameters of a decoder, whichever file format they came from, with
+//! everything its family declares (`crate::model::arch`) resolved into plain values the forward
+//! reads (`Variant`: QK norm, norm placement, activation, scales, soft-capping, each layer's
+//! attention window and RoPE table), plus the facts that differ between formats and must travel
+//! with the weights: the RoPE pairing (GGUF llama weights are permuted for interleaved pairs;
+//! HF and the other families use halves).
 
 use crate::{Error, Result};
 
-/// Decoder family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    /// Llama (SmolLM2): no attention biases.
-    Llama,
-    /// Qwen2: q/k/v biases.
-    Qwen2,
-}
-
-impl Architecture {
-    /// Parses a GGUF `general.architecture` or HF `model_type`.
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "llama" | "LlamaForCausalLM" => Ok(Self::Llama),
-            "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
-            other => Err(Error::UnsupportedArchitecture(other.to_string())),
-        }
-    }
-
-    /// Name as written in GGUF metadata keys.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-        }
-    }
-}
+pub use crate::model::arch::Architecture;
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,12 +47,104 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// q/k/v projections carry biases (qwen2).
     pub attention_bias: bool,
+    /// How the family departs from the llama baseline.
+    pub variant: Variant,
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SiLU (SwiGLU).
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (GeGLU, Gemma).
+    GeluTanh,
+}
+
+/// RoPE's frequency scaling for long contexts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    #[default]
+    None,
+    /// Positions divided by `factor` (frequencies divided by it).
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+    /// Llama 3.1's piecewise scaling of the frequencies.
+    Llama3 {
+        /// Divisor of the low frequencies.
+        factor: f32,
+        /// Wavelength bound (in original contexts) below which frequencies are low.
+        low_freq_factor: f32,
+        /// Wavelength bound above which frequencies are kept.
+        high_freq_factor: f32,
+        /// The context the model was first trained for.
+        original_max_position_embeddings: usize,
+    },
+    /// Each frequency divided by its own factor (GGUF's `rope_freqs.weight`, which llama.cpp's
+    /// converter computes from the Llama 3.1 parameters).
+    Factors(Vec<f32>),
+}
+
+/// One layer's attention: all positions, or the last `window` (the row's own included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerAttention {
+    /// Keys a row sees at most (`None`: every earlier position).
+    pub window: Option<usize>,
+    /// Whether the layer rotates with the local RoPE table (`Variant::local_rope_theta`).
+    pub local_rope: bool,
+}
+
+/// What a family changes in the llama forward, resolved for one model. The default is the
+/// llama baseline: pre-norms only, SiLU, no scales beyond `1/sqrt(head_dim)`, full attention.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Variant {
+    /// Per-head RMSNorm of queries and keys before RoPE (`q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm after attention and after the MLP, before each residual add (Gemma 2 / 3).
+    pub post_norms: bool,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+    /// Factor on the embedding rows (Gemma: `sqrt(hidden)`).
+    pub embedding_scale: Option<f32>,
+    /// Factor on query-key products (`None`: `1/sqrt(head_dim)`).
+    pub attention_scale: Option<f32>,
+    /// `cap * tanh(score / cap)` on attention scores before the softmax (Gemma 2).
+    pub attention_softcap: Option<f32>,
+    /// `cap * tanh(logit / cap)` on the final logits (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Per layer, bottom first; empty means every layer attends fully with the global table.
+    pub layers: Vec<LayerAttention>,
+    /// RoPE base of the layers marked `local_rope` (Gemma 3's windowed layers).
+    pub local_rope_theta: Option<f32>,
+    /// Scaling of the global RoPE table.
+    pub rope_scaling: RopeScaling,
 }
 
 impl ModelConfig {
     /// Width of one K (or V) row in the KV store: `num_kv_heads * head_dim`.
     pub fn kv_row_width(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Width of the concatenated query heads: `num_heads * head_dim` (not always the
+    /// residual width: Qwen3 and Gemma 3 heads are wider).
+    pub fn attention_width(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Layer `index`'s attention (full with the global table where the family declares none).
+    pub fn layer_attention(&self, index: usize) -> LayerAttention {
+        self.variant.layers.get(index).copied().unwrap_or_default()
+    }
+
+    /// The factor on query-key products.
+    pub fn attention_scale(&self) -> f32 {
+        self.variant
+            .attention_scale
+            .unwrap_or((1.0 / (self.head_dim as f64).sqrt()) as f32)
     }
 
     /// Checks the shape relations the forward relies on.
@@ -91,8 +159,23 @@ impl ModelConfig {
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("head dimension must be even and positive");
         }
-        if self.num_heads * self.head_dim != self.hidden_size {
-            return bad("heads * head_dim must equal hidden size");
+        let v = &self.variant;
+        if !v.layers.is_empty() && v.layers.len() != self.num_layers {
+            return bad("per-layer attention kinds must cover every layer");
+        }
+        if v.layers.iter().any(|l| l.window == Some(0)) {
+            return bad("an attention window must be positive");
+        }
+        if v.layers.iter().any(|l| l.local_rope) && v.local_rope_theta.is_none() {
+            return bad("layers use a local RoPE table but no local base is set");
+        }
+        for (name, cap) in [
+            ("attention soft-cap", v.attention_softcap),
+            ("final logit soft-cap", v.final_softcap),
+        ] {
+            if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return bad(&format!("{name} must be a positive number"));
+            }
         }
         Ok(())
     }

@@ -10,18 +10,22 @@
 //! without AVX-512) run through their candle `Linear` inside the same pass. Every operation repeats
 //! the arithmetic of the candle-ops forward in `Model::forward` (candle's expressions and order;
 //! SwiGLU's gate is thicket's `silu` in both), so the logits are bit-identical to it (tested), and
-//! a row's result still never depends on the other rows.
+//! a row's result still never depends on the other rows. Every family's `Variant` is read here
+//! as in the candle-ops forward: QK norm, post norms, the gate's activation, the embedding
+//! scale, each layer's RoPE table and window, soft-caps; the row-wise steps are `fused_rows`.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use candle_core::{Device, Storage, Tensor};
+use candle_core::{Device, Tensor};
 
-use crate::cpu::attention::{paged_tree_attention, HeadShape};
+use crate::cpu::attention::{paged_tree_attention, softcap, HeadShape};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::candle_pass::Windows;
+use crate::model::config::ModelConfig;
+use crate::model::fused_rows::{add_into, embed, rms_norm, rotate};
 use crate::model::linear::Linear;
 use crate::model::ModelWeights;
 use crate::tree_batch::TreeBatch;
@@ -119,6 +123,10 @@ fn add_bias(bias: &Option<Vec<f32>>, out: &mut [f32]) {
 #[derive(Debug, Clone)]
 struct FusedLayer {
     attn_norm: Vec<f32>,
+    /// Per-head norms of queries and keys.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// Norms of the attention and MLP outputs.
+    post_norms: Option<(Vec<f32>, Vec<f32>)>,
     q: Projection,
     k: Projection,
     v: Projection,
@@ -138,6 +146,8 @@ pub struct FusedWeights {
     /// `[max_positions][head_dim / 2]`, the model's RoPE table.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// The windowed layers' own table, where they have one.
+    rope_local: Option<(Vec<f32>, Vec<f32>)>,
     /// Whether every projection takes thicket's kernel: then nothing in a forward calls
     /// rayon beside the team's own loops (candle's matmul splits over the pool by itself).
     packed: bool,
@@ -190,6 +200,7 @@ struct Workspace {
     k: Vec<f32>,
     v: Vec<f32>,
     q_heads: Vec<f32>,
+    normed: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
@@ -228,6 +239,7 @@ impl FusedWeights {
     pub fn build(
         weights: &ModelWeights,
         rope: (&Tensor, &Tensor),
+        rope_local: Option<(&Tensor, &Tensor)>,
         device: &Device,
     ) -> Result<Option<Self>> {
         if !device.is_cpu() {
@@ -236,8 +248,15 @@ impl FusedWeights {
         let mut layers = Vec::with_capacity(weights.layers.len());
         for l in &weights.layers {
             let p = Projection::from_linear;
+            let pair = |pair: &Option<(Tensor, Tensor)>| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+                pair.as_ref()
+                    .map(|(a, b)| Ok((host_values(a)?, host_values(b)?)))
+                    .transpose()
+            };
             layers.push(FusedLayer {
                 attn_norm: host_values(&l.attn_norm)?,
+                qk_norm: pair(&l.qk_norm)?,
+                post_norms: pair(&l.post_norms)?,
                 q: p(&l.q)?,
                 k: p(&l.k)?,
                 v: p(&l.v)?,
@@ -260,6 +279,9 @@ impl FusedWeights {
             lm_head,
             rope_cos: host_values(rope.0)?,
             rope_sin: host_values(rope.1)?,
+            rope_local: rope_local
+                .map(|(c, s)| Ok::<_, Error>((host_values(c)?, host_values(s)?)))
+                .transpose()?,
             packed,
         }))
     }
@@ -300,14 +322,21 @@ impl FusedWeights {
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
         let shape = HeadShape {
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
+            scale: cfg.attention_scale(),
+            softcap: cfg.variant.attention_softcap,
+            ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         };
+        let windows = Windows::new(batch, cfg);
         let mut clock = Clock::new(profiling());
         embed(&weights.embedding, &batch.token_ids, hidden, &mut w.x)?;
+        if let Some(scale) = cfg.variant.embedding_scale {
+            for v in &mut w.x {
+                *v *= scale;
+            }
+        }
         w.h.resize(rows * hidden, 0.0);
         for (index, layer) in self.layers.iter().enumerate() {
+            let kind = cfg.layer_attention(index);
             rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
             project(
@@ -321,17 +350,31 @@ impl FusedWeights {
                 &mut w.rows,
             )?;
             clock.lap(|p| &mut p.matmul);
+            if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                for (x, alpha) in [(&mut w.q, q_norm), (&mut w.k, k_norm)] {
+                    w.normed.resize(x.len(), 0.0);
+                    rms_norm(x, alpha, eps, &mut w.normed);
+                    std::mem::swap(x, &mut w.normed);
+                }
+            }
             let positions = &batch.positions;
             let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
-            self.rotate(cfg, positions, &w.q, heads, &mut w.q_heads, true);
-            self.rotate(cfg, positions, &[], kv_heads, &mut w.k, false);
+            let table = self.table(kind.local_rope);
+            rotate(cfg, table, positions, &w.q, heads, &mut w.q_heads, true);
+            rotate(cfg, table, positions, &[], kv_heads, &mut w.k, false);
             clock.lap(|p| &mut p.other);
             kv.write(index, &batch.slots, &w.k, &w.v)?;
-            let attn = paged_tree_attention(&w.q_heads, kv.layer(index), batch, shape);
+            let seen = windows.batch(kind.window).unwrap_or(batch);
+            let attn = paged_tree_attention(&w.q_heads, kv.layer(index), seen, shape);
             clock.lap(|p| &mut p.attention);
             project(&attn, rows, &mut [(&layer.o, &mut w.out)], &mut w.rows)?;
             clock.lap(|p| &mut p.matmul);
-            add_into(&w.out, &mut w.x);
+            if let Some((post_attn, _)) = &layer.post_norms {
+                rms_norm(&w.out, post_attn, eps, &mut w.h);
+                add_into(&w.h, &mut w.x);
+            } else {
+                add_into(&w.out, &mut w.x);
+            }
             rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
             project(
@@ -341,23 +384,29 @@ impl FusedWeights {
                 &mut w.rows,
             )?;
             clock.lap(|p| &mut p.matmul);
+            let act = cfg.variant.activation;
             if let Projection::Packed { weight, bias } = &layer.down {
-                // SwiGLU row by row as the down projection quantizes its input, in one
-                // row-parallel pass (counted as matmul time).
+                // The gated activation row by row as the down projection quantizes its
+                // input, in one row-parallel pass (counted as matmul time).
                 let (gate, up, k) = (&w.gate, &w.up, weight.cols());
                 weight.quantize_rows(rows, &mut w.rows, |r, row| {
                     let at = r * k..(r + 1) * k;
-                    crate::cpu::silu::swiglu_into(&gate[at.clone()], &up[at], row)
+                    crate::cpu::silu::gated_into(act, &gate[at.clone()], &up[at], row)
                 });
                 matmul_quantized_all(&w.rows, [(&**weight, &mut w.out)])?;
                 add_bias(bias, &mut w.out);
             } else {
-                crate::cpu::silu::swiglu(&mut w.gate, &w.up);
+                crate::cpu::silu::gated(act, &mut w.gate, &w.up);
                 clock.lap(|p| &mut p.other);
                 project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
             }
             clock.lap(|p| &mut p.matmul);
-            add_into(&w.out, &mut w.x);
+            if let Some((_, post_mlp)) = &layer.post_norms {
+                rms_norm(&w.out, post_mlp, eps, &mut w.h);
+                add_into(&w.h, &mut w.x);
+            } else {
+                add_into(&w.out, &mut w.x);
+            }
             clock.lap(|p| &mut p.other);
         }
         let wanted = &batch.logit_rows;
@@ -382,61 +431,21 @@ impl FusedWeights {
             &mut [(&self.lm_head, &mut logits)],
             &mut w.rows,
         )?;
+        if let Some(cap) = cfg.variant.final_softcap {
+            for v in &mut logits {
+                *v = softcap(*v, cap);
+            }
+        }
         let logits = Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?;
         clock.lap(|p| &mut p.head);
         Ok(logits)
     }
 
-    /// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
-    /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
-    /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
-    fn rotate(
-        &self,
-        cfg: &ModelConfig,
-        positions: &[u32],
-        src: &[f32],
-        heads: usize,
-        dst: &mut Vec<f32>,
-        head_major: bool,
-    ) {
-        let d = cfg.head_dim;
-        let half = d / 2;
-        let rows = positions.len();
-        if head_major {
-            dst.resize(rows * heads * d, 0.0);
-        }
-        for (r, &pos) in positions.iter().enumerate() {
-            let cos = &self.rope_cos[pos as usize * half..][..half];
-            let sin = &self.rope_sin[pos as usize * half..][..half];
-            for h in 0..heads {
-                let from = (r * heads + h) * d;
-                let to = if head_major { (h * rows + r) * d } else { from };
-                let out = &mut dst[to..to + d];
-                if !src.is_empty() {
-                    out.copy_from_slice(&src[from..from + d]);
-                }
-                // Each pair `(a, b)` becomes `(a cos - b sin, a sin + b cos)`, in place.
-                let turn = |a: &mut f32, b: &mut f32, (cos, sin): (&f32, &f32)| {
-                    let (x, y) = (*a, *b);
-                    *a = x * cos - y * sin;
-                    *b = x * sin + y * cos;
-                };
-                let angles = cos.iter().zip(sin);
-                match cfg.rope_style {
-                    RopeStyle::Halves => {
-                        let (lo, hi) = out.split_at_mut(half);
-                        for ((a, b), angle) in lo.iter_mut().zip(hi.iter_mut()).zip(angles) {
-                            turn(a, b, angle);
-                        }
-                    }
-                    RopeStyle::Interleaved => {
-                        for (two, angle) in out.chunks_exact_mut(2).zip(angles) {
-                            let [a, b] = two else { continue };
-                            turn(a, b, angle);
-                        }
-                    }
-                }
-            }
+    /// The RoPE table of global layers, or of windowed ones (`local`) where they have one.
+    fn table(&self, local: bool) -> (&[f32], &[f32]) {
+        match (&self.rope_local, local) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&self.rope_cos, &self.rope_sin),
         }
     }
 }
@@ -467,64 +476,5 @@ impl Drop for Clock {
                 total.add(&mine);
             }
         }
-    }
-}
-
-/// The embedding rows of `ids` into `x`.
-fn embed(embedding: &Tensor, ids: &[u32], hidden: usize, x: &mut Vec<f32>) -> Result<()> {
-    let (storage, layout) = embedding.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return Err(Error::InvalidBatch("embedding off the CPU".into()));
-    };
-    let all = cpu.as_slice::<f32>()?;
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| Error::InvalidBatch("embedding not contiguous".into()))?;
-    let all = &all[start..end];
-    x.clear();
-    for &id in ids {
-        let row = all
-            .get(id as usize * hidden..(id as usize + 1) * hidden)
-            .ok_or_else(|| Error::InvalidBatch(format!("token id {id} outside the embedding")))?;
-        x.extend_from_slice(row);
-    }
-    Ok(())
-}
-
-/// Rows whose RMSNorm sums run side by side.
-const NORM_ROWS: usize = 8;
-
-/// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`. Each row's sum of
-/// squares adds its values in order, as candle's does, but up to eight rows' sums advance
-/// together, so their chains of dependent adds overlap instead of waiting on each other.
-fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
-    let n = alpha.len();
-    for (src, dst) in x.chunks(NORM_ROWS * n).zip(out.chunks_mut(NORM_ROWS * n)) {
-        let mut sums = [0f32; NORM_ROWS];
-        if src.len() == NORM_ROWS * n {
-            for i in 0..n {
-                for (r, sum) in sums.iter_mut().enumerate() {
-                    let v = src[r * n + i];
-                    *sum += v * v;
-                }
-            }
-        } else {
-            for (sum, row) in sums.iter_mut().zip(src.chunks_exact(n)) {
-                *sum = row.iter().map(|&v| v * v).sum::<f32>();
-            }
-        }
-        for ((src, dst), sum2) in src.chunks_exact(n).zip(dst.chunks_exact_mut(n)).zip(sums) {
-            let m = (sum2 / n as f32 + eps).sqrt();
-            for ((d, s), a) in dst.iter_mut().zip(src).zip(alpha) {
-                *d = *s / m * *a;
-            }
-        }
-    }
-}
-
-/// `x = y + x`, the residual add (float addition commutes, so this is candle's `y + x`).
-fn add_into(y: &[f32], x: &mut [f32]) {
-    for (x, y) in x.iter_mut().zip(y) {
-        *x += *y;
     }
 }

@@ -1,7 +1,9 @@
-//! Loading a llama / qwen2 GGUF: hyper-parameters from `{arch}.*` metadata, weights by
-//! llama.cpp's tensor names (`blk.N.attn_q.weight`, ...), kept quantized or dequantized to
-//! the requested dtype. GGUF llama weights are permuted for interleaved RoPE; qwen2 keeps the
-//! halves layout.
+//! Loading a GGUF of any family in `crate::model::arch`: hyper-parameters from `{arch}.*`
+//! metadata resolved through the family's declaration, weights by llama.cpp's tensor names
+//! (`blk.N.attn_q.weight`, `attn_q_norm`, `post_attention_norm`, ...) checked against the
+//! shapes the config implies, kept quantized or dequantized to the requested dtype. GGUF llama
+//! weights are permuted for interleaved RoPE; the other families keep the halves layout; norm
+//! weights are stored as the forward multiplies them (Gemma's `1 + w` is added at conversion).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -11,8 +13,10 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::config::{Architecture, ModelConfig, RopeStyle};
+use crate::model::arch::FileFacts;
+use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::linear::Linear;
+use crate::model::shapes::{Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{LayerWeights, ModelWeights};
 use crate::{Error, Result};
@@ -31,7 +35,7 @@ pub fn read_content(path: &Path) -> Result<(Content, BufReader<File>)> {
     Ok((content, reader))
 }
 
-/// Hyper-parameters from GGUF metadata.
+/// Hyper-parameters from GGUF metadata, with the family's declaration resolved.
 pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     let md = &content.metadata;
     let arch_name = md
@@ -39,16 +43,46 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         .and_then(|v| v.to_string().ok())
         .ok_or_else(|| Error::Metadata("missing general.architecture".into()))?;
     let architecture = Architecture::parse(arch_name)?;
+    let family = architecture.family();
     let key = |k: &str| format!("{arch_name}.{k}");
     let get = |k: &str| {
         md.get(&key(k))
             .ok_or_else(|| Error::Metadata(format!("missing {}", key(k))))
     };
     let usize_of = |k: &str| -> Result<usize> { Ok(as_u64(get(k)?, &key(k))? as usize) };
+    // Present keys must parse; absent optional keys are `None`.
+    let optional_usize = |k: &str| -> Result<Option<usize>> {
+        md.get(&key(k))
+            .map(|v| as_u64(v, &key(k)).map(|x| x as usize))
+            .transpose()
+    };
+    let optional_f32 = |k: &str| -> Result<Option<f32>> {
+        md.get(&key(k)).map(|v| as_f32(v, &key(k))).transpose()
+    };
     let hidden_size = usize_of("embedding_length")?;
     let num_heads = usize_of("attention.head_count")?;
-    let num_kv_heads = usize_of("attention.head_count_kv").unwrap_or(num_heads);
-    let head_dim = usize_of("rope.dimension_count").unwrap_or(hidden_size / num_heads.max(1));
+    let num_kv_heads = optional_usize("attention.head_count_kv")?.unwrap_or(num_heads);
+    let head_dim = match optional_usize("attention.key_length")? {
+        Some(d) => d,
+        None => optional_usize("rope.dimension_count")?.unwrap_or(hidden_size / num_heads.max(1)),
+    };
+    if let Some(v) = optional_usize("attention.value_length")? {
+        if v != head_dim {
+            return Err(Error::Metadata(format!(
+                "{} is {v} but {} is {head_dim}: value heads of another width are not supported",
+                key("attention.value_length"),
+                key("attention.key_length")
+            )));
+        }
+    }
+    if let Some(rot) = optional_usize("rope.dimension_count")? {
+        if rot != head_dim {
+            return Err(Error::Metadata(format!(
+                "{} is {rot} of {head_dim}: partial rotary embeddings are not supported",
+                key("rope.dimension_count")
+            )));
+        }
+    }
     let vocab_size = match usize_of("vocab_size") {
         Ok(v) => v,
         Err(_) => md
@@ -57,26 +91,70 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             .map(Vec::len)
             .ok_or_else(|| Error::Metadata("missing vocabulary size".into()))?,
     };
+    let num_layers = usize_of("block_count")?;
+    let facts = FileFacts {
+        num_layers,
+        hidden_size,
+        window: optional_usize("attention.sliding_window")?,
+        windowed_layers: None,
+        window_period: None,
+        local_rope_theta: optional_f32("rope.freq_base_swa")?,
+        attention_scale: None,
+        attention_softcap: optional_f32("attn_logit_softcapping")?,
+        final_softcap: optional_f32("final_logit_softcapping")?,
+        rope_scaling: rope_scaling(md, &key)?,
+    };
     Ok(ModelConfig {
         architecture,
         vocab_size,
         hidden_size,
         intermediate_size: usize_of("feed_forward_length")?,
-        num_layers: usize_of("block_count")?,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
-        rope_theta: get("rope.freq_base")
-            .and_then(|v| as_f32(v, "rope.freq_base"))
-            .unwrap_or(10_000.0),
-        rope_style: match architecture {
-            Architecture::Llama => RopeStyle::Interleaved,
-            Architecture::Qwen2 => RopeStyle::Halves,
-        },
-        rms_norm_eps: f64::from(as_f32(get("attention.layer_norm_rms_epsilon")?, "rms eps")?),
-        max_position_embeddings: usize_of("context_length").unwrap_or(4096),
-        attention_bias: architecture == Architecture::Qwen2,
+        rope_theta: optional_f32("rope.freq_base")?.unwrap_or(10_000.0),
+        rope_style: family.gguf_rope_style,
+        rms_norm_eps: f64::from(as_f32(
+            get("attention.layer_norm_rms_epsilon")?,
+            &key("attention.layer_norm_rms_epsilon"),
+        )?),
+        max_position_embeddings: optional_usize("context_length")?.unwrap_or(4096),
+        attention_bias: family.attention_bias,
+        variant: family.variant(&facts)?,
     })
+}
+
+/// `{arch}.rope.scaling.*`: none, or linear with its factor; any other type is refused.
+fn rope_scaling(
+    md: &std::collections::HashMap<String, Value>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<RopeScaling> {
+    let kind = match md.get(&key("rope.scaling.type")) {
+        None => return Ok(RopeScaling::None),
+        Some(v) => v
+            .to_string()
+            .map_err(|_| Error::Metadata(format!("{} is not a string", key("rope.scaling.type"))))?
+            .clone(),
+    };
+    let factor = md
+        .get(&key("rope.scaling.factor"))
+        .map(|v| as_f32(v, &key("rope.scaling.factor")))
+        .transpose()?;
+    match (kind.as_str(), factor) {
+        ("none", _) => Ok(RopeScaling::None),
+        ("linear", Some(1.0)) => Ok(RopeScaling::None),
+        ("linear", Some(factor)) if factor > 0.0 => Ok(RopeScaling::Linear { factor }),
+        ("linear", _) => Err(Error::Metadata(format!(
+            "{} must be a positive number for linear RoPE scaling",
+            key("rope.scaling.factor")
+        ))),
+        (other, _) => Err(Error::Metadata(format!(
+            "{} = '{other}' is not supported (supported: none, linear, and Llama 3.1's \
+             rope_freqs)",
+            key("rope.scaling.type")
+        ))),
+    }
 }
 
 /// Loads weights and tokenizer from a GGUF. `dtype = None` keeps quantized weights.
@@ -86,7 +164,7 @@ pub fn load_gguf(
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
     let (content, mut reader) = read_content(path)?;
-    let config = config_from_gguf(&content)?;
+    let mut config = config_from_gguf(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
     let mut tensor = |name: &str| -> Result<QTensor> {
         if !content.tensor_infos.contains_key(name) {
@@ -113,33 +191,66 @@ pub fn load_gguf(
         embedding_q
     };
     let lm_head = Linear::from_qtensor(lm_head_q, None, dtype)?;
+    if content.tensor_infos.contains_key("rope_freqs.weight") {
+        // Llama 3.1's scaling, as per-frequency divisors.
+        let factors = dense(tensor("rope_freqs.weight")?)?.to_vec1::<f32>()?;
+        config.variant.rope_scaling = RopeScaling::Factors(factors);
+    }
+    let shapes = Shapes::of(&config);
 
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         let p = format!("blk.{i}");
-        let mut proj = |name: &str, biased: bool| -> Result<Linear> {
+        let mut proj = |name: &str, role: Role, biased: bool| -> Result<Linear> {
             let bias = if biased {
                 Some(dense(tensor(&format!("{p}.{name}.bias"))?)?)
             } else {
                 None
             };
-            Linear::from_qtensor(tensor(&format!("{p}.{name}.weight"))?, bias, dtype)
+            let full = format!("{p}.{name}.weight");
+            let weight = tensor(&full)?;
+            shapes.check(&full, role, weight.shape().dims())?;
+            Linear::from_qtensor(weight, bias, dtype)
         };
         let bias = config.attention_bias;
-        let q = proj("attn_q", bias)?;
-        let k = proj("attn_k", bias)?;
-        let v = proj("attn_v", bias)?;
-        let o = proj("attn_output", false)?;
-        let gate = proj("ffn_gate", false)?;
-        let up = proj("ffn_up", false)?;
-        let down = proj("ffn_down", false)?;
+        let q = proj("attn_q", Role::Q, bias)?;
+        let k = proj("attn_k", Role::Kv, bias)?;
+        let v = proj("attn_v", Role::Kv, bias)?;
+        let o = proj("attn_output", Role::O, false)?;
+        let gate = proj("ffn_gate", Role::Up, false)?;
+        let up = proj("ffn_up", Role::Up, false)?;
+        let down = proj("ffn_down", Role::Down, false)?;
+        let mut norm = |name: &str, role: Role| -> Result<Tensor> {
+            let full = format!("{p}.{name}.weight");
+            let t = dense(tensor(&full)?)?;
+            shapes.check(&full, role, t.dims())?;
+            Ok(t)
+        };
+        let qk_norm = if config.variant.qk_norm {
+            Some((
+                norm("attn_q_norm", Role::HeadNorm)?,
+                norm("attn_k_norm", Role::HeadNorm)?,
+            ))
+        } else {
+            None
+        };
+        let post_norms = if config.variant.post_norms {
+            Some((
+                norm("post_attention_norm", Role::Norm)?,
+                norm("post_ffw_norm", Role::Norm)?,
+            ))
+        } else {
+            None
+        };
         layers.push(LayerWeights {
-            attn_norm: dense(tensor(&format!("{p}.attn_norm.weight"))?)?,
+            attn_norm: norm("attn_norm", Role::Norm)?,
+            qk_norm,
+            post_norms,
             q,
             k,
             v,
             o,
-            mlp_norm: dense(tensor(&format!("{p}.ffn_norm.weight"))?)?,
+            mlp_norm: norm("ffn_norm", Role::Norm)?,
             gate,
             up,
             down,

@@ -1,7 +1,9 @@
-//! Loading a Hugging Face llama / qwen2 directory: `config.json`, one or more
-//! `*.safetensors` (memory-mapped), `tokenizer.json` and optional `tokenizer_config.json`.
-//! Tensor names follow transformers (`model.layers.N.self_attn.q_proj.weight`, ...); RoPE
-//! pairs halves.
+//! Loading a Hugging Face directory of any family in `crate::model::arch`: `config.json`
+//! (resolved through the family's declaration: windows, layer kinds, soft-caps, RoPE scaling,
+//! the activation checked), one or more `*.safetensors` (memory-mapped), `tokenizer.json` and
+//! optional `tokenizer_config.json`. Tensor names follow transformers
+//! (`model.layers.N.self_attn.q_proj.weight`, `q_norm`, `pre_feedforward_layernorm`, ...),
+//! checked against the shapes the config implies; RoPE pairs halves.
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +11,10 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use crate::model::config::{Architecture, ModelConfig, RopeStyle};
+use crate::model::arch::FileFacts;
+use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::linear::Linear;
+use crate::model::shapes::{Role, Shapes};
 use crate::model::{LayerWeights, ModelWeights};
 use crate::{Error, Result};
 
@@ -39,6 +43,28 @@ struct HfConfig {
     attention_bias: Option<bool>,
     #[serde(default)]
     eos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    use_sliding_window: Option<bool>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    sliding_window_pattern: Option<usize>,
+    #[serde(default)]
+    rope_local_base_freq: Option<f64>,
+    #[serde(default)]
+    query_pre_attn_scalar: Option<f64>,
+    #[serde(default)]
+    attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    hidden_activation: Option<String>,
 }
 
 fn default_rope_theta() -> f64 {
@@ -77,6 +103,41 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         .or(hf.model_type.clone())
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
+    let family = architecture.family();
+    check_activation(&hf, family.activation)?;
+    let window = match hf.use_sliding_window {
+        Some(false) => None,
+        _ => hf.sliding_window,
+    };
+    let windowed_layers = hf
+        .layer_types
+        .as_ref()
+        .map(|kinds| {
+            kinds
+                .iter()
+                .map(|k| match k.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(Error::Metadata(format!(
+                        "layer_types: '{other}' is not supported (sliding_attention, \
+                         full_attention)"
+                    ))),
+                })
+                .collect::<Result<Vec<bool>>>()
+        })
+        .transpose()?;
+    let facts = FileFacts {
+        num_layers: hf.num_hidden_layers,
+        hidden_size: hf.hidden_size,
+        window,
+        windowed_layers,
+        window_period: hf.sliding_window_pattern,
+        local_rope_theta: hf.rope_local_base_freq.map(|t| t as f32),
+        attention_scale: hf.query_pre_attn_scalar.map(|s| (1.0 / s.sqrt()) as f32),
+        attention_softcap: hf.attn_logit_softcapping.map(|c| c as f32),
+        final_softcap: hf.final_logit_softcapping.map(|c| c as f32),
+        rope_scaling: rope_scaling(hf.rope_scaling.as_ref())?,
+    };
     let config = ModelConfig {
         architecture,
         vocab_size: hf.vocab_size,
@@ -92,9 +153,8 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         rope_style: RopeStyle::Halves,
         rms_norm_eps: hf.rms_norm_eps,
         max_position_embeddings: hf.max_position_embeddings,
-        attention_bias: hf
-            .attention_bias
-            .unwrap_or(architecture == Architecture::Qwen2),
+        attention_bias: hf.attention_bias.unwrap_or(family.attention_bias),
+        variant: family.variant(&facts)?,
     };
     config.validate()?;
 
@@ -106,18 +166,33 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))
     };
     let f32_of = |name: &str| -> Result<Tensor> { Ok(load(name)?.to_dtype(DType::F32)?) };
-    let proj = |prefix: &str, biased: bool| -> Result<Linear> {
+    let shapes = Shapes::of(&config);
+    let proj = |prefix: &str, role: Role, biased: bool| -> Result<Linear> {
         let bias = if biased {
             Some(f32_of(&format!("{prefix}.bias"))?)
         } else {
             None
         };
-        Linear::from_dense(load(&format!("{prefix}.weight"))?, bias, dtype)
+        let name = format!("{prefix}.weight");
+        let weight = load(&name)?;
+        shapes.check(&name, role, weight.dims())?;
+        Linear::from_dense(weight, bias, dtype)
+    };
+    // Norm weights as the forward multiplies them (Gemma's checkpoints store `w - 1`).
+    let norm = |name: &str, role: Role| -> Result<Tensor> {
+        let name = format!("{name}.weight");
+        let w = f32_of(&name)?;
+        shapes.check(&name, role, w.dims())?;
+        Ok(match family.hf_norm_offset {
+            0.0 => w,
+            offset => (w + f64::from(offset))?,
+        })
     };
 
     let embedding = f32_of("model.embed_tokens.weight")?;
     let lm_head = if !hf.tie_word_embeddings && st.get("lm_head.weight").is_ok() {
-        proj("lm_head", false)?
+        let weight = load("lm_head.weight")?;
+        Linear::from_dense(weight, None, dtype)?
     } else {
         Linear::from_dense(embedding.clone(), None, dtype)?
     };
@@ -125,22 +200,48 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     for i in 0..config.num_layers {
         let p = format!("model.layers.{i}");
         let bias = config.attention_bias;
+        let qk_norm = if config.variant.qk_norm {
+            Some((
+                norm(&format!("{p}.self_attn.q_norm"), Role::HeadNorm)?,
+                norm(&format!("{p}.self_attn.k_norm"), Role::HeadNorm)?,
+            ))
+        } else {
+            None
+        };
+        // With post norms, `post_attention_layernorm` is the attention output's norm and the
+        // MLP's input norm is `pre_feedforward_layernorm`; without, it is the MLP's input norm.
+        let (mlp_norm, post_norms) = if config.variant.post_norms {
+            (
+                norm(&format!("{p}.pre_feedforward_layernorm"), Role::Norm)?,
+                Some((
+                    norm(&format!("{p}.post_attention_layernorm"), Role::Norm)?,
+                    norm(&format!("{p}.post_feedforward_layernorm"), Role::Norm)?,
+                )),
+            )
+        } else {
+            (
+                norm(&format!("{p}.post_attention_layernorm"), Role::Norm)?,
+                None,
+            )
+        };
         layers.push(LayerWeights {
-            attn_norm: f32_of(&format!("{p}.input_layernorm.weight"))?,
-            q: proj(&format!("{p}.self_attn.q_proj"), bias)?,
-            k: proj(&format!("{p}.self_attn.k_proj"), bias)?,
-            v: proj(&format!("{p}.self_attn.v_proj"), bias)?,
-            o: proj(&format!("{p}.self_attn.o_proj"), false)?,
-            mlp_norm: f32_of(&format!("{p}.post_attention_layernorm.weight"))?,
-            gate: proj(&format!("{p}.mlp.gate_proj"), false)?,
-            up: proj(&format!("{p}.mlp.up_proj"), false)?,
-            down: proj(&format!("{p}.mlp.down_proj"), false)?,
+            attn_norm: norm(&format!("{p}.input_layernorm"), Role::Norm)?,
+            qk_norm,
+            post_norms,
+            q: proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,
+            k: proj(&format!("{p}.self_attn.k_proj"), Role::Kv, bias)?,
+            v: proj(&format!("{p}.self_attn.v_proj"), Role::Kv, bias)?,
+            o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
+            mlp_norm,
+            gate: proj(&format!("{p}.mlp.gate_proj"), Role::Up, false)?,
+            up: proj(&format!("{p}.mlp.up_proj"), Role::Up, false)?,
+            down: proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?,
         });
     }
     let weights = ModelWeights {
         embedding,
         layers,
-        final_norm: f32_of("model.norm.weight")?,
+        final_norm: norm("model.norm", Role::Norm)?,
         lm_head,
     };
     let eos_ids = match hf.eos_token_id {
@@ -157,6 +258,62 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         weights,
         eos_ids,
     })
+}
+
+/// Refuses a config whose activation is not the one the family's forward computes.
+fn check_activation(hf: &HfConfig, declared: Activation) -> Result<()> {
+    let (key, named) = match (&hf.hidden_activation, &hf.hidden_act) {
+        (Some(a), _) => ("hidden_activation", a.as_str()),
+        (None, Some(a)) => ("hidden_act", a.as_str()),
+        (None, None) => return Ok(()),
+    };
+    let ok = match declared {
+        Activation::Silu => matches!(named, "silu" | "swish"),
+        Activation::GeluTanh => matches!(named, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Metadata(format!(
+            "{key} = '{named}' is not this family's activation ({declared:?})"
+        )))
+    }
+}
+
+/// `rope_scaling`: absent, null or `default`; `linear` with its factor; `llama3` with its
+/// four parameters. Any other type is refused by name.
+fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling> {
+    let Some(obj) = value.and_then(|v| v.as_object()) else {
+        return match value {
+            None | Some(serde_json::Value::Null) => Ok(RopeScaling::None),
+            Some(_) => Err(Error::Metadata("rope_scaling is not an object".into())),
+        };
+    };
+    let kind = obj
+        .get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let num = |k: &str| -> Result<f64> {
+        obj.get(k)
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| Error::Metadata(format!("rope_scaling.{k} is missing or not a number")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor")? as f32,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")? as f32,
+            low_freq_factor: num("low_freq_factor")? as f32,
+            high_freq_factor: num("high_freq_factor")? as f32,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        other => Err(Error::Metadata(format!(
+            "rope_scaling type '{other}' is not supported (supported: default, linear, llama3)"
+        ))),
+    }
 }
 
 fn safetensor_files(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -20,22 +20,25 @@
 //! stores it makes keep f16 with thicket's attention and f32 with the reference's, unless
 //! told otherwise.
 
+pub mod arch;
+mod candle_pass;
 pub mod config;
 pub mod detokenizer;
 pub mod fetch;
 pub(crate) mod fused_pass;
+mod fused_rows;
 pub mod gguf;
 pub(crate) mod hf;
 pub(crate) mod linear;
 pub mod load;
+pub(crate) mod rope;
+pub(crate) mod shapes;
 pub mod testing;
 pub mod tokenizer;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
-use crate::cpu::attention::{
-    gathered_tree_attention, paged_tree_attention, AttentionKernel, HeadShape,
-};
+use crate::cpu::attention::AttentionKernel;
 use std::sync::Arc;
 
 use crate::cpu::kv_store::{KvDtype, PagedKvStore};
@@ -50,6 +53,11 @@ use crate::{Error, Result};
 pub struct LayerWeights {
     /// RMSNorm before attention.
     pub attn_norm: Tensor,
+    /// Per-head RMSNorm of queries and of keys before RoPE (QK-norm families).
+    pub qk_norm: Option<(Tensor, Tensor)>,
+    /// RMSNorm of the attention output and of the MLP output, before each residual add
+    /// (post-norm families).
+    pub post_norms: Option<(Tensor, Tensor)>,
     /// Query projection.
     pub q: Linear,
     /// Key projection.
@@ -88,6 +96,8 @@ pub struct Model {
     weights: ModelWeights,
     rope_cos: Tensor,
     rope_sin: Tensor,
+    /// The windowed layers' table, where the family gives them their own RoPE base.
+    rope_local: Option<(Tensor, Tensor)>,
     device: Device,
     attention: AttentionKernel,
     /// How KV stores keep values (`None`: see `kv_dtype`).
@@ -107,12 +117,15 @@ impl Model {
                 config.num_layers
             )));
         }
-        let (rope_cos, rope_sin) = rope_table(&config, &device)?;
+        check_layer_weights(&config, &weights)?;
+        let (rope_cos, rope_sin) = rope::global_table(&config, &device)?;
+        let rope_local = rope::local_table(&config, &device)?;
         let mut model = Self {
             config,
             weights,
             rope_cos,
             rope_sin,
+            rope_local,
             device,
             attention: AttentionKernel::default(),
             kv_dtype: None,
@@ -127,6 +140,7 @@ impl Model {
         self.fused = FusedWeights::build(
             &self.weights,
             (&self.rope_cos, &self.rope_sin),
+            self.rope_local.as_ref().map(|(c, s)| (c, s)),
             &self.device,
         )?
         .map(Arc::new);
@@ -199,17 +213,28 @@ impl Model {
         &self.weights
     }
 
-    /// RoPE's cos and sin for every position (`[max_positions, head_dim / 2]` each).
+    /// RoPE's cos and sin for every position (`[max_positions, head_dim / 2]` each), of
+    /// the global layers.
     pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
         (&self.rope_cos, &self.rope_sin)
     }
 
-    /// RoPE's cos and sin for each of `positions` (`[rows, head_dim / 2]` each).
-    pub fn rope_rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// RoPE's cos and sin for each of `positions` (`[rows, head_dim / 2]` each), from the
+    /// global table (`local`: the windowed layers' own, where the family has one).
+    pub fn rope_rows_of(&self, positions: &Tensor, local: bool) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = match (&self.rope_local, local) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&self.rope_cos, &self.rope_sin),
+        };
         Ok((
-            self.rope_cos.index_select(positions, 0)?.contiguous()?,
-            self.rope_sin.index_select(positions, 0)?.contiguous()?,
+            cos.index_select(positions, 0)?.contiguous()?,
+            sin.index_select(positions, 0)?.contiguous()?,
         ))
+    }
+
+    /// RoPE's cos and sin of the global table for each of `positions`.
+    pub fn rope_rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.rope_rows_of(positions, false)
     }
 
     /// The device the weights live on.
@@ -291,80 +316,6 @@ impl Model {
         self
     }
 
-    /// The forward as candle ops (any device, any weights).
-    fn forward_candle(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
-        let cfg = &self.config;
-        let rows = batch.num_rows();
-        let ids = Tensor::new(batch.token_ids.as_slice(), &self.device)?;
-        let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
-        let (cos, sin) = self.rope_rows(&positions)?;
-        let shape = HeadShape {
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-        };
-        let eps = cfg.rms_norm_eps as f32;
-
-        let mut x = self.weights.embedding.index_select(&ids, 0)?;
-        for (index, layer) in self.weights.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = self.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
-            let k = self.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
-            let v = layer.v.forward(&h)?;
-            // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
-            let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
-            kv.write(
-                index,
-                &batch.slots,
-                &k.flatten_all()?.to_vec1::<f32>()?,
-                &v.flatten_all()?.to_vec1::<f32>()?,
-            )?;
-            let attn = match self.attention {
-                AttentionKernel::Reference => {
-                    gathered_tree_attention(&q, kv.layer(index), batch, shape, &self.device)?
-                }
-                AttentionKernel::Fused => {
-                    let q = q.flatten_all()?.to_vec1::<f32>()?;
-                    let attn = paged_tree_attention(&q, kv.layer(index), batch, shape);
-                    Tensor::from_vec(attn, (rows, cfg.hidden_size), &self.device)?
-                }
-            };
-            x = (layer.o.forward(&attn)? + x)?;
-
-            let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-            let gated = (self.silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
-            x = (layer.down.forward(&gated)? + x)?;
-        }
-        if batch.logit_rows.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, cfg.vocab_size),
-                DType::F32,
-                &self.device,
-            )?);
-        }
-        let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
-        let wanted = Tensor::new(wanted.as_slice(), &self.device)?;
-        let x = x.index_select(&wanted, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.weights.final_norm, eps)?;
-        self.weights.lm_head.forward(&x)
-    }
-
-    /// SiLU: thicket's own (`silu`, what the fused pass computes) on the CPU with thicket's
-    /// attention, candle's where the arithmetic is the reference's or off the CPU.
-    fn silu(&self, x: &Tensor) -> Result<Tensor> {
-        if self.attention == AttentionKernel::Fused
-            && x.device().is_cpu()
-            && x.dtype() == DType::F32
-        {
-            let mut values = x.flatten_all()?.to_vec1::<f32>()?;
-            for v in &mut values {
-                *v = crate::cpu::silu::silu(*v);
-            }
-            return Ok(Tensor::from_vec(values, x.shape(), x.device())?);
-        }
-        Ok(candle_nn::ops::silu(x)?)
-    }
-
     /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
     pub fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
@@ -379,20 +330,16 @@ impl Model {
     }
 }
 
-/// cos/sin for every position, `[max_positions, head_dim / 2]`, computed as candle's
-/// reference models do (f32 inverse frequencies, position * frequency, then cos and sin).
-fn rope_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
-    let hd = cfg.head_dim;
-    let inv_freq: Vec<f32> = (0..hd)
-        .step_by(2)
-        .map(|i| 1f32 / cfg.rope_theta.powf(i as f32 / hd as f32))
-        .collect();
-    let half = inv_freq.len();
-    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-    let n = cfg.max_position_embeddings;
-    let positions = Tensor::arange(0u32, n as u32, device)?
-        .to_dtype(DType::F32)?
-        .reshape((n, 1))?;
-    let angles = positions.matmul(&inv_freq)?;
-    Ok((angles.cos()?, angles.sin()?))
+/// Checks that each layer carries the norms its family declares.
+fn check_layer_weights(config: &ModelConfig, weights: &ModelWeights) -> Result<()> {
+    let v = &config.variant;
+    for (i, layer) in weights.layers.iter().enumerate() {
+        if layer.qk_norm.is_some() != v.qk_norm || layer.post_norms.is_some() != v.post_norms {
+            return Err(Error::Metadata(format!(
+                "layer {i}: the norms loaded do not match the {} declaration",
+                config.architecture.as_str()
+            )));
+        }
+    }
+    Ok(())
 }

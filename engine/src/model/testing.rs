@@ -27,6 +27,10 @@ pub struct TinyModelSpec {
     pub num_heads: usize,
     /// Key/value heads.
     pub num_kv_heads: usize,
+    /// Width of one head (`None`: `hidden_size / num_heads`).
+    pub head_dim: Option<usize>,
+    /// Sliding window of the windowed layers (Gemma 3: required; Mistral: every layer).
+    pub sliding_window: Option<usize>,
     /// Tie the head to the embedding.
     pub tie_word_embeddings: bool,
     /// Seed of the weight generator.
@@ -43,6 +47,8 @@ impl Default for TinyModelSpec {
             num_layers: 2,
             num_heads: 4,
             num_kv_heads: 2,
+            head_dim: None,
+            sliding_window: None,
             tie_word_embeddings: false,
             seed: 7,
         }
@@ -53,8 +59,12 @@ impl Default for TinyModelSpec {
 pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let (h, f, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size);
-    let hd = h / spec.num_heads;
-    let kvw = spec.num_kv_heads * hd;
+    let hd = spec.head_dim.unwrap_or(h / spec.num_heads);
+    let (qw, kvw) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let arch = spec.architecture;
+    let gemma = arch == Architecture::Gemma3;
+    // Gemma's checkpoints store norm weights less one.
+    let norm_offset = if gemma { 0.0 } else { 1.0 };
     let mut rng = SplitMix(spec.seed);
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let mut put = |name: String, shape: &[usize], scale: f32, offset: f32| -> Result<()> {
@@ -65,24 +75,37 @@ pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
         tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
         Ok(())
     };
-    put("model.embed_tokens.weight".into(), &[v, h], 1.0, 0.0)?;
-    put("model.norm.weight".into(), &[h], 0.2, 1.0)?;
+    // Gemma multiplies embedding rows by sqrt(hidden): drawn smaller, they weigh in the
+    // residual what llama's do, and the layers' (post-normed) outputs still move the logits.
+    let embedding_scale = if gemma { 1.0 / (h as f32).sqrt() } else { 1.0 };
+    put(
+        "model.embed_tokens.weight".into(),
+        &[v, h],
+        embedding_scale,
+        0.0,
+    )?;
+    put("model.norm.weight".into(), &[h], 0.2, norm_offset)?;
     if !spec.tie_word_embeddings {
         put("lm_head.weight".into(), &[v, h], 0.3, 0.0)?;
     }
     let w = 1.0 / (h as f32).sqrt();
     for i in 0..spec.num_layers {
         let p = format!("model.layers.{i}");
-        put(format!("{p}.input_layernorm.weight"), &[h], 0.2, 1.0)?;
+        put(
+            format!("{p}.input_layernorm.weight"),
+            &[h],
+            0.2,
+            norm_offset,
+        )?;
         put(
             format!("{p}.post_attention_layernorm.weight"),
             &[h],
             0.2,
-            1.0,
+            norm_offset,
         )?;
         put(
             format!("{p}.self_attn.q_proj.weight"),
-            &[h, h],
+            &[qw, h],
             2.0 * w,
             0.0,
         )?;
@@ -98,44 +121,102 @@ pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
             2.0 * w,
             0.0,
         )?;
-        put(format!("{p}.self_attn.o_proj.weight"), &[h, h], w, 0.0)?;
+        put(format!("{p}.self_attn.o_proj.weight"), &[h, qw], w, 0.0)?;
         put(format!("{p}.mlp.gate_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
         put(format!("{p}.mlp.up_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
         put(format!("{p}.mlp.down_proj.weight"), &[h, f], w, 0.0)?;
-        if spec.architecture == Architecture::Qwen2 {
-            put(format!("{p}.self_attn.q_proj.bias"), &[h], 0.5, 0.0)?;
+        if arch == Architecture::Qwen2 {
+            put(format!("{p}.self_attn.q_proj.bias"), &[qw], 0.5, 0.0)?;
             put(format!("{p}.self_attn.k_proj.bias"), &[kvw], 0.5, 0.0)?;
             put(format!("{p}.self_attn.v_proj.bias"), &[kvw], 0.5, 0.0)?;
+        }
+        if arch.family().qk_norm {
+            put(
+                format!("{p}.self_attn.q_norm.weight"),
+                &[hd],
+                0.2,
+                norm_offset,
+            )?;
+            put(
+                format!("{p}.self_attn.k_norm.weight"),
+                &[hd],
+                0.2,
+                norm_offset,
+            )?;
+        }
+        if arch.family().post_norms {
+            for name in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                put(format!("{p}.{name}.weight"), &[h], 0.2, norm_offset)?;
+            }
         }
     }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
 
-    let architecture = match spec.architecture {
-        Architecture::Llama => "LlamaForCausalLM",
-        Architecture::Qwen2 => "Qwen2ForCausalLM",
+    let config = hf_config(spec, hd);
+    std::fs::write(dir.join("config.json"), config.to_string())
+        .map_err(|e| Error::io("write config.json", e))?;
+    Ok(())
+}
+
+/// The `config.json` transformers (and candle-transformers) read for `spec`.
+fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
+    let (architecture, model_type) = match spec.architecture {
+        Architecture::Llama => ("LlamaForCausalLM", "llama"),
+        Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Architecture::Mistral => ("MistralForCausalLM", "mistral"),
+        Architecture::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "architectures": [architecture],
-        "model_type": spec.architecture.as_str(),
-        "vocab_size": v,
-        "hidden_size": h,
-        "intermediate_size": f,
+        "model_type": model_type,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": hd,
         "max_position_embeddings": 1024,
         "sliding_window": 1024,
         "max_window_layers": spec.num_layers,
         "use_sliding_window": false,
+        "attention_bias": spec.architecture == Architecture::Qwen2,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_theta": 10000.0,
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
         "eos_token_id": 0,
     });
-    std::fs::write(dir.join("config.json"), config.to_string())
-        .map_err(|e| Error::io("write config.json", e))?;
-    Ok(())
+    let extra = match spec.architecture {
+        Architecture::Mistral => serde_json::json!({
+            "sliding_window": spec.sliding_window,
+            "use_sliding_window": null,
+        }),
+        Architecture::Gemma3 => serde_json::json!({
+            "hidden_act": null,
+            "use_sliding_window": null,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": hd,
+            "sliding_window": spec.sliding_window.unwrap_or(512),
+            "sliding_window_pattern": 6,
+            "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0,
+            "final_logit_softcapping": null,
+            "attn_logit_softcapping": null,
+        }),
+        _ => serde_json::json!({}),
+    };
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            if v.is_null() {
+                config.remove(k);
+            } else {
+                config.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    config
 }
 
 /// SplitMix64: small, seeded, good enough for test weights.

@@ -374,6 +374,16 @@ impl CudaBackend {
             ));
         };
         let config = model.config().clone();
+        if config.variant != crate::model::config::Variant::default()
+            || config.attention_width() != config.hidden_size
+        {
+            return Err(Error::Device(format!(
+                "the CUDA backend does not run {} models yet (QK norm, post norms, sliding \
+                 windows, GELU, soft-caps or heads wider than the residual): run this model \
+                 with --device cpu",
+                config.architecture.as_str()
+            )));
+        }
         let gpu = Gpu::new(device, &config, num_slots)?;
         let weights = match model.quant_kernel() {
             Some(_) => "candle's CUDA quantized matmul".to_string(),

@@ -227,7 +227,7 @@ fn attend_group<T: KvValue>(
     let k = &kv.k[kh * plane..(kh + 1) * plane];
     let v = &kv.v[kh * values..(kh + 1) * values];
     let total_rows = batch.num_rows();
-    let scale = (1.0 / (hd as f64).sqrt()) as f32;
+    let scale = shape.scale;
     // Slots of the context from the item's first run on (`context_slots[p - from]` for
     // position p), then of the tree's own rows.
     let c_len = seq.context_len;
@@ -323,6 +323,11 @@ fn attend_group<T: KvValue>(
                 for g in 0..group {
                     let start = (r * group + g) * stride;
                     let span = &mut scores[start..start + shared.len() + mine.len()];
+                    if let Some(cap) = shape.softcap {
+                        for s in span.iter_mut() {
+                            *s = super::softcap(*s, cap);
+                        }
+                    }
                     partials.stats[(r_at * group + g) * n + i] = if last_run == 0 {
                         softmax_in_place(span);
                         (0.0, 1.0)

@@ -15,16 +15,19 @@
 //! some key runs) and runs them on the forward's team; its two inner loops are `scores`
 //! (queries against keys, the keys in vector lanes) and `values` (the probability-weighted
 //! sum of value rows), over slot lists checked once (`slots`). `reference` is the same
-//! attention through candle's ops, the reference models' arithmetic.
+//! attention through candle's ops, the reference models' arithmetic. Sliding windows are a view
+//! of the batch both run over (`window`).
 
 mod driver;
 mod reference;
 mod scores;
 mod slots;
 mod values;
+mod window;
 
 pub use driver::{paged_tree_attention, KEY_RUN};
 pub use reference::gathered_tree_attention;
+pub use window::{window_start, windowed_batch};
 
 /// Which implementation computes attention. The two differ only in float summation order,
 /// and that matters: quantized matmuls round activations to 8 bits, which turns a one-ulp
@@ -62,6 +65,28 @@ pub struct HeadShape {
     pub num_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Factor on query-key products (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// `cap * tanh(score / cap)` on every score before the softmax.
+    pub softcap: Option<f32>,
+}
+
+impl HeadShape {
+    /// The usual geometry: products scaled by `1/sqrt(head_dim)`, no soft-cap.
+    pub fn plain(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale: (1.0 / (head_dim as f64).sqrt()) as f32,
+            softcap: None,
+        }
+    }
+}
+
+/// `cap * tanh(x / cap)`, as the reference computes it (`x` times the f32 reciprocal of `cap`).
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    (x * (1.0 / f64::from(cap)) as f32).tanh() * cap
 }
 
 /// Whether this CPU runs the AVX-512 loops (checked once).

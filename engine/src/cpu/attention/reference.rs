@@ -48,7 +48,11 @@ pub fn gathered_tree_attention(
         let k = repeat_kv(k, group)?;
         let v = repeat_kv(v, group)?;
         let q = q.narrow(2, seq.rows.start, n)?.contiguous()?;
-        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
+        let att = (q.matmul(&k.t()?)? * f64::from(shape.scale))?;
+        let att = match shape.softcap {
+            Some(cap) => ((att * (1.0 / f64::from(cap)))?.tanh()? * f64::from(cap))?,
+            None => att,
+        };
         let att = if n > 1 {
             let mask: Vec<u8> = (0..n)
                 .flat_map(|i| {

@@ -37,11 +37,7 @@ fn matches_naive_attention_over_context_and_ancestors() {
 }
 
 fn check_against_naive(head_dim: usize, dtype: KvDtype) {
-    let shape = HeadShape {
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim,
-    };
+    let shape = HeadShape::plain(4, 2, head_dim);
     let hd = head_dim;
     let row_width = 2 * hd;
     let mut store = PagedKvStore::new(1, 32, (2, hd), dtype);
@@ -91,6 +87,8 @@ const SMOL: HeadShape = HeadShape {
     num_heads: 9,
     num_kv_heads: 3,
     head_dim: 64,
+    scale: 0.125,
+    softcap: None,
 };
 
 /// A one-layer store of `blocks` blocks of 16 slots, filled with random keys and values;

@@ -1,0 +1,63 @@
+//! Sliding-window attention as a view of the batch: a layer whose rows see only the last
+//! `window` positions (their own included) runs the same attention kernels over a batch in
+//! which each row that the window cuts is a sequence of its own, whose context is exactly the
+//! keys it sees, in position order: the context positions from its window's start, then its
+//! visible tree ancestors from there on. A row keeps its keys' order, so a draft node computes
+//! what the same token computes decoded as a chain (the kernels' batch invariance), and the
+//! window counts from the node's own position. Sequences whose rows all lie inside the window
+//! are kept whole.
+
+use crate::tree::TreeMask;
+use crate::tree_batch::{SeqEntry, TreeBatch};
+
+/// The first position a row at `position` sees through a window of `window` keys.
+pub fn window_start(position: usize, window: usize) -> usize {
+    (position + 1).saturating_sub(window)
+}
+
+/// `batch` as layers with a window of `window` keys see it, or `None` where the window
+/// cuts no row's keys (then the batch itself is that view).
+pub fn windowed_batch(batch: &TreeBatch, window: usize) -> Option<TreeBatch> {
+    let cut = |seq: &SeqEntry| {
+        seq.rows
+            .clone()
+            .any(|r| window_start(batch.positions[r] as usize, window) > 0)
+    };
+    if !batch.seqs.iter().any(cut) {
+        return None;
+    }
+    let mut seqs = Vec::with_capacity(batch.num_rows());
+    for seq in &batch.seqs {
+        if !cut(seq) {
+            seqs.push(seq.clone());
+            continue;
+        }
+        for (local, row) in seq.rows.clone().enumerate() {
+            let start = window_start(batch.positions[row] as usize, window);
+            let mut keys: Vec<usize> = seq.context_slots[start.min(seq.context_len)..].to_vec();
+            keys.extend(
+                seq.mask
+                    .visible(local)
+                    .filter(|&j| j != local)
+                    .map(|j| seq.rows.start + j)
+                    .filter(|&r| batch.positions[r] as usize >= start)
+                    .map(|r| batch.slots[r].index()),
+            );
+            seqs.push(SeqEntry {
+                context_len: keys.len(),
+                block_table: seq.block_table.clone(),
+                rows: row..row + 1,
+                mask: TreeMask::causal(1),
+                context_slots: keys,
+            });
+        }
+    }
+    Some(TreeBatch {
+        token_ids: batch.token_ids.clone(),
+        positions: batch.positions.clone(),
+        slots: batch.slots.clone(),
+        seqs,
+        logit_rows: batch.logit_rows.clone(),
+        block_size: batch.block_size,
+    })
+}

@@ -1,0 +1,22 @@
+//! Llama (1, 2, 3.x) and SmolLM2: the baseline every other family departs from. GGUF weights of
+//! this family are permuted for RoPE's interleaved pairs; Llama 3.1's frequency scaling comes
+//! from the file (`rope_scaling` / `rope.scaling.*`).
+
+use super::{Architecture, Family, Windows};
+use crate::model::config::{Activation, RopeStyle};
+
+/// The declaration.
+pub const FAMILY: Family = Family {
+    architecture: Architecture::Llama,
+    gguf: "llama",
+    hf: &["LlamaForCausalLM"],
+    attention_bias: false,
+    qk_norm: false,
+    post_norms: false,
+    activation: Activation::Silu,
+    scaled_embedding: false,
+    gguf_rope_style: RopeStyle::Interleaved,
+    hf_norm_offset: 0.0,
+    windows: Windows::Never,
+    local_rope_theta: None,
+};

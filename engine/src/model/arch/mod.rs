@@ -1,0 +1,207 @@
+//! The decoder families thicket runs, each declared in its own file as how it departs from the
+//! llama baseline (`Family`): attention biases, QK norm, norm placement and weight convention,
+//! activation, embedding scale, soft-capping, which layers attend through a sliding window and
+//! with which RoPE base. The GGUF and HF loaders read a file's keys into `FileFacts` and the
+//! family resolves them into the `Variant` of `ModelConfig` that every forward reads; there is
+//! no forward per family. A key a family needs and the file lacks, or an option thicket does not
+//! implement, is an error naming it.
+
+mod gemma3;
+mod llama;
+mod mistral;
+mod qwen2;
+mod qwen3;
+
+use crate::model::config::{Activation, LayerAttention, RopeScaling, RopeStyle, Variant};
+use crate::{Error, Result};
+
+/// Decoder family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 1-3 and SmolLM2: the baseline.
+    Llama,
+    /// Qwen2 / Qwen2.5: q/k/v biases.
+    Qwen2,
+    /// Qwen3 (dense): QK norm, no biases, heads wider than the residual.
+    Qwen3,
+    /// Mistral: llama with a sliding window where the config sets one.
+    Mistral,
+    /// Gemma 3 (text): QK norm, pre and post norms, GeGLU, scaled embedding, five windowed
+    /// layers to one global, a local RoPE base for the windowed ones.
+    Gemma3,
+}
+
+/// Every family, for lookups and error messages.
+const FAMILIES: &[&Family] = &[
+    &llama::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &mistral::FAMILY,
+    &gemma3::FAMILY,
+];
+
+impl Architecture {
+    /// Parses a GGUF `general.architecture`, an HF `architectures` entry or `model_type`.
+    pub fn parse(name: &str) -> Result<Self> {
+        FAMILIES
+            .iter()
+            .find(|f| f.gguf == name || f.hf.contains(&name))
+            .map(|f| f.architecture)
+            .ok_or_else(|| Error::UnsupportedArchitecture(name.to_string()))
+    }
+
+    /// Name as written in GGUF metadata keys.
+    pub fn as_str(self) -> &'static str {
+        self.family().gguf
+    }
+
+    /// The family's declaration.
+    pub fn family(self) -> &'static Family {
+        FAMILIES
+            .iter()
+            .find(|f| f.architecture == self)
+            .copied()
+            .unwrap_or(&llama::FAMILY)
+    }
+
+    /// The names `parse` accepts, for error messages.
+    pub fn supported() -> Vec<&'static str> {
+        FAMILIES.iter().map(|f| f.gguf).collect()
+    }
+}
+
+/// Which layers attend through a sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Windows {
+    /// None: every layer attends fully (a window in the file is an error).
+    Never,
+    /// Every layer, where the file sets a window.
+    WhereSet,
+    /// Every layer but each `period`-th (layers `period - 1`, `2 * period - 1`, ... are
+    /// global); the window is required.
+    AllButEvery(usize),
+}
+
+/// How one family departs from the llama baseline.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    /// The enum value.
+    pub architecture: Architecture,
+    /// GGUF `general.architecture` (and the prefix of its keys).
+    pub gguf: &'static str,
+    /// HF `architectures` / `model_type` names.
+    pub hf: &'static [&'static str],
+    /// q/k/v projections carry biases (HF `attention_bias` may override).
+    pub attention_bias: bool,
+    /// Per-head RMSNorm of queries and keys before RoPE.
+    pub qk_norm: bool,
+    /// RMSNorm after attention and after the MLP.
+    pub post_norms: bool,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+    /// Embedding rows times `sqrt(hidden)`.
+    pub scaled_embedding: bool,
+    /// RoPE pairing of GGUF weights (HF weights always pair halves).
+    pub gguf_rope_style: RopeStyle,
+    /// Added to RMSNorm weights of HF checkpoints (Gemma stores `weight - 1`; GGUF files
+    /// have the 1 added at conversion).
+    pub hf_norm_offset: f32,
+    /// Which layers are windowed.
+    pub windows: Windows,
+    /// RoPE base of the windowed layers where the file gives none (`None`: the global base).
+    pub local_rope_theta: Option<f32>,
+}
+
+/// What a file says about the options a family may take, whichever format it came in.
+#[derive(Debug, Clone, Default)]
+pub struct FileFacts {
+    /// Layers.
+    pub num_layers: usize,
+    /// Residual width.
+    pub hidden_size: usize,
+    /// Sliding window length.
+    pub window: Option<usize>,
+    /// Explicit per-layer kinds (`true`: windowed), as HF's `layer_types` gives them.
+    pub windowed_layers: Option<Vec<bool>>,
+    /// The period of global layers, where the file overrides the family's.
+    pub window_period: Option<usize>,
+    /// RoPE base of the windowed layers.
+    pub local_rope_theta: Option<f32>,
+    /// Factor on query-key products.
+    pub attention_scale: Option<f32>,
+    /// Attention score soft-cap.
+    pub attention_softcap: Option<f32>,
+    /// Final logit soft-cap.
+    pub final_softcap: Option<f32>,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+}
+
+impl Family {
+    /// The forward's `Variant` for a file with `facts`.
+    pub fn variant(&self, facts: &FileFacts) -> Result<Variant> {
+        let n = facts.num_layers;
+        let layers: Vec<LayerAttention> = match (self.windows, facts.window) {
+            (Windows::Never, Some(_)) => {
+                return Err(Error::Metadata(format!(
+                    "{}: a sliding window is set, but this family has none",
+                    self.gguf
+                )))
+            }
+            (Windows::Never, None) | (Windows::WhereSet, None) => Vec::new(),
+            (Windows::WhereSet, Some(w)) => vec![
+                LayerAttention {
+                    window: Some(w),
+                    local_rope: false,
+                };
+                n
+            ],
+            (Windows::AllButEvery(_), None) => {
+                return Err(Error::Metadata(format!(
+                    "{}: missing the sliding window length",
+                    self.gguf
+                )))
+            }
+            (Windows::AllButEvery(period), Some(w)) => {
+                let windowed: Vec<bool> = match &facts.windowed_layers {
+                    Some(kinds) if kinds.len() != n => {
+                        return Err(Error::Metadata(format!(
+                            "{} layer kinds for {n} layers",
+                            kinds.len()
+                        )))
+                    }
+                    Some(kinds) => kinds.clone(),
+                    None => {
+                        let period = facts.window_period.unwrap_or(period).max(1);
+                        (0..n).map(|i| (i + 1) % period != 0).collect()
+                    }
+                };
+                windowed
+                    .into_iter()
+                    .map(|on| LayerAttention {
+                        window: on.then_some(w),
+                        local_rope: on && self.local_rope_theta.is_some(),
+                    })
+                    .collect()
+            }
+        };
+        Ok(Variant {
+            qk_norm: self.qk_norm,
+            post_norms: self.post_norms,
+            activation: self.activation,
+            embedding_scale: self
+                .scaled_embedding
+                .then(|| (facts.hidden_size as f32).sqrt()),
+            attention_scale: facts.attention_scale,
+            attention_softcap: facts.attention_softcap,
+            final_softcap: facts.final_softcap,
+            local_rope_theta: layers
+                .iter()
+                .any(|l| l.local_rope)
+                .then(|| facts.local_rope_theta.or(self.local_rope_theta))
+                .flatten(),
+            layers,
+            rope_scaling: facts.rope_scaling.clone(),
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! RoPE's cos/sin tables, `[max_positions, head_dim / 2]` each: the global one (the file's base,
+//! with its long-context scaling: linear, Llama 3.1's piecewise, or per-frequency factors) and,
+//! for families whose windowed layers rotate with a base of their own (Gemma 3), the local one.
+//! Computed as candle's reference models do: f32 inverse frequencies, position times frequency,
+//! then cos and sin.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::config::{ModelConfig, RopeScaling};
+use crate::{Error, Result};
+
+/// The table of the global layers.
+pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let inv_freq = scaled(
+        inverse_frequencies(cfg.rope_theta, cfg.head_dim),
+        &cfg.variant.rope_scaling,
+    )?;
+    table(inv_freq, cfg.max_position_embeddings, device)
+}
+
+/// The table of the windowed layers, where they have a base of their own.
+pub fn local_table(cfg: &ModelConfig, device: &Device) -> Result<Option<(Tensor, Tensor)>> {
+    let v = &cfg.variant;
+    match v.local_rope_theta {
+        Some(theta) if v.layers.iter().any(|l| l.local_rope) => Ok(Some(table(
+            inverse_frequencies(theta, cfg.head_dim),
+            cfg.max_position_embeddings,
+            device,
+        )?)),
+        _ => Ok(None),
+    }
+}
+
+/// `1 / theta^(2i / d)` for each pair of a head of width `d`.
+fn inverse_frequencies(theta: f32, hd: usize) -> Vec<f32> {
+    (0..hd)
+        .step_by(2)
+        .map(|i| 1f32 / theta.powf(i as f32 / hd as f32))
+        .collect()
+}
+
+/// The frequencies after `scaling`.
+fn scaled(mut inv_freq: Vec<f32>, scaling: &RopeScaling) -> Result<Vec<f32>> {
+    match scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            for f in &mut inv_freq {
+                *f /= *factor;
+            }
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = *original_max_position_embeddings as f32;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            for f in &mut inv_freq {
+                let wavelen = 2.0 * std::f32::consts::PI / *f;
+                if wavelen > low_wavelen {
+                    *f /= factor;
+                } else if wavelen >= high_wavelen {
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                }
+            }
+        }
+        RopeScaling::Factors(factors) => {
+            if factors.len() != inv_freq.len() {
+                return Err(Error::Metadata(format!(
+                    "rope_freqs holds {} factors for {} frequencies",
+                    factors.len(),
+                    inv_freq.len()
+                )));
+            }
+            for (f, by) in inv_freq.iter_mut().zip(factors) {
+                *f /= *by;
+            }
+        }
+    }
+    Ok(inv_freq)
+}
+
+/// cos and sin of `position * frequency` for every position below `n`.
+fn table(inv_freq: Vec<f32>, n: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = inv_freq.len();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let positions = Tensor::arange(0u32, n as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((n, 1))?;
+    let angles = positions.matmul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_frequencies_and_divides_low_ones() {
+        let base = inverse_frequencies(500_000.0, 128);
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        };
+        let out = scaled(base.clone(), &scaling).unwrap();
+        // Wavelength 2 pi: far below 8192 / 4, kept.
+        assert_eq!(out[0], base[0]);
+        // The lowest frequency's wavelength is far above 8192: divided by the factor.
+        let last = base.len() - 1;
+        assert_eq!(out[last], base[last] / 8.0);
+        // In between, smoothly between the two.
+        for (o, b) in out.iter().zip(&base) {
+            assert!(*o <= *b && *o >= *b / 8.0, "{o} vs {b}");
+        }
+        assert!(out.iter().zip(&base).any(|(o, b)| *o < *b && *o > *b / 8.0));
+    }
+
+    #[test]
+    fn per_frequency_factors_must_match_the_head() {
+        let base = inverse_frequencies(10_000.0, 8);
+        let err = scaled(base.clone(), &RopeScaling::Factors(vec![1.0; 3])).unwrap_err();
+        assert!(err.to_string().contains("rope_freqs"), "{err}");
+        let out = scaled(base.clone(), &RopeScaling::Factors(vec![2.0; 4])).unwrap();
+        assert_eq!(out, base.iter().map(|f| f / 2.0).collect::<Vec<_>>());
+    }
+}
