@@ -5,6 +5,7 @@
 mod candle_oracle;
 mod cuda;
 pub(crate) mod families;
+mod families_gguf;
 mod forward;
 mod kv_cache;
 mod load_and_input_errors;

@@ -163,9 +163,30 @@ pub fn load_gguf(
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
-    let (content, mut reader) = read_content(path)?;
-    let mut config = config_from_gguf(&content)?;
+    let (content, reader) = read_content(path)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
+    let (config, weights) = weights_from(path, &content, reader, dtype, device)?;
+    Ok((config, weights, tokenizer))
+}
+
+/// Loads config and weights only (a file whose tokenizer is not needed, or absent).
+pub fn load_gguf_weights(
+    path: &Path,
+    dtype: Option<DType>,
+    device: &Device,
+) -> Result<(ModelConfig, ModelWeights)> {
+    let (content, reader) = read_content(path)?;
+    weights_from(path, &content, reader, dtype, device)
+}
+
+fn weights_from(
+    path: &Path,
+    content: &Content,
+    mut reader: BufReader<File>,
+    dtype: Option<DType>,
+    device: &Device,
+) -> Result<(ModelConfig, ModelWeights)> {
+    let mut config = config_from_gguf(content)?;
     let mut tensor = |name: &str| -> Result<QTensor> {
         if !content.tensor_infos.contains_key(name) {
             return Err(Error::Metadata(format!(
@@ -262,7 +283,7 @@ pub fn load_gguf(
         final_norm,
         lm_head,
     };
-    Ok((config, weights, tokenizer))
+    Ok((config, weights))
 }
 
 fn as_u64(v: &Value, key: &str) -> Result<u64> {

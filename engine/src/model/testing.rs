@@ -1,10 +1,12 @@
-//! Tiny random-weight models written to disk as HF directories, for tests and benches that
-//! must not depend on a downloaded model. Weights come from a seeded generator, so every run
-//! builds the same model.
+//! Tiny random-weight models written to disk as HF directories (and, converted as llama.cpp's
+//! converter does, as GGUF files), for tests and benches that must not depend on a downloaded
+//! model. Weights come from a seeded generator, so every run builds the same model.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::model::config::Architecture;
@@ -62,7 +64,7 @@ pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
     let hd = spec.head_dim.unwrap_or(h / spec.num_heads);
     let (qw, kvw) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let arch = spec.architecture;
-    let gemma = arch == Architecture::Gemma3;
+    let gemma = matches!(arch, Architecture::Gemma2 | Architecture::Gemma3);
     // Gemma's checkpoints store norm weights less one.
     let norm_offset = if gemma { 0.0 } else { 1.0 };
     let mut rng = SplitMix(spec.seed);
@@ -165,6 +167,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         Architecture::Mistral => ("MistralForCausalLM", "mistral"),
+        Architecture::Gemma2 => ("Gemma2ForCausalLM", "gemma2"),
         Architecture::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let mut config = serde_json::json!({
@@ -205,6 +208,16 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
             "final_logit_softcapping": null,
             "attn_logit_softcapping": null,
         }),
+        Architecture::Gemma2 => serde_json::json!({
+            "hidden_act": null,
+            "use_sliding_window": null,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": hd,
+            "sliding_window": spec.sliding_window.unwrap_or(4096),
+            // Smaller than the released 30 and 50, so that they bend these tiny logits.
+            "final_logit_softcapping": 15.0,
+            "attn_logit_softcapping": 4.0,
+        }),
         _ => serde_json::json!({}),
     };
     if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
@@ -217,6 +230,172 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         }
     }
     config
+}
+
+/// Writes the model `write_tiny_hf_model` writes for `spec` as a GGUF file at `path`, with
+/// llama.cpp's tensor names and conventions: projections (and the embedding) in `dtype`,
+/// norms in f32 with Gemma's one added, llama's query and key rows permuted for interleaved
+/// RoPE pairs, hyper-parameters as `{arch}.*` keys. It carries no tokenizer.
+pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> Result<()> {
+    // The HF checkpoint first, in a directory beside the file, removed at the end.
+    let hf_dir = path.with_extension("hf");
+    write_tiny_hf_model(&hf_dir, spec)?;
+    let hf = candle_core::safetensors::load(hf_dir.join("model.safetensors"), &Device::Cpu)?;
+    let arch = spec.architecture;
+    let family = arch.family();
+    let hd = spec.head_dim.unwrap_or(spec.hidden_size / spec.num_heads);
+    let interleaved = family.gguf_rope_style == crate::model::config::RopeStyle::Interleaved;
+    let get = |name: &str| -> Result<Tensor> {
+        hf.get(name)
+            .cloned()
+            .ok_or_else(|| Error::Metadata(format!("tiny model lacks {name}")))
+    };
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut add = |gguf: String, t: Tensor, dtype: GgmlDType| -> Result<()> {
+        tensors.push((gguf, QTensor::quantize(&t, dtype)?));
+        Ok(())
+    };
+    let norm = |name: &str| -> Result<Tensor> {
+        let t = get(name)?;
+        Ok((t + f64::from(family.hf_norm_offset))?)
+    };
+    add(
+        "token_embd.weight".into(),
+        get("model.embed_tokens.weight")?,
+        dtype,
+    )?;
+    add(
+        "output_norm.weight".into(),
+        norm("model.norm.weight")?,
+        GgmlDType::F32,
+    )?;
+    if !spec.tie_word_embeddings {
+        add("output.weight".into(), get("lm_head.weight")?, dtype)?;
+    }
+    let (mlp_norm, post_attn) = if family.post_norms {
+        (
+            "pre_feedforward_layernorm",
+            Some("post_attention_layernorm"),
+        )
+    } else {
+        ("post_attention_layernorm", None)
+    };
+    for i in 0..spec.num_layers {
+        let (p, b) = (format!("model.layers.{i}"), format!("blk.{i}"));
+        let mut norms = vec![("input_layernorm", "attn_norm"), (mlp_norm, "ffn_norm")];
+        if let Some(post) = post_attn {
+            norms.push((post, "post_attention_norm"));
+            norms.push(("post_feedforward_layernorm", "post_ffw_norm"));
+        }
+        if family.qk_norm {
+            norms.push(("self_attn.q_norm", "attn_q_norm"));
+            norms.push(("self_attn.k_norm", "attn_k_norm"));
+        }
+        for (from, to) in norms {
+            add(
+                format!("{b}.{to}.weight"),
+                norm(&format!("{p}.{from}.weight"))?,
+                GgmlDType::F32,
+            )?;
+        }
+        for (from, to, heads) in [
+            ("self_attn.q_proj", "attn_q", Some(spec.num_heads)),
+            ("self_attn.k_proj", "attn_k", Some(spec.num_kv_heads)),
+            ("self_attn.v_proj", "attn_v", None),
+            ("self_attn.o_proj", "attn_output", None),
+            ("mlp.gate_proj", "ffn_gate", None),
+            ("mlp.up_proj", "ffn_up", None),
+            ("mlp.down_proj", "ffn_down", None),
+        ] {
+            let permute = |t: Tensor| match heads {
+                Some(n) if interleaved => interleave_rows(&t, n, hd),
+                _ => Ok(t),
+            };
+            add(
+                format!("{b}.{to}.weight"),
+                permute(get(&format!("{p}.{from}.weight"))?)?,
+                dtype,
+            )?;
+            if let Ok(bias) = get(&format!("{p}.{from}.bias")) {
+                add(format!("{b}.{to}.bias"), permute(bias)?, GgmlDType::F32)?;
+            }
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(hf_dir.join("config.json"))
+            .map_err(|e| Error::io("read config.json", e))?,
+    )
+    .map_err(|e| Error::Metadata(e.to_string()))?;
+    std::fs::remove_dir_all(&hf_dir)
+        .map_err(|e| Error::io(format!("remove {}", hf_dir.display()), e))?;
+    let name = arch.as_str();
+    let u32_of = |v: usize| Value::U32(v as u32);
+    let f32_at = |key: &str| config.get(key).and_then(|v| v.as_f64()).map(|v| v as f32);
+    let mut metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(name.into())),
+        (format!("{name}.context_length"), u32_of(1024)),
+        (format!("{name}.vocab_size"), u32_of(spec.vocab_size)),
+        (format!("{name}.embedding_length"), u32_of(spec.hidden_size)),
+        (format!("{name}.block_count"), u32_of(spec.num_layers)),
+        (
+            format!("{name}.feed_forward_length"),
+            u32_of(spec.intermediate_size),
+        ),
+        (
+            format!("{name}.attention.head_count"),
+            u32_of(spec.num_heads),
+        ),
+        (
+            format!("{name}.attention.head_count_kv"),
+            u32_of(spec.num_kv_heads),
+        ),
+        (format!("{name}.attention.key_length"), u32_of(hd)),
+        (format!("{name}.attention.value_length"), u32_of(hd)),
+        (
+            format!("{name}.rope.freq_base"),
+            Value::F32(f32_at("rope_theta").unwrap_or(10_000.0)),
+        ),
+        (
+            format!("{name}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+    ];
+    let windowed = config.get("use_sliding_window") != Some(&serde_json::Value::Bool(false));
+    if family.windows != crate::model::arch::Windows::Never && windowed {
+        if let Some(w) = config.get("sliding_window").and_then(|v| v.as_u64()) {
+            metadata.push((
+                format!("{name}.attention.sliding_window"),
+                u32_of(w as usize),
+            ));
+        }
+    }
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if let Some(cap) = f32_at(key) {
+            metadata.push((format!("{name}.{key}"), Value::F32(cap)));
+        }
+    }
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path)
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    gguf_file::write(&mut file, &metadata, &tensors)?;
+    Ok(())
+}
+
+/// Rows of each of `heads` heads reordered from halves (`[x_0..x_d/2, y_0..y_d/2]`) to
+/// interleaved pairs (`[x_0, y_0, x_1, y_1, ...]`), as llama.cpp's converter permutes llama's
+/// query and key projections (and their biases).
+fn interleave_rows(t: &Tensor, heads: usize, hd: usize) -> Result<Tensor> {
+    let rows = t.dim(0)?;
+    let rest: Vec<usize> = t.dims()[1..].to_vec();
+    let mut shape = vec![heads, 2, hd / 2];
+    shape.extend(&rest);
+    let mut back = vec![rows];
+    back.extend(&rest);
+    Ok(t.reshape(shape)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(back)?)
 }
 
 /// SplitMix64: small, seeded, good enough for test weights.

@@ -17,6 +17,7 @@ pub const FAMILY: Family = Family {
     scaled_embedding: false,
     gguf_rope_style: RopeStyle::Interleaved,
     hf_norm_offset: 0.0,
-    windows: Windows::Never,
+    // Mistral models converted to GGUF are written as llama, with a window where set.
+    windows: Windows::WhereSet,
     local_rope_theta: None,
 };

@@ -6,6 +6,7 @@
 //! no forward per family. A key a family needs and the file lacks, or an option thicket does not
 //! implement, is an error naming it.
 
+mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
@@ -26,6 +27,9 @@ pub enum Architecture {
     Qwen3,
     /// Mistral: llama with a sliding window where the config sets one.
     Mistral,
+    /// Gemma 2: pre and post norms, GeGLU, scaled embedding, soft-capped attention and
+    /// logits, every other layer windowed.
+    Gemma2,
     /// Gemma 3 (text): QK norm, pre and post norms, GeGLU, scaled embedding, five windowed
     /// layers to one global, a local RoPE base for the windowed ones.
     Gemma3,
@@ -37,6 +41,7 @@ const FAMILIES: &[&Family] = &[
     &qwen2::FAMILY,
     &qwen3::FAMILY,
     &mistral::FAMILY,
+    &gemma2::FAMILY,
     &gemma3::FAMILY,
 ];
 
