@@ -164,6 +164,8 @@ pub fn load_gguf(
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
     let (content, reader) = read_content(path)?;
+    // The family and its keys first: an unsupported model is named as such.
+    config_from_gguf(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
     let (config, weights) = weights_from(path, &content, reader, dtype, device)?;
     Ok((config, weights, tokenizer))
