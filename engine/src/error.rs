@@ -23,7 +23,7 @@ pub enum Error {
     },
     /// An architecture this engine does not implement.
     #[error(
-        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, mistral, gemma2, gemma3)"
+        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3)"
     )]
     UnsupportedArchitecture(String),
     /// A required metadata key or config field is absent or has the wrong type.

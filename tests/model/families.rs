@@ -11,7 +11,7 @@
 //! to a prefill's mask); Llama 3.1's RoPE scaling against candle's `llama`.
 
 use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::{gemma2, gemma3, llama, mistral, qwen3};
+use candle_transformers::models::{gemma2, gemma3, llama, mistral, phi3, qwen3};
 use engine::cpu::kv_store::KvDtype;
 use engine::model::config::Architecture;
 use engine::model::testing::TinyModelSpec;
@@ -320,4 +320,28 @@ fn llama3_rope_scaling_matches_candle_llama() {
         moved > 1e-2,
         "scaling moved the last logits by only {moved}"
     );
+}
+
+/// A Phi-3-shaped tiny model: q/k/v and gate/up stored fused; no window (candle's `phi3`
+/// takes none).
+pub fn tiny_phi3() -> TinyModelSpec {
+    TinyModelSpec {
+        architecture: Architecture::Phi3,
+        vocab_size: 300,
+        seed: 14,
+        ..TinyModelSpec::default()
+    }
+}
+
+#[test]
+fn tiny_phi3_with_fused_projections_matches_candle_phi3() {
+    let (dir, ours) = tiny_model(&tiny_phi3());
+    let ours = ours.with_kv_dtype(KvDtype::F32);
+    let cfg: phi3::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
+    let mut reference = phi3::Model::new(&cfg, vb).unwrap();
+    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
+    assert_close("phi3", &found);
 }

@@ -17,7 +17,7 @@ use engine::QuantKernel;
 use engine::{LogitRows, Model, TokenTree, TreeBatch};
 
 use super::families::{
-    assert_close, compare, compare_within, tiny_gemma2, tiny_gemma3, tiny_qwen3, PROMPT,
+    assert_close, compare, compare_within, tiny_gemma2, tiny_gemma3, tiny_phi3, tiny_qwen3, PROMPT,
 };
 use crate::support::fixtures::{one_sequence, tiny_model};
 
@@ -61,7 +61,14 @@ fn every_family_loads_the_same_model_from_gguf_and_hf() {
         architecture: Architecture::Qwen2,
         ..llama.clone()
     };
-    for spec in [llama, qwen2, tiny_qwen3(), tiny_gemma2(), tiny_gemma3()] {
+    for spec in [
+        llama,
+        qwen2,
+        tiny_qwen3(),
+        tiny_phi3(),
+        tiny_gemma2(),
+        tiny_gemma3(),
+    ] {
         let name = format!("{:?}", spec.architecture);
         let (_hf_dir, hf) = tiny_model(&spec);
         let (_gguf_dir, gguf) = gguf_model(&spec, GgmlDType::F32, false);

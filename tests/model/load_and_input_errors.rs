@@ -1,6 +1,8 @@
 //! Bad input gives clear errors, never a panic: loading a missing file, a corrupt GGUF header,
-//! a GGUF of an unsupported architecture or an HF directory without weights; and running an
-//! empty prompt, a token outside the vocabulary or a block table past the KV store.
+//! a GGUF of an unsupported architecture, an HF directory without weights, or a config with an
+//! option the family cannot honour (named: an unknown RoPE scaling, activation or layer kind, a
+//! missing window, weights that contradict the heads); and running an empty prompt, a token
+//! outside the vocabulary or a block table past the KV store.
 
 use crate::support::plain_greedy::{generate_greedy, GreedyOptions};
 use candle_core::quantized::gguf_file::{self, Value};
@@ -104,4 +106,74 @@ fn context_block_outside_the_store_is_rejected() {
         .unwrap();
     let err = model.forward(&batch, &mut kv).unwrap_err();
     assert!(err.to_string().contains("outside KV store"), "{err}");
+}
+
+/// Writes `spec`'s HF checkpoint with `edit` applied to its config, and loads it.
+fn load_edited(spec: &TinyModelSpec, edit: impl Fn(&mut serde_json::Value)) -> Error {
+    let dir = tempfile::tempdir().unwrap();
+    engine::model::testing::write_tiny_hf_model(dir.path(), spec).unwrap();
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    engine::model::load::load_hf_model(dir.path(), engine::WeightDType::F32, &Device::Cpu)
+        .expect_err("load should fail")
+}
+
+#[test]
+fn options_a_family_cannot_honour_are_named_at_load() {
+    let llama = TinyModelSpec::default();
+    let gemma3 = crate::model::families::tiny_gemma3();
+    let qwen3 = crate::model::families::tiny_qwen3();
+    let cases: Vec<(Error, &str)> = vec![
+        (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+            }),
+            "rope_scaling type 'yarn'",
+        ),
+        (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0})
+            }),
+            "rope_scaling.low_freq_factor",
+        ),
+        (
+            load_edited(&llama, |c| c["hidden_act"] = "gelu".into()),
+            "hidden_act = 'gelu'",
+        ),
+        (
+            load_edited(&llama, |c| c["partial_rotary_factor"] = 0.5.into()),
+            "partial_rotary_factor",
+        ),
+        (
+            load_edited(&gemma3, |c| {
+                c.as_object_mut().unwrap().remove("sliding_window");
+            }),
+            "missing the sliding window length",
+        ),
+        (
+            load_edited(&gemma3, |c| {
+                c["layer_types"] = serde_json::json!(["sliding_attention", "chunked_attention"])
+            }),
+            "layer_types: 'chunked_attention'",
+        ),
+        (
+            load_edited(&qwen3, |c| c["use_sliding_window"] = true.into()),
+            "a sliding window is set, but this family has none",
+        ),
+        // The config's heads contradict the weights: the tensor is named.
+        (
+            load_edited(&qwen3, |c| c["head_dim"] = 16.into()),
+            "tensor model.layers.0.self_attn.q_norm.weight has shape [32], but the config \
+             implies [16]",
+        ),
+    ];
+    for (err, wanted) in cases {
+        assert!(
+            matches!(err, Error::Metadata(_)) && err.to_string().contains(wanted),
+            "{err} (wanted {wanted:?})"
+        );
+    }
 }

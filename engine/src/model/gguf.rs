@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::arch::FileFacts;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::linear::Linear;
-use crate::model::shapes::{Role, Shapes};
+use crate::model::shapes::{split_quantized, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{LayerWeights, ModelWeights};
 use crate::{Error, Result};
@@ -184,12 +184,13 @@ pub fn load_gguf_weights(
 fn weights_from(
     path: &Path,
     content: &Content,
-    mut reader: BufReader<File>,
+    reader: BufReader<File>,
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights)> {
     let mut config = config_from_gguf(content)?;
-    let mut tensor = |name: &str| -> Result<QTensor> {
+    let reader = std::cell::RefCell::new(reader);
+    let tensor = |name: &str| -> Result<QTensor> {
         if !content.tensor_infos.contains_key(name) {
             return Err(Error::Metadata(format!(
                 "missing tensor {name} in {}",
@@ -197,7 +198,7 @@ fn weights_from(
             )));
         }
         content
-            .tensor(&mut reader, name, device)
+            .tensor(&mut *reader.borrow_mut(), name, device)
             .map_err(|e| Error::InvalidGguf {
                 path: path.to_path_buf(),
                 reason: format!("tensor {name}: {e}"),
@@ -214,6 +215,16 @@ fn weights_from(
         embedding_q
     };
     let lm_head = Linear::from_qtensor(lm_head_q, None, dtype)?;
+    let family = config.architecture.family();
+    if content
+        .tensor_infos
+        .contains_key("rope_factors_long.weight")
+    {
+        return Err(Error::Metadata(format!(
+            "{}: LongRoPE (rope_factors_long / rope_factors_short) is not supported yet",
+            path.display()
+        )));
+    }
     if content.tensor_infos.contains_key("rope_freqs.weight") {
         // Llama 3.1's scaling, as per-frequency divisors.
         let factors = dense(tensor("rope_freqs.weight")?)?.to_vec1::<f32>()?;
@@ -224,7 +235,7 @@ fn weights_from(
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         let p = format!("blk.{i}");
-        let mut proj = |name: &str, role: Role, biased: bool| -> Result<Linear> {
+        let proj = |name: &str, role: Role, biased: bool| -> Result<Linear> {
             let bias = if biased {
                 Some(dense(tensor(&format!("{p}.{name}.bias"))?)?)
             } else {
@@ -236,14 +247,37 @@ fn weights_from(
             Linear::from_qtensor(weight, bias, dtype)
         };
         let bias = config.attention_bias;
-        let q = proj("attn_q", Role::Q, bias)?;
-        let k = proj("attn_k", Role::Kv, bias)?;
-        let v = proj("attn_v", Role::Kv, bias)?;
+        let (q, k, v, gate, up) = if family.fused_projections {
+            let fused = |name: &str, role: Role| -> Result<Vec<Linear>> {
+                let full = format!("{p}.{name}.weight");
+                let weight = tensor(&full)?;
+                shapes.check(&full, role, weight.shape().dims())?;
+                split_quantized(&weight, &shapes.parts(role))?
+                    .into_iter()
+                    .map(|part| Linear::from_qtensor(part, None, dtype))
+                    .collect()
+            };
+            let qkv = fused("attn_qkv", Role::Qkv)?;
+            let gate_up = fused("ffn_up", Role::GateUp)?;
+            match (
+                <[Linear; 3]>::try_from(qkv),
+                <[Linear; 2]>::try_from(gate_up),
+            ) {
+                (Ok([q, k, v]), Ok([gate, up])) => (q, k, v, gate, up),
+                _ => return Err(Error::Metadata("a fused projection split wrongly".into())),
+            }
+        } else {
+            (
+                proj("attn_q", Role::Q, bias)?,
+                proj("attn_k", Role::Kv, bias)?,
+                proj("attn_v", Role::Kv, bias)?,
+                proj("ffn_gate", Role::Up, false)?,
+                proj("ffn_up", Role::Up, false)?,
+            )
+        };
         let o = proj("attn_output", Role::O, false)?;
-        let gate = proj("ffn_gate", Role::Up, false)?;
-        let up = proj("ffn_up", Role::Up, false)?;
         let down = proj("ffn_down", Role::Down, false)?;
-        let mut norm = |name: &str, role: Role| -> Result<Tensor> {
+        let norm = |name: &str, role: Role| -> Result<Tensor> {
             let full = format!("{p}.{name}.weight");
             let t = dense(tensor(&full)?)?;
             shapes.check(&full, role, t.dims())?;

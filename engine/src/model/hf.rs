@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::model::arch::FileFacts;
 use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::linear::Linear;
-use crate::model::shapes::{Role, Shapes};
+use crate::model::shapes::{split_dense, Role, Shapes};
 use crate::model::{LayerWeights, ModelWeights};
 use crate::{Error, Result};
 
@@ -64,6 +64,8 @@ struct HfConfig {
     #[serde(default)]
     hidden_act: Option<String>,
     #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    #[serde(default)]
     hidden_activation: Option<String>,
 }
 
@@ -105,6 +107,11 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     let architecture = Architecture::parse(&arch_name)?;
     let family = architecture.family();
     check_activation(&hf, family.activation)?;
+    if hf.partial_rotary_factor.is_some_and(|f| f != 1.0) {
+        return Err(Error::Metadata(
+            "partial_rotary_factor: partial rotary embeddings are not supported".into(),
+        ));
+    }
     let window = match hf.use_sliding_window {
         Some(false) => None,
         _ => hf.sliding_window,
@@ -224,17 +231,45 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 None,
             )
         };
+        let (q, k, v, gate, up) = if family.fused_projections {
+            let fused = |name: &str, role: Role| -> Result<Vec<Linear>> {
+                let name = format!("{p}.{name}.weight");
+                let weight = load(&name)?;
+                shapes.check(&name, role, weight.dims())?;
+                split_dense(&weight, &shapes.parts(role))?
+                    .into_iter()
+                    .map(|part| Linear::from_dense(part, None, dtype))
+                    .collect()
+            };
+            let qkv = fused("self_attn.qkv_proj", Role::Qkv)?;
+            let gate_up = fused("mlp.gate_up_proj", Role::GateUp)?;
+            match (
+                <[Linear; 3]>::try_from(qkv),
+                <[Linear; 2]>::try_from(gate_up),
+            ) {
+                (Ok([q, k, v]), Ok([gate, up])) => (q, k, v, gate, up),
+                _ => return Err(Error::Metadata("a fused projection split wrongly".into())),
+            }
+        } else {
+            (
+                proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,
+                proj(&format!("{p}.self_attn.k_proj"), Role::Kv, bias)?,
+                proj(&format!("{p}.self_attn.v_proj"), Role::Kv, bias)?,
+                proj(&format!("{p}.mlp.gate_proj"), Role::Up, false)?,
+                proj(&format!("{p}.mlp.up_proj"), Role::Up, false)?,
+            )
+        };
         layers.push(LayerWeights {
             attn_norm: norm(&format!("{p}.input_layernorm"), Role::Norm)?,
             qk_norm,
             post_norms,
-            q: proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,
-            k: proj(&format!("{p}.self_attn.k_proj"), Role::Kv, bias)?,
-            v: proj(&format!("{p}.self_attn.v_proj"), Role::Kv, bias)?,
+            q,
+            k,
+            v,
             o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
             mlp_norm,
-            gate: proj(&format!("{p}.mlp.gate_proj"), Role::Up, false)?,
-            up: proj(&format!("{p}.mlp.up_proj"), Role::Up, false)?,
+            gate,
+            up,
             down: proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?,
         });
     }
@@ -311,7 +346,8 @@ fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling> {
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
         other => Err(Error::Metadata(format!(
-            "rope_scaling type '{other}' is not supported (supported: default, linear, llama3)"
+            "rope_scaling type '{other}' is not supported (supported: default, linear, \
+             llama3; LongRoPE and YaRN are not implemented yet)"
         ))),
     }
 }

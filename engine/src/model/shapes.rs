@@ -1,6 +1,13 @@
 //! The shape each weight of a layer must have for a config (`[out, in]` for projections), so
 //! that a file whose tensors contradict its own metadata or the family's declaration is refused
-//! at load with the tensor's name, instead of failing (or computing garbage) in a forward.
+//! at load with the tensor's name, instead of failing (or computing garbage) in a forward; and
+//! the split of fused projections (Phi-3's `qkv` and `gate_up`) into their parts, by rows, for
+//! dense tensors and for GGUF's quantized blocks alike (a row's blocks are its own).
+
+use std::borrow::Cow;
+
+use candle_core::quantized::{QStorage, QTensor};
+use candle_core::Tensor;
 
 use crate::model::config::ModelConfig;
 use crate::{Error, Result};
@@ -22,6 +29,10 @@ pub enum Role {
     Norm,
     /// A per-head norm (QK norm).
     HeadNorm,
+    /// Query, key and value projections fused, in that order.
+    Qkv,
+    /// MLP gate and up projections fused, in that order.
+    GateUp,
 }
 
 /// The expected shapes of one config's layer weights.
@@ -56,6 +67,17 @@ impl Shapes {
             Role::Down => vec![self.hidden, self.inner],
             Role::Norm => vec![self.hidden],
             Role::HeadNorm => vec![self.head],
+            Role::Qkv => vec![self.attention + 2 * self.kv, self.hidden],
+            Role::GateUp => vec![2 * self.inner, self.hidden],
+        }
+    }
+
+    /// Rows of each part of a fused projection of `role`.
+    pub fn parts(&self, role: Role) -> Vec<usize> {
+        match role {
+            Role::Qkv => vec![self.attention, self.kv, self.kv],
+            Role::GateUp => vec![self.inner, self.inner],
+            other => vec![self.expected(other)[0]],
         }
     }
 
@@ -69,4 +91,43 @@ impl Shapes {
             "tensor {name} has shape {dims:?}, but the config implies {want:?}"
         )))
     }
+}
+
+/// `t` (`[rows, in]`) cut into consecutive row ranges of `parts` rows.
+pub fn split_dense(t: &Tensor, parts: &[usize]) -> Result<Vec<Tensor>> {
+    let mut start = 0;
+    let mut out = Vec::with_capacity(parts.len());
+    for &rows in parts {
+        out.push(t.narrow(0, start, rows)?.contiguous()?);
+        start += rows;
+    }
+    Ok(out)
+}
+
+/// `q` (`[rows, in]`, any GGUF type) cut into consecutive row ranges of `parts` rows, each
+/// keeping its blocks' bytes as they are.
+pub fn split_quantized(q: &QTensor, parts: &[usize]) -> Result<Vec<QTensor>> {
+    let dims = q.shape().dims().to_vec();
+    let [rows, cols] = dims[..] else {
+        return Err(Error::Metadata(format!(
+            "a fused projection of shape {dims:?} is not a matrix"
+        )));
+    };
+    let dtype = q.dtype();
+    let row_bytes = cols / dtype.block_size() * dtype.type_size();
+    let data = q.data()?;
+    if data.len() != rows * row_bytes || parts.iter().sum::<usize>() != rows {
+        return Err(Error::Metadata(format!(
+            "a fused projection of {rows} rows does not split into {parts:?}"
+        )));
+    }
+    let mut start = 0;
+    let mut out = Vec::with_capacity(parts.len());
+    for &n in parts {
+        let bytes = &data[start * row_bytes..(start + n) * row_bytes];
+        let storage = QStorage::from_data(Cow::Borrowed(bytes), &q.device(), dtype)?;
+        out.push(QTensor::new(storage, (n, cols))?);
+        start += n;
+    }
+    Ok(out)
 }

@@ -152,6 +152,23 @@ pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
             }
         }
     }
+    if arch.family().fused_projections {
+        // Phi-3 stores q/k/v and gate/up each as one matrix, parts in that order.
+        for i in 0..spec.num_layers {
+            let p = format!("model.layers.{i}");
+            for (fused, parts) in [
+                ("self_attn.qkv_proj", &["q_proj", "k_proj", "v_proj"][..]),
+                ("mlp.gate_up_proj", &["gate_proj", "up_proj"][..]),
+            ] {
+                let prefix = fused.split('.').next().unwrap_or_default();
+                let parts: Vec<Tensor> = parts
+                    .iter()
+                    .filter_map(|part| tensors.remove(&format!("{p}.{prefix}.{part}.weight")))
+                    .collect();
+                tensors.insert(format!("{p}.{fused}.weight"), Tensor::cat(&parts, 0)?);
+            }
+        }
+    }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
 
     let config = hf_config(spec, hd);
@@ -167,6 +184,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         Architecture::Mistral => ("MistralForCausalLM", "mistral"),
+        Architecture::Phi3 => ("Phi3ForCausalLM", "phi3"),
         Architecture::Gemma2 => ("Gemma2ForCausalLM", "gemma2"),
         Architecture::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
@@ -192,7 +210,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         "eos_token_id": 0,
     });
     let extra = match spec.architecture {
-        Architecture::Mistral => serde_json::json!({
+        Architecture::Mistral | Architecture::Phi3 => serde_json::json!({
             "sliding_window": spec.sliding_window,
             "use_sliding_window": null,
         }),
@@ -298,15 +316,25 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
                 GgmlDType::F32,
             )?;
         }
-        for (from, to, heads) in [
-            ("self_attn.q_proj", "attn_q", Some(spec.num_heads)),
-            ("self_attn.k_proj", "attn_k", Some(spec.num_kv_heads)),
-            ("self_attn.v_proj", "attn_v", None),
-            ("self_attn.o_proj", "attn_output", None),
-            ("mlp.gate_proj", "ffn_gate", None),
-            ("mlp.up_proj", "ffn_up", None),
-            ("mlp.down_proj", "ffn_down", None),
-        ] {
+        let projections: &[(&str, &str, Option<usize>)] = if family.fused_projections {
+            &[
+                ("self_attn.qkv_proj", "attn_qkv", None),
+                ("self_attn.o_proj", "attn_output", None),
+                ("mlp.gate_up_proj", "ffn_up", None),
+                ("mlp.down_proj", "ffn_down", None),
+            ]
+        } else {
+            &[
+                ("self_attn.q_proj", "attn_q", Some(spec.num_heads)),
+                ("self_attn.k_proj", "attn_k", Some(spec.num_kv_heads)),
+                ("self_attn.v_proj", "attn_v", None),
+                ("self_attn.o_proj", "attn_output", None),
+                ("mlp.gate_proj", "ffn_gate", None),
+                ("mlp.up_proj", "ffn_up", None),
+                ("mlp.down_proj", "ffn_down", None),
+            ]
+        };
+        for &(from, to, heads) in projections {
             let permute = |t: Tensor| match heads {
                 Some(n) if interleaved => interleave_rows(&t, n, hd),
                 _ => Ok(t),

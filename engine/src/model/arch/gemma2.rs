@@ -14,6 +14,7 @@ pub const FAMILY: Family = Family {
     hf: &["Gemma2ForCausalLM", "gemma2"],
     attention_bias: false,
     qk_norm: false,
+    fused_projections: false,
     post_norms: true,
     activation: Activation::GeluTanh,
     scaled_embedding: true,

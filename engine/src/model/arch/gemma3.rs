@@ -14,6 +14,7 @@ pub const FAMILY: Family = Family {
     hf: &["Gemma3ForCausalLM", "gemma3_text"],
     attention_bias: false,
     qk_norm: true,
+    fused_projections: false,
     post_norms: true,
     activation: Activation::GeluTanh,
     scaled_embedding: true,

@@ -12,6 +12,7 @@ pub const FAMILY: Family = Family {
     hf: &["MistralForCausalLM"],
     attention_bias: false,
     qk_norm: false,
+    fused_projections: false,
     post_norms: false,
     activation: Activation::Silu,
     scaled_embedding: false,

@@ -10,6 +10,7 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -27,6 +28,8 @@ pub enum Architecture {
     Qwen3,
     /// Mistral: llama with a sliding window where the config sets one.
     Mistral,
+    /// Phi-3: fused q/k/v and gate/up projections, a window where set.
+    Phi3,
     /// Gemma 2: pre and post norms, GeGLU, scaled embedding, soft-capped attention and
     /// logits, every other layer windowed.
     Gemma2,
@@ -41,6 +44,7 @@ const FAMILIES: &[&Family] = &[
     &qwen2::FAMILY,
     &qwen3::FAMILY,
     &mistral::FAMILY,
+    &phi3::FAMILY,
     &gemma2::FAMILY,
     &gemma3::FAMILY,
 ];
@@ -100,6 +104,8 @@ pub struct Family {
     pub attention_bias: bool,
     /// Per-head RMSNorm of queries and keys before RoPE.
     pub qk_norm: bool,
+    /// q/k/v and gate/up projections stored fused, split at load.
+    pub fused_projections: bool,
     /// RMSNorm after attention and after the MLP.
     pub post_norms: bool,
     /// The MLP's gate activation.

@@ -11,6 +11,7 @@ pub const FAMILY: Family = Family {
     hf: &["Qwen2ForCausalLM"],
     attention_bias: true,
     qk_norm: false,
+    fused_projections: false,
     post_norms: false,
     activation: Activation::Silu,
     scaled_embedding: false,

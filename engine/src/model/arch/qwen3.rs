@@ -11,6 +11,7 @@ pub const FAMILY: Family = Family {
     hf: &["Qwen3ForCausalLM"],
     attention_bias: false,
     qk_norm: true,
+    fused_projections: false,
     post_norms: false,
     activation: Activation::Silu,
     scaled_embedding: false,

@@ -1,0 +1,25 @@
+//! Phi-3 (mini, medium; 4k contexts): the llama block with the query, key and value
+//! projections fused into one (`qkv_proj` / `attn_qkv`) and the MLP's gate and up fused
+//! (`gate_up_proj` / `ffn_up`, gate first), split at load; a sliding window on every layer where
+//! the file sets one (2047 in the released configs, as llama.cpp honours it). The 128k models'
+//! LongRoPE factors are refused by name until they are implemented.
+
+use super::{Architecture, Family, Windows};
+use crate::model::config::{Activation, RopeStyle};
+
+/// The declaration.
+pub const FAMILY: Family = Family {
+    architecture: Architecture::Phi3,
+    gguf: "phi3",
+    hf: &["Phi3ForCausalLM", "phi3"],
+    attention_bias: false,
+    qk_norm: false,
+    fused_projections: true,
+    post_norms: false,
+    activation: Activation::Silu,
+    scaled_embedding: false,
+    gguf_rope_style: RopeStyle::Halves,
+    hf_norm_offset: 0.0,
+    windows: Windows::WhereSet,
+    local_rope_theta: None,
+};
