@@ -16,6 +16,11 @@ Each text is given on stdin with `--ids --no-escape` (llama-tokenize's defaults 
 BOS added as the file asks, special tokens in the text parsed), so the ids are exactly what
 llama.cpp feeds the model for that text. The version string of the binary that ran is
 written into the file.
+
+The texts are tokenized a second time on a copy of the file's metadata (no tensors) with
+`tokenizer.ggml.add_space_prefix` set to true, the Llama 2 way, in which a space is put
+before the text and after every token matched whole: `space_prefix_cases`. That copy is
+written with the `gguf` Python package (llama.cpp's gguf-py, 0.19.0 here).
 """
 
 import argparse
@@ -24,6 +29,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
@@ -105,24 +111,11 @@ def main():
         if line.startswith("version:")
     )
 
-    cases = []
-    for text in TEXTS:
-        out = subprocess.run(
-            [
-                args.llama_tokenize,
-                "-m",
-                args.model,
-                "--stdin",
-                "--ids",
-                "--no-escape",
-                "--log-disable",
-            ],
-            input=text.encode("utf-8"),
-            capture_output=True,
-            check=True,
-        )
-        ids = json.loads(out.stdout.decode("utf-8").strip().splitlines()[-1])
-        cases.append({"text": text, "ids": ids})
+    cases = tokenize_all(args.llama_tokenize, args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefixed = pathlib.Path(tmp) / "space-prefix.gguf"
+        metadata_with_space_prefix(args.model, prefixed)
+        space_prefix_cases = tokenize_all(args.llama_tokenize, str(prefixed))
 
     data = {
         "comment": (
@@ -130,18 +123,64 @@ def main():
             "included, special tokens in the text parsed; written by "
             "scripts/gemma3-tokenizer-reference.py. Every text decodes back to itself "
             "except the one holding U+2581 (SentencePiece's stand-in for a space): it is "
-            "encoded as a space is and decodes with spaces in its place, in llama.cpp too."
+            "encoded as a space is and decodes with spaces in its place, in llama.cpp too. "
+            "space_prefix_cases: the same texts with tokenizer.ggml.add_space_prefix set "
+            "to true (a space put before the text and after every token matched whole, so "
+            "those texts do not decode back to themselves)."
         ),
         "llama_cpp": version,
         "model_sha256": MODEL_SHA256,
-        "cases": cases,
     }
     # One case a line, so a change to one shows as one line.
-    head = json.dumps({k: v for k, v in data.items() if k != "cases"}, ensure_ascii=False, indent=1)
-    lines = ",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in cases)
+    head = json.dumps(data, ensure_ascii=False, indent=1)
+    lists = ",\n".join(
+        f' "{name}": [\n'
+        + ",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in items)
+        + "\n ]"
+        for name, items in [("cases", cases), ("space_prefix_cases", space_prefix_cases)]
+    )
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(head[:-2] + ',\n "cases": [\n' + lines + "\n ]\n}\n")
-    print(f"{len(cases)} texts -> {args.out}")
+        f.write(head[:-2] + ",\n" + lists + "\n}\n")
+    print(f"{len(cases)} texts, twice -> {args.out}")
+
+
+def tokenize_all(llama_tokenize, model):
+    """llama-tokenize's ids for every text of TEXTS on `model`."""
+    cases = []
+    for text in TEXTS:
+        out = subprocess.run(
+            [llama_tokenize, "-m", model, "--stdin", "--ids", "--no-escape", "--log-disable"],
+            input=text.encode("utf-8"),
+            capture_output=True,
+            check=True,
+        )
+        ids = json.loads(out.stdout.decode("utf-8").strip().splitlines()[-1])
+        cases.append({"text": text, "ids": ids})
+    return cases
+
+
+def metadata_with_space_prefix(model, out):
+    """Writes the metadata of `model` (no tensors) to `out`, add_space_prefix set to true."""
+    import gguf
+
+    reader = gguf.GGUFReader(model)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(out), arch=arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        if key == "tokenizer.ggml.add_space_prefix":
+            value = True
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, kind, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 if __name__ == "__main__":

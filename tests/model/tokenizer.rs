@@ -8,7 +8,8 @@
 
 use crate::support::fixtures::{gemma3_tokenizer, smollm2};
 
-/// llama.cpp's ids (BOS included, special tokens parsed) for 42 texts on gemma3-270m.
+/// llama.cpp's ids (BOS included, special tokens parsed) for 42 texts on gemma3-270m, and
+/// for the same texts with `add_space_prefix` set (the Llama 2 way).
 const GEMMA3_LLAMA_CPP: &str = include_str!("../data/gemma3_270m_llamacpp_ids.json");
 
 const TEXTS: &[&str] = &[
@@ -110,6 +111,43 @@ fn gemma3_encodes_as_llama_cpp_does_and_decodes_back() {
         cases.len(),
         differ.join("\n")
     );
+}
+
+#[test]
+fn with_a_space_prefix_it_encodes_as_llama_cpp_does() {
+    // Gemma's vocabulary with `tokenizer.ggml.add_space_prefix` set: a space before the text
+    // and after every token matched whole, as llama.cpp reads Llama 2's files.
+    let (mut content, _) =
+        engine::model::gguf::read_content(&crate::support::fixtures::gemma3_path()).unwrap();
+    content.metadata.insert(
+        "tokenizer.ggml.add_space_prefix".into(),
+        candle_core::quantized::gguf_file::Value::Bool(true),
+    );
+    let tok = engine::ModelTokenizer::from_gguf(&content).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(GEMMA3_LLAMA_CPP).unwrap();
+    let cases = reference["space_prefix_cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 42);
+    let mut differ = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let ids = tok.encode(text).unwrap();
+        if ids != want {
+            differ.push(format!(
+                "{text:?}\n  thicket   {ids:?}\n  llama.cpp {want:?}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} texts differ from llama.cpp:\n{}",
+        differ.len(),
+        cases.len(),
+        differ.join("\n")
+    );
+    // The space put before the text is taken off again.
+    let ids = tok.encode_plain("Hello world").unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), "Hello world");
 }
 
 #[test]
