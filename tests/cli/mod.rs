@@ -1,9 +1,10 @@
 //! The real `thicket` binary run as a process: `serve`'s log and shutdown, security defaults,
-//! hostile requests, overload and a soak, and tool calls on a real model; `batch`; the
-//! `bench` commands.
+//! hostile requests, overload and a soak, and tool calls on a real model; `generate` on a
+//! model without a chat template; `batch`; the `bench` commands.
 
 mod batch;
 mod bench;
+mod generate;
 mod hostile_requests;
 mod logs_and_drain;
 mod overload_and_soak;

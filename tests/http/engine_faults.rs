@@ -70,7 +70,7 @@ fn faulty_server() -> (Router, EngineHandle, tempfile::TempDir) {
     let template = "{% for message in messages %}{{ message.content }} {% endfor %}";
     let Server {
         app, engine, _dir, ..
-    } = mock_server(faulty, template, 64, None, 1 << 20);
+    } = mock_server(faulty, Some(template), 64, None, 1 << 20);
     (app, engine, _dir)
 }
 

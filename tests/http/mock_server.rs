@@ -1,6 +1,6 @@
 //! The in-process server the HTTP tests drive: the router over an engine on the mock backend
-//! (wrapped in a backend of the test's choosing), its tokenizer and chat template in a
-//! temporary directory; requests sent with `tower::ServiceExt::oneshot`, with or without the
+//! (wrapped in a backend of the test's choosing), its tokenizer and chat template (if any) in
+//! a temporary directory; requests sent with `tower::ServiceExt::oneshot`, with or without the
 //! API key; and OpenAI's error shape checked.
 
 use std::sync::Arc;
@@ -72,25 +72,28 @@ pub(crate) fn server_with(max_pending: usize, max_body_bytes: usize) -> Server {
 /// `server_with`, each forward taking `step`.
 pub(crate) fn server_over(max_pending: usize, max_body_bytes: usize, step: Duration) -> Server {
     let slow = move |inner| -> Box<dyn Backend> { Box::new(SlowBackend { inner, step }) };
-    mock_server(slow, CHATML, max_pending, Some(KEY), max_body_bytes)
+    mock_server(slow, Some(CHATML), max_pending, Some(KEY), max_body_bytes)
 }
 
 /// The router over an engine on `backend` (given the mock model to wrap: 64 tokens, 64 blocks
-/// of 4), its tokenizer with `chat_template` in a temporary directory, guarded by `api_key`.
+/// of 4), its tokenizer with `chat_template` (or none) in a temporary directory, guarded by
+/// `api_key`.
 pub(crate) fn mock_server(
     backend: impl FnOnce(MockBackend) -> Box<dyn Backend>,
-    chat_template: &str,
+    chat_template: Option<&str>,
     max_pending: usize,
     api_key: Option<&str>,
     max_body_bytes: usize,
 ) -> Server {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_tokenizer(dir.path(), VOCAB).unwrap();
-    std::fs::write(
-        dir.path().join("tokenizer_config.json"),
-        json!({ "chat_template": chat_template }).to_string(),
-    )
-    .unwrap();
+    if let Some(chat_template) = chat_template {
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            json!({ "chat_template": chat_template }).to_string(),
+        )
+        .unwrap();
+    }
     let tokenizer = Arc::new(ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap());
     let kv = ManagerConfig {
         num_blocks: 64,

@@ -1,9 +1,16 @@
 //! The tokenizer rebuilt from GGUF metadata: exact round trips, special tokens matched whole,
-//! and SmolLM2's documented pre-tokenization (digits split one by one); and the Hugging Face
-//! directory `thicket fetch` exports for clients, which the `tokenizers` Python package reads
-//! to the same ids on a few hundred strings.
+//! and SmolLM2's documented pre-tokenization (digits split one by one); Gemma 3's
+//! SentencePiece tokenizer against the ids llama.cpp gives for the same texts
+//! (`tests/data/gemma3_270m_llamacpp_ids.json`, written by
+//! `scripts/gemma3-tokenizer-reference.py`); and the Hugging Face directory `thicket fetch`
+//! exports for clients, which the `tokenizers` Python package reads to the same ids on a few
+//! hundred strings.
 
-use crate::support::fixtures::smollm2;
+use crate::support::fixtures::{gemma3_tokenizer, smollm2};
+
+/// llama.cpp's ids (BOS included, special tokens parsed) for 42 texts on gemma3-270m, and
+/// for the same texts with `add_space_prefix` set (the Llama 2 way).
+const GEMMA3_LLAMA_CPP: &str = include_str!("../data/gemma3_270m_llamacpp_ids.json");
 
 const TEXTS: &[&str] = &[
     "Hello, world!",
@@ -72,26 +79,160 @@ fn qwen_tokenizer_matches_known_ids() {
 }
 
 #[test]
+fn gemma3_encodes_as_llama_cpp_does_and_decodes_back() {
+    let tok = gemma3_tokenizer();
+    let reference: serde_json::Value = serde_json::from_str(GEMMA3_LLAMA_CPP).unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 42);
+    let mut differ = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let ids = tok.encode(text).unwrap();
+        if ids != want {
+            differ.push(format!(
+                "{text:?}\n  thicket   {ids:?}\n  llama.cpp {want:?}"
+            ));
+        }
+        // BOS is special; everything else, special tokens written in the text included,
+        // comes back as it was, but for U+2581, which SentencePiece reads as a space (the
+        // data file's comment).
+        assert_eq!(ids.first(), Some(&2), "{text:?}");
+        assert_eq!(
+            tok.decode(&ids[1..]).unwrap(),
+            text.replace('\u{2581}', " "),
+            "ids {ids:?}"
+        );
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} texts differ from llama.cpp:\n{}",
+        differ.len(),
+        cases.len(),
+        differ.join("\n")
+    );
+}
+
+#[test]
+fn with_a_space_prefix_it_encodes_as_llama_cpp_does() {
+    // Gemma's vocabulary with `tokenizer.ggml.add_space_prefix` set: a space before the text
+    // and after every token matched whole, as llama.cpp reads Llama 2's files.
+    let (mut content, _) =
+        engine::model::gguf::read_content(&crate::support::fixtures::gemma3_path()).unwrap();
+    content.metadata.insert(
+        "tokenizer.ggml.add_space_prefix".into(),
+        candle_core::quantized::gguf_file::Value::Bool(true),
+    );
+    let tok = engine::ModelTokenizer::from_gguf(&content).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(GEMMA3_LLAMA_CPP).unwrap();
+    let cases = reference["space_prefix_cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 42);
+    let mut differ = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let ids = tok.encode(text).unwrap();
+        if ids != want {
+            differ.push(format!(
+                "{text:?}\n  thicket   {ids:?}\n  llama.cpp {want:?}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} texts differ from llama.cpp:\n{}",
+        differ.len(),
+        cases.len(),
+        differ.join("\n")
+    );
+    // The space put before the text is taken off again.
+    let ids = tok.encode_plain("Hello world").unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), "Hello world");
+}
+
+#[test]
+fn gemma3_special_tokens_and_ends() {
+    let tok = gemma3_tokenizer();
+    assert_eq!(tok.vocab_size(), 262_144);
+    assert_eq!(tok.bos_id(), Some(2));
+    // A base model: no chat template in the file.
+    assert_eq!(tok.chat_template(), None);
+    // <eos> is declared; <end_of_turn> ends a turn. `</s>` is an HTML tag here (a
+    // user-defined token), not an end.
+    assert_eq!(tok.eos_ids(), &[1, 106]);
+    assert_eq!(tok.token_to_id("</s>"), Some(212));
+    let turn = "<start_of_turn>user\nHi<end_of_turn>\n";
+    let ids = tok.encode_plain(turn).unwrap();
+    assert_eq!(ids.first(), Some(&105));
+    assert!(ids.contains(&106));
+    // Control tokens are left out of what a user reads; user-defined ones are kept.
+    assert_eq!(tok.decode_skip_special(&ids).unwrap(), "user\nHi\n");
+    let html = tok.encode_plain("<b>x</b>").unwrap();
+    assert_eq!(tok.decode_skip_special(&html).unwrap(), "<b>x</b>");
+}
+
+#[test]
+fn gemma3_output_formats_read_its_pieces_as_text() {
+    // llguidance reads each token's bytes from the tokenizer: `▁` must be a space and the
+    // `<0xNN>` pieces single bytes, or the format would refuse the model's own spelling.
+    use engine::constraint::{ConstraintSpec, Grammars};
+    let tok = gemma3_tokenizer();
+    let ends = tok.eos_ids().to_vec();
+    let grammars = Grammars::new(
+        std::sync::Arc::new(tok.clone()),
+        tok.vocab_size(),
+        ends.clone(),
+    );
+    let spec = ConstraintSpec::Regex("[0-9]+ apples? \u{13000}".into());
+    let mut constraint = grammars.compile(&spec).expect("compiles");
+    let ids = tok.encode_plain("42 apples \u{13000}").unwrap();
+    assert!(
+        ids.contains(&tok.token_to_id("▁apples").unwrap()),
+        "{ids:?}"
+    );
+    assert!(ids.contains(&tok.token_to_id("<0xF0>").unwrap()), "{ids:?}");
+    for &id in &ids {
+        let mask = constraint.mask().unwrap();
+        assert!(mask.allows(id), "token {id} of {ids:?} refused");
+        // The same word without its space does not fit after the digits.
+        if Some(id) == tok.token_to_id("▁apples") {
+            assert!(!mask.allows(tok.token_to_id("apples").unwrap()));
+        }
+        constraint.advance(id).unwrap();
+    }
+    let mask = constraint.mask().unwrap();
+    assert!(ends.iter().all(|&e| mask.allows(e)), "ends {ends:?}");
+}
+
+#[test]
 fn incremental_detokenizer_never_emits_a_broken_character() {
     use engine::model::detokenizer::IncrementalDetokenizer;
-    let tokenizer = &smollm2().tokenizer;
-    let text = "Grüße aus 東京 😀🎉 — naïve café ∑x² ok";
-    let ids = tokenizer.encode(text).unwrap();
-    // The point of the test: some characters really are split across tokens.
-    let split = ids
-        .iter()
-        .filter(|&&id| tokenizer.decode(&[id]).unwrap().contains('\u{FFFD}'))
-        .count();
-    assert!(split >= 2, "no token splits a character; pick other text");
-    let mut detokenizer = IncrementalDetokenizer::new();
-    let mut shown = String::new();
-    for &id in &ids {
-        let piece = detokenizer.push(tokenizer, id).unwrap();
-        assert!(!piece.contains('\u{FFFD}'), "broken piece {piece:?}");
-        shown.push_str(&piece);
+    // Byte-level BPE splits these characters across tokens; Gemma has most of them as
+    // pieces, and spells the rest (a hieroglyph, a control character) in byte pieces.
+    for (tokenizer, text) in [
+        (
+            &smollm2().tokenizer,
+            "Grüße aus 東京 😀🎉 — naïve café ∑x² ok",
+        ),
+        (gemma3_tokenizer(), "Grüße 𓀀 aus 東京 😀 \u{7}𓀁 ok"),
+    ] {
+        let ids = tokenizer.encode(text).unwrap();
+        // The point of the test: some characters really are split across tokens.
+        let split = ids
+            .iter()
+            .filter(|&&id| tokenizer.decode(&[id]).unwrap().contains('\u{FFFD}'))
+            .count();
+        assert!(split >= 2, "no token splits a character; pick other text");
+        let mut detokenizer = IncrementalDetokenizer::new();
+        let mut shown = String::new();
+        for &id in &ids {
+            let piece = detokenizer.push(tokenizer, id).unwrap();
+            assert!(!piece.contains('\u{FFFD}'), "broken piece {piece:?}");
+            shown.push_str(&piece);
+        }
+        shown.push_str(&detokenizer.flush(tokenizer).unwrap());
+        assert_eq!(shown, text);
     }
-    shown.push_str(&detokenizer.flush(tokenizer).unwrap());
-    assert_eq!(shown, text);
 }
 
 /// The `tokenizers` Python package clients load the exported directory with.
@@ -126,6 +267,8 @@ fn many_texts() -> Vec<String> {
     }
     texts.push("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n".into());
     texts.push("<tool_call>\n{\"name\": \"f\"}\n</tool_call>".into());
+    texts.push("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n".into());
+    texts.push("<table><tr><td>1</td></tr></table>\n\t\tx    y \u{13000}".into());
     texts
 }
 
@@ -145,6 +288,7 @@ fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
                 engine::model::gguf::read_content(&crate::support::fixtures::qwen_path()).unwrap();
             engine::ModelTokenizer::from_gguf(&content).unwrap()
         }),
+        ("gemma3-270m", gemma3_tokenizer().clone()),
     ] {
         // `thicket fetch` writes the directory beside the model.
         let fetch = crate::support::processes::thicket()
@@ -166,7 +310,8 @@ fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
             from tokenizers import Tokenizer\n\
             tok = Tokenizer.from_file(sys.argv[1] + '/tokenizer.json')\n\
             texts = json.load(open(sys.argv[2]))\n\
-            print(json.dumps([tok.encode(t, add_special_tokens=False).ids for t in texts]))\n";
+            print(json.dumps([[tok.encode(t, add_special_tokens=s).ids for s in (False, True)]\n\
+                              for t in texts]))\n";
         let out = std::process::Command::new("python3")
             .args(["-c", script])
             .arg(&dir)
@@ -179,12 +324,19 @@ fn the_exported_tokenizer_encodes_as_thicket_does_in_python() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let python: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
+        // Without special tokens, the ids of the text alone; with them, BOS too where the
+        // model wants it (Gemma), as thicket feeds the model.
+        let python: Vec<[Vec<u32>; 2]> = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(python.len(), texts.len());
-        for (text, ids) in texts.iter().zip(&python) {
+        for (text, [plain, with_special]) in texts.iter().zip(&python) {
             assert_eq!(
-                ids,
+                plain,
                 &tokenizer.encode_plain(text).unwrap(),
+                "{alias}: {text:?}"
+            );
+            assert_eq!(
+                with_special,
+                &tokenizer.encode(text).unwrap(),
                 "{alias}: {text:?}"
             );
         }

@@ -91,6 +91,25 @@ pub fn qwen_path() -> std::path::PathBuf {
     }
 }
 
+/// Path of the Gemma 3 270M GGUF (SentencePiece tokenizer, ~253 MB), fetched on first use.
+pub fn gemma3_path() -> std::path::PathBuf {
+    match resolve_model("gemma3-270m").expect("resolve gemma3-270m") {
+        ModelSource::Gguf(path) => path,
+        other => panic!("unexpected source {other:?}"),
+    }
+}
+
+/// The tokenizer of the Gemma 3 270M GGUF (only its header and metadata are read), built
+/// once per test binary.
+pub fn gemma3_tokenizer() -> &'static engine::ModelTokenizer {
+    static TOKENIZER: OnceLock<engine::ModelTokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let (content, _) =
+            engine::model::gguf::read_content(&gemma3_path()).expect("read the gemma3-270m GGUF");
+        engine::ModelTokenizer::from_gguf(&content).expect("build the gemma3-270m tokenizer")
+    })
+}
+
 /// A block table holding `len` positions (blocks of `block_size`, allocated in order) and a
 /// KV store sized for it: the setup of every single-sequence forward test.
 pub fn one_sequence(model: &Model, len: usize, block_size: usize) -> (BlockTable, PagedKvStore) {

