@@ -7,6 +7,7 @@ mod cuda;
 pub(crate) mod families;
 mod families_gguf;
 mod forward;
+mod gemma3_real;
 mod kv_cache;
 mod load_and_input_errors;
 mod tokenizer;
