@@ -1,10 +1,17 @@
-"""Writes a GGUF file of random f16 weights in a given llama shape, with the tokenizer and
-every other setting of a real GGUF file (`--like`): a model of a size realistic for a GPU for
-`thicket bench forward` / `bench engine` cost curves, where only the shape matters. Its
-output is noise; never use it for acceptance or quality.
+"""Writes a GGUF file of random weights in a given shape, with the tokenizer and every other
+setting of a real GGUF file (`--like`): a model of a realistic size for `thicket bench
+forward` / `bench engine` cost curves and for `llama-bench` on the same file, where only the
+shape matters. Its output is noise; never use it for acceptance or quality.
 
     python3 benches/random_gguf.py --like models/smollm2-135m.gguf --out /tmp/llama-1b.gguf \
         --hidden 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 8192
+
+Qwen3-4B's shape (QK norm, heads of 128 over a residual of 2560), Q4_0 projections and a Q8_0
+tied embedding, with Qwen2.5's tokenizer (the same vocabulary):
+
+    python3 benches/random_gguf.py --like models/qwen2.5-coder-0.5b.gguf --arch qwen3 \
+        --out /tmp/qwen3-4b-shape.gguf --hidden 2560 --layers 36 --heads 32 --kv-heads 8 \
+        --head-dim 128 --ffn 9728 --quant q4_0 --embd-quant q8_0
 
 Needs numpy and gguf (pip install gguf).
 """
@@ -12,20 +19,22 @@ Needs numpy and gguf (pip install gguf).
 import argparse
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
 SHAPE_KEYS = {"embedding_length", "block_count", "attention.head_count",
               "attention.head_count_kv", "feed_forward_length", "rope.dimension_count",
               "vocab_size"}
 
 
-def copy_fields(reader, writer, arch):
+def copy_fields(reader, writer, arch, new_arch):
     for field in reader.fields.values():
         name = field.name
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
         if name.startswith(arch + ".") and name[len(arch) + 1:] in SHAPE_KEYS:
             continue
+        if name.startswith(arch + "."):
+            name = new_arch + name[len(arch):]
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:
             sub = field.types[-1]
@@ -49,14 +58,21 @@ def main():
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--ffn", type=int, default=8192)
+    p.add_argument("--arch", help="architecture to write (default: --like's)")
+    p.add_argument("--head-dim", type=int, help="default: hidden / heads")
+    p.add_argument("--quant", default="f16", choices=["f16", "q8_0", "q4_0"])
+    p.add_argument("--embd-quant", default=None, choices=["f16", "q8_0", "q4_0"])
     args = p.parse_args()
 
     reader = GGUFReader(args.like)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
+    like_arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
+    arch = args.arch or like_arch
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    head_dim = args.hidden // args.heads
+    head_dim = args.head_dim or args.hidden // args.heads
     writer = GGUFWriter(args.out, arch)
-    copy_fields(reader, writer, arch)
+    copy_fields(reader, writer, like_arch, arch)
+    writer.add_uint32(f"{arch}.attention.key_length", head_dim)
+    writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_uint32(f"{arch}.embedding_length", args.hidden)
     writer.add_uint32(f"{arch}.block_count", args.layers)
     writer.add_uint32(f"{arch}.attention.head_count", args.heads)
@@ -65,25 +81,37 @@ def main():
     writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
 
     rng = np.random.default_rng(0)
+    kinds = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
 
-    def weight(rows, cols):
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+    def weight(rows, cols, quant=args.quant):
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+        kind = kinds[quant]
+        if kind is None:
+            return {"tensor": w.astype(np.float16)}
+        return {"tensor": quants.quantize(w, kind), "raw_dtype": kind}
+
+    def add(name, w):
+        writer.add_tensor(name, w["tensor"], raw_dtype=w.get("raw_dtype"))
 
     ones = np.ones(args.hidden, dtype=np.float32)
-    writer.add_tensor("token_embd.weight", weight(vocab, args.hidden))
+    add("token_embd.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
     writer.add_tensor("output_norm.weight", ones)
     kv = args.kv_heads * head_dim
+    width = args.heads * head_dim
     for i in range(args.layers):
         b = f"blk.{i}"
         writer.add_tensor(f"{b}.attn_norm.weight", ones)
         writer.add_tensor(f"{b}.ffn_norm.weight", ones)
-        writer.add_tensor(f"{b}.attn_q.weight", weight(args.hidden, args.hidden))
-        writer.add_tensor(f"{b}.attn_k.weight", weight(kv, args.hidden))
-        writer.add_tensor(f"{b}.attn_v.weight", weight(kv, args.hidden))
-        writer.add_tensor(f"{b}.attn_output.weight", weight(args.hidden, args.hidden))
-        writer.add_tensor(f"{b}.ffn_gate.weight", weight(args.ffn, args.hidden))
-        writer.add_tensor(f"{b}.ffn_up.weight", weight(args.ffn, args.hidden))
-        writer.add_tensor(f"{b}.ffn_down.weight", weight(args.hidden, args.ffn))
+        if arch in ("qwen3", "gemma3"):
+            writer.add_tensor(f"{b}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"{b}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+        add(f"{b}.attn_q.weight", weight(width, args.hidden))
+        add(f"{b}.attn_k.weight", weight(kv, args.hidden))
+        add(f"{b}.attn_v.weight", weight(kv, args.hidden))
+        add(f"{b}.attn_output.weight", weight(args.hidden, width))
+        add(f"{b}.ffn_gate.weight", weight(args.ffn, args.hidden))
+        add(f"{b}.ffn_up.weight", weight(args.ffn, args.hidden))
+        add(f"{b}.ffn_down.weight", weight(args.hidden, args.ffn))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
