@@ -1,8 +1,9 @@
-//! The serving engine's thread, driven through its handle: requests on SmolLM2 and on the
-//! mock backend, speculation and Predicted Outputs, structured outputs, `cache_salt`
+//! The serving engine's thread, driven through its handle: requests on SmolLM2, on Gemma 3
+//! 270M (a windowed model) and on the mock backend, speculation and Predicted Outputs, structured outputs, `cache_salt`
 //! isolation, and drafting methods defined outside the engine.
 
 mod cache_salt;
+mod gemma3;
 mod masked_sampling;
 mod mock_backend;
 mod prediction;
