@@ -28,7 +28,6 @@ impl Model {
         let weights = self.weights();
         let rows = batch.num_rows();
         let device = self.device();
-        let ids = Tensor::new(batch.token_ids.as_slice(), device)?;
         let positions = Tensor::new(batch.positions.as_slice(), device)?;
         let global = self.rope_rows_of(&positions, false)?;
         let local = self.rope_rows_of(&positions, true)?;
@@ -40,7 +39,7 @@ impl Model {
         let eps = cfg.rms_norm_eps as f32;
         let windows = Windows::new(batch, cfg);
 
-        let mut x = weights.embedding.index_select(&ids, 0)?;
+        let mut x = weights.embedding.lookup(&batch.token_ids, device)?;
         if let Some(scale) = variant.embedding_scale {
             x = (x * f64::from(scale))?;
         }

@@ -25,7 +25,7 @@ use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
 use crate::model::candle_pass::Windows;
 use crate::model::config::ModelConfig;
-use crate::model::fused_rows::{add_into, embed, rms_norm, rotate};
+use crate::model::fused_rows::{add_into, rms_norm, rotate};
 use crate::model::linear::Linear;
 use crate::model::ModelWeights;
 use crate::tree_batch::TreeBatch;
@@ -328,7 +328,7 @@ impl FusedWeights {
         };
         let windows = Windows::new(batch, cfg);
         let mut clock = Clock::new(profiling());
-        embed(&weights.embedding, &batch.token_ids, hidden, &mut w.x)?;
+        weights.embedding.rows_into(&batch.token_ids, &mut w.x)?;
         if let Some(scale) = cfg.variant.embedding_scale {
             for v in &mut w.x {
                 *v *= scale;

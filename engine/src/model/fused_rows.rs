@@ -1,38 +1,9 @@
 //! The row-wise steps of the fused CPU pass (`fused_pass`), each repeating the arithmetic of
-//! the candle op it replaces: the embedding lookup, RMSNorm (over the residual, or per head for
+//! the candle op it replaces: RMSNorm (over the residual, or per head for
 //! QK norm), the residual add, and RoPE at each row's position from either of the model's
 //! tables.
 
-use candle_core::{Storage, Tensor};
-
 use crate::model::config::{ModelConfig, RopeStyle};
-use crate::{Error, Result};
-
-/// The embedding rows of `ids` into `x`.
-pub(super) fn embed(
-    embedding: &Tensor,
-    ids: &[u32],
-    hidden: usize,
-    x: &mut Vec<f32>,
-) -> Result<()> {
-    let (storage, layout) = embedding.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return Err(Error::InvalidBatch("embedding off the CPU".into()));
-    };
-    let all = cpu.as_slice::<f32>()?;
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| Error::InvalidBatch("embedding not contiguous".into()))?;
-    let all = &all[start..end];
-    x.clear();
-    for &id in ids {
-        let row = all
-            .get(id as usize * hidden..(id as usize + 1) * hidden)
-            .ok_or_else(|| Error::InvalidBatch(format!("token id {id} outside the embedding")))?;
-        x.extend_from_slice(row);
-    }
-    Ok(())
-}
 
 /// Rows whose RMSNorm sums run side by side.
 const NORM_ROWS: usize = 8;

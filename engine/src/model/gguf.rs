@@ -18,7 +18,7 @@ use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_quantized, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
-use crate::model::{LayerWeights, ModelWeights};
+use crate::model::{Embedding, LayerWeights, ModelWeights};
 use crate::{Error, Result};
 
 /// Reads a GGUF header and metadata, with errors that name the file.
@@ -207,7 +207,12 @@ fn weights_from(
     let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?.to_dtype(DType::F32)?) };
 
     let embedding_q = tensor("token_embd.weight")?;
-    let embedding = embedding_q.dequantize(device)?.to_dtype(DType::F32)?;
+    // Kept in its blocks where the weights stay quantized on the CPU; dense otherwise.
+    let embedding = if dtype.is_none() && device.is_cpu() {
+        Embedding::Quantized(std::sync::Arc::new(tensor("token_embd.weight")?))
+    } else {
+        Embedding::Dense(embedding_q.dequantize(device)?.to_dtype(DType::F32)?)
+    };
     let final_norm = dense(tensor("output_norm.weight")?)?;
     let lm_head_q = if content.tensor_infos.contains_key("output.weight") {
         tensor("output.weight")?

@@ -15,7 +15,7 @@ use crate::model::arch::FileFacts;
 use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, Role, Shapes};
-use crate::model::{LayerWeights, ModelWeights};
+use crate::model::{Embedding, LayerWeights, ModelWeights};
 use crate::{Error, Result};
 
 #[derive(Debug, Deserialize)]
@@ -274,7 +274,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         });
     }
     let weights = ModelWeights {
-        embedding,
+        embedding: Embedding::Dense(embedding),
         layers,
         final_norm: norm("model.norm", Role::Norm)?,
         lm_head,

@@ -24,6 +24,7 @@ pub mod arch;
 mod candle_pass;
 pub mod config;
 pub mod detokenizer;
+pub mod embedding;
 pub mod fetch;
 pub(crate) mod fused_pass;
 mod fused_rows;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 
 use crate::cpu::kv_store::{KvDtype, PagedKvStore};
 use crate::model::config::{ModelConfig, RopeStyle};
+pub use crate::model::embedding::Embedding;
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 use crate::tree_batch::TreeBatch;
@@ -79,8 +81,8 @@ pub struct LayerWeights {
 /// All weights of a decoder, as loaded.
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
-    /// `[vocab, hidden]` f32.
-    pub embedding: Tensor,
+    /// The token embedding table.
+    pub embedding: Embedding,
     /// Blocks, bottom first.
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm.

@@ -134,7 +134,7 @@ impl FusedPass {
             .alloc_zeros::<f32>(1)
             .map_err(device_err("allocating"))?;
         let weights = Weights {
-            embedding: f32_contiguous(&weights.embedding)?,
+            embedding: f32_contiguous(&weights.embedding.dense()?.to_device(model.device())?)?,
             layers,
             final_norm: f32_contiguous(&weights.final_norm)?,
             lm_head,

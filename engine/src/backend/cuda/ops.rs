@@ -26,7 +26,7 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
     let (cos, sin) = model.rope_rows(&positions)?;
     let eps = cfg.rms_norm_eps as f32;
 
-    let mut x = weights.embedding.index_select(&ids, 0)?;
+    let mut x = weights.embedding.lookup(&batch.token_ids, &device)?;
     for (index, layer) in weights.layers.iter().enumerate() {
         let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
         let q = model.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
