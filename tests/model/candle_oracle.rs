@@ -273,6 +273,7 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
         num_kv_heads: 2,
         head_dim: None,
         sliding_window: None,
+        rope_scaling: None,
         tie_word_embeddings: false,
         seed: 11,
     };

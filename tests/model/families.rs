@@ -140,6 +140,7 @@ pub fn tiny_qwen3() -> TinyModelSpec {
         num_kv_heads: 2,
         head_dim: Some(32),
         sliding_window: None,
+        rope_scaling: None,
         tie_word_embeddings: false,
         seed: 21,
     }
@@ -158,6 +159,7 @@ pub fn tiny_gemma3() -> TinyModelSpec {
         num_kv_heads: 1,
         head_dim: Some(32),
         sliding_window: Some(8),
+        rope_scaling: None,
         tie_word_embeddings: true,
         seed: 5,
     }

@@ -122,3 +122,29 @@ fn tiny_qwen3_gguf_q8_0_matches_candle_quantized_qwen3() {
     );
     assert!(found.near_ties <= 2, "{} near ties", found.near_ties);
 }
+
+#[test]
+fn llama3_rope_freqs_in_gguf_give_the_hf_scaling() {
+    // llama.cpp's converter writes Llama 3.1's scaling as per-frequency divisors
+    // (`rope_freqs.weight`); the HF config states its parameters. Both must rotate alike.
+    let spec = TinyModelSpec {
+        vocab_size: 300,
+        seed: 12,
+        rope_scaling: Some(serde_json::json!({
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        })),
+        ..TinyModelSpec::default()
+    };
+    let (_hf_dir, hf) = tiny_model(&spec);
+    let (_gguf_dir, gguf) = gguf_model(&spec, GgmlDType::F32, false);
+    assert!(matches!(
+        gguf.config().variant.rope_scaling,
+        engine::model::config::RopeScaling::Factors(ref f) if f.len() == 8
+    ));
+    let found = compare(&gguf, &PROMPT, as_reference(&hf));
+    assert_close("llama3 rope_freqs GGUF vs HF", &found);
+}

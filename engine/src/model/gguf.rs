@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::arch::FileFacts;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::linear::Linear;
-use crate::model::shapes::{split_quantized, Role, Shapes};
+use crate::model::shapes::{split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{Embedding, LayerWeights, ModelWeights};
 use crate::{Error, Result};
@@ -264,13 +264,7 @@ fn weights_from(
             };
             let qkv = fused("attn_qkv", Role::Qkv)?;
             let gate_up = fused("ffn_up", Role::GateUp)?;
-            match (
-                <[Linear; 3]>::try_from(qkv),
-                <[Linear; 2]>::try_from(gate_up),
-            ) {
-                (Ok([q, k, v]), Ok([gate, up])) => (q, k, v, gate, up),
-                _ => return Err(Error::Metadata("a fused projection split wrongly".into())),
-            }
+            unfused(qkv, gate_up)?
         } else {
             (
                 proj("attn_q", Role::Q, bias)?,

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::model::arch::FileFacts;
 use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::linear::Linear;
-use crate::model::shapes::{split_dense, Role, Shapes};
+use crate::model::shapes::{split_dense, unfused, Role, Shapes};
 use crate::model::{Embedding, LayerWeights, ModelWeights};
 use crate::{Error, Result};
 
@@ -243,13 +243,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             };
             let qkv = fused("self_attn.qkv_proj", Role::Qkv)?;
             let gate_up = fused("mlp.gate_up_proj", Role::GateUp)?;
-            match (
-                <[Linear; 3]>::try_from(qkv),
-                <[Linear; 2]>::try_from(gate_up),
-            ) {
-                (Ok([q, k, v]), Ok([gate, up])) => (q, k, v, gate, up),
-                _ => return Err(Error::Metadata("a fused projection split wrongly".into())),
-            }
+            unfused(qkv, gate_up)?
         } else {
             (
                 proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,

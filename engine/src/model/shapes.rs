@@ -131,3 +131,11 @@ pub fn split_quantized(q: &QTensor, parts: &[usize]) -> Result<Vec<QTensor>> {
     }
     Ok(out)
 }
+
+/// The parts of a split `qkv` and `gate_up` as `(q, k, v, gate, up)`.
+pub fn unfused<T>(qkv: Vec<T>, gate_up: Vec<T>) -> Result<(T, T, T, T, T)> {
+    match (<[T; 3]>::try_from(qkv), <[T; 2]>::try_from(gate_up)) {
+        (Ok([q, k, v]), Ok([gate, up])) => Ok((q, k, v, gate, up)),
+        _ => Err(Error::Metadata("a fused projection split wrongly".into())),
+    }
+}

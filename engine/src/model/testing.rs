@@ -33,6 +33,9 @@ pub struct TinyModelSpec {
     pub head_dim: Option<usize>,
     /// Sliding window of the windowed layers (Gemma 3: required; Mistral: every layer).
     pub sliding_window: Option<usize>,
+    /// `rope_scaling` of `config.json` (`None`: plain RoPE). The GGUF writer turns Llama
+    /// 3.1's into `rope_freqs.weight`, as llama.cpp's converter does.
+    pub rope_scaling: Option<serde_json::Value>,
     /// Tie the head to the embedding.
     pub tie_word_embeddings: bool,
     /// Seed of the weight generator.
@@ -51,6 +54,7 @@ impl Default for TinyModelSpec {
             num_kv_heads: 2,
             head_dim: None,
             sliding_window: None,
+            rope_scaling: None,
             tie_word_embeddings: false,
             seed: 7,
         }
@@ -238,6 +242,9 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         }),
         _ => serde_json::json!({}),
     };
+    if let Some(scaling) = &spec.rope_scaling {
+        config["rope_scaling"] = scaling.clone();
+    }
     if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
             if v.is_null() {
@@ -402,12 +409,56 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
             metadata.push((format!("{name}.{key}"), Value::F32(cap)));
         }
     }
+    if let Some(factors) = llama3_rope_factors(&config, hd) {
+        let n = factors.len();
+        let t = Tensor::from_vec(factors, n, &Device::Cpu)?;
+        tensors.push((
+            "rope_freqs.weight".into(),
+            QTensor::quantize(&t, GgmlDType::F32)?,
+        ));
+    }
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path)
         .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
     gguf_file::write(&mut file, &metadata, &tensors)?;
     Ok(())
+}
+
+/// Llama 3.1's RoPE scaling as per-frequency divisors, computed as llama.cpp's converter
+/// writes them into `rope_freqs.weight` (f32 arithmetic here, f64 in Python).
+fn llama3_rope_factors(config: &serde_json::Value, hd: usize) -> Option<Vec<f32>> {
+    let scaling = config.get("rope_scaling")?;
+    if scaling.get("rope_type")?.as_str()? != "llama3" {
+        return None;
+    }
+    let num = |k: &str| scaling.get(k).and_then(|v| v.as_f64());
+    let (factor, low, high, old) = (
+        num("factor")?,
+        num("low_freq_factor")?,
+        num("high_freq_factor")?,
+        num("original_max_position_embeddings")?,
+    );
+    let theta = config.get("rope_theta")?.as_f64()?;
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    Some(
+        (0..hd)
+            .step_by(2)
+            .map(|i| {
+                let freq = 1.0 / theta.powf(i as f64 / hd as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let divisor = if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                };
+                divisor as f32
+            })
+            .collect(),
+    )
 }
 
 /// Rows of each of `heads` heads reordered from halves (`[x_0..x_d/2, y_0..y_d/2]`) to
