@@ -1,9 +1,11 @@
 //! The real `thicket` binary run as a process: `serve`'s log and shutdown, security defaults,
 //! hostile requests, overload and a soak, and tool calls on a real model; `generate` on a
-//! model without a chat template; `batch`; the `bench` commands.
+//! model without a chat template; `batch`; the `bench` commands; Gemma 3 270M served and in a
+//! batch.
 
 mod batch;
 mod bench;
+mod gemma3;
 mod generate;
 mod hostile_requests;
 mod logs_and_drain;
