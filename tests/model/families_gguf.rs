@@ -148,3 +148,37 @@ fn llama3_rope_freqs_in_gguf_give_the_hf_scaling() {
     let found = compare(&gguf, &PROMPT, as_reference(&hf));
     assert_close("llama3 rope_freqs GGUF vs HF", &found);
 }
+
+#[test]
+fn gemma_27b_gguf_files_scale_queries_by_the_residual_per_head() {
+    // Gemma 2 27B: 46 layers, residual 4608, 32 heads of 128; its queries are scaled by
+    // 1/sqrt(4608 / 32) = 1/12, as `query_pre_attn_scalar = 144` says in its HF config. GGUF
+    // carries no such key: the layer count identifies the model, as in llama.cpp.
+    use candle_core::quantized::gguf_file::{self, Value};
+    let dir = tempfile::tempdir().unwrap();
+    for (layers, scale) in [(46u32, 1.0 / 12.0), (42, 1.0 / (128f64).sqrt())] {
+        let path = dir.path().join(format!("gemma2-{layers}.gguf"));
+        let keys: Vec<(&str, Value)> = vec![
+            ("general.architecture", Value::String("gemma2".into())),
+            ("gemma2.embedding_length", Value::U32(4608)),
+            ("gemma2.block_count", Value::U32(layers)),
+            ("gemma2.feed_forward_length", Value::U32(36864)),
+            ("gemma2.attention.head_count", Value::U32(32)),
+            ("gemma2.attention.head_count_kv", Value::U32(16)),
+            ("gemma2.attention.key_length", Value::U32(128)),
+            ("gemma2.attention.value_length", Value::U32(128)),
+            ("gemma2.attention.sliding_window", Value::U32(4096)),
+            ("gemma2.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+            ("gemma2.vocab_size", Value::U32(256_000)),
+        ];
+        let keys: Vec<(&str, &Value)> = keys.iter().map(|(k, v)| (*k, v)).collect();
+        let mut file = std::fs::File::create(&path).unwrap();
+        gguf_file::write(&mut file, &keys, &[]).unwrap();
+        drop(file);
+        let (content, _) = engine::model::gguf::read_content(&path).unwrap();
+        let config = engine::model::gguf::config_from_gguf(&content).unwrap();
+        assert_eq!(config.attention_scale(), scale as f32, "{layers} layers");
+        assert_eq!(config.layer_attention(0).window, Some(4096));
+        assert_eq!(config.layer_attention(1).window, None);
+    }
+}

@@ -99,7 +99,10 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         windowed_layers: None,
         window_period: None,
         local_rope_theta: optional_f32("rope.freq_base_swa")?,
-        attention_scale: None,
+        attention_scale: family
+            .gguf_residual_query_scale_at
+            .contains(&num_layers)
+            .then(|| (1.0 / ((hidden_size / num_heads.max(1)) as f64).sqrt()) as f32),
         attention_softcap: optional_f32("attn_logit_softcapping")?,
         final_softcap: optional_f32("final_logit_softcapping")?,
         rope_scaling: rope_scaling(md, &key)?,

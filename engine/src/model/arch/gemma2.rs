@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
     hf_norm_offset: 1.0,
     windows: Windows::AllButEvery(2),
     local_rope_theta: None,
+    gguf_residual_query_scale_at: &[46],
 };

@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
     hf_norm_offset: 1.0,
     windows: Windows::AllButEvery(6),
     local_rope_theta: Some(10_000.0),
+    gguf_residual_query_scale_at: &[62],
 };

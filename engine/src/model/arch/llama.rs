@@ -21,4 +21,5 @@ pub const FAMILY: Family = Family {
     // Mistral models converted to GGUF are written as llama, with a window where set.
     windows: Windows::WhereSet,
     local_rope_theta: None,
+    gguf_residual_query_scale_at: &[],
 };

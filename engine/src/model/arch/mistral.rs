@@ -20,4 +20,5 @@ pub const FAMILY: Family = Family {
     hf_norm_offset: 0.0,
     windows: Windows::WhereSet,
     local_rope_theta: None,
+    gguf_residual_query_scale_at: &[],
 };

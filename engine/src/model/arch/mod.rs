@@ -121,6 +121,10 @@ pub struct Family {
     pub windows: Windows,
     /// RoPE base of the windowed layers where the file gives none (`None`: the global base).
     pub local_rope_theta: Option<f32>,
+    /// Layer counts at which a GGUF file's queries are scaled by `1/sqrt(hidden / heads)`
+    /// rather than `1/sqrt(head_dim)`: Gemma's 27B models, whose `query_pre_attn_scalar`
+    /// GGUF does not carry (llama.cpp recognises them by their layer count the same way).
+    pub gguf_residual_query_scale_at: &'static [usize],
 }
 
 /// What a file says about the options a family may take, whichever format it came in.

@@ -20,4 +20,5 @@ pub const FAMILY: Family = Family {
     // Qwen2's `use_sliding_window` is off in every released checkpoint.
     windows: Windows::Never,
     local_rope_theta: None,
+    gguf_residual_query_scale_at: &[],
 };

@@ -19,4 +19,5 @@ pub const FAMILY: Family = Family {
     hf_norm_offset: 0.0,
     windows: Windows::Never,
     local_rope_theta: None,
+    gguf_residual_query_scale_at: &[],
 };
