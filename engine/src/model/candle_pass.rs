@@ -83,10 +83,7 @@ impl Model {
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
             let gate = layer.gate.forward(&h)?;
-            let gate = match variant.activation {
-                Activation::Silu => self.silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
-            };
+            let gate = self.activate(variant.activation, &gate)?;
             let mut out = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
             if let Some((_, post_mlp)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_mlp, eps)?;
@@ -114,20 +111,28 @@ impl Model {
         }
     }
 
-    /// SiLU: thicket's own (`silu`, what the fused pass computes) on the CPU with thicket's
-    /// attention, candle's where the arithmetic is the reference's or off the CPU.
-    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+    /// The gate's activation: thicket's own (`silu`, `gelu_tanh`: what the fused pass
+    /// computes) on the CPU with thicket's attention, candle's where the arithmetic is the
+    /// reference's or off the CPU.
+    fn activate(&self, activation: Activation, x: &Tensor) -> Result<Tensor> {
         if self.attention() == AttentionKernel::Fused
             && x.device().is_cpu()
             && x.dtype() == DType::F32
         {
+            let f = match activation {
+                Activation::Silu => crate::cpu::silu::silu,
+                Activation::GeluTanh => crate::cpu::silu::gelu_tanh,
+            };
             let mut values = x.flatten_all()?.to_vec1::<f32>()?;
             for v in &mut values {
-                *v = crate::cpu::silu::silu(*v);
+                *v = f(*v);
             }
             return Ok(Tensor::from_vec(values, x.shape(), x.device())?);
         }
-        Ok(candle_nn::ops::silu(x)?)
+        Ok(match activation {
+            Activation::Silu => candle_nn::ops::silu(x)?,
+            Activation::GeluTanh => x.gelu()?,
+        })
     }
 }
 
