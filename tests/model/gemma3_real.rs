@@ -15,9 +15,12 @@ use crate::support::plain_greedy::{generate_greedy, GreedyOptions};
 
 const LLAMA_CPP: &str = include_str!("../data/gemma3_270m_llamacpp_greedy.json");
 
-/// Two tokens whose logits lie this close are a near-tie: 8-bit activation rounding at other
-/// points moves Gemma 3 270M's logits by up to a few tenths (measured below).
-const NEAR_TIE: f32 = 0.5;
+/// Two tokens whose logits lie this close in our forward are a near-tie. Each engine's 8-bit
+/// activations move Gemma 3 270M's log-probabilities by up to 0.42 from the exact product
+/// (the same weights in f32; measured below), so two engines' choices can part where their
+/// two tokens lie within the sum of both, about 0.85 (measured on the AVX2 path: 0.89 at one
+/// step of the Fibonacci prompt; at most 0.33 on the AVX-512 path).
+const NEAR_TIE: f32 = 1.0;
 
 struct Reference {
     tokens: usize,
