@@ -23,7 +23,8 @@ pub enum Error {
     },
     /// An architecture this engine does not implement.
     #[error(
-        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3)"
+        "unsupported model architecture '{0}' (supported: {supported})",
+        supported = crate::model::arch::Architecture::supported().join(", ")
     )]
     UnsupportedArchitecture(String),
     /// A required metadata key or config field is absent or has the wrong type.

@@ -7,8 +7,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::cpu::attention::{
-    gathered_tree_attention, paged_tree_attention, softcap, windowed_batch, AttentionKernel,
-    HeadShape,
+    gathered_tree_attention, paged_tree_attention, softcap, AttentionKernel, HeadShape, WindowViews,
 };
 use crate::cpu::kv_store::PagedKvStore;
 use crate::model::config::Activation;
@@ -37,7 +36,7 @@ impl Model {
             ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         };
         let eps = cfg.rms_norm_eps as f32;
-        let windows = Windows::new(batch, cfg);
+        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window));
 
         let mut x = weights.embedding.lookup(&batch.token_ids, device)?;
         if let Some(scale) = variant.embedding_scale {
@@ -141,31 +140,4 @@ fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Te
     let (rows, width) = x.dims2()?;
     let heads = x.reshape((rows * width / head_dim, head_dim))?;
     Ok(candle_nn::ops::rms_norm(&heads, alpha, eps)?.reshape((rows, width))?)
-}
-
-/// The batch's windowed views, one per window length the layers use, made once per forward.
-pub(crate) struct Windows {
-    views: Vec<(usize, Option<TreeBatch>)>,
-}
-
-impl Windows {
-    /// The views `cfg`'s layers need of `batch`.
-    pub(crate) fn new(batch: &TreeBatch, cfg: &crate::model::config::ModelConfig) -> Self {
-        let mut views: Vec<(usize, Option<TreeBatch>)> = Vec::new();
-        for w in cfg.variant.layers.iter().filter_map(|l| l.window) {
-            if !views.iter().any(|(seen, _)| *seen == w) {
-                views.push((w, windowed_batch(batch, w)));
-            }
-        }
-        Self { views }
-    }
-
-    /// The batch as a layer with `window` sees it (`None`: the batch itself).
-    pub(crate) fn batch(&self, window: Option<usize>) -> Option<&TreeBatch> {
-        let w = window?;
-        self.views
-            .iter()
-            .find(|(seen, _)| *seen == w)
-            .and_then(|(_, view)| view.as_ref())
-    }
 }

@@ -20,10 +20,9 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use crate::cpu::attention::{paged_tree_attention, softcap, HeadShape};
+use crate::cpu::attention::{paged_tree_attention, softcap, HeadShape, WindowViews};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
-use crate::model::candle_pass::Windows;
 use crate::model::config::ModelConfig;
 use crate::model::fused_rows::{add_into, rms_norm, rotate};
 use crate::model::linear::Linear;
@@ -326,7 +325,7 @@ impl FusedWeights {
             softcap: cfg.variant.attention_softcap,
             ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         };
-        let windows = Windows::new(batch, cfg);
+        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window));
         let mut clock = Clock::new(profiling());
         weights.embedding.rows_into(&batch.token_ids, &mut w.x)?;
         if let Some(scale) = cfg.variant.embedding_scale {

@@ -27,7 +27,7 @@ mod window;
 
 pub use driver::{paged_tree_attention, KEY_RUN};
 pub use reference::gathered_tree_attention;
-pub use window::{window_start, windowed_batch};
+pub use window::{window_start, windowed_batch, WindowViews};
 
 /// Which implementation computes attention. The two differ only in float summation order,
 /// and that matters: quantized matmuls round activations to 8 bits, which turns a one-ulp

@@ -5,7 +5,7 @@
 //! visible tree ancestors from there on. A row keeps its keys' order, so a draft node computes
 //! what the same token computes decoded as a chain (the kernels' batch invariance), and the
 //! window counts from the node's own position. Sequences whose rows all lie inside the window
-//! are kept whole.
+//! are kept whole. `WindowViews` makes each window length's view once per forward.
 
 use crate::tree::TreeMask;
 use crate::tree_batch::{SeqEntry, TreeBatch};
@@ -60,4 +60,31 @@ pub fn windowed_batch(batch: &TreeBatch, window: usize) -> Option<TreeBatch> {
         logit_rows: batch.logit_rows.clone(),
         block_size: batch.block_size,
     })
+}
+
+/// A batch's windowed views, one per window length its layers use, made once per forward.
+pub struct WindowViews {
+    views: Vec<(usize, Option<TreeBatch>)>,
+}
+
+impl WindowViews {
+    /// The views of `batch` for each of `windows` (repeats are made once).
+    pub fn new(batch: &TreeBatch, windows: impl Iterator<Item = usize>) -> Self {
+        let mut views: Vec<(usize, Option<TreeBatch>)> = Vec::new();
+        for w in windows {
+            if !views.iter().any(|(seen, _)| *seen == w) {
+                views.push((w, windowed_batch(batch, w)));
+            }
+        }
+        Self { views }
+    }
+
+    /// The batch as a layer with `window` sees it (`None`: the batch itself).
+    pub fn batch(&self, window: Option<usize>) -> Option<&TreeBatch> {
+        let w = window?;
+        self.views
+            .iter()
+            .find(|(seen, _)| *seen == w)
+            .and_then(|(_, view)| view.as_ref())
+    }
 }
