@@ -13,6 +13,7 @@ fn manager(num_blocks: usize) -> BlockManager {
         block_size: BLOCK_SIZE,
         prefix_caching: true,
         watermark: 0.0,
+        window: None,
     })
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use kvcache::WindowConfig;
 use scheduler::{Scheduler, SchedulerConfig};
 
 use crate::backend::{self, Backend};
@@ -43,6 +44,44 @@ impl EngineConfig {
     /// Blocks of `block_size` positions that fit in `bytes` of KV for `model`.
     pub fn kv_blocks_for(model: &Model, bytes: usize, block_size: usize) -> usize {
         bytes / (model.kv_bytes_per_position() * block_size).max(1)
+    }
+
+    /// The KV pools `bytes` buy for `model` on the host: blocks for the full-attention
+    /// layers, and for a model with sliding-window layers their own space, sized so that
+    /// every running sequence's window and one step's rows fit
+    /// ([`WindowConfig::blocks_for`]) but never larger than one shared pool would be; the
+    /// full layers get the rest. A model on a CUDA device keeps one space.
+    pub fn kv_pool_for(
+        model: &Model,
+        bytes: usize,
+        block_size: usize,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+    ) -> (usize, Option<WindowConfig>) {
+        let shared = Self::kv_blocks_for(model, bytes, block_size);
+        let Some(window) = model.kv_window() else {
+            return (shared, None);
+        };
+        if model.device().is_cuda() {
+            return (shared, None);
+        }
+        let (full, windowed) = model.kv_bytes_per_position_split();
+        let need =
+            WindowConfig::blocks_for(window, block_size, max_num_seqs, max_num_batched_tokens);
+        let window_blocks = need.min(shared);
+        let full_blocks = match full {
+            // No full layer: the full space holds no rows, only positions; every sequence
+            // can reach the model's length.
+            0 => max_num_seqs * (model.config().max_position_embeddings.div_ceil(block_size) + 1),
+            _ => bytes.saturating_sub(window_blocks * windowed * block_size) / (full * block_size),
+        };
+        (
+            full_blocks,
+            Some(WindowConfig {
+                window,
+                num_blocks: window_blocks,
+            }),
+        )
     }
 }
 
@@ -79,8 +118,20 @@ pub fn spawn(
     eos_ids: Vec<u32>,
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
-    let num_slots = config.scheduler.kv.num_blocks * config.scheduler.kv.block_size;
-    let backend = backend::for_model(model, num_slots)?;
+    let kv = config.scheduler.kv;
+    let num_slots = kv.num_blocks * kv.block_size;
+    let window_slots = kv.window.map(|w| w.num_blocks * kv.block_size);
+    match kv.window {
+        Some(w) => tracing::info!(
+            "KV pools: {} blocks of {} positions for the full-attention layers, {} for the windowed layers (window {})",
+            kv.num_blocks,
+            kv.block_size,
+            w.num_blocks,
+            w.window
+        ),
+        None => tracing::info!("KV pool: {} blocks of {} positions", kv.num_blocks, kv.block_size),
+    }
+    let backend = backend::for_model_spaces(model, num_slots, window_slots)?;
     tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
 }

@@ -59,7 +59,7 @@ pub use error::{Error, Result};
 pub use handle::{
     spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError,
 };
-pub use kvcache::ManagerConfig;
+pub use kvcache::{ManagerConfig, WindowConfig};
 pub use model::config::{Architecture, ModelConfig};
 pub use model::linear::{QuantKernel, WeightDType};
 pub use model::load::{load_model, DeviceChoice, LoadOptions, LoadedModel};

@@ -75,6 +75,12 @@ pub mod kv {
     pub const BLOCKS_IN_USE: &str = "thicket_kv_blocks_in_use";
     /// Gauge: unreferenced blocks kept for the prefix cache.
     pub const BLOCKS_CACHED: &str = "thicket_kv_blocks_cached";
+    /// Gauge: blocks in the windowed layers' own pool (a model with sliding windows).
+    pub const WINDOW_BLOCKS_TOTAL: &str = "thicket_kv_window_blocks_total";
+    /// Gauge: windowed-pool blocks referenced by live sequences.
+    pub const WINDOW_BLOCKS_IN_USE: &str = "thicket_kv_window_blocks_in_use";
+    /// Gauge: unreferenced windowed-pool blocks kept for prefix reuse.
+    pub const WINDOW_BLOCKS_CACHED: &str = "thicket_kv_window_blocks_cached";
     /// Counter: prompt tokens looked up in the prefix cache (as vLLM counts queries).
     pub const PREFIX_QUERIES: &str = "thicket_prefix_cache_queries_total";
     /// Counter: prompt tokens whose KV was reused from the prefix cache.
@@ -95,6 +101,11 @@ pub fn publish_kv(stats: &CacheStats) {
     metrics::gauge!(BLOCKS_TOTAL).set(stats.total as f64);
     metrics::gauge!(BLOCKS_IN_USE).set(stats.in_use as f64);
     metrics::gauge!(BLOCKS_CACHED).set(stats.cached as f64);
+    if let Some(window) = &stats.window {
+        metrics::gauge!(WINDOW_BLOCKS_TOTAL).set(window.total as f64);
+        metrics::gauge!(WINDOW_BLOCKS_IN_USE).set(window.in_use as f64);
+        metrics::gauge!(WINDOW_BLOCKS_CACHED).set(window.cached as f64);
+    }
     metrics::counter!(PREFIX_QUERIES).absolute(stats.prefix_query_tokens);
     metrics::counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens);
 }
@@ -141,6 +152,18 @@ pub fn describe() {
     describe_gauge!(
         BLOCKS_CACHED,
         "Unreferenced KV blocks kept for prefix reuse"
+    );
+    describe_gauge!(
+        WINDOW_BLOCKS_TOTAL,
+        "KV cache blocks in the windowed layers' pool"
+    );
+    describe_gauge!(
+        WINDOW_BLOCKS_IN_USE,
+        "Windowed-layer KV blocks referenced by live sequences"
+    );
+    describe_gauge!(
+        WINDOW_BLOCKS_CACHED,
+        "Unreferenced windowed-layer KV blocks kept for prefix reuse"
     );
     describe_counter!(
         PREFIX_QUERIES,

@@ -12,6 +12,11 @@
 //! Node i of a tree is written at position index `context_len + i` of its block table (not at
 //! its RoPE position): siblings need distinct rows. After verification the accepted path is
 //! moved to consecutive slots.
+//!
+//! Where the windowed layers keep their own slot space (`kvcache::KvGroup::Window`), each row
+//! also carries its slot there, and each sequence the slots there of the context positions
+//! its windowed table still holds (`WindowContext`); the windowed layers read and write only
+//! those (`crate::cpu::attention::windowed_batch`).
 
 use std::ops::Range;
 
@@ -45,6 +50,17 @@ pub struct SeqEntry {
     /// The slot of each context position as a row index into the KV store, in position order
     /// (looked up once per batch, for every layer and KV head that reads the context).
     pub context_slots: Vec<usize>,
+    /// The context in the windowed layers' own slot space, where they have one.
+    pub window_context: Option<WindowContext>,
+}
+
+/// A sequence's context as its windowed table holds it: positions `first..context_len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowContext {
+    /// The first position held (those before it no windowed query of the batch sees).
+    pub first: usize,
+    /// The slot of each held context position, in position order.
+    pub slots: Vec<usize>,
 }
 
 /// One forward's input.
@@ -56,6 +72,9 @@ pub struct TreeBatch {
     pub positions: Vec<u32>,
     /// KV slot each row writes.
     pub slots: Vec<Slot>,
+    /// KV slot each row writes in the windowed layers' own space (empty where they have
+    /// none).
+    pub window_slots: Vec<Slot>,
     /// The sequences, in row order.
     pub seqs: Vec<SeqEntry>,
     /// Rows whose logits are returned, in this order.
@@ -82,6 +101,24 @@ impl TreeBatch {
         tree: &TokenTree,
         logits: LogitRows,
     ) -> Result<Range<usize>> {
+        self.push_windowed(context_len, block_table, None, tree, logits)
+    }
+
+    /// [`TreeBatch::push`] with the sequence's table in the windowed layers' own slot space
+    /// (`window_table`), where they have one: every sequence of a batch has one, or none.
+    pub fn push_windowed(
+        &mut self,
+        context_len: usize,
+        block_table: &BlockTable,
+        window_table: Option<&BlockTable>,
+        tree: &TokenTree,
+        logits: LogitRows,
+    ) -> Result<Range<usize>> {
+        if !self.seqs.is_empty() && self.window_slots.is_empty() != window_table.is_none() {
+            return Err(Error::InvalidBatch(
+                "a batch mixes sequences with and without a windowed KV space".into(),
+            ));
+        }
         if tree.is_empty() {
             return Err(Error::InvalidBatch("a sequence with no new token".into()));
         }
@@ -94,7 +131,24 @@ impl TreeBatch {
         }
         let context_slots = context_slots(block_table, context_len, self.block_size)
             .ok_or_else(|| Error::InvalidBatch("context outside block table".into()))?;
+        let window_context = match window_table {
+            Some(table) => Some(window_context(
+                table,
+                context_len,
+                tree.len(),
+                self.block_size,
+            )?),
+            None => None,
+        };
         let start = self.token_ids.len();
+        if let Some(table) = window_table {
+            for i in 0..tree.len() {
+                let slot = table
+                    .slot(context_len + i, self.block_size)
+                    .ok_or_else(|| Error::InvalidBatch("slot outside windowed table".into()))?;
+                self.window_slots.push(slot);
+            }
+        }
         for (i, (&token, &depth)) in tree.tokens().iter().zip(tree.depths()).enumerate() {
             let position = u32::try_from(context_len + depth)
                 .map_err(|_| Error::InvalidBatch("position overflows u32".into()))?;
@@ -117,6 +171,7 @@ impl TreeBatch {
             rows: rows.clone(),
             mask: tree.mask(),
             context_slots,
+            window_context,
         });
         Ok(rows)
     }
@@ -197,6 +252,34 @@ impl TreeBatch {
         Ok(())
     }
 
+    /// Checks the batch's windowed slots against a store whose windowed layers have
+    /// `window_slots` rows of their own (`None`: they live in the full space): a batch has
+    /// windowed slots exactly when the store has that space, and every one is inside it.
+    pub fn validate_window(&self, window_slots: Option<usize>) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidBatch(msg));
+        let Some(num_slots) = window_slots else {
+            if self.window_slots.is_empty() {
+                return Ok(());
+            }
+            return bad("windowed slots for a KV store without a windowed space".into());
+        };
+        if self.window_slots.len() != self.num_rows() {
+            return bad("a KV store with a windowed space needs every row's windowed slot".into());
+        }
+        let context = self.seqs.iter().map(|s| s.window_context.as_ref());
+        let Some(context) = context.collect::<Option<Vec<_>>>() else {
+            return bad("a sequence without its windowed context".into());
+        };
+        let rows = self.window_slots.iter().map(|s| s.index());
+        let held = context.iter().flat_map(|c| c.slots.iter().copied());
+        if let Some(s) = rows.chain(held).find(|&s| s >= num_slots) {
+            return bad(format!(
+                "slot {s} outside the windowed KV space of {num_slots} slots"
+            ));
+        }
+        Ok(())
+    }
+
     /// Rows in the batch.
     pub fn num_rows(&self) -> usize {
         self.token_ids.len()
@@ -225,6 +308,33 @@ impl TreeBatch {
     pub fn context_slot(&self, seq: &SeqEntry, position: usize) -> Option<Slot> {
         seq.block_table.slot(position, self.block_size)
     }
+}
+
+/// `table`'s context from its first held position, checked to cover `new` rows after it.
+fn window_context(
+    table: &BlockTable,
+    context_len: usize,
+    new: usize,
+    block_size: usize,
+) -> Result<WindowContext> {
+    let bs = block_size.max(1);
+    if table.capacity(bs) < context_len + new {
+        return Err(Error::InvalidBatch(format!(
+            "windowed block table holds {} positions, {} needed",
+            table.capacity(bs),
+            context_len + new
+        )));
+    }
+    let first = (table.skipped() * bs).min(context_len);
+    let mut slots = Vec::with_capacity(context_len - first);
+    for start in (first..context_len).step_by(bs) {
+        let at = table
+            .slot(start, bs)
+            .ok_or_else(|| Error::InvalidBatch("context outside windowed table".into()))?
+            .index();
+        slots.extend(at..at + bs.min(context_len - start));
+    }
+    Ok(WindowContext { first, slots })
 }
 
 /// The slots (as row indices) of the first `context_len` positions of `table`, in position

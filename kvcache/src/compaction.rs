@@ -43,10 +43,10 @@ pub fn plan_compaction(
                 .slot(position, block_size)
                 .ok_or_else(|| KvError::InvalidPath(format!("position {position} past table")))
         };
-        moves.push(KvMove {
-            from: slot(num_computed + node)?,
-            to: slot(num_computed + j)?,
-        });
+        moves.push(KvMove::full(
+            slot(num_computed + node)?,
+            slot(num_computed + j)?,
+        ));
     }
     Ok(moves)
 }
@@ -131,10 +131,7 @@ mod tests {
         assert!(plan_compaction(&table, 4, 0, &[0, 5]).is_err());
         assert_eq!(
             plan_compaction(&table, 4, 1, &[0, 2]).unwrap(),
-            vec![KvMove {
-                from: Slot(7),
-                to: Slot(6)
-            }]
+            vec![KvMove::full(Slot(7), Slot(6))]
         );
     }
 }

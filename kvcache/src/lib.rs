@@ -15,6 +15,12 @@
 //! Two sequences may hold the same block (a fork for `n > 1`, or a prefix-cache hit); such a
 //! block is only ever read. Before a sequence writes into a shared block, the manager gives
 //! it a private copy and returns the row copies ([`KvMove`]) for the backend to execute.
+//!
+//! A model whose layers attend through a sliding window keeps those layers' KV in a second
+//! slot space with its own pool ([`WindowConfig`]): each sequence's table there holds only
+//! the blocks its next queries can still see, and the blocks behind the window go back to
+//! that pool (cached, for the prefix cache) as the sequence grows. A move names the slot
+//! space it copies in ([`KvGroup`]).
 
 #![deny(missing_docs)]
 
@@ -25,6 +31,7 @@ mod compaction;
 mod error;
 mod lru;
 mod manager;
+mod window;
 
 pub use block_hash::BlockHash;
 pub use block_pool::{BlockPool, PoolStats};
@@ -32,6 +39,7 @@ pub use block_table::BlockTable;
 pub use compaction::plan_compaction;
 pub use error::KvError;
 pub use manager::{BlockManager, CacheStats, ManagerConfig};
+pub use window::WindowConfig;
 
 /// Identity of one sequence for its whole life in the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,11 +61,34 @@ impl Slot {
     }
 }
 
-/// One KV row copy: the row at `from` is written to `to` (every layer, K and V).
+/// Which slot space a row lives in: the full-attention layers' or the windowed layers'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvGroup {
+    /// Layers that attend to every earlier position (the only space without windows).
+    #[default]
+    Full,
+    /// Layers that attend through a sliding window ([`WindowConfig`]).
+    Window,
+}
+
+/// One KV row copy: the row at `from` is written to `to` (every layer of `group`, K and V).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvMove {
     /// Source row.
     pub from: Slot,
     /// Destination row.
     pub to: Slot,
+    /// The slot space both rows are in.
+    pub group: KvGroup,
+}
+
+impl KvMove {
+    /// A copy in the full-attention layers' slot space.
+    pub fn full(from: Slot, to: Slot) -> Self {
+        Self {
+            from,
+            to,
+            group: KvGroup::Full,
+        }
+    }
 }

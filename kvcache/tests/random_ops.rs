@@ -3,11 +3,12 @@
 //! writes into shared blocks, truncations, releases and evictions. After every operation the
 //! manager's invariants hold and every live sequence reads back exactly its own tokens from
 //! the slots its table maps, so a wrong share, a missed copy-on-write or a stale cache hit
-//! shows up as wrong content, not just as a wrong count.
+//! shows up as wrong content, not just as a wrong count. A second run adds a windowed slot
+//! space: there every position a next query can still see must read back its own token.
 
 use std::collections::BTreeMap;
 
-use kvcache::{BlockManager, KvMove, ManagerConfig, SeqId, Slot};
+use kvcache::{BlockManager, KvGroup, KvMove, ManagerConfig, SeqId, Slot, WindowConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -18,6 +19,9 @@ struct Harness {
     manager: BlockManager,
     /// The "KV store": which token each slot's row was computed for.
     rows: Vec<Option<u32>>,
+    /// The windowed space's "KV store", where there is one.
+    window_rows: Vec<Option<u32>>,
+    window: Option<usize>,
     /// Committed tokens of each live sequence.
     seqs: BTreeMap<SeqId, Vec<u32>>,
     next_id: u64,
@@ -26,15 +30,21 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(seed: u64, prefix_caching: bool) -> Self {
+    fn new(seed: u64, prefix_caching: bool, window: Option<usize>) -> Self {
         let manager = BlockManager::new(ManagerConfig {
             num_blocks: NUM_BLOCKS,
             block_size: BLOCK_SIZE,
             prefix_caching,
             watermark: 0.05,
+            window: window.map(|window| WindowConfig {
+                window,
+                num_blocks: NUM_BLOCKS / 2,
+            }),
         });
         Self {
             rows: vec![None; manager.num_slots()],
+            window_rows: vec![None; manager.num_window_slots().unwrap_or(0)],
+            window,
             manager,
             seqs: BTreeMap::new(),
             next_id: 0,
@@ -51,9 +61,30 @@ impl Harness {
         self.manager.slot(seq, position).expect("position mapped")
     }
 
+    /// The window's slot of `position`, where the windowed space holds it.
+    fn window_slot(&self, seq: SeqId, position: usize) -> Option<Slot> {
+        self.manager
+            .window_table(seq)
+            .and_then(|t| t.slot(position, BLOCK_SIZE))
+    }
+
+    /// Writes `token` as position `position`'s row in every space that holds it.
+    fn write(&mut self, seq: SeqId, position: usize, token: u32) {
+        let slot = self.slot(seq, position);
+        self.rows[slot.index()] = Some(token);
+        if self.window.is_some() {
+            let slot = self.window_slot(seq, position).expect("new rows are held");
+            self.window_rows[slot.index()] = Some(token);
+        }
+    }
+
     fn apply(&mut self, moves: &[KvMove]) {
         for m in moves {
-            self.rows[m.to.index()] = self.rows[m.from.index()];
+            let rows = match m.group {
+                KvGroup::Full => &mut self.rows,
+                KvGroup::Window => &mut self.window_rows,
+            };
+            rows[m.to.index()] = rows[m.from.index()];
         }
     }
 
@@ -94,12 +125,24 @@ impl Harness {
                 "stale hit"
             );
         }
+        if let Some(window) = self.window {
+            // What the first computed query (position `hit`) sees must be held, and right.
+            for (p, &token) in prompt.iter().enumerate().take(hit) {
+                if p + window > hit {
+                    let slot = self.window_slot(seq, p).expect("seen positions are held");
+                    assert_eq!(
+                        self.window_rows[slot.index()],
+                        Some(token),
+                        "stale window hit"
+                    );
+                }
+            }
+        }
         let moves = self.manager.ensure_capacity(seq, prompt.len()).unwrap();
         let moves = moves.expect("admission reserved the prompt");
         self.apply(&moves);
         for (p, &token) in prompt.iter().enumerate().skip(hit) {
-            let slot = self.slot(seq, p);
-            self.rows[slot.index()] = Some(token);
+            self.write(seq, p, token);
         }
         self.manager.commit(seq, &prompt).unwrap();
         self.seqs.insert(seq, prompt);
@@ -121,8 +164,7 @@ impl Harness {
         self.apply(&moves);
         let tree: Vec<u32> = (0..nodes).map(|_| self.rng.random_range(0..5)).collect();
         for (i, &token) in tree.iter().enumerate() {
-            let slot = self.slot(seq, len + i);
-            self.rows[slot.index()] = Some(token);
+            self.write(seq, len + i, token);
         }
         let mut accepted = vec![0];
         for node in 1..nodes {
@@ -156,11 +198,20 @@ impl Harness {
 
     fn truncate(&mut self) {
         let Some(seq) = self.random_seq() else { return };
-        let tokens = self.seqs.get_mut(&seq).expect("live");
-        let len = self.rng.random_range(1..=tokens.len());
-        tokens.truncate(len);
-        self.manager.truncate(seq, len).unwrap();
-        self.count("truncate");
+        let len = self.rng.random_range(1..=self.seqs[&seq].len());
+        let skipped = self.manager.window_table(seq).map_or(0, |t| t.skipped());
+        match self.manager.truncate(seq, len) {
+            Ok(_) => {
+                self.seqs.get_mut(&seq).expect("live").truncate(len);
+                self.count("truncate");
+            }
+            Err(_) => {
+                // Only a window that let go of what the next query would see refuses.
+                let window = self.window.expect("a full space always truncates");
+                assert!(skipped > (len + 1).saturating_sub(window) / BLOCK_SIZE);
+                self.count("truncate refused");
+            }
+        }
     }
 
     fn release(&mut self) {
@@ -181,12 +232,25 @@ impl Harness {
                 let row = self.rows[self.slot(seq, p).index()];
                 assert_eq!(row, Some(token), "{seq:?} position {p}");
             }
+            if let Some(window) = self.window {
+                // Every position the next query sees is held and reads back its token.
+                let seen = (tokens.len() + 1).saturating_sub(window);
+                for (p, &token) in tokens.iter().enumerate().skip(seen) {
+                    let slot = self.window_slot(seq, p).expect("seen positions are held");
+                    assert_eq!(self.window_rows[slot.index()], Some(token), "window {p}");
+                }
+            }
         }
     }
 }
 
-fn run(seed: u64, prefix_caching: bool, ops: usize) -> BTreeMap<&'static str, usize> {
-    let mut h = Harness::new(seed, prefix_caching);
+fn run(
+    seed: u64,
+    prefix_caching: bool,
+    window: Option<usize>,
+    ops: usize,
+) -> BTreeMap<&'static str, usize> {
+    let mut h = Harness::new(seed, prefix_caching, window);
     for _ in 0..ops {
         match h.rng.random_range(0..100) {
             0..=24 => h.add(),
@@ -214,7 +278,7 @@ fn run(seed: u64, prefix_caching: bool, ops: usize) -> BTreeMap<&'static str, us
 
 #[test]
 fn hundred_thousand_random_operations_keep_every_invariant() {
-    let counts = run(7, true, 100_000);
+    let counts = run(7, true, None, 100_000);
     // Every kind of operation must actually have happened, or the test proves little.
     for what in [
         "add",
@@ -237,7 +301,27 @@ fn hundred_thousand_random_operations_keep_every_invariant() {
 
 #[test]
 fn random_operations_without_prefix_caching() {
-    let counts = run(11, false, 20_000);
+    let counts = run(11, false, None, 20_000);
     assert_eq!(counts.get("prefix hit"), None);
     assert!(counts["copy on write"] > 100, "{counts:?}");
+}
+
+#[test]
+fn random_operations_with_a_windowed_space() {
+    let counts = run(13, true, Some(6), 50_000);
+    for what in [
+        "add",
+        "add refused",
+        "prefix hit",
+        "grow refused",
+        "copy on write",
+        "truncate",
+        "truncate refused",
+        "evictions",
+    ] {
+        assert!(
+            counts.get(what).copied().unwrap_or(0) > 100,
+            "{what}: {counts:?}"
+        );
+    }
 }

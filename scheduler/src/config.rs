@@ -52,6 +52,17 @@ impl SchedulerConfig {
                 self.max_model_len
             ));
         }
+        if let Some(w) = self.kv.window {
+            // One sequence alone: its window, a partly filled block either side, one step.
+            let bs = self.kv.block_size;
+            let need = w.window.div_ceil(bs) + self.max_num_batched_tokens.div_ceil(bs) + 2;
+            if w.window == 0 || w.num_blocks < need {
+                return fail(format!(
+                    "the windowed KV pool holds {} blocks, fewer than one sequence with a window of {} and steps of {} tokens needs ({need})",
+                    w.num_blocks, w.window, self.max_num_batched_tokens
+                ));
+            }
+        }
         Ok(())
     }
 }

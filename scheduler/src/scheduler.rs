@@ -162,6 +162,12 @@ impl Scheduler {
         self.blocks.block_table(seq)
     }
 
+    /// The block table of a running sequence in the windowed layers' own space, where they
+    /// have one.
+    pub fn window_table(&self, seq: SeqId) -> Option<&BlockTable> {
+        self.blocks.window_table(seq)
+    }
+
     /// The block manager (read-only).
     pub fn blocks(&self) -> &BlockManager {
         &self.blocks

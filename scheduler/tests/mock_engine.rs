@@ -215,6 +215,7 @@ fn config(
             block_size: 8,
             prefix_caching: true,
             watermark: 0.02,
+            window: None,
         },
     }
 }
@@ -352,6 +353,19 @@ fn config_that_could_starve_or_deadlock_is_rejected() {
     assert!(Scheduler::new(too_small_budget).is_err());
     let pool_too_small = config(10, 64, 8, 256); // 80 positions < max_model_len 256
     assert!(Scheduler::new(pool_too_small).is_err());
+    // A windowed pool must hold one sequence's window and one step: 32/8 + 64/8 + 2 blocks.
+    let windowed = |num_blocks| SchedulerConfig {
+        kv: ManagerConfig {
+            window: Some(kvcache::WindowConfig {
+                window: 32,
+                num_blocks,
+            }),
+            ..config(100, 64, 8, 256).kv
+        },
+        ..config(100, 64, 8, 256)
+    };
+    assert!(Scheduler::new(windowed(13)).is_err());
+    assert!(Scheduler::new(windowed(14)).is_ok());
     let mut s = Scheduler::new(config(100, 64, 8, 256)).unwrap();
     assert!(s.add(SeqId(1), vec![], 1, None).is_err());
     assert!(s.add(SeqId(1), vec![1; 256], 1, None).is_err());

@@ -1,8 +1,10 @@
 //! The engine's features on a real windowed model, Gemma 3 270M (alias `gemma3-270m`: 15 of
 //! its 18 layers see only the last 512 positions, its tokenizer is SentencePiece): greedy
 //! speculation equals plain decoding for every drafter on prompts longer than the window (so
-//! draft trees are verified past it) in a pool small enough to preempt; a prompt seen before
-//! is served from the prefix cache with the same output; `n` samples fork one prefill and are
+//! draft trees are verified past it) in pools small enough to preempt, the windowed layers
+//! keeping their KV in a space of their own that holds less than one sequence (against plain
+//! decoding with every layer in one space); a prompt seen before is served from the prefix
+//! cache with the same output, in both layouts; `n` samples fork one prefill and are
 //! reproducible by seed; and a JSON schema holds for its output (checked with `jsonschema`).
 
 use std::sync::OnceLock;
@@ -13,7 +15,7 @@ use engine::{
     CostCurve, EngineConfig, LoadedModel, Request, SampleOutput, SamplingParams, SpecMethod,
     SpecRequest, SpeculationConfig, StopConditions,
 };
-use kvcache::ManagerConfig;
+use kvcache::{ManagerConfig, WindowConfig};
 use scheduler::SchedulerConfig;
 use serde_json::json;
 
@@ -25,7 +27,9 @@ fn gemma3() -> &'static LoadedModel {
     })
 }
 
-fn start(num_blocks: usize) -> EngineHandle {
+/// An engine with `num_blocks` blocks for every layer's KV, or for the full-attention layers'
+/// where `window_blocks` gives the windowed layers a space of their own.
+fn start(num_blocks: usize, window_blocks: Option<usize>) -> EngineHandle {
     let loaded = gemma3();
     let config = EngineConfig {
         scheduler: SchedulerConfig {
@@ -37,6 +41,10 @@ fn start(num_blocks: usize) -> EngineHandle {
                 block_size: 16,
                 prefix_caching: true,
                 watermark: 0.0,
+                window: window_blocks.map(|num_blocks| WindowConfig {
+                    window: 512,
+                    num_blocks,
+                }),
             },
         },
         max_pending: 64,
@@ -96,7 +104,7 @@ fn long_prompts() -> Vec<Vec<u32>> {
 fn speculation_is_lossless_past_gemma3s_window() {
     let prompts = long_prompts();
     let max_tokens = 48;
-    let plain = start(512);
+    let plain = start(512, None);
     let reference: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
@@ -113,8 +121,10 @@ fn speculation_is_lossless_past_gemma3s_window() {
     ];
     for method in methods {
         // Fresh engines: nothing cached or learned from the plain runs. 110 blocks of 16 hold
-        // fewer than the three sequences' 2,000-odd positions: they preempt one another.
-        let handle = start(110);
+        // fewer than the three sequences' 2,000-odd positions: they preempt one another. The
+        // windowed layers' 50 blocks hold 800 positions, less than any one sequence, and
+        // just what one sequence's window and a step of 256 rows need.
+        let handle = start(110, Some(50));
         let outputs = run_all(
             &handle,
             prompts
@@ -128,6 +138,8 @@ fn speculation_is_lossless_past_gemma3s_window() {
         }
         let stats = handle.stats().unwrap();
         assert!(stats.scheduler.preemptions > 0, "{method:?}: {stats:?}");
+        let window = stats.cache.window.expect("a windowed space");
+        assert_eq!(window.total, 50);
         assert!(accepted > 0, "{method:?} never had a draft accepted");
     }
 }
@@ -135,24 +147,27 @@ fn speculation_is_lossless_past_gemma3s_window() {
 #[test]
 fn a_repeated_prompt_comes_from_the_prefix_cache_with_the_same_output() {
     let prompt = &long_prompts()[1];
-    let handle = start(512);
-    let first = run_all(&handle, vec![request(prompt, SpecMethod::None, 24)]);
-    let again = run_all(&handle, vec![request(prompt, SpecMethod::None, 24)]);
-    assert_eq!(first[0].token_ids, again[0].token_ids);
-    assert_eq!(first[0].usage.cached_tokens, 0);
-    // Every whole block of the prompt but the one holding its last token.
-    assert!(
-        again[0].usage.cached_tokens >= prompt.len() - 16 - 1,
-        "{} of {} prompt tokens cached",
-        again[0].usage.cached_tokens,
-        prompt.len()
-    );
+    for window_blocks in [None, Some(200)] {
+        let handle = start(512, window_blocks);
+        let first = run_all(&handle, vec![request(prompt, SpecMethod::None, 24)]);
+        let again = run_all(&handle, vec![request(prompt, SpecMethod::None, 24)]);
+        assert_eq!(first[0].token_ids, again[0].token_ids, "{window_blocks:?}");
+        assert_eq!(first[0].usage.cached_tokens, 0);
+        // Every whole block of the prompt but the one holding its last token: the windowed
+        // space let go of the prompt's head while decoding, but kept it cached.
+        assert!(
+            again[0].usage.cached_tokens >= prompt.len() - 16 - 1,
+            "{window_blocks:?}: {} of {} prompt tokens cached",
+            again[0].usage.cached_tokens,
+            prompt.len()
+        );
+    }
 }
 
 #[test]
 fn n_samples_fork_one_prefill_and_repeat_by_seed() {
     let prompt = gemma3().tokenizer.encode("Once upon a time").unwrap();
-    let handle = start(512);
+    let handle = start(512, None);
     let sampled = |seed| Request {
         prompt: prompt.clone(),
         sampling: SamplingParams {
@@ -199,7 +214,7 @@ fn a_json_schema_holds_on_gemma3() {
         .tokenizer
         .encode("A person called Ada who lives in Rome, as JSON:\n")
         .unwrap();
-    let handle = start(512);
+    let handle = start(512, None);
     let validator = jsonschema::validator_for(&schema).unwrap();
     for (method, temperature) in [(SpecMethod::Auto, 0.0), (SpecMethod::PromptLookup, 0.8)] {
         let out = run_all(

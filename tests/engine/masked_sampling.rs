@@ -37,6 +37,7 @@ fn engine() -> EngineHandle {
                 block_size: 16,
                 prefix_caching: true,
                 watermark: 0.01,
+                window: None,
             },
         },
         max_pending: 2048,

@@ -26,6 +26,7 @@ fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
         block_size: 4,
         prefix_caching: true,
         watermark: 0.01,
+        window: None,
     };
     let config = EngineConfig {
         scheduler: SchedulerConfig {
@@ -92,6 +93,7 @@ fn accepted_prediction_tokens_never_exceed_the_tokens_returned() {
         block_size: 4,
         prefix_caching: false,
         watermark: 0.01,
+        window: None,
     };
     let config = EngineConfig {
         scheduler: SchedulerConfig {

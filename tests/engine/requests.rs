@@ -25,6 +25,7 @@ fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
                 block_size: 16,
                 prefix_caching: true,
                 watermark: 0.01,
+                window: None,
             },
         },
         max_pending: 256,

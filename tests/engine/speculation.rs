@@ -63,6 +63,7 @@ pub(crate) fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHa
                 block_size: setup.block_size,
                 prefix_caching: true,
                 watermark: 0.0,
+                window: None,
             },
         },
         max_pending: 64,
@@ -525,6 +526,7 @@ fn draft_model_path_is_lossless_with_smollm2_drafting_for_itself() {
             block_size: 16,
             prefix_caching: true,
             watermark: 0.0,
+            window: None,
         },
     };
     let (handle, _) = start(

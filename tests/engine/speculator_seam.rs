@@ -145,6 +145,7 @@ fn config(speculators: Vec<SpeculatorFactory>) -> EngineConfig {
         block_size: 4,
         prefix_caching: true,
         watermark: 0.01,
+        window: None,
     };
     EngineConfig {
         scheduler: SchedulerConfig {

@@ -37,6 +37,7 @@ fn start_with(speculation: SpeculationConfig) -> EngineHandle {
                 block_size: 16,
                 prefix_caching: true,
                 watermark: 0.01,
+                window: None,
             },
         },
         max_pending: 64,

@@ -100,6 +100,7 @@ pub(crate) fn mock_server(
         block_size: 4,
         prefix_caching: true,
         watermark: 0.0,
+        window: None,
     };
     let config = EngineConfig {
         scheduler: SchedulerConfig {

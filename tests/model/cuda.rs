@@ -352,9 +352,11 @@ fn cuda_kv_moves_carry_what_attention_reads() {
     let second = table(&mut pool, prompt.len() + 1);
     let moves: Vec<KvMove> = (0..prompt.len())
         .rev()
-        .map(|p| KvMove {
-            from: first.slot(p, BLOCK).unwrap(),
-            to: second.slot(p, BLOCK).unwrap(),
+        .map(|p| {
+            KvMove::full(
+                first.slot(p, BLOCK).unwrap(),
+                second.slot(p, BLOCK).unwrap(),
+            )
         })
         .collect();
     backend.move_kv(&moves).unwrap();
@@ -367,10 +369,7 @@ fn cuda_kv_moves_carry_what_attention_reads() {
     );
     assert_eq!(before, after, "moved context reads differently");
     // A slot outside the cache is an error, not a fault.
-    let outside = KvMove {
-        from: Slot(0),
-        to: Slot(backend.num_slots() as u32),
-    };
+    let outside = KvMove::full(Slot(0), Slot(backend.num_slots() as u32));
     assert!(backend.move_kv(&[outside]).is_err());
 }
 
@@ -389,6 +388,7 @@ fn cuda_every_method_is_lossless_on_smollm2() {
                 block_size: BLOCK,
                 prefix_caching: true,
                 watermark: 0.0,
+                window: None,
             },
         },
         max_pending: 64,

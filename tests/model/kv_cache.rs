@@ -29,6 +29,7 @@ fn cache(prefix_caching: bool) -> KvCache {
             block_size: 16,
             prefix_caching,
             watermark: 0.0,
+            window: None,
         },
     )
 }

@@ -159,6 +159,7 @@ pub fn cache_config_for(
         block_size,
         prefix_caching,
         watermark: 0.0,
+        window: None,
     }
 }
 

@@ -142,6 +142,7 @@ impl SpecArgs {
                         block_size,
                         prefix_caching: true,
                         watermark: 0.0,
+                        window: None,
                     },
                 })
             }
@@ -170,10 +171,12 @@ impl EngineArgs {
     /// The engine configuration these flags describe for `model`.
     pub fn config(&self, model: &Model) -> anyhow::Result<EngineConfig> {
         let block_size = usize::from(self.kv.block_size);
-        let num_blocks = EngineConfig::kv_blocks_for(
+        let (num_blocks, window) = EngineConfig::kv_pool_for(
             model,
             self.kv_cache_mib.saturating_mul(1 << 20),
             block_size,
+            self.max_num_seqs,
+            self.max_num_batched_tokens,
         );
         let pool_len = (num_blocks * block_size).saturating_sub(block_size);
         let model_len = model.config().max_position_embeddings;
@@ -201,6 +204,7 @@ impl EngineArgs {
                     block_size,
                     prefix_caching: !self.kv.no_prefix_cache,
                     watermark: 0.01,
+                    window,
                 },
             },
             max_pending: self.max_queue + self.max_num_seqs,

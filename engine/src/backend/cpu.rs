@@ -23,7 +23,13 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// `model` with a zeroed KV store of `num_slots` rows.
     pub fn new(model: Model, num_slots: usize) -> Self {
-        let store = model.new_kv_store(num_slots);
+        Self::with_spaces(model, num_slots, None)
+    }
+
+    /// `model` with a zeroed KV store of `num_slots` rows, and `window_slots` rows for the
+    /// windowed layers where they have a space of their own.
+    pub fn with_spaces(model: Model, num_slots: usize, window_slots: Option<usize>) -> Self {
+        let store = model.new_kv_store_with(num_slots, window_slots);
         Self { model, store }
     }
 }

@@ -112,6 +112,11 @@ impl Backend for MockBackend {
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
         for m in moves {
             let (from, to) = (m.from.index(), m.to.index());
+            if m.group != kvcache::KvGroup::Full {
+                return Err(Error::InvalidBatch(
+                    "the mock store keeps one KV space".into(),
+                ));
+            }
             if from >= self.slots.len() || to >= self.slots.len() {
                 return Err(Error::InvalidBatch("kv move outside the mock store".into()));
             }

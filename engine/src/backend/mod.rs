@@ -56,9 +56,25 @@ pub trait Backend: Send + 'static {
 /// shape its kernels take, [`CpuBackend`] for every other (on a GPU: candle's ops with
 /// attention on the host, slower but any shape).
 pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
+    for_model_spaces(model, num_slots, None)
+}
+
+/// [`for_model`] with the windowed layers in a slot space of their own of `window_slots`
+/// rows, where given (a host store only: the CUDA backend keeps one space).
+pub fn for_model_spaces(
+    model: Model,
+    num_slots: usize,
+    window_slots: Option<usize>,
+) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
     if model.device().is_cuda() {
         if CudaBackend::supports(model.config()) {
+            if window_slots.is_some() {
+                return Err(crate::Error::Metadata(
+                    "the CUDA backend keeps one KV space: run windowed models with --device cpu"
+                        .into(),
+                ));
+            }
             return Ok(Box::new(CudaBackend::new(model, num_slots)?));
         }
         tracing::warn!(
@@ -66,5 +82,9 @@ pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
             model.config().head_dim
         );
     }
-    Ok(Box::new(CpuBackend::new(model, num_slots)))
+    Ok(Box::new(CpuBackend::with_spaces(
+        model,
+        num_slots,
+        window_slots,
+    )))
 }

@@ -46,8 +46,9 @@ impl Engine {
                 .scheduler
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
+            let window = self.scheduler.window_table(s.seq);
             if let Some(tree) = tree {
-                batch.push(s.num_computed, table, tree, LogitRows::All)?;
+                batch.push_windowed(s.num_computed, table, window, tree, LogitRows::All)?;
             } else {
                 let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
                 let rows = if s.samples {
@@ -55,7 +56,8 @@ impl Engine {
                 } else {
                     LogitRows::None
                 };
-                let pushed = batch.push(s.num_computed, table, &TokenTree::chain(fed), rows)?;
+                let chain = TokenTree::chain(fed);
+                let pushed = batch.push_windowed(s.num_computed, table, window, &chain, rows)?;
                 if let Some(drafter) = self.records.get(&s.seq).and_then(|r| r.drafter.as_ref()) {
                     // A sampled row's logits are computed (and observed) anyway.
                     let unsampled = fed.len() - usize::from(s.samples);

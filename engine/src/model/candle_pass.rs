@@ -36,7 +36,7 @@ impl Model {
             ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         };
         let eps = cfg.rms_norm_eps as f32;
-        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window));
+        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window))?;
 
         let mut x = weights.embedding.lookup(&batch.token_ids, device)?;
         if let Some(scale) = variant.embedding_scale {
@@ -57,13 +57,13 @@ impl Model {
             let v = layer.v.forward(&h)?;
             // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
             let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+            let seen = windows.batch(kind.window).unwrap_or(batch);
             kv.write(
                 index,
-                &batch.slots,
+                &seen.slots,
                 &k.flatten_all()?.to_vec1::<f32>()?,
                 &v.flatten_all()?.to_vec1::<f32>()?,
             )?;
-            let seen = windows.batch(kind.window).unwrap_or(batch);
             let attn = match self.attention() {
                 AttentionKernel::Reference => {
                     gathered_tree_attention(&q, kv.layer(index), seen, shape, device)?

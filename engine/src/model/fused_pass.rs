@@ -325,7 +325,7 @@ impl FusedWeights {
             softcap: cfg.variant.attention_softcap,
             ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         };
-        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window));
+        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window))?;
         let mut clock = Clock::new(profiling());
         weights.embedding.rows_into(&batch.token_ids, &mut w.x)?;
         if let Some(scale) = cfg.variant.embedding_scale {
@@ -362,8 +362,8 @@ impl FusedWeights {
             rotate(cfg, table, positions, &w.q, heads, &mut w.q_heads, true);
             rotate(cfg, table, positions, &[], kv_heads, &mut w.k, false);
             clock.lap(|p| &mut p.other);
-            kv.write(index, &batch.slots, &w.k, &w.v)?;
             let seen = windows.batch(kind.window).unwrap_or(batch);
+            kv.write(index, &seen.slots, &w.k, &w.v)?;
             let attn = paged_tree_attention(&w.q_heads, kv.layer(index), seen, shape);
             clock.lap(|p| &mut p.attention);
             project(&attn, rows, &mut [(&layer.o, &mut w.out)], &mut w.rows)?;

@@ -49,6 +49,7 @@ use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
+use kvcache::KvGroup;
 
 /// One decoder block's weights.
 #[derive(Debug, Clone)]
@@ -262,11 +263,45 @@ impl Model {
 
     /// A KV store with room for `num_slots` rows in every layer.
     pub fn new_kv_store(&self, num_slots: usize) -> PagedKvStore {
-        PagedKvStore::new(
-            self.config.num_layers,
+        self.new_kv_store_with(num_slots, None)
+    }
+
+    /// A KV store with room for `num_slots` rows in every full-attention layer and, where
+    /// `window_slots` is given, that many in every windowed layer (their own space).
+    pub fn new_kv_store_with(&self, num_slots: usize, window_slots: Option<usize>) -> PagedKvStore {
+        let groups: Vec<KvGroup> = (0..self.config.num_layers)
+            .map(
+                |i| match (window_slots, self.config.layer_attention(i).window) {
+                    (Some(_), Some(_)) => KvGroup::Window,
+                    _ => KvGroup::Full,
+                },
+            )
+            .collect();
+        PagedKvStore::grouped(
+            &groups,
             num_slots,
+            window_slots,
             (self.config.num_kv_heads, self.config.head_dim),
             self.kv_dtype(),
+        )
+    }
+
+    /// The widest sliding window of the model's layers, where any has one.
+    pub fn kv_window(&self) -> Option<usize> {
+        (0..self.config.num_layers)
+            .filter_map(|i| self.config.layer_attention(i).window)
+            .max()
+    }
+
+    /// KV bytes one position takes in the full-attention layers and in the windowed ones.
+    pub fn kv_bytes_per_position_split(&self) -> (usize, usize) {
+        let windowed = (0..self.config.num_layers)
+            .filter(|&i| self.config.layer_attention(i).window.is_some())
+            .count();
+        let per_layer = 2 * self.config.kv_row_width() * self.kv_dtype().size();
+        (
+            (self.config.num_layers - windowed) * per_layer,
+            windowed * per_layer,
         )
     }
 
@@ -300,6 +335,7 @@ impl Model {
             self.config.max_position_embeddings,
             kv.num_slots(),
         )?;
+        batch.validate_window(kv.window_slots())?;
         if let (Some(fused), AttentionKernel::Fused) = (&self.fused, self.attention) {
             return fused.forward(&self.config, &self.weights, batch, kv);
         }

@@ -267,6 +267,11 @@ impl Gpu {
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {
+        if moves.iter().any(|m| m.group != kvcache::KvGroup::Full) {
+            return Err(Error::InvalidBatch(
+                "a windowed KV move: the CUDA backend keeps one KV space".into(),
+            ));
+        }
         if let Some(bad) = moves
             .iter()
             .flat_map(|m| [m.from, m.to])

@@ -286,10 +286,7 @@ mod tests {
 
     #[test]
     fn waves_give_what_moves_one_by_one_give() {
-        let mv = |from: u32, to: u32| KvMove {
-            from: Slot(from),
-            to: Slot(to),
-        };
+        let mv = |from: u32, to: u32| KvMove::full(Slot(from), Slot(to));
         let cases: Vec<Vec<KvMove>> = vec![
             vec![mv(5, 1), mv(6, 2), mv(7, 3)],
             // A chain: 2 -> 1 then 3 -> 2 must read 2 before it is overwritten.

@@ -10,10 +10,12 @@
 //! to nearest on write, and clamped to f16's range so that nothing overflows to infinity) or
 //! as f32 (the reference arithmetic's choice); `KvValue` says how each type is written and
 //! read. Which slots belong to whom is `kvcache`'s business; this type only stores rows and
-//! copies them for compaction.
+//! copies them for compaction. A model with sliding-window layers keeps those layers in a
+//! second, smaller slot space (`kvcache::KvGroup::Window`): each layer belongs to one space
+//! and is sized and addressed by it.
 
 use half::f16;
-use kvcache::{KvMove, Slot};
+use kvcache::{KvGroup, KvMove, Slot};
 
 use crate::{Error, Result};
 
@@ -255,45 +257,77 @@ impl LayerView<'_> {
 /// K/V storage for all layers of one model.
 #[derive(Debug, Clone)]
 pub struct PagedKvStore {
+    /// The full-attention space's geometry.
     geometry: Geometry,
+    /// The windowed space's rows, where there is one.
+    window_slots: Option<usize>,
     dtype: KvDtype,
-    layers: Vec<LayerKv>,
+    layers: Vec<(KvGroup, LayerKv)>,
 }
 
 impl PagedKvStore {
     /// Zeroed storage for `num_slots` rows of `num_kv_heads` heads of `head_dim` values in
     /// each of `num_layers`.
-    pub fn new(
-        num_layers: usize,
+    pub fn new(num_layers: usize, num_slots: usize, heads: (usize, usize), dtype: KvDtype) -> Self {
+        Self::grouped(
+            &vec![KvGroup::Full; num_layers],
+            num_slots,
+            None,
+            heads,
+            dtype,
+        )
+    }
+
+    /// Zeroed storage for layers in the spaces `groups` names: `num_slots` rows for a full
+    /// layer, `window_slots` for a windowed one.
+    pub fn grouped(
+        groups: &[KvGroup],
         num_slots: usize,
+        window_slots: Option<usize>,
         (num_kv_heads, head_dim): (usize, usize),
         dtype: KvDtype,
     ) -> Self {
-        // Each layer allocated zeroed on its own (not cloned from one), so the pages are
-        // mapped lazily by the OS instead of copied up front: start-up stays instant for a
-        // multi-GiB pool.
         let geometry = Geometry {
             num_slots,
             num_kv_heads,
             head_dim,
         };
-        let layers = (0..num_layers)
-            .map(|_| match dtype {
-                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(geometry)),
-                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(geometry)),
-            })
-            .collect();
-        Self {
+        let mut store = Self {
             geometry,
+            window_slots,
             dtype,
-            layers,
+            layers: Vec::with_capacity(groups.len()),
+        };
+        // Each layer allocated zeroed on its own (not cloned from one), so the pages are
+        // mapped lazily by the OS instead of copied up front: start-up stays instant for a
+        // multi-GiB pool.
+        for &group in groups {
+            let g = store.geometry_of(group);
+            let kv = match dtype {
+                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(g)),
+                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(g)),
+            };
+            store.layers.push((group, kv));
+        }
+        store
+    }
+
+    /// The geometry of `group`'s space (a windowed layer without its own space uses the
+    /// full one).
+    fn geometry_of(&self, group: KvGroup) -> Geometry {
+        match (group, self.window_slots) {
+            (KvGroup::Window, Some(num_slots)) => Geometry {
+                num_slots,
+                ..self.geometry
+            },
+            _ => self.geometry,
         }
     }
 
     /// Writes one value of every memory page back, unchanged, so that the OS maps all the
     /// pool's pages now rather than while the first requests that reach them are running.
     pub fn prefault(&mut self) {
-        for layer in &mut self.layers {
+        for (_, layer) in &mut self.layers {
             match layer {
                 LayerKv::F16(rows) => rows.prefault(),
                 LayerKv::F32(rows) => rows.prefault(),
@@ -301,9 +335,19 @@ impl PagedKvStore {
         }
     }
 
-    /// Rows per layer.
+    /// Rows per full-attention layer.
     pub fn num_slots(&self) -> usize {
         self.geometry.num_slots
+    }
+
+    /// Rows per windowed layer, where the windowed layers have their own space.
+    pub fn window_slots(&self) -> Option<usize> {
+        self.window_slots
+    }
+
+    /// The space layer `layer` lives in.
+    pub fn group(&self, layer: usize) -> KvGroup {
+        self.layers[layer].0
     }
 
     /// Values per row (every KV head's).
@@ -318,20 +362,27 @@ impl PagedKvStore {
 
     /// Bytes held (each key plane padded to whole tiles).
     pub fn bytes(&self) -> usize {
-        let g = self.geometry;
-        let slots = g.num_slots + g.key_slots();
-        self.layers.len() * slots * self.row_width() * self.dtype.size()
+        let per_slot = self.row_width() * self.dtype.size();
+        self.layers
+            .iter()
+            .map(|&(group, _)| {
+                let g = self.geometry_of(group);
+                (g.num_slots + g.key_slots()) * per_slot
+            })
+            .sum()
     }
 
     /// One layer's rows.
     pub fn layer(&self, layer: usize) -> LayerView<'_> {
+        let (group, kv) = &self.layers[layer];
         LayerView {
-            kv: &self.layers[layer],
-            geometry: self.geometry,
+            kv,
+            geometry: self.geometry_of(*group),
         }
     }
 
-    /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots`.
+    /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots` (of
+    /// the layer's space).
     pub fn write(&mut self, layer: usize, slots: &[Slot], k: &[f32], v: &[f32]) -> Result<()> {
         let w = self.row_width();
         if k.len() != slots.len() * w || v.len() != slots.len() * w {
@@ -342,32 +393,58 @@ impl PagedKvStore {
                 v.len()
             )));
         }
-        self.check_slots(slots.iter().copied())?;
-        let g = self.geometry;
-        match &mut self.layers[layer] {
+        let group = self.group(layer);
+        self.check_slots_in(group, slots.iter().copied())?;
+        let g = self.geometry_of(group);
+        match &mut self.layers[layer].1 {
             LayerKv::F16(rows) => rows.write(g, slots, k, v),
             LayerKv::F32(rows) => rows.write(g, slots, k, v),
         }
         Ok(())
     }
 
-    /// Copies rows in order, in every layer (compaction of an accepted draft path; the
-    /// caller orders moves so that no source is overwritten before it is read).
+    /// Copies rows in order, in every layer of each move's space (compaction of an accepted
+    /// draft path; the caller orders moves so that no source is overwritten before it is
+    /// read).
     pub fn apply_moves(&mut self, moves: &[KvMove]) -> Result<()> {
-        self.check_slots(moves.iter().flat_map(|m| [m.from, m.to]))?;
-        let g = self.geometry;
-        for layer in &mut self.layers {
-            match layer {
-                LayerKv::F16(rows) => rows.apply_moves(g, moves),
-                LayerKv::F32(rows) => rows.apply_moves(g, moves),
+        for group in [KvGroup::Full, KvGroup::Window] {
+            let mine: Vec<KvMove> = moves.iter().filter(|m| m.group == group).copied().collect();
+            if mine.is_empty() {
+                continue;
+            }
+            if group == KvGroup::Window && self.window_slots.is_none() {
+                return Err(Error::InvalidBatch(
+                    "a windowed KV move for a store without a windowed space".into(),
+                ));
+            }
+            self.check_slots_in(group, mine.iter().flat_map(|m| [m.from, m.to]))?;
+            let g = self.geometry_of(group);
+            for (layer_group, layer) in &mut self.layers {
+                // A windowed layer lives in the full space when there is no windowed one.
+                if self.window_slots.is_some() && *layer_group != group {
+                    continue;
+                }
+                match layer {
+                    LayerKv::F16(rows) => rows.apply_moves(g, &mine),
+                    LayerKv::F32(rows) => rows.apply_moves(g, &mine),
+                }
             }
         }
         Ok(())
     }
 
-    /// Errors when any slot is outside the store.
-    pub fn check_slots(&self, mut slots: impl Iterator<Item = Slot>) -> Result<()> {
-        let num_slots = self.num_slots();
+    /// Errors when any slot is outside the full-attention space.
+    pub fn check_slots(&self, slots: impl Iterator<Item = Slot>) -> Result<()> {
+        self.check_slots_in(KvGroup::Full, slots)
+    }
+
+    /// Errors when any slot is outside `group`'s space.
+    pub fn check_slots_in(
+        &self,
+        group: KvGroup,
+        mut slots: impl Iterator<Item = Slot>,
+    ) -> Result<()> {
+        let num_slots = self.geometry_of(group).num_slots;
         match slots.find(|s| s.index() >= num_slots) {
             Some(bad) => Err(Error::InvalidBatch(format!(
                 "slot {} outside KV store of {num_slots} slots",
@@ -420,119 +497,4 @@ unsafe fn x86_to_f16(src: &[f32], dst: &mut [f16]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefault_keeps_what_the_pool_holds() {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
-            // Keys and values of many pages each.
-            let (slots, width) = (4096, 8);
-            let mut store = PagedKvStore::new(2, slots, (2, width / 2), dtype);
-            let rows: Vec<Slot> = (0..slots as u32).step_by(7).map(Slot).collect();
-            let k: Vec<f32> = (0..rows.len() * width).map(|i| (i % 97) as f32).collect();
-            let v: Vec<f32> = k.iter().map(|x| -x - 1.0).collect();
-            store.write(1, &rows, &k, &v).unwrap();
-            let before = store.layer(1).to_f32();
-            assert!(before.1.iter().any(|&x| x != 0.0));
-            store.prefault();
-            assert_eq!(store.layer(1).to_f32(), before, "{dtype:?}");
-            assert!(store.layer(0).to_f32().0.iter().all(|&x| x == 0.0));
-        }
-    }
-
-    #[test]
-    fn write_then_move_keeps_rows_intact() {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
-            let mut store = PagedKvStore::new(2, 8, (1, 3), dtype);
-            store
-                .write(
-                    1,
-                    &[Slot(5), Slot(2)],
-                    &[1., 2., 3., 4., 5., 6.],
-                    &[7., 8., 9., 10., 11., 12.],
-                )
-                .unwrap();
-            let (k, v) = store.layer(1).to_f32();
-            assert_eq!(&k[15..18], &[1., 2., 3.]);
-            assert_eq!(&v[6..9], &[10., 11., 12.]);
-            store
-                .apply_moves(&[KvMove {
-                    from: Slot(5),
-                    to: Slot(0),
-                }])
-                .unwrap();
-            let (k, _) = store.layer(1).to_f32();
-            assert_eq!(&k[0..3], &[1., 2., 3.]);
-            assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
-            // Keys padded to one tile of 16 slots, values 8.
-            assert_eq!(store.bytes(), 2 * (16 + 8) * 3 * dtype.size());
-        }
-    }
-
-    #[test]
-    fn each_kv_head_keeps_its_own_rows() {
-        // Two heads of two values: a written row lands as one run per head, and a move
-        // carries every head.
-        let mut store = PagedKvStore::new(1, 4, (2, 2), KvDtype::F32);
-        store
-            .write(0, &[Slot(1)], &[1., 2., 3., 4.], &[5., 6., 7., 8.])
-            .unwrap();
-        store
-            .apply_moves(&[KvMove {
-                from: Slot(1),
-                to: Slot(3),
-            }])
-            .unwrap();
-        let (k, v) = store.layer(0).to_f32();
-        // [head][slot][dim]: head 0's slots are values 0..8, head 1's 8..16.
-        assert_eq!((&k[2..4], &k[10..12]), (&[1., 2.][..], &[3., 4.][..]));
-        assert_eq!((&k[6..8], &k[14..16]), (&[1., 2.][..], &[3., 4.][..]));
-        assert_eq!((&v[6..8], &v[14..16]), (&[5., 6.][..], &[7., 8.][..]));
-        assert_eq!(k.iter().filter(|&&x| x != 0.0).count(), 8);
-    }
-
-    #[test]
-    fn f16_writes_round_to_nearest_and_stay_finite() {
-        // Values across f16's range (subnormals, ties, the largest finite, beyond), each
-        // stored the way the portable conversion stores it, whichever path this CPU takes.
-        let mut values: Vec<f32> = (0..4000)
-            .map(|i| {
-                let x = (i as f32 * 0.37).sin() * 10f32.powi(i % 13 - 8);
-                if i % 2 == 0 {
-                    x
-                } else {
-                    -x
-                }
-            })
-            .collect();
-        values.extend([
-            1.0 + 1.0 / 2048.0, // a tie between two f16s: rounds to even (1.0)
-            65504.0,
-            65519.0,
-            1e9,
-            -1e9,
-            f32::INFINITY,
-            6e-8,
-            0.0,
-            -0.0,
-        ]);
-        let n = values.len();
-        let mut store = PagedKvStore::new(1, n, (1, 1), KvDtype::F16);
-        let slots: Vec<Slot> = (0..n as u32).map(Slot).collect();
-        store.write(0, &slots, &values, &values).unwrap();
-        let (k, _) = store.layer(0).to_f32();
-        for (got, x) in k.iter().zip(&values) {
-            let want = f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
-            assert_eq!(got.to_bits(), want.to_bits(), "{x}");
-            assert!(got.is_finite(), "{x} stored as {got}");
-            assert!((got - x.clamp(-F16_MAX, F16_MAX)).abs() <= x.abs() / 2048.0 + 6e-8);
-        }
-        assert_eq!(k[n - 9], 1.0);
-        assert_eq!(k[n - 7], 65504.0);
-        let mut nan = PagedKvStore::new(1, 8, (1, 1), KvDtype::F16);
-        nan.write(0, &slots[..8], &[f32::NAN; 8], &[0.0; 8])
-            .unwrap();
-        assert!(nan.layer(0).to_f32().0.iter().all(|x| x.is_nan()));
-    }
-}
+mod tests;

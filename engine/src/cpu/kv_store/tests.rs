@@ -1,0 +1,150 @@
+//! The KV store's unit tests: layouts, f16 rounding, writes and moves, windowed spaces.
+use super::*;
+
+#[test]
+fn prefault_keeps_what_the_pool_holds() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        // Keys and values of many pages each.
+        let (slots, width) = (4096, 8);
+        let mut store = PagedKvStore::new(2, slots, (2, width / 2), dtype);
+        let rows: Vec<Slot> = (0..slots as u32).step_by(7).map(Slot).collect();
+        let k: Vec<f32> = (0..rows.len() * width).map(|i| (i % 97) as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x - 1.0).collect();
+        store.write(1, &rows, &k, &v).unwrap();
+        let before = store.layer(1).to_f32();
+        assert!(before.1.iter().any(|&x| x != 0.0));
+        store.prefault();
+        assert_eq!(store.layer(1).to_f32(), before, "{dtype:?}");
+        assert!(store.layer(0).to_f32().0.iter().all(|&x| x == 0.0));
+    }
+}
+
+#[test]
+fn write_then_move_keeps_rows_intact() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let mut store = PagedKvStore::new(2, 8, (1, 3), dtype);
+        store
+            .write(
+                1,
+                &[Slot(5), Slot(2)],
+                &[1., 2., 3., 4., 5., 6.],
+                &[7., 8., 9., 10., 11., 12.],
+            )
+            .unwrap();
+        let (k, v) = store.layer(1).to_f32();
+        assert_eq!(&k[15..18], &[1., 2., 3.]);
+        assert_eq!(&v[6..9], &[10., 11., 12.]);
+        store
+            .apply_moves(&[KvMove::full(Slot(5), Slot(0))])
+            .unwrap();
+        let (k, _) = store.layer(1).to_f32();
+        assert_eq!(&k[0..3], &[1., 2., 3.]);
+        assert!(store.write(0, &[Slot(8)], &[0.; 3], &[0.; 3]).is_err());
+        // Keys padded to one tile of 16 slots, values 8.
+        assert_eq!(store.bytes(), 2 * (16 + 8) * 3 * dtype.size());
+    }
+}
+
+#[test]
+fn each_kv_head_keeps_its_own_rows() {
+    // Two heads of two values: a written row lands as one run per head, and a move
+    // carries every head.
+    let mut store = PagedKvStore::new(1, 4, (2, 2), KvDtype::F32);
+    store
+        .write(0, &[Slot(1)], &[1., 2., 3., 4.], &[5., 6., 7., 8.])
+        .unwrap();
+    store
+        .apply_moves(&[KvMove::full(Slot(1), Slot(3))])
+        .unwrap();
+    let (k, v) = store.layer(0).to_f32();
+    // [head][slot][dim]: head 0's slots are values 0..8, head 1's 8..16.
+    assert_eq!((&k[2..4], &k[10..12]), (&[1., 2.][..], &[3., 4.][..]));
+    assert_eq!((&k[6..8], &k[14..16]), (&[1., 2.][..], &[3., 4.][..]));
+    assert_eq!((&v[6..8], &v[14..16]), (&[5., 6.][..], &[7., 8.][..]));
+    assert_eq!(k.iter().filter(|&&x| x != 0.0).count(), 8);
+}
+
+#[test]
+fn f16_writes_round_to_nearest_and_stay_finite() {
+    // Values across f16's range (subnormals, ties, the largest finite, beyond), each
+    // stored the way the portable conversion stores it, whichever path this CPU takes.
+    let mut values: Vec<f32> = (0..4000)
+        .map(|i| {
+            let x = (i as f32 * 0.37).sin() * 10f32.powi(i % 13 - 8);
+            if i % 2 == 0 {
+                x
+            } else {
+                -x
+            }
+        })
+        .collect();
+    values.extend([
+        1.0 + 1.0 / 2048.0, // a tie between two f16s: rounds to even (1.0)
+        65504.0,
+        65519.0,
+        1e9,
+        -1e9,
+        f32::INFINITY,
+        6e-8,
+        0.0,
+        -0.0,
+    ]);
+    let n = values.len();
+    let mut store = PagedKvStore::new(1, n, (1, 1), KvDtype::F16);
+    let slots: Vec<Slot> = (0..n as u32).map(Slot).collect();
+    store.write(0, &slots, &values, &values).unwrap();
+    let (k, _) = store.layer(0).to_f32();
+    for (got, x) in k.iter().zip(&values) {
+        let want = f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
+        assert_eq!(got.to_bits(), want.to_bits(), "{x}");
+        assert!(got.is_finite(), "{x} stored as {got}");
+        assert!((got - x.clamp(-F16_MAX, F16_MAX)).abs() <= x.abs() / 2048.0 + 6e-8);
+    }
+    assert_eq!(k[n - 9], 1.0);
+    assert_eq!(k[n - 7], 65504.0);
+    let mut nan = PagedKvStore::new(1, 8, (1, 1), KvDtype::F16);
+    nan.write(0, &slots[..8], &[f32::NAN; 8], &[0.0; 8])
+        .unwrap();
+    assert!(nan.layer(0).to_f32().0.iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn windowed_layers_live_in_their_own_space() {
+    let groups = [KvGroup::Full, KvGroup::Window, KvGroup::Full];
+    let mut store = PagedKvStore::grouped(&groups, 64, Some(32), (1, 2), KvDtype::F32);
+    assert_eq!((store.num_slots(), store.window_slots()), (64, Some(32)));
+    let per_layer = |slots: usize| (slots + slots.div_ceil(KEY_TILE) * KEY_TILE) * 2 * 4;
+    assert_eq!(store.bytes(), 2 * per_layer(64) + per_layer(32));
+    // Slot 40 exists in the full space only.
+    let (k, v) = (vec![1.0, 2.0], vec![3.0, 4.0]);
+    store.write(0, &[Slot(40)], &k, &v).unwrap();
+    assert!(store.write(1, &[Slot(40)], &k, &v).is_err());
+    store.write(1, &[Slot(5)], &k, &v).unwrap();
+    // A windowed move copies in the windowed layer only; a full move in the full ones.
+    store
+        .apply_moves(&[KvMove {
+            from: Slot(5),
+            to: Slot(6),
+            group: KvGroup::Window,
+        }])
+        .unwrap();
+    store
+        .apply_moves(&[KvMove::full(Slot(40), Slot(41))])
+        .unwrap();
+    let value = |layer: usize, slot: usize| store.layer(layer).to_f32().1[slot * 2];
+    assert_eq!((value(1, 6), value(0, 6)), (3.0, 0.0));
+    assert_eq!((value(0, 41), value(2, 41)), (3.0, 0.0));
+    let outside = KvMove {
+        from: Slot(33),
+        to: Slot(1),
+        group: KvGroup::Window,
+    };
+    assert!(store.apply_moves(&[outside]).is_err());
+    // A store without a windowed space refuses windowed moves.
+    let mut plain = PagedKvStore::new(2, 16, (1, 2), KvDtype::F32);
+    let inside = KvMove {
+        from: Slot(1),
+        ..outside
+    };
+    assert!(plain.apply_moves(&[inside]).is_err());
+}
