@@ -118,6 +118,8 @@ pub fn spawn(
     eos_ids: Vec<u32>,
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
+    // The longest sequence this engine serves decides a LongRoPE model's factors.
+    let model = model.for_context(config.scheduler.max_model_len)?;
     let kv = config.scheduler.kv;
     let num_slots = kv.num_blocks * kv.block_size;
     let window_slots = kv.window.map(|w| w.num_blocks * kv.block_size);

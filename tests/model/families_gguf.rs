@@ -37,7 +37,9 @@ fn gguf_model(
 }
 
 /// `other` as a reference for `compare`: its own sequence, fed the same tokens.
-fn as_reference(other: &Model) -> impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor> + '_ {
+pub(crate) fn as_reference(
+    other: &Model,
+) -> impl FnMut(&Tensor, usize) -> candle_core::Result<Tensor> + '_ {
     let (table, mut kv) = one_sequence(other, PROMPT.len() + super::families::STEPS + 1, 4);
     move |x, pos| {
         let tokens = x.flatten_all()?.to_vec1::<u32>()?;

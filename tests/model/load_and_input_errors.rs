@@ -140,6 +140,32 @@ fn options_a_family_cannot_honour_are_named_at_load() {
             "rope_scaling.low_freq_factor",
         ),
         (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({
+                    "type": "longrope", "short_factor": vec![1.0; 8], "long_factor": vec![2.0; 8]
+                })
+            }),
+            "original_max_position_embeddings is missing",
+        ),
+        (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({
+                    "type": "longrope", "short_factor": vec![1.0; 8], "long_factor": vec![2.0; 7],
+                    "original_max_position_embeddings": 256
+                })
+            }),
+            "rope_factors_long holds 7 factors for 8 frequencies",
+        ),
+        (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({
+                    "type": "longrope", "short_factor": "x", "long_factor": vec![2.0; 8],
+                    "original_max_position_embeddings": 256
+                })
+            }),
+            "rope_scaling.short_factor is missing or not a list of numbers",
+        ),
+        (
             load_edited(&llama, |c| c["hidden_act"] = "gelu".into()),
             "hidden_act = 'gelu'",
         ),

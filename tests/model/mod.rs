@@ -5,9 +5,10 @@
 mod candle_oracle;
 mod cuda;
 pub(crate) mod families;
-mod families_gguf;
+pub(crate) mod families_gguf;
 mod forward;
 mod gemma3_real;
 mod kv_cache;
 mod load_and_input_errors;
+mod longrope;
 mod tokenizer;

@@ -86,6 +86,22 @@ pub enum RopeScaling {
     /// Each frequency divided by its own factor (GGUF's `rope_freqs.weight`, which llama.cpp's
     /// converter computes from the Llama 3.1 parameters).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE: each frequency divided by its own factor, from the long set where the
+    /// context in use exceeds `original` positions and from the short set otherwise (the
+    /// choice is made once, for every position, as llama.cpp makes it by its context), and
+    /// cos and sin multiplied by `attention_factor`.
+    LongRope {
+        /// Divisors for contexts up to `original`.
+        short: Vec<f32>,
+        /// Divisors for longer contexts.
+        long: Vec<f32>,
+        /// The context the model was first trained for.
+        original: usize,
+        /// Factor on cos and sin (so on queries and keys alike).
+        attention_factor: f32,
+        /// Whether the long set is in use.
+        long_context: bool,
+    },
 }
 
 /// One layer's attention: all positions, or the last `window` (the row's own included).

@@ -128,6 +128,37 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     })
 }
 
+/// Phi-3's LongRoPE as llama.cpp's converter writes it: the two factor tensors, the original
+/// context (`{arch}.rope.scaling.original_context_length`, required) and the factor on cos and
+/// sin (`{arch}.rope.scaling.attn_factor`, 1 where absent, as llama.cpp reads it).
+fn longrope(
+    md: &std::collections::HashMap<String, Value>,
+    config: &ModelConfig,
+    factors: &dyn Fn(&str) -> Result<Vec<f32>>,
+) -> Result<RopeScaling> {
+    let arch = config.architecture.as_str();
+    let original_key = format!("{arch}.rope.scaling.original_context_length");
+    let original = md
+        .get(&original_key)
+        .and_then(|v| v.to_u64().ok().or_else(|| v.to_u32().ok().map(u64::from)))
+        .map(|v| v as usize)
+        .filter(|&v| v > 1)
+        .ok_or_else(|| Error::Metadata(format!("{original_key} is missing: LongRoPE needs it")))?;
+    let factor_key = format!("{arch}.rope.scaling.attn_factor");
+    let attention_factor = md
+        .get(&factor_key)
+        .map(|v| as_f32(v, &factor_key))
+        .transpose()?
+        .unwrap_or(1.0);
+    Ok(RopeScaling::LongRope {
+        short: factors("rope_factors_short.weight")?,
+        long: factors("rope_factors_long.weight")?,
+        original,
+        attention_factor,
+        long_context: config.max_position_embeddings > original,
+    })
+}
+
 /// `{arch}.rope.scaling.*`: none, or linear with its factor; any other type is refused.
 fn rope_scaling(
     md: &std::collections::HashMap<String, Value>,
@@ -228,10 +259,9 @@ fn weights_from(
         .tensor_infos
         .contains_key("rope_factors_long.weight")
     {
-        return Err(Error::Metadata(format!(
-            "{}: LongRoPE (rope_factors_long / rope_factors_short) is not supported yet",
-            path.display()
-        )));
+        config.variant.rope_scaling = longrope(&content.metadata, &config, &|name| {
+            Ok(dense(tensor(name)?)?.to_vec1::<f32>()?)
+        })?;
     }
     if content.tensor_infos.contains_key("rope_freqs.weight") {
         // Llama 3.1's scaling, as per-frequency divisors.

@@ -38,6 +38,8 @@ struct HfConfig {
     #[serde(default = "default_max_positions")]
     max_position_embeddings: usize,
     #[serde(default)]
+    original_max_position_embeddings: Option<usize>,
+    #[serde(default)]
     tie_word_embeddings: bool,
     #[serde(default)]
     attention_bias: Option<bool>,
@@ -143,7 +145,11 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         attention_scale: hf.query_pre_attn_scalar.map(|s| (1.0 / s.sqrt()) as f32),
         attention_softcap: hf.attn_logit_softcapping.map(|c| c as f32),
         final_softcap: hf.final_logit_softcapping.map(|c| c as f32),
-        rope_scaling: rope_scaling(hf.rope_scaling.as_ref())?,
+        rope_scaling: rope_scaling(
+            hf.rope_scaling.as_ref(),
+            hf.max_position_embeddings,
+            hf.original_max_position_embeddings,
+        )?,
     };
     let config = ModelConfig {
         architecture,
@@ -310,8 +316,14 @@ fn check_activation(hf: &HfConfig, declared: Activation) -> Result<()> {
 }
 
 /// `rope_scaling`: absent, null or `default`; `linear` with its factor; `llama3` with its
-/// four parameters. Any other type is refused by name.
-fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling> {
+/// four parameters; `longrope` (or its old name `su`) with its two factor lists, against the
+/// model's `max_position_embeddings` and `original_max_position_embeddings`. Any other type
+/// is refused by name.
+fn rope_scaling(
+    value: Option<&serde_json::Value>,
+    max_positions: usize,
+    original: Option<usize>,
+) -> Result<RopeScaling> {
     let Some(obj) = value.and_then(|v| v.as_object()) else {
         return match value {
             None | Some(serde_json::Value::Null) => Ok(RopeScaling::None),
@@ -339,9 +351,47 @@ fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling> {
             high_freq_factor: num("high_freq_factor")? as f32,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
+        "longrope" | "su" => {
+            let factors = |k: &str| -> Result<Vec<f32>> {
+                obj.get(k)
+                    .and_then(|v| v.as_array())
+                    .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+                    .ok_or_else(|| {
+                        Error::Metadata(format!(
+                            "rope_scaling.{k} is missing or not a list of numbers"
+                        ))
+                    })
+            };
+            let original = original
+                .or_else(|| {
+                    obj.get("original_max_position_embeddings")?
+                        .as_u64()
+                        .map(|v| v as usize)
+                })
+                .filter(|&o| o > 1)
+                .ok_or_else(|| {
+                    Error::Metadata(
+                        "original_max_position_embeddings is missing: LongRoPE needs it".into(),
+                    )
+                })?;
+            // As transformers computes it where the config does not give it.
+            let scale = max_positions as f64 / original as f64;
+            let attention_factor = match obj.get("attention_factor").and_then(|v| v.as_f64()) {
+                Some(f) => f,
+                None if scale > 1.0 => (1.0 + scale.ln() / (original as f64).ln()).sqrt(),
+                None => 1.0,
+            };
+            Ok(RopeScaling::LongRope {
+                short: factors("short_factor")?,
+                long: factors("long_factor")?,
+                original,
+                attention_factor: attention_factor as f32,
+                long_context: max_positions > original,
+            })
+        }
         other => Err(Error::Metadata(format!(
             "rope_scaling type '{other}' is not supported (supported: default, linear, \
-             llama3; LongRoPE and YaRN are not implemented yet)"
+             llama3, longrope; YaRN is not implemented yet)"
         ))),
     }
 }

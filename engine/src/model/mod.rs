@@ -43,6 +43,7 @@ use crate::cpu::attention::AttentionKernel;
 use std::sync::Arc;
 
 use crate::cpu::kv_store::{KvDtype, PagedKvStore};
+use crate::model::config::RopeScaling;
 use crate::model::config::{ModelConfig, RopeStyle};
 pub use crate::model::embedding::Embedding;
 use crate::model::fused_pass::FusedWeights;
@@ -148,6 +149,29 @@ impl Model {
         )?
         .map(Arc::new);
         Ok(())
+    }
+
+    /// The same model for sequences of at most `len` positions: a LongRoPE model takes its
+    /// short factors where `len` stays within its original context and its long ones beyond
+    /// (once, for every position, as llama.cpp chooses by its context size); any other model
+    /// is unchanged.
+    pub fn for_context(mut self, len: usize) -> Result<Self> {
+        let RopeScaling::LongRope {
+            original,
+            long_context,
+            ..
+        } = &mut self.config.variant.rope_scaling
+        else {
+            return Ok(self);
+        };
+        let long = len > *original;
+        if *long_context == long {
+            return Ok(self);
+        }
+        *long_context = long;
+        (self.rope_cos, self.rope_sin) = rope::global_table(&self.config, &self.device)?;
+        self.rebuild_fused()?;
+        Ok(self)
     }
 
     /// The same model computing attention with `kernel`.

@@ -1,5 +1,6 @@
 //! RoPE's cos/sin tables, `[max_positions, head_dim / 2]` each: the global one (the file's base,
-//! with its long-context scaling: linear, Llama 3.1's piecewise, or per-frequency factors) and,
+//! with its long-context scaling: linear, Llama 3.1's piecewise, per-frequency factors, or
+//! Phi-3's LongRoPE with its attention factor on cos and sin) and,
 //! for families whose windowed layers rotate with a base of their own (Gemma 3), the local one.
 //! Computed as candle's reference models do: f32 inverse frequencies, position times frequency,
 //! then cos and sin.
@@ -11,11 +12,18 @@ use crate::{Error, Result};
 
 /// The table of the global layers.
 pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
-    let inv_freq = scaled(
-        inverse_frequencies(cfg.rope_theta, cfg.head_dim),
-        &cfg.variant.rope_scaling,
-    )?;
-    table(inv_freq, cfg.max_position_embeddings, device)
+    let scaling = &cfg.variant.rope_scaling;
+    let inv_freq = scaled(inverse_frequencies(cfg.rope_theta, cfg.head_dim), scaling)?;
+    let (cos, sin) = table(inv_freq, cfg.max_position_embeddings, device)?;
+    match scaling {
+        RopeScaling::LongRope {
+            attention_factor, ..
+        } if *attention_factor != 1.0 => {
+            let by = f64::from(*attention_factor);
+            Ok(((cos * by)?, (sin * by)?))
+        }
+        _ => Ok((cos, sin)),
+    }
 }
 
 /// The table of the windowed layers, where they have a base of their own.
@@ -68,20 +76,37 @@ fn scaled(mut inv_freq: Vec<f32>, scaling: &RopeScaling) -> Result<Vec<f32>> {
                 }
             }
         }
-        RopeScaling::Factors(factors) => {
-            if factors.len() != inv_freq.len() {
-                return Err(Error::Metadata(format!(
-                    "rope_freqs holds {} factors for {} frequencies",
-                    factors.len(),
-                    inv_freq.len()
-                )));
+        RopeScaling::Factors(factors) => divide(&mut inv_freq, factors, "rope_freqs")?,
+        RopeScaling::LongRope {
+            short,
+            long,
+            long_context,
+            ..
+        } => {
+            // Both sets must fit the head, whichever is in use.
+            for (set, name) in [(short, "rope_factors_short"), (long, "rope_factors_long")] {
+                divide(&mut inv_freq.clone(), set, name)?;
             }
-            for (f, by) in inv_freq.iter_mut().zip(factors) {
-                *f /= *by;
-            }
+            let set = if *long_context { long } else { short };
+            divide(&mut inv_freq, set, "rope factors")?;
         }
     }
     Ok(inv_freq)
+}
+
+/// Each frequency divided by its factor (`name` the factors' tensor, for the error).
+fn divide(inv_freq: &mut [f32], factors: &[f32], name: &str) -> Result<()> {
+    if factors.len() != inv_freq.len() {
+        return Err(Error::Metadata(format!(
+            "{name} holds {} factors for {} frequencies",
+            factors.len(),
+            inv_freq.len()
+        )));
+    }
+    for (f, by) in inv_freq.iter_mut().zip(factors) {
+        *f /= *by;
+    }
+    Ok(())
 }
 
 /// cos and sin of `position * frequency` for every position below `n`.
@@ -128,5 +153,53 @@ mod tests {
         assert!(err.to_string().contains("rope_freqs"), "{err}");
         let out = scaled(base.clone(), &RopeScaling::Factors(vec![2.0; 4])).unwrap();
         assert_eq!(out, base.iter().map(|f| f / 2.0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn longrope_takes_the_set_of_its_context_and_scales_cos_and_sin() {
+        let longrope = |long_context| RopeScaling::LongRope {
+            short: vec![1.0, 2.0, 4.0, 8.0],
+            long: vec![3.0; 4],
+            original: 4,
+            attention_factor: 1.5,
+            long_context,
+        };
+        let base = inverse_frequencies(10_000.0, 8);
+        let short = scaled(base.clone(), &longrope(false)).unwrap();
+        assert_eq!(short[2], base[2] / 4.0);
+        let long = scaled(base.clone(), &longrope(true)).unwrap();
+        assert_eq!(long, base.iter().map(|f| f / 3.0).collect::<Vec<_>>());
+        let cfg = ModelConfig {
+            architecture: crate::model::config::Architecture::Phi3,
+            vocab_size: 8,
+            hidden_size: 16,
+            intermediate_size: 32,
+            num_layers: 1,
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 8,
+            rope_theta: 10_000.0,
+            rope_style: crate::model::config::RopeStyle::Halves,
+            rms_norm_eps: 1e-6,
+            max_position_embeddings: 16,
+            attention_bias: false,
+            variant: crate::model::config::Variant {
+                rope_scaling: longrope(true),
+                ..Default::default()
+            },
+        };
+        let (cos, sin) = global_table(&cfg, &Device::Cpu).unwrap();
+        let (cos, sin) = (cos.to_vec2::<f32>().unwrap(), sin.to_vec2::<f32>().unwrap());
+        // Position 0: cos 1 and sin 0, times the factor.
+        assert_eq!((cos[0][0], sin[0][0]), (1.5, 0.0));
+        let angle = 5.0 * long[1];
+        assert!((cos[5][1] - 1.5 * angle.cos()).abs() < 1e-5);
+        // A set that does not fit the head is an error naming it, even when not in use.
+        let mut bad = longrope(false);
+        if let RopeScaling::LongRope { long, .. } = &mut bad {
+            long.pop();
+        }
+        let err = scaled(base, &bad).unwrap_err();
+        assert!(err.to_string().contains("rope_factors_long"), "{err}");
     }
 }

@@ -260,7 +260,8 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
 /// Writes the model `write_tiny_hf_model` writes for `spec` as a GGUF file at `path`, with
 /// llama.cpp's tensor names and conventions: projections (and the embedding) in `dtype`,
 /// norms in f32 with Gemma's one added, llama's query and key rows permuted for interleaved
-/// RoPE pairs, hyper-parameters as `{arch}.*` keys. It carries no tokenizer.
+/// RoPE pairs, hyper-parameters as `{arch}.*` keys. It carries no tokenizer
+/// (`tokenizer.ggml.model = no_vocab`).
 pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> Result<()> {
     // The HF checkpoint first, in a directory beside the file, removed at the end.
     let hf_dir = path.with_extension("hf");
@@ -368,6 +369,11 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
     let f32_at = |key: &str| config.get(key).and_then(|v| v.as_f64()).map(|v| v as f32);
     let mut metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(name.into())),
+        // No tokenizer: llama.cpp then gives the vocabulary's size in dummy tokens.
+        (
+            "tokenizer.ggml.model".into(),
+            Value::String("no_vocab".into()),
+        ),
         (format!("{name}.context_length"), u32_of(1024)),
         (format!("{name}.vocab_size"), u32_of(spec.vocab_size)),
         (format!("{name}.embedding_length"), u32_of(spec.hidden_size)),
@@ -417,12 +423,63 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
             QTensor::quantize(&t, GgmlDType::F32)?,
         ));
     }
+    if let Some((short, long, original)) = longrope_factors(&config) {
+        // As llama.cpp's converter writes Phi-3's LongRoPE.
+        let max = config
+            .get("max_position_embeddings")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1024.0);
+        let scale = max / original as f64;
+        let attn_factor = if scale > 1.0 {
+            (1.0 + scale.ln() / (original as f64).ln()).sqrt()
+        } else {
+            1.0
+        };
+        metadata.push((
+            format!("{name}.rope.scaling.original_context_length"),
+            u32_of(original),
+        ));
+        metadata.push((
+            format!("{name}.rope.scaling.attn_factor"),
+            Value::F32(attn_factor as f32),
+        ));
+        for (tensor, factors) in [("rope_factors_long", long), ("rope_factors_short", short)] {
+            let n = factors.len();
+            let t = Tensor::from_vec(factors, n, &Device::Cpu)?;
+            tensors.push((
+                format!("{tensor}.weight"),
+                QTensor::quantize(&t, GgmlDType::F32)?,
+            ));
+        }
+    }
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path)
         .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
     gguf_file::write(&mut file, &metadata, &tensors)?;
     Ok(())
+}
+
+/// Phi-3's LongRoPE factors (short, long) and original context, where `config` has them.
+fn longrope_factors(config: &serde_json::Value) -> Option<(Vec<f32>, Vec<f32>, usize)> {
+    let scaling = config.get("rope_scaling")?;
+    let kind = scaling.get("type").or_else(|| scaling.get("rope_type"))?;
+    if kind.as_str()? != "longrope" {
+        return None;
+    }
+    let list = |k: &str| -> Option<Vec<f32>> {
+        scaling
+            .get(k)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_f64().map(|f| f as f32))
+            .collect()
+    };
+    let original = config
+        .get("original_max_position_embeddings")
+        .or_else(|| scaling.get("original_max_position_embeddings"))?
+        .as_u64()? as usize;
+    Some((list("short_factor")?, list("long_factor")?, original))
 }
 
 /// Llama 3.1's RoPE scaling as per-frequency divisors, computed as llama.cpp's converter

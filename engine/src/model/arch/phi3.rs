@@ -1,8 +1,8 @@
-//! Phi-3 (mini, medium; 4k contexts): the llama block with the query, key and value
-//! projections fused into one (`qkv_proj` / `attn_qkv`) and the MLP's gate and up fused
-//! (`gate_up_proj` / `ffn_up`, gate first), split at load; a sliding window on every layer where
-//! the file sets one (2047 in the released configs, as llama.cpp honours it). The 128k models'
-//! LongRoPE factors are refused by name until they are implemented.
+//! Phi-3 and Phi-3.5 (mini, medium; 4k and 128k contexts): the llama block with the query, key
+//! and value projections fused into one (`qkv_proj` / `attn_qkv`) and the MLP's gate and up
+//! fused (`gate_up_proj` / `ffn_up`, gate first), split at load; a sliding window on every layer
+//! where the file sets one (2047 in the released configs, as llama.cpp honours it). The 128k
+//! models' LongRoPE is a RoPE scaling (`RopeScaling::LongRope`), read from either file kind.
 
 use super::{Architecture, Family, Windows};
 use crate::model::config::{Activation, RopeStyle};
