@@ -1,5 +1,5 @@
 // Greedy decoding with llama.cpp's library, printing every step's logits: the reference for
-// thicket's tiny-model checks against llama.cpp (see scripts/phi3-longrope-reference.py).
+// thicket's tiny-model checks against llama.cpp (see scripts/rope-scaling-reference.py).
 //
 //   llamacpp-greedy-logits MODEL.gguf N_CTX STEPS TOKEN...
 //

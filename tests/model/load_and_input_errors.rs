@@ -129,9 +129,25 @@ fn options_a_family_cannot_honour_are_named_at_load() {
     let cases: Vec<(Error, &str)> = vec![
         (
             load_edited(&llama, |c| {
-                c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0})
+                c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 4.0})
             }),
-            "rope_scaling type 'yarn'",
+            "rope_scaling type 'dynamic'",
+        ),
+        (
+            load_edited(&llama, |c| {
+                c["rope_scaling"] = serde_json::json!({"rope_type": "yarn"})
+            }),
+            "rope_scaling.factor is missing",
+        ),
+        (
+            load_edited(
+                &llama,
+                |c| {
+                    c["rope_scaling"] =
+                        serde_json::json!({"rope_type": "yarn", "factor": 4.0, "truncate": false})
+                },
+            ),
+            "rope_scaling.truncate = false",
         ),
         (
             load_edited(&llama, |c| {

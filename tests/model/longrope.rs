@@ -1,7 +1,7 @@
 //! Phi-3's LongRoPE (Phi-3-mini-128k, Phi-3.5-mini): a tiny random Phi-3 with short and long
 //! factors, an original context of 256 and a model context of 1024, written as llama.cpp's
 //! converter writes it (`write_tiny_gguf`). Against llama.cpp on that very file
-//! (`tests/data/phi3_longrope_llamacpp.json`, made by `scripts/phi3-longrope-reference.py`),
+//! (`tests/data/phi3_longrope_llamacpp.json`, made by `scripts/rope-scaling-reference.py`),
 //! with a context of 256 (short factors) and of 1024 (long factors): greedy tokens identical
 //! for 32 steps and logits within 2e-3 of their scale (measured: 0.0048 of 6.3 and 0.0056 of
 //! 5.6; the engines sum in other orders, and the same tiny Phi-3 with plain RoPE already parts
@@ -11,15 +11,14 @@
 //! in both contexts.
 
 use candle_core::quantized::GgmlDType;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use engine::cpu::kv_store::KvDtype;
 use engine::model::config::{Architecture, RopeScaling};
 use engine::model::testing::{write_tiny_gguf, TinyModelSpec};
 use engine::Model;
-use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use super::families::{assert_close, compare, PROMPT, STEPS};
+use super::families::{assert_close, compare, PROMPT};
+use super::llamacpp_reference::check_recorded;
 use crate::support::fixtures::tiny_model;
 
 /// The tiny LongRoPE Phi-3 (heads of 16: eight frequencies per set).
@@ -38,9 +37,10 @@ pub fn tiny_phi3_longrope() -> TinyModelSpec {
     }
 }
 
-fn gguf_model(dir: &tempfile::TempDir) -> (Model, Vec<u8>) {
-    let path = dir.path().join("phi3-longrope.gguf");
-    write_tiny_gguf(&path, &tiny_phi3_longrope(), GgmlDType::F32).unwrap();
+/// `spec` as an f32 GGUF in `dir`, loaded dense, with the file's bytes.
+pub(crate) fn gguf_model(dir: &tempfile::TempDir, spec: &TinyModelSpec) -> (Model, Vec<u8>) {
+    let path = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&path, spec, GgmlDType::F32).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let (config, weights) =
         engine::model::gguf::load_gguf_weights(&path, Some(DType::F32), &Device::Cpu).unwrap();
@@ -48,9 +48,9 @@ fn gguf_model(dir: &tempfile::TempDir) -> (Model, Vec<u8>) {
 }
 
 /// Writes the GGUF the reference was made from to `$THICKET_REFERENCE_GGUF` (run by
-/// `scripts/phi3-longrope-reference.py`).
+/// `scripts/rope-scaling-reference.py`).
 #[test]
-#[ignore = "writes the reference script's input; run by scripts/phi3-longrope-reference.py"]
+#[ignore = "writes the reference script's input; run by scripts/rope-scaling-reference.py"]
 fn write_the_reference_gguf() {
     let path = std::env::var("THICKET_REFERENCE_GGUF").expect("THICKET_REFERENCE_GGUF");
     write_tiny_gguf(
@@ -63,60 +63,29 @@ fn write_the_reference_gguf() {
 
 #[test]
 fn phi3_longrope_matches_llama_cpp_in_short_and_long_contexts() {
-    let reference: Value =
-        serde_json::from_str(include_str!("../data/phi3_longrope_llamacpp.json")).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (model, bytes) = gguf_model(&dir);
-    let sha = format!("{:x}", Sha256::digest(&bytes));
-    assert_eq!(
-        reference["gguf_sha256"].as_str().unwrap(),
-        sha,
-        "the tiny GGUF changed: rerun scripts/phi3-longrope-reference.py"
+    let (model, bytes) = gguf_model(&dir, &tiny_phi3_longrope());
+    let runs = check_recorded(
+        include_str!("../data/phi3_longrope_llamacpp.json"),
+        &bytes,
+        |n_ctx| {
+            let ours = model
+                .clone()
+                .for_context(n_ctx)
+                .unwrap()
+                .with_kv_dtype(KvDtype::F32);
+            let long = matches!(
+                ours.config().variant.rope_scaling,
+                RopeScaling::LongRope {
+                    long_context: true,
+                    ..
+                }
+            );
+            assert_eq!(long, n_ctx > 256, "context {n_ctx}");
+            ours
+        },
+        2e-3,
     );
-    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
-    assert_eq!(prompt, PROMPT);
-    let mut runs = Vec::new();
-    for run in reference["runs"].as_array().unwrap() {
-        let n_ctx = run["n_ctx"].as_u64().unwrap() as usize;
-        let tokens: Vec<u32> = serde_json::from_value(run["tokens"].clone()).unwrap();
-        let logits: Vec<Vec<f32>> = serde_json::from_value(run["logits"].clone()).unwrap();
-        assert_eq!(logits.len(), STEPS + 1);
-        let ours = model
-            .clone()
-            .for_context(n_ctx)
-            .unwrap()
-            .with_kv_dtype(KvDtype::F32);
-        let long = matches!(
-            ours.config().variant.rope_scaling,
-            RopeScaling::LongRope {
-                long_context: true,
-                ..
-            }
-        );
-        assert_eq!(long, n_ctx > 256, "context {n_ctx}");
-        let mut step = 0;
-        let found = compare(&ours, &PROMPT, |x, _pos| {
-            // Fed what llama.cpp was fed: the prompt, then its own greedy tokens.
-            let fed = x.flatten_all()?.to_vec1::<u32>()?;
-            let expected = if step == 0 {
-                prompt.clone()
-            } else {
-                vec![tokens[step - 1]]
-            };
-            assert_eq!(fed, expected, "context {n_ctx}, step {step}");
-            let row = Tensor::new(logits[step].as_slice(), &Device::Cpu)?.unsqueeze(0);
-            step += 1;
-            row
-        });
-        assert_eq!(found.tokens[..tokens.len()], tokens[..], "context {n_ctx}");
-        assert!(
-            found.worst <= 2e-3 * found.scale && found.scale > 1.0,
-            "context {n_ctx}: max |ours - llama.cpp| = {} against logits up to {}",
-            found.worst,
-            found.scale
-        );
-        runs.push(logits);
-    }
     // Short and long factors must give other logits, or the choice went unchecked.
     assert_eq!(runs.len(), 2);
     let apart = runs[0][1]
@@ -132,7 +101,7 @@ fn phi3_longrope_loads_alike_from_hf_and_gguf() {
     let spec = tiny_phi3_longrope();
     let (_hf_dir, hf) = tiny_model(&spec);
     let dir = tempfile::tempdir().unwrap();
-    let (gguf, _) = gguf_model(&dir);
+    let (gguf, _) = gguf_model(&dir, &spec);
     for n_ctx in [256, 1024] {
         let hf = hf.clone().for_context(n_ctx).unwrap();
         let gguf = gguf.clone().for_context(n_ctx).unwrap();

@@ -86,6 +86,23 @@ pub enum RopeScaling {
     /// Each frequency divided by its own factor (GGUF's `rope_freqs.weight`, which llama.cpp's
     /// converter computes from the Llama 3.1 parameters).
     Factors(Vec<f32>),
+    /// YaRN (Qwen2.5 and Qwen3 long contexts, as their configs enable it): each frequency
+    /// blended between itself (extrapolation, the fast-rotating ones) and itself divided by
+    /// `factor` (interpolation, the slow ones), with a linear ramp between the pairs that turn
+    /// `beta_fast` and `beta_slow` times over `original` positions; cos and sin multiplied by
+    /// `attention_factor`.
+    Yarn {
+        /// The context's extension factor.
+        factor: f32,
+        /// The context the model was first trained for.
+        original: usize,
+        /// Rotations over `original` above which a pair is extrapolated.
+        beta_fast: f32,
+        /// Rotations below which a pair is interpolated.
+        beta_slow: f32,
+        /// Factor on cos and sin (so on queries and keys alike).
+        attention_factor: f32,
+    },
     /// Phi-3's LongRoPE: each frequency divided by its own factor, from the long set where the
     /// context in use exceeds `original` positions and from the short set otherwise (the
     /// choice is made once, for every position, as llama.cpp makes it by its context), and

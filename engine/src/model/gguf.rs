@@ -159,7 +159,9 @@ fn longrope(
     })
 }
 
-/// `{arch}.rope.scaling.*`: none, or linear with its factor; any other type is refused.
+/// `{arch}.rope.scaling.*`: none; linear with its factor; YaRN with its factor, original
+/// context and bounds; LongRoPE (its factors are tensors: the weights' loader reads them); any
+/// other type is refused.
 fn rope_scaling(
     md: &std::collections::HashMap<String, Value>,
     key: &dyn Fn(&str) -> String,
@@ -175,8 +177,61 @@ fn rope_scaling(
         .get(&key("rope.scaling.factor"))
         .map(|v| as_f32(v, &key("rope.scaling.factor")))
         .transpose()?;
+    let u32_key = |name: &str| -> Option<usize> {
+        let v = md.get(&key(name))?;
+        v.to_u32()
+            .map(|v| v as usize)
+            .ok()
+            .or_else(|| v.to_u64().ok().map(|v| v as usize))
+    };
+    let f32_key = |name: &str| -> Result<Option<f32>> {
+        md.get(&key(name))
+            .map(|v| as_f32(v, &key(name)))
+            .transpose()
+    };
     match (kind.as_str(), factor) {
         ("none", _) => Ok(RopeScaling::None),
+        // Set from the factor tensors, which the weights' loader reads.
+        ("longrope", _) => Ok(RopeScaling::None),
+        ("yarn", Some(factor)) if factor > 0.0 => {
+            if f32_key("rope.scaling.yarn_log_multiplier")?.is_some_and(|m| m != 0.0) {
+                return Err(Error::Metadata(format!(
+                    "{} (DeepSeek's YaRN) is not supported",
+                    key("rope.scaling.yarn_log_multiplier")
+                )));
+            }
+            if f32_key("rope.scaling.yarn_ext_factor")?.is_some_and(|e| e != 1.0) {
+                return Err(Error::Metadata(format!(
+                    "{} other than 1 is not supported",
+                    key("rope.scaling.yarn_ext_factor")
+                )));
+            }
+            let original = u32_key("rope.scaling.original_context_length")
+                .or_else(|| u32_key("context_length"))
+                .ok_or_else(|| {
+                    Error::Metadata(format!(
+                        "{} is missing: YaRN needs it",
+                        key("rope.scaling.original_context_length")
+                    ))
+                })?;
+            // As llama.cpp computes it: 0.1 ln(factor) + 1, times the file's attention factor.
+            let mscale = if factor > 1.0 {
+                0.1 * factor.ln() + 1.0
+            } else {
+                1.0
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original,
+                beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                attention_factor: mscale * f32_key("rope.scaling.attn_factor")?.unwrap_or(1.0),
+            })
+        }
+        ("yarn", _) => Err(Error::Metadata(format!(
+            "{} must be a positive number for YaRN",
+            key("rope.scaling.factor")
+        ))),
         ("linear", Some(1.0)) => Ok(RopeScaling::None),
         ("linear", Some(factor)) if factor > 0.0 => Ok(RopeScaling::Linear { factor }),
         ("linear", _) => Err(Error::Metadata(format!(
@@ -184,8 +239,8 @@ fn rope_scaling(
             key("rope.scaling.factor")
         ))),
         (other, _) => Err(Error::Metadata(format!(
-            "{} = '{other}' is not supported (supported: none, linear, and Llama 3.1's \
-             rope_freqs)",
+            "{} = '{other}' is not supported (supported: none, linear, yarn, longrope, and \
+             Llama 3.1's rope_freqs)",
             key("rope.scaling.type")
         ))),
     }
@@ -255,6 +310,24 @@ fn weights_from(
     };
     let lm_head = Linear::from_qtensor(lm_head_q, None, dtype)?;
     let family = config.architecture.family();
+    let declared_longrope = content
+        .metadata
+        .get(&format!(
+            "{}.rope.scaling.type",
+            config.architecture.as_str()
+        ))
+        .and_then(|v| v.to_string().ok())
+        .is_some_and(|t| t == "longrope");
+    if declared_longrope
+        && !content
+            .tensor_infos
+            .contains_key("rope_factors_long.weight")
+    {
+        return Err(Error::Metadata(format!(
+            "{}: LongRoPE is declared but rope_factors_long.weight is missing",
+            path.display()
+        )));
+    }
     if content
         .tensor_infos
         .contains_key("rope_factors_long.weight")

@@ -316,9 +316,10 @@ fn check_activation(hf: &HfConfig, declared: Activation) -> Result<()> {
 }
 
 /// `rope_scaling`: absent, null or `default`; `linear` with its factor; `llama3` with its
-/// four parameters; `longrope` (or its old name `su`) with its two factor lists, against the
-/// model's `max_position_embeddings` and `original_max_position_embeddings`. Any other type
-/// is refused by name.
+/// four parameters; `yarn` with its factor (and its optional bounds and attention factor, as
+/// transformers reads them); `longrope` (or its old name `su`) with its two factor lists,
+/// against the model's `max_position_embeddings` and `original_max_position_embeddings`. Any
+/// other type is refused by name.
 fn rope_scaling(
     value: Option<&serde_json::Value>,
     max_positions: usize,
@@ -389,9 +390,49 @@ fn rope_scaling(
                 long_context: max_positions > original,
             })
         }
+        "yarn" => {
+            if obj.get("truncate").and_then(|v| v.as_bool()) == Some(false) {
+                return Err(Error::Metadata(
+                    "rope_scaling.truncate = false (YaRN without rounded bounds) is not supported"
+                        .into(),
+                ));
+            }
+            let factor = num("factor")?;
+            let opt = |k: &str| obj.get(k).and_then(|v| v.as_f64());
+            let original = opt("original_max_position_embeddings")
+                .map(|v| v as usize)
+                .or(original)
+                .unwrap_or(max_positions);
+            // transformers' `get_mscale`.
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match (
+                opt("attention_factor"),
+                opt("mscale"),
+                opt("mscale_all_dim"),
+            ) {
+                (Some(f), _, _) => f,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    mscale(factor, m) / mscale(factor, all)
+                }
+                _ => mscale(factor, 1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor: factor as f32,
+                original,
+                beta_fast: opt("beta_fast").unwrap_or(32.0) as f32,
+                beta_slow: opt("beta_slow").unwrap_or(1.0) as f32,
+                attention_factor: attention_factor as f32,
+            })
+        }
         other => Err(Error::Metadata(format!(
             "rope_scaling type '{other}' is not supported (supported: default, linear, \
-             llama3, longrope; YaRN is not implemented yet)"
+             llama3, yarn, longrope)"
         ))),
     }
 }

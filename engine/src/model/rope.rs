@@ -1,6 +1,6 @@
 //! RoPE's cos/sin tables, `[max_positions, head_dim / 2]` each: the global one (the file's base,
-//! with its long-context scaling: linear, Llama 3.1's piecewise, per-frequency factors, or
-//! Phi-3's LongRoPE with its attention factor on cos and sin) and,
+//! with its long-context scaling: linear, Llama 3.1's piecewise, per-frequency factors, YaRN,
+//! or Phi-3's LongRoPE, the last two with their attention factor on cos and sin) and,
 //! for families whose windowed layers rotate with a base of their own (Gemma 3), the local one.
 //! Computed as candle's reference models do: f32 inverse frequencies, position times frequency,
 //! then cos and sin.
@@ -14,9 +14,27 @@ use crate::{Error, Result};
 pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
     let scaling = &cfg.variant.rope_scaling;
     let inv_freq = scaled(inverse_frequencies(cfg.rope_theta, cfg.head_dim), scaling)?;
+    let inv_freq = match scaling {
+        RopeScaling::Yarn {
+            factor,
+            original,
+            beta_fast,
+            beta_slow,
+            ..
+        } => yarn(
+            &inv_freq,
+            (*factor, *original),
+            (*beta_fast, *beta_slow),
+            (cfg.rope_theta, cfg.head_dim),
+        ),
+        _ => inv_freq,
+    };
     let (cos, sin) = table(inv_freq, cfg.max_position_embeddings, device)?;
     match scaling {
         RopeScaling::LongRope {
+            attention_factor, ..
+        }
+        | RopeScaling::Yarn {
             attention_factor, ..
         } if *attention_factor != 1.0 => {
             let by = f64::from(*attention_factor);
@@ -24,6 +42,35 @@ pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tenso
         }
         _ => Ok((cos, sin)),
     }
+}
+
+/// YaRN's frequencies: pair `i` keeps `inv_freq[i]` (extrapolation) below the ramp, takes
+/// `inv_freq[i] / factor` (interpolation) above it, and blends linearly across it; the ramp
+/// runs between the pairs that turn `beta_fast` and `beta_slow` times over the original
+/// context (floored and ceiled, as transformers and llama.cpp bound it).
+fn yarn(
+    inv_freq: &[f32],
+    (factor, original): (f32, usize),
+    (beta_fast, beta_slow): (f32, f32),
+    (theta, hd): (f32, usize),
+) -> Vec<f32> {
+    let dim = hd as f64;
+    let pair_of = |rotations: f32| {
+        dim * (original as f64 / (f64::from(rotations) * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * f64::from(theta).ln())
+    };
+    let low = pair_of(beta_fast).floor().max(0.0);
+    let high = pair_of(beta_slow).ceil().min(dim - 1.0);
+    let span = if high == low { 0.001 } else { high - low };
+    inv_freq
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = ((i as f64 - low) / span).clamp(0.0, 1.0) as f32;
+            let extrapolation = 1.0 - ramp;
+            f / factor * (1.0 - extrapolation) + f * extrapolation
+        })
+        .collect()
 }
 
 /// The table of the windowed layers, where they have a base of their own.
@@ -77,6 +124,8 @@ fn scaled(mut inv_freq: Vec<f32>, scaling: &RopeScaling) -> Result<Vec<f32>> {
             }
         }
         RopeScaling::Factors(factors) => divide(&mut inv_freq, factors, "rope_freqs")?,
+        // Blended in `global_table`, which knows the base and the head.
+        RopeScaling::Yarn { .. } => {}
         RopeScaling::LongRope {
             short,
             long,
@@ -153,6 +202,21 @@ mod tests {
         assert!(err.to_string().contains("rope_freqs"), "{err}");
         let out = scaled(base.clone(), &RopeScaling::Factors(vec![2.0; 4])).unwrap();
         assert_eq!(out, base.iter().map(|f| f / 2.0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn yarn_extrapolates_fast_pairs_and_interpolates_slow_ones() {
+        // Heads of 64 at base 10k over an original 4096: pairs below the fast bound keep their
+        // frequency, pairs above the slow bound are divided by the factor.
+        let base = inverse_frequencies(10_000.0, 64);
+        let out = yarn(&base, (4.0, 4096), (32.0, 1.0), (10_000.0, 64));
+        assert_eq!(out[0], base[0]);
+        assert_eq!(out[31], base[31] / 4.0);
+        let blended = (0..32).filter(|&i| out[i] < base[i] && out[i] > base[i] / 4.0);
+        assert!(blended.count() > 3);
+        for (o, b) in out.iter().zip(&base) {
+            assert!(*o <= *b && *o >= *b / 4.0 - 1e-12, "{o} vs {b}");
+        }
     }
 
     #[test]

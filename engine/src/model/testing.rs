@@ -423,6 +423,38 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
             QTensor::quantize(&t, GgmlDType::F32)?,
         ));
     }
+    if let Some(scaling) = config
+        .get("rope_scaling")
+        .filter(|s| s.get("rope_type").and_then(|t| t.as_str()) == Some("yarn"))
+    {
+        // As llama.cpp's converter writes YaRN: type, factor, original context, and the
+        // bounds where the config gives them.
+        let num = |k: &str| scaling.get(k).and_then(|v| v.as_f64());
+        metadata.push((
+            format!("{name}.rope.scaling.type"),
+            Value::String("yarn".into()),
+        ));
+        if let Some(factor) = num("factor") {
+            metadata.push((
+                format!("{name}.rope.scaling.factor"),
+                Value::F32(factor as f32),
+            ));
+        }
+        if let Some(original) = num("original_max_position_embeddings") {
+            metadata.push((
+                format!("{name}.rope.scaling.original_context_length"),
+                u32_of(original as usize),
+            ));
+        }
+        for (from, to) in [
+            ("beta_fast", "yarn_beta_fast"),
+            ("beta_slow", "yarn_beta_slow"),
+        ] {
+            if let Some(v) = num(from) {
+                metadata.push((format!("{name}.rope.scaling.{to}"), Value::F32(v as f32)));
+            }
+        }
+    }
     if let Some((short, long, original)) = longrope_factors(&config) {
         // As llama.cpp's converter writes Phi-3's LongRoPE.
         let max = config
@@ -435,6 +467,10 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
         } else {
             1.0
         };
+        metadata.push((
+            format!("{name}.rope.scaling.type"),
+            Value::String("longrope".into()),
+        ));
         metadata.push((
             format!("{name}.rope.scaling.original_context_length"),
             u32_of(original),

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Writes tests/data/phi3_longrope_llamacpp.json: llama.cpp's greedy tokens and every step's
-logits on the tiny LongRoPE Phi-3 of `tests/model/longrope.rs`, with a context of 256 (within
-the model's original context: short factors) and of 1024 (long factors), the reference that
-test compares thicket with.
+"""Writes the references of thicket's long-context RoPE checks against llama.cpp: llama.cpp's
+greedy tokens and every step's logits on a tiny random model, for each case:
+
+- `longrope`: tests/data/phi3_longrope_llamacpp.json, the tiny LongRoPE Phi-3 of
+  `tests/model/longrope.rs`, with a context of 256 (within the model's original context: short
+  factors) and of 1024 (long factors);
+- `yarn`: tests/data/qwen3_yarn_llamacpp.json, the tiny YaRN Qwen3 of `tests/model/yarn.rs`
+  (factor 4 over an original context of 256), with a context of 1024.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -10,10 +14,10 @@ llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
     cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \\
         -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     cmake --build build --target llama
-    scripts/phi3-longrope-reference.py --llama-cpp path/to/vendor/llama.cpp
+    scripts/rope-scaling-reference.py --llama-cpp path/to/vendor/llama.cpp [--case NAME]
 
-The script has thicket's test suite write the tiny GGUF (`write_the_reference_gguf`, an
-ignored test), compiles `scripts/llamacpp-greedy-logits.cpp` against the library, and runs it
+For each case the script has thicket's test suite write the tiny GGUF (`write_the_reference_gguf`,
+an ignored test), compiles `scripts/llamacpp-greedy-logits.cpp` against the library, and runs it
 for 33 steps (the prompt, then 32 greedy tokens) in each context, with f32 K/V.
 """
 
@@ -29,22 +33,34 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROMPT = [5, 17, 123, 42, 250, 3]
 STEPS = 33
-CONTEXTS = [256, 1024]
+# name: (the ignored test that writes the GGUF, contexts, output file)
+CASES = {
+    "longrope": ("model::longrope::write_the_reference_gguf", [256, 1024],
+                 "tests/data/phi3_longrope_llamacpp.json"),
+    "yarn": ("model::yarn::write_the_reference_gguf", [1024],
+             "tests/data/qwen3_yarn_llamacpp.json"),
+}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with build/bin")
-    ap.add_argument("--out", default=str(ROOT / "tests/data/phi3_longrope_llamacpp.json"))
+    ap.add_argument("--case", choices=sorted(CASES), action="append",
+                    help="the cases to write (default: all)")
     args = ap.parse_args()
     src = pathlib.Path(args.llama_cpp).resolve()
+    for case in args.case or sorted(CASES):
+        write_case(src, *CASES[case])
+
+
+def write_case(src, test, contexts, out):
     lib = src / "build" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         gguf = pathlib.Path(tmp) / "phi3-longrope.gguf"
         env = dict(os.environ, THICKET_REFERENCE_GGUF=str(gguf))
         subprocess.run(
             ["cargo", "test", "--release", "--test", "tests", "--", "--ignored", "--exact",
-             "model::longrope::write_the_reference_gguf"],
+             test],
             cwd=ROOT, env=env, check=True)
         tool = pathlib.Path(tmp) / "llamacpp-greedy-logits"
         subprocess.run(
@@ -54,11 +70,11 @@ def main():
              "-o", str(tool)],
             check=True)
         runs = []
-        for n_ctx in CONTEXTS:
-            out = subprocess.run(
+        for n_ctx in contexts:
+            printed = subprocess.run(
                 [str(tool), str(gguf), str(n_ctx), str(STEPS)] + [str(t) for t in PROMPT],
                 check=True, capture_output=True, text=True).stdout
-            steps = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            steps = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
             assert len(steps) == STEPS, f"{len(steps)} steps"
             runs.append({
                 "n_ctx": n_ctx,
@@ -66,15 +82,15 @@ def main():
                 "logits": [[round(x, 6) for x in s["logits"]] for s in steps],
             })
         record = {
-            "made_by": "scripts/phi3-longrope-reference.py",
+            "made_by": "scripts/rope-scaling-reference.py",
             "llama_cpp": "0c1e570 (llama-cpp-python 0.3.36), AVX2 build, f32 K/V",
             "gguf_sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
             "prompt": PROMPT,
             "runs": runs,
         }
-    pathlib.Path(args.out).write_text(json.dumps(record) + "\n")
+    (ROOT / out).write_text(json.dumps(record) + "\n")
     for run in runs:
-        print(f"n_ctx {run['n_ctx']}: tokens {run['tokens']}")
+        print(f"{out}, n_ctx {run['n_ctx']}: tokens {run['tokens']}")
 
 
 if __name__ == "__main__":
