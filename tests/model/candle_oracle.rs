@@ -274,6 +274,7 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
         head_dim: None,
         sliding_window: None,
         rope_scaling: None,
+        partial_rotary_factor: None,
         tie_word_embeddings: false,
         seed: 11,
     };

@@ -141,6 +141,7 @@ pub fn tiny_qwen3() -> TinyModelSpec {
         head_dim: Some(32),
         sliding_window: None,
         rope_scaling: None,
+        partial_rotary_factor: None,
         tie_word_embeddings: false,
         seed: 21,
     }
@@ -160,6 +161,7 @@ pub fn tiny_gemma3() -> TinyModelSpec {
         head_dim: Some(32),
         sliding_window: Some(8),
         rope_scaling: None,
+        partial_rotary_factor: None,
         tie_word_embeddings: true,
         seed: 5,
     }
@@ -333,6 +335,39 @@ pub fn tiny_phi3() -> TinyModelSpec {
         seed: 14,
         ..TinyModelSpec::default()
     }
+}
+
+/// A Phi-4-mini-shaped tiny model: RoPE turns three quarters of each head (12 of 16).
+pub fn tiny_phi3_partial_rotary() -> TinyModelSpec {
+    TinyModelSpec {
+        partial_rotary_factor: Some(0.75),
+        seed: 16,
+        ..tiny_phi3()
+    }
+}
+
+#[test]
+fn tiny_phi3_with_partial_rotary_matches_candle_phi3() {
+    let (dir, ours) = tiny_model(&tiny_phi3_partial_rotary());
+    assert_eq!(ours.config().rotary_dim(), 12);
+    let ours = ours.with_kv_dtype(KvDtype::F32);
+    let cfg: phi3::Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg.partial_rotary_factor, Some(0.75));
+    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
+    let mut reference = phi3::Model::new(&cfg, vb).unwrap();
+    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
+    assert_close("phi3 with partial rotary", &found);
+    // Candle's ops (the reference path) turn the same dimensions as the fused pass.
+    let (_ops_dir, ops) = tiny_model(&tiny_phi3_partial_rotary());
+    let ops = ops
+        .with_attention(engine::cpu::attention::AttentionKernel::Reference)
+        .with_kv_dtype(KvDtype::F32);
+    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
+    let mut reference = phi3::Model::new(&cfg, vb).unwrap();
+    let found = compare(&ops, &PROMPT, |x, pos| reference.forward(x, pos));
+    assert_close("phi3 with partial rotary, candle's ops", &found);
 }
 
 #[test]

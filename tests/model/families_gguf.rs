@@ -17,7 +17,8 @@ use engine::QuantKernel;
 use engine::{LogitRows, Model, TokenTree, TreeBatch};
 
 use super::families::{
-    assert_close, compare, compare_within, tiny_gemma2, tiny_gemma3, tiny_phi3, tiny_qwen3, PROMPT,
+    assert_close, compare, compare_within, tiny_gemma2, tiny_gemma3, tiny_phi3,
+    tiny_phi3_partial_rotary, tiny_qwen3, PROMPT,
 };
 use crate::support::fixtures::{one_sequence, tiny_model};
 
@@ -68,6 +69,7 @@ fn every_family_loads_the_same_model_from_gguf_and_hf() {
         qwen2,
         tiny_qwen3(),
         tiny_phi3(),
+        tiny_phi3_partial_rotary(),
         tiny_gemma2(),
         tiny_gemma3(),
     ] {

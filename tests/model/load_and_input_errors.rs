@@ -186,8 +186,8 @@ fn options_a_family_cannot_honour_are_named_at_load() {
             "hidden_act = 'gelu'",
         ),
         (
-            load_edited(&llama, |c| c["partial_rotary_factor"] = 0.5.into()),
-            "partial_rotary_factor",
+            load_edited(&llama, |c| c["partial_rotary_factor"] = 0.35.into()),
+            "partial_rotary_factor 0.35 gives 5 rotated dimensions of 16",
         ),
         (
             load_edited(&gemma3, |c| {

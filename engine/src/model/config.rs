@@ -154,6 +154,9 @@ pub struct Variant {
     pub local_rope_theta: Option<f32>,
     /// Scaling of the global RoPE table.
     pub rope_scaling: RopeScaling,
+    /// Leading dimensions of each head that RoPE rotates (`None`: all of them; Phi-4-mini
+    /// rotates three quarters and passes the rest through).
+    pub rotary_dim: Option<usize>,
 }
 
 impl ModelConfig {
@@ -166,6 +169,11 @@ impl ModelConfig {
     /// residual width: Qwen3 and Gemma 3 heads are wider).
     pub fn attention_width(&self) -> usize {
         self.num_heads * self.head_dim
+    }
+
+    /// Dimensions of each head that RoPE rotates (all, unless the file says fewer).
+    pub fn rotary_dim(&self) -> usize {
+        self.variant.rotary_dim.unwrap_or(self.head_dim)
     }
 
     /// Layer `index`'s attention (full with the global table where the family declares none).

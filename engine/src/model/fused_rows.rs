@@ -43,7 +43,8 @@ pub(super) fn add_into(y: &[f32], x: &mut [f32]) {
     }
 }
 
-/// RoPE at each row's position, as candle's `rope` / `rope_i` compute it. Rotates the
+/// RoPE at each row's position, as candle's `rope` / `rope_i` compute it, on each head's first
+/// `rotary_dim` dimensions (the rest are copied as they are). Rotates the
 /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
 /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
 pub(super) fn rotate(
@@ -56,7 +57,9 @@ pub(super) fn rotate(
     head_major: bool,
 ) {
     let d = cfg.head_dim;
-    let half = d / 2;
+    // The first `rot` dimensions turn; the rest pass through.
+    let rot = cfg.rotary_dim();
+    let half = rot / 2;
     let rows = positions.len();
     if head_major {
         dst.resize(rows * heads * d, 0.0);
@@ -78,6 +81,7 @@ pub(super) fn rotate(
                 *b = x * sin + y * cos;
             };
             let angles = cos.iter().zip(sin);
+            let out = &mut out[..rot];
             match cfg.rope_style {
                 RopeStyle::Halves => {
                     let (lo, hi) = out.split_at_mut(half);

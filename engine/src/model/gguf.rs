@@ -75,14 +75,17 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             )));
         }
     }
-    if let Some(rot) = optional_usize("rope.dimension_count")? {
-        if rot != head_dim {
+    let rotary_dim = match optional_usize("rope.dimension_count")? {
+        Some(rot) if rot == head_dim => None,
+        Some(rot) if rot > 0 && rot < head_dim && rot.is_multiple_of(2) => Some(rot),
+        Some(rot) => {
             return Err(Error::Metadata(format!(
-                "{} is {rot} of {head_dim}: partial rotary embeddings are not supported",
+                "{} is {rot} for heads of {head_dim}: it must be even and at most the head",
                 key("rope.dimension_count")
-            )));
+            )))
         }
-    }
+        None => None,
+    };
     let vocab_size = match usize_of("vocab_size") {
         Ok(v) => v,
         Err(_) => md
@@ -106,6 +109,7 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         attention_softcap: optional_f32("attn_logit_softcapping")?,
         final_softcap: optional_f32("final_logit_softcapping")?,
         rope_scaling: rope_scaling(md, &key)?,
+        rotary_dim,
     };
     Ok(ModelConfig {
         architecture,

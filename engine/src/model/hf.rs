@@ -109,11 +109,24 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     let architecture = Architecture::parse(&arch_name)?;
     let family = architecture.family();
     check_activation(&hf, family.activation)?;
-    if hf.partial_rotary_factor.is_some_and(|f| f != 1.0) {
-        return Err(Error::Metadata(
-            "partial_rotary_factor: partial rotary embeddings are not supported".into(),
-        ));
-    }
+    let head_dim = hf
+        .head_dim
+        .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1));
+    let rotary_dim = match hf.partial_rotary_factor {
+        None => None,
+        Some(1.0) => None,
+        Some(f) => {
+            // As transformers computes it: the head's width times the factor, truncated.
+            let rot = (head_dim as f64 * f) as usize;
+            if f <= 0.0 || f > 1.0 || rot == 0 || !rot.is_multiple_of(2) {
+                return Err(Error::Metadata(format!(
+                    "partial_rotary_factor {f} gives {rot} rotated dimensions of {head_dim}: \
+                     it must give an even number, at most the head"
+                )));
+            }
+            Some(rot)
+        }
+    };
     let window = match hf.use_sliding_window {
         Some(false) => None,
         _ => hf.sliding_window,
@@ -150,6 +163,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             hf.max_position_embeddings,
             hf.original_max_position_embeddings,
         )?,
+        rotary_dim,
     };
     let config = ModelConfig {
         architecture,

@@ -385,10 +385,19 @@ impl Model {
             .reshape((1, rows, heads, self.config.head_dim))?
             .transpose(1, 2)?
             .contiguous()?;
-        Ok(match self.config.rope_style {
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
-            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
-        })
+        let (d, rot) = (self.config.head_dim, self.config.rotary_dim());
+        let turn = |x: &Tensor| -> Result<Tensor> {
+            Ok(match self.config.rope_style {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
+                RopeStyle::Halves => candle_nn::rotary_emb::rope(x, cos, sin)?,
+            })
+        };
+        if rot == d {
+            return turn(&x);
+        }
+        // Partial rotary: the leading dimensions turn, the rest pass through.
+        let turned = turn(&x.narrow(3, 0, rot)?.contiguous()?)?;
+        Ok(Tensor::cat(&[&turned, &x.narrow(3, rot, d - rot)?], 3)?.contiguous()?)
     }
 }
 

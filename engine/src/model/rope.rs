@@ -1,4 +1,5 @@
-//! RoPE's cos/sin tables, `[max_positions, head_dim / 2]` each: the global one (the file's base,
+//! RoPE's cos/sin tables, `[max_positions, rotary_dim / 2]` each (the rotated dimensions of a
+//! head: all of them unless the file says fewer): the global one (the file's base,
 //! with its long-context scaling: linear, Llama 3.1's piecewise, per-frequency factors, YaRN,
 //! or Phi-3's LongRoPE, the last two with their attention factor on cos and sin) and,
 //! for families whose windowed layers rotate with a base of their own (Gemma 3), the local one.
@@ -13,7 +14,8 @@ use crate::{Error, Result};
 /// The table of the global layers.
 pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
     let scaling = &cfg.variant.rope_scaling;
-    let inv_freq = scaled(inverse_frequencies(cfg.rope_theta, cfg.head_dim), scaling)?;
+    let rot = cfg.rotary_dim();
+    let inv_freq = scaled(inverse_frequencies(cfg.rope_theta, rot), scaling)?;
     let inv_freq = match scaling {
         RopeScaling::Yarn {
             factor,
@@ -25,7 +27,7 @@ pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tenso
             &inv_freq,
             (*factor, *original),
             (*beta_fast, *beta_slow),
-            (cfg.rope_theta, cfg.head_dim),
+            (cfg.rope_theta, rot),
         ),
         _ => inv_freq,
     };
@@ -78,7 +80,7 @@ pub fn local_table(cfg: &ModelConfig, device: &Device) -> Result<Option<(Tensor,
     let v = &cfg.variant;
     match v.local_rope_theta {
         Some(theta) if v.layers.iter().any(|l| l.local_rope) => Ok(Some(table(
-            inverse_frequencies(theta, cfg.head_dim),
+            inverse_frequencies(theta, cfg.rotary_dim()),
             cfg.max_position_embeddings,
             device,
         )?)),

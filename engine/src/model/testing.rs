@@ -36,6 +36,9 @@ pub struct TinyModelSpec {
     /// `rope_scaling` of `config.json` (`None`: plain RoPE). The GGUF writer turns Llama
     /// 3.1's into `rope_freqs.weight`, as llama.cpp's converter does.
     pub rope_scaling: Option<serde_json::Value>,
+    /// `partial_rotary_factor` of `config.json` (`None`: every dimension turns); the GGUF
+    /// writer gives the rotated width as `rope.dimension_count`.
+    pub partial_rotary_factor: Option<f64>,
     /// Tie the head to the embedding.
     pub tie_word_embeddings: bool,
     /// Seed of the weight generator.
@@ -55,6 +58,7 @@ impl Default for TinyModelSpec {
             head_dim: None,
             sliding_window: None,
             rope_scaling: None,
+            partial_rotary_factor: None,
             tie_word_embeddings: false,
             seed: 7,
         }
@@ -245,6 +249,9 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
     if let Some(scaling) = &spec.rope_scaling {
         config["rope_scaling"] = scaling.clone();
     }
+    if let Some(factor) = spec.partial_rotary_factor {
+        config["partial_rotary_factor"] = factor.into();
+    }
     if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
             if v.is_null() {
@@ -421,6 +428,13 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
         tensors.push((
             "rope_freqs.weight".into(),
             QTensor::quantize(&t, GgmlDType::F32)?,
+        ));
+    }
+    if let Some(factor) = spec.partial_rotary_factor {
+        // As llama.cpp's converter writes it: the rotated width of a head.
+        metadata.push((
+            format!("{name}.rope.dimension_count"),
+            u32_of((hd as f64 * factor) as usize),
         ));
     }
     if let Some(scaling) = config

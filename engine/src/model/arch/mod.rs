@@ -150,6 +150,8 @@ pub struct FileFacts {
     pub final_softcap: Option<f32>,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
+    /// Rotated dimensions per head, where fewer than the head.
+    pub rotary_dim: Option<usize>,
 }
 
 impl Family {
@@ -217,6 +219,7 @@ impl Family {
                 .flatten(),
             layers,
             rope_scaling: facts.rope_scaling.clone(),
+            rotary_dim: facts.rotary_dim,
         })
     }
 }
