@@ -1,0 +1,302 @@
+//! Tiny random-weight models written to disk as HF directories (and, converted as llama.cpp's
+//! converter does, as GGUF files), for tests and benches that must not depend on a downloaded
+//! model. Weights come from a seeded generator, so every run builds the same model.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use crate::model::config::Architecture;
+use crate::{Error, Result};
+
+mod gguf;
+
+pub use gguf::write_tiny_gguf;
+
+/// Shape of a tiny model.
+#[derive(Debug, Clone)]
+pub struct TinyModelSpec {
+    /// Family (qwen2 adds q/k/v biases).
+    pub architecture: Architecture,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Residual width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Blocks.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of one head (`None`: `hidden_size / num_heads`).
+    pub head_dim: Option<usize>,
+    /// Sliding window of the windowed layers (Gemma 3: required; Mistral: every layer).
+    pub sliding_window: Option<usize>,
+    /// `rope_scaling` of `config.json` (`None`: plain RoPE). The GGUF writer turns Llama
+    /// 3.1's into `rope_freqs.weight`, as llama.cpp's converter does.
+    pub rope_scaling: Option<serde_json::Value>,
+    /// `partial_rotary_factor` of `config.json` (`None`: every dimension turns); the GGUF
+    /// writer gives the rotated width as `rope.dimension_count`.
+    pub partial_rotary_factor: Option<f64>,
+    /// Tie the head to the embedding.
+    pub tie_word_embeddings: bool,
+    /// Seed of the weight generator.
+    pub seed: u64,
+}
+
+impl Default for TinyModelSpec {
+    fn default() -> Self {
+        Self {
+            architecture: Architecture::Llama,
+            vocab_size: 256,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: None,
+            sliding_window: None,
+            rope_scaling: None,
+            partial_rotary_factor: None,
+            tie_word_embeddings: false,
+            seed: 7,
+        }
+    }
+}
+
+/// Writes `config.json` and `model.safetensors` for `spec` into `dir`.
+pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let (h, f, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size);
+    let hd = spec.head_dim.unwrap_or(h / spec.num_heads);
+    let (qw, kvw) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let arch = spec.architecture;
+    let gemma = matches!(arch, Architecture::Gemma2 | Architecture::Gemma3);
+    // Gemma's checkpoints store norm weights less one.
+    let norm_offset = if gemma { 0.0 } else { 1.0 };
+    let mut rng = SplitMix(spec.seed);
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    let mut put = |name: String, shape: &[usize], scale: f32, offset: f32| -> Result<()> {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n)
+            .map(|_| offset + scale * rng.next_centered())
+            .collect();
+        tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
+        Ok(())
+    };
+    // Gemma multiplies embedding rows by sqrt(hidden): drawn smaller, they weigh in the
+    // residual what llama's do, and the layers' (post-normed) outputs still move the logits.
+    let embedding_scale = if gemma { 1.0 / (h as f32).sqrt() } else { 1.0 };
+    put(
+        "model.embed_tokens.weight".into(),
+        &[v, h],
+        embedding_scale,
+        0.0,
+    )?;
+    put("model.norm.weight".into(), &[h], 0.2, norm_offset)?;
+    if !spec.tie_word_embeddings {
+        put("lm_head.weight".into(), &[v, h], 0.3, 0.0)?;
+    }
+    let w = 1.0 / (h as f32).sqrt();
+    for i in 0..spec.num_layers {
+        let p = format!("model.layers.{i}");
+        put(
+            format!("{p}.input_layernorm.weight"),
+            &[h],
+            0.2,
+            norm_offset,
+        )?;
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[h],
+            0.2,
+            norm_offset,
+        )?;
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            &[qw, h],
+            2.0 * w,
+            0.0,
+        )?;
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            &[kvw, h],
+            2.0 * w,
+            0.0,
+        )?;
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            &[kvw, h],
+            2.0 * w,
+            0.0,
+        )?;
+        put(format!("{p}.self_attn.o_proj.weight"), &[h, qw], w, 0.0)?;
+        put(format!("{p}.mlp.gate_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
+        put(format!("{p}.mlp.up_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
+        put(format!("{p}.mlp.down_proj.weight"), &[h, f], w, 0.0)?;
+        if arch == Architecture::Qwen2 {
+            put(format!("{p}.self_attn.q_proj.bias"), &[qw], 0.5, 0.0)?;
+            put(format!("{p}.self_attn.k_proj.bias"), &[kvw], 0.5, 0.0)?;
+            put(format!("{p}.self_attn.v_proj.bias"), &[kvw], 0.5, 0.0)?;
+        }
+        if arch.family().qk_norm {
+            put(
+                format!("{p}.self_attn.q_norm.weight"),
+                &[hd],
+                0.2,
+                norm_offset,
+            )?;
+            put(
+                format!("{p}.self_attn.k_norm.weight"),
+                &[hd],
+                0.2,
+                norm_offset,
+            )?;
+        }
+        if arch.family().post_norms {
+            for name in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                put(format!("{p}.{name}.weight"), &[h], 0.2, norm_offset)?;
+            }
+        }
+    }
+    if arch.family().fused_projections {
+        // Phi-3 stores q/k/v and gate/up each as one matrix, parts in that order.
+        for i in 0..spec.num_layers {
+            let p = format!("model.layers.{i}");
+            for (fused, parts) in [
+                ("self_attn.qkv_proj", &["q_proj", "k_proj", "v_proj"][..]),
+                ("mlp.gate_up_proj", &["gate_proj", "up_proj"][..]),
+            ] {
+                let prefix = fused.split('.').next().unwrap_or_default();
+                let parts: Vec<Tensor> = parts
+                    .iter()
+                    .filter_map(|part| tensors.remove(&format!("{p}.{prefix}.{part}.weight")))
+                    .collect();
+                tensors.insert(format!("{p}.{fused}.weight"), Tensor::cat(&parts, 0)?);
+            }
+        }
+    }
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+
+    let config = hf_config(spec, hd);
+    std::fs::write(dir.join("config.json"), config.to_string())
+        .map_err(|e| Error::io("write config.json", e))?;
+    Ok(())
+}
+
+/// The `config.json` transformers (and candle-transformers) read for `spec`.
+fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
+    let (architecture, model_type) = match spec.architecture {
+        Architecture::Llama => ("LlamaForCausalLM", "llama"),
+        Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Architecture::Mistral => ("MistralForCausalLM", "mistral"),
+        Architecture::Phi3 => ("Phi3ForCausalLM", "phi3"),
+        Architecture::Gemma2 => ("Gemma2ForCausalLM", "gemma2"),
+        Architecture::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
+    };
+    let mut config = serde_json::json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": hd,
+        "max_position_embeddings": 1024,
+        "sliding_window": 1024,
+        "max_window_layers": spec.num_layers,
+        "use_sliding_window": false,
+        "attention_bias": spec.architecture == Architecture::Qwen2,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "eos_token_id": 0,
+    });
+    let extra = match spec.architecture {
+        Architecture::Mistral | Architecture::Phi3 => serde_json::json!({
+            "sliding_window": spec.sliding_window,
+            "use_sliding_window": null,
+        }),
+        Architecture::Gemma3 => serde_json::json!({
+            "hidden_act": null,
+            "use_sliding_window": null,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": hd,
+            "sliding_window": spec.sliding_window.unwrap_or(512),
+            "sliding_window_pattern": 6,
+            "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0,
+            "final_logit_softcapping": null,
+            "attn_logit_softcapping": null,
+        }),
+        Architecture::Gemma2 => serde_json::json!({
+            "hidden_act": null,
+            "use_sliding_window": null,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": hd,
+            "sliding_window": spec.sliding_window.unwrap_or(4096),
+            // Smaller than the released 30 and 50, so that they bend these tiny logits.
+            "final_logit_softcapping": 15.0,
+            "attn_logit_softcapping": 4.0,
+        }),
+        _ => serde_json::json!({}),
+    };
+    if let Some(scaling) = &spec.rope_scaling {
+        config["rope_scaling"] = scaling.clone();
+    }
+    if let Some(factor) = spec.partial_rotary_factor {
+        config["partial_rotary_factor"] = factor.into();
+    }
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            if v.is_null() {
+                config.remove(k);
+            } else {
+                config.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    config
+}
+
+/// SplitMix64: small, seeded, good enough for test weights.
+struct SplitMix(u64);
+
+impl SplitMix {
+    /// Uniform in [-1, 1).
+    fn next_centered(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Writes a `tokenizer.json` for a tiny model: token i is the word `<i>`, words are split on
+/// whitespace, so `decode` gives `<3> <17> ...` and every id round-trips.
+pub fn write_tiny_tokenizer(dir: &Path, vocab_size: usize) -> Result<()> {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+    let vocab = (0..vocab_size)
+        .map(|i| (format!("<{i}>"), i as u32))
+        .collect::<std::collections::HashMap<_, _>>();
+    let model = WordLevel::builder()
+        .vocab(vocab.into_iter().collect())
+        .unk_token("<0>".into())
+        .build()
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+    tokenizer
+        .save(dir.join("tokenizer.json"), false)
+        .map_err(|e| Error::Tokenizer(e.to_string()))
+}
