@@ -10,6 +10,14 @@ use sha2::{Digest, Sha256};
 
 use super::families::{compare, PROMPT, STEPS};
 
+/// The largest `|a[i] - b[i]|`: how far apart two logit rows are.
+pub(crate) fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 /// Checks `model_for(n_ctx)` against each recorded context of `reference` (for a GGUF whose
 /// bytes are `gguf`): the same greedy tokens for 32 steps, fed exactly what llama.cpp was fed,
 /// and logits within `tolerance` of their scale. Returns each context's recorded logits.

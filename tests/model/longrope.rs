@@ -18,7 +18,7 @@ use engine::model::testing::{write_tiny_gguf, TinyModelSpec};
 use engine::Model;
 
 use super::families::{assert_close, compare, PROMPT};
-use super::llamacpp_reference::check_recorded;
+use super::llamacpp_reference::{check_recorded, largest_difference};
 use crate::support::fixtures::tiny_model;
 
 /// The tiny LongRoPE Phi-3 (heads of 16: eight frequencies per set).
@@ -88,11 +88,7 @@ fn phi3_longrope_matches_llama_cpp_in_short_and_long_contexts() {
     );
     // Short and long factors must give other logits, or the choice went unchecked.
     assert_eq!(runs.len(), 2);
-    let apart = runs[0][1]
-        .iter()
-        .zip(&runs[1][1])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let apart = largest_difference(&runs[0][1], &runs[1][1]);
     assert!(apart > 0.01, "short and long contexts differ by {apart}");
 }
 

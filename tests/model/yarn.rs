@@ -11,7 +11,7 @@ use engine::model::testing::{write_tiny_gguf, TinyModelSpec};
 use engine::{LogitRows, TokenTree, TreeBatch};
 
 use super::families::{assert_close, compare, tiny_qwen3, PROMPT};
-use super::llamacpp_reference::check_recorded;
+use super::llamacpp_reference::{check_recorded, largest_difference};
 use super::longrope::gguf_model;
 use crate::support::fixtures::{one_sequence, tiny_model};
 
@@ -78,11 +78,7 @@ fn qwen3_yarn_matches_llama_cpp() {
         .unwrap();
     let logits = plain.forward(&batch, &mut kv).unwrap();
     let logits = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let apart = logits
-        .iter()
-        .zip(&runs[0][0])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let apart = largest_difference(&logits, &runs[0][0]);
     assert!(apart > 0.01, "plain RoPE is {apart} from YaRN's logits");
 }
 
