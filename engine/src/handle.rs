@@ -50,7 +50,7 @@ impl EngineConfig {
     /// layers, and for a model with sliding-window layers their own space, sized so that
     /// every running sequence's window and one step's rows fit
     /// ([`WindowConfig::blocks_for`]) but never larger than one shared pool would be; the
-    /// full layers get the rest. A model on a CUDA device keeps one space.
+    /// full layers get the rest. A model the CUDA backend runs keeps one space.
     pub fn kv_pool_for(
         model: &Model,
         bytes: usize,
@@ -62,7 +62,7 @@ impl EngineConfig {
         let Some(window) = model.kv_window() else {
             return (shared, None);
         };
-        if model.device().is_cuda() {
+        if crate::backend::keeps_one_kv_space(model) {
             return (shared, None);
         }
         let (full, windowed) = model.kv_bytes_per_position_split();

@@ -593,3 +593,45 @@ fn cuda_graph_steps_equal_launch_by_launch_steps() {
     );
     assert_eq!(plain.graph_counts(), (0, 0));
 }
+
+/// Criterion: a family thicket's CUDA kernels do not take (a tiny random Gemma 3: QK norm,
+/// post norms, GeGLU, windowed layers) still runs on a GPU, on candle's ops there with
+/// attention and KV on the host, and decodes as the CPU does: 24 greedy steps past its window
+/// of 8 with the same tokens, logits within 1e-3 of their scale (both sides f32).
+#[test]
+fn cuda_a_family_its_kernels_do_not_take_runs_on_candle_ops_with_host_kv() {
+    let Some(_) = on_gpu("cuda_a_family_its_kernels_do_not_take_runs_on_candle_ops_with_host_kv")
+    else {
+        return;
+    };
+    let spec = crate::model::families::tiny_gemma3();
+    let (dir, cpu) = crate::support::fixtures::tiny_model(&spec);
+    let gpu_device = DeviceChoice::Cuda(0).device().unwrap();
+    let (gpu, _) =
+        engine::model::load::load_hf_model(dir.path(), engine::WeightDType::F32, &gpu_device)
+            .unwrap();
+    let mut pool = BlockPool::new(4, BLOCK);
+    let mut on_gpu = engine::backend::for_model(gpu, pool.num_slots()).unwrap();
+    let mut on_cpu = engine::backend::for_model(cpu, pool.num_slots()).unwrap();
+    let described = on_gpu.describe();
+    assert!(
+        described.contains("candle ops") && described.contains("host KV"),
+        "{described}"
+    );
+    let table = table(&mut pool, 40);
+    let prompt = [3u32, 17, 250, 9, 41, 120];
+    let mut context = 0;
+    let mut tree = TokenTree::chain(&prompt);
+    let (mut worst, mut scale) = (0.0f32, 0.0f32);
+    for _ in 0..24 {
+        let mine = run(on_gpu.as_mut(), &table, context, &tree, LogitRows::Last).remove(0);
+        let reference = run(on_cpu.as_mut(), &table, context, &tree, LogitRows::Last).remove(0);
+        worst = worst.max(max_diff(&mine, &reference));
+        scale = scale.max(reference.iter().fold(0.0, |m, x| m.max(x.abs())));
+        assert_eq!(argmax(&mine), argmax(&reference), "at position {context}");
+        context += tree.len();
+        tree = TokenTree::chain(&[argmax(&reference) as u32]);
+    }
+    eprintln!("largest difference {worst} of {scale}");
+    assert!(worst <= 1e-3 * scale, "{worst} of {scale}");
+}

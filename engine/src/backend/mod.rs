@@ -53,10 +53,22 @@ pub trait Backend: Send + 'static {
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV
 /// rows per layer: [`CudaBackend`] for a model on a CUDA device (built with `cuda`) whose
-/// shape its kernels take, [`CpuBackend`] for every other (on a GPU: candle's ops with
-/// attention on the host, slower but any shape).
+/// shape and family its kernels take, [`CpuBackend`] for every other (on a GPU: candle's ops
+/// with attention on the host, slower but any shape and family).
 pub fn for_model(model: Model, num_slots: usize) -> Result<Box<dyn Backend>> {
     for_model_spaces(model, num_slots, None)
+}
+
+/// Whether the backend [`for_model`] picks for `model` keeps every layer's KV in one slot
+/// space (the CUDA backend's device-resident cache), so that windowed layers cannot have a
+/// pool of their own.
+pub fn keeps_one_kv_space(model: &Model) -> bool {
+    #[cfg(feature = "cuda")]
+    if model.device().is_cuda() {
+        return cuda::kernels_take(model.config()).is_ok();
+    }
+    let _ = model;
+    false
 }
 
 /// [`for_model`] with the windowed layers in a slot space of their own of `window_slots`
@@ -68,19 +80,20 @@ pub fn for_model_spaces(
 ) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "cuda")]
     if model.device().is_cuda() {
-        if CudaBackend::supports(model.config()) {
-            if window_slots.is_some() {
+        match cuda::kernels_take(model.config()) {
+            Ok(()) if window_slots.is_none() => {
+                return Ok(Box::new(CudaBackend::new(model, num_slots)?));
+            }
+            Ok(()) => {
                 return Err(crate::Error::Metadata(
-                    "the CUDA backend keeps one KV space: run windowed models with --device cpu"
+                    "the CUDA backend keeps one KV space: a windowed KV pool was asked of it"
                         .into(),
                 ));
             }
-            return Ok(Box::new(CudaBackend::new(model, num_slots)?));
+            Err(why) => tracing::warn!(
+                "thicket's CUDA kernels do not take this model ({why}): it runs on candle's                  ops on the GPU with attention and KV on the host, which is much slower"
+            ),
         }
-        tracing::warn!(
-            "head_dim {} is outside what thicket's CUDA kernels take: attention runs on the host",
-            model.config().head_dim
-        );
     }
     Ok(Box::new(CpuBackend::with_spaces(
         model,

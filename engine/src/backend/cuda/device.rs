@@ -19,6 +19,7 @@ use kvcache::KvMove;
 use super::attend::AttendAt;
 use super::fused::FusedPass;
 use super::plan::{attention_runs, move_waves, AttentionPlan, GRAPH_ROWS, SPLIT_KEYS};
+use super::support::kernels_take;
 use crate::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model::Model;
@@ -30,8 +31,6 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/thicket_kernels.ptx"))
 pub(super) const ATTENTION_THREADS: u32 = 128;
 /// Threads per block of the one-row-per-block kernels.
 pub(super) const ROW_THREADS: u32 = 256;
-/// The widest head `kernels.cu` holds (q in shared memory, two dimensions per thread).
-const MAX_HEAD_DIM: usize = 256;
 
 /// A driver error as the engine's.
 pub(super) fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -94,12 +93,8 @@ pub(super) struct Uploaded {
 
 impl Gpu {
     fn new(device: CudaDevice, cfg: &ModelConfig, num_slots: usize) -> Result<Self> {
-        if !CudaBackend::supports(cfg) {
-            return Err(Error::Device(format!(
-                "head_dim {} not supported by the CUDA attention (a multiple of 8, at most \
-                 {MAX_HEAD_DIM})",
-                cfg.head_dim
-            )));
+        if let Err(why) = kernels_take(cfg) {
+            return Err(Error::Device(format!("the CUDA attention: {why}")));
         }
         let load = |name: &str| -> Result<CudaFunction> {
             Ok(device
@@ -364,14 +359,9 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Whether thicket's kernels take a model of `cfg`'s shape (heads of a multiple of 8
-    /// dimensions, at most 256).
-    pub fn supports(cfg: &ModelConfig) -> bool {
-        cfg.head_dim.is_multiple_of(8) && cfg.head_dim <= MAX_HEAD_DIM
-    }
-
     /// `model` (loaded on a CUDA device) with a zeroed cache of `num_slots` rows per layer:
-    /// the fused f16 pass where its weights are f16, candle's ops otherwise.
+    /// the fused f16 pass where its weights are f16, candle's ops otherwise. A model its
+    /// kernels do not take ([`kernels_take`]) is refused.
     pub fn new(model: Model, num_slots: usize) -> Result<Self> {
         let Device::Cuda(device) = model.device().clone() else {
             return Err(Error::Device(
@@ -379,14 +369,9 @@ impl CudaBackend {
             ));
         };
         let config = model.config().clone();
-        if config.variant != crate::model::config::Variant::default()
-            || config.attention_width() != config.hidden_size
-        {
+        if let Err(why) = kernels_take(&config) {
             return Err(Error::Device(format!(
-                "the CUDA backend does not run {} models yet (QK norm, post norms, sliding \
-                 windows, GELU, soft-caps or heads wider than the residual): run this model \
-                 with --device cpu",
-                config.architecture.as_str()
+                "the CUDA backend does not take this model: {why}"
             )));
         }
         let gpu = Gpu::new(device, &config, num_slots)?;

@@ -18,6 +18,9 @@ mod graphs;
 #[cfg(feature = "cuda")]
 mod ops;
 mod plan;
+mod support;
 
 #[cfg(feature = "cuda")]
 pub use device::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use support::kernels_take;
