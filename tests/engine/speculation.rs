@@ -181,6 +181,25 @@ fn every_method_is_lossless_on_windowed_gemma3_and_qwen3_shapes() {
     }
 }
 
+#[test]
+fn every_method_is_lossless_on_mixtures_of_experts() {
+    // A step's rows (a batch's sequences, a tree's nodes) route to different experts; each
+    // expert runs once over its rows. Quantized (Q8_0): the fused CPU pass on thicket's kernel.
+    for arch in [
+        engine::Architecture::Qwen3Moe,
+        engine::Architecture::Qwen2Moe,
+    ] {
+        let spec = TinyModelSpec {
+            vocab_size: 256,
+            ..crate::model::moe::tiny_moe(arch)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = tiny_loaded_as(dir.path(), &spec, WeightDType::Quantized);
+        assert!(loaded.model.is_fused());
+        assert_lossless_alone_and_in_mixed_batches(&loaded);
+    }
+}
+
 /// Every method equals plain decoding alone with large trees, and in batches of 4 and 16
 /// mixing methods with prefill chunks and preemption.
 fn assert_lossless_alone_and_in_mixed_batches(loaded: &LoadedModel) {

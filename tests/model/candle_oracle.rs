@@ -277,6 +277,7 @@ fn tiny_qwen2_logits_match_candle_qwen2() {
         partial_rotary_factor: None,
         tie_word_embeddings: false,
         seed: 11,
+        experts: None,
     };
     let (dir, ours) = tiny_model(&spec);
     // Candle keeps K and V in f32, and the comparison is of arithmetic: so do we here.

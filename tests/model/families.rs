@@ -27,7 +27,7 @@ pub(crate) const STEPS: usize = 32;
 ///
 /// # Safety
 /// The file must not change while mapped.
-unsafe fn varbuilder(path: &std::path::Path) -> candle_nn::VarBuilder<'static> {
+pub(crate) unsafe fn varbuilder(path: &std::path::Path) -> candle_nn::VarBuilder<'static> {
     candle_nn::VarBuilder::from_mmaped_safetensors(&[path], DType::F32, &Device::Cpu).unwrap()
 }
 
@@ -144,6 +144,7 @@ pub fn tiny_qwen3() -> TinyModelSpec {
         partial_rotary_factor: None,
         tie_word_embeddings: false,
         seed: 21,
+        experts: None,
     }
 }
 
@@ -164,6 +165,7 @@ pub fn tiny_gemma3() -> TinyModelSpec {
         partial_rotary_factor: None,
         tie_word_embeddings: true,
         seed: 5,
+        experts: None,
     }
 }
 

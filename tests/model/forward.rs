@@ -18,7 +18,7 @@ use crate::support::fixtures::{
 };
 
 /// A random tree: node i > 0 hangs under a uniformly chosen earlier node.
-fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
+pub(crate) fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
     let tokens = (0..nodes).map(|_| rng.random_range(0..vocab)).collect();
     let parents = (0..nodes)
         .map(|i| (i > 0).then(|| rng.random_range(0..i)))
@@ -28,7 +28,7 @@ fn random_tree(rng: &mut StdRng, nodes: usize, vocab: u32) -> TokenTree {
 
 /// Logits of every tree node, and of each node's root path run as a plain chain over the
 /// same cached prefix; returns the largest difference.
-fn tree_vs_chains(model: &Model, prefix: &[u32], tree: &TokenTree) -> f32 {
+pub(crate) fn tree_vs_chains(model: &Model, prefix: &[u32], tree: &TokenTree) -> f32 {
     let bs = 8;
     let (table, mut kv) = one_sequence(model, prefix.len() + tree.len(), bs);
     let mut batch = TreeBatch::new(bs);
@@ -125,7 +125,7 @@ fn tree_nodes_match_their_root_paths_on_qwen2_5_coder_in_every_instruction_set()
 }
 
 /// `spec` written and loaded with its projections quantized to Q8_0 (thicket's kernel).
-fn quantized_tiny(spec: &TinyModelSpec) -> (tempfile::TempDir, Model) {
+pub(crate) fn quantized_tiny(spec: &TinyModelSpec) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     engine::model::testing::write_tiny_hf_model(dir.path(), spec).unwrap();
     let (model, _) = engine::model::load::load_hf_model(
@@ -352,7 +352,7 @@ fn sequences_in_one_batch_do_not_see_each_other() {
 
 /// Logits of a prompt chain and then of a tree over it (two sequences in each batch, so rows
 /// of different sequences and positions share every product), as bit patterns.
-fn prompt_then_tree_bits(model: &Model) -> Vec<u32> {
+pub(crate) fn prompt_then_tree_bits(model: &Model) -> Vec<u32> {
     let bs = 8;
     let vocab = model.config().vocab_size as u32;
     let mut rng = StdRng::seed_from_u64(5);

@@ -1,16 +1,18 @@
 //! A model alone, below the engine: the paged tree-attention forward's properties, its
-//! agreement with candle-transformers on the same weights, the tokenizer, the KV cache under
+//! agreement with candle-transformers on the same weights (every family, mixtures of experts
+//! among them), the tokenizer, the KV cache under
 //! the plain greedy decoder, load and input errors, and the CUDA backend.
 
 mod candle_oracle;
 mod cuda;
 pub(crate) mod families;
 pub(crate) mod families_gguf;
-mod forward;
+pub(crate) mod forward;
 mod gemma3_real;
 mod kv_cache;
 mod llamacpp_reference;
 mod load_and_input_errors;
 pub(crate) mod longrope;
+pub(crate) mod moe;
 mod tokenizer;
 mod yarn;

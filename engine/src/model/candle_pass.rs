@@ -2,7 +2,8 @@
 //! CPU pass (`fused_pass`) is tested against bit for bit, and the path of dense or off-CPU
 //! weights. Every family runs through it, reading its `Variant`: QK norm, post norms, the
 //! gate's activation, scaled embeddings, per-layer RoPE tables and sliding windows (a view of
-//! the batch, `cpu::attention::windowed_batch`), soft-capped attention and logits.
+//! the batch, `cpu::attention::windowed_batch`), soft-capped attention and logits, and a
+//! mixture of experts in place of the MLP (`experts::candle`).
 
 use candle_core::{DType, Tensor};
 
@@ -11,7 +12,7 @@ use crate::cpu::attention::{
 };
 use crate::cpu::kv_store::PagedKvStore;
 use crate::model::config::Activation;
-use crate::model::Model;
+use crate::model::{Mlp, Model};
 use crate::tree_batch::TreeBatch;
 use crate::Result;
 
@@ -81,9 +82,11 @@ impl Model {
             x = (out + x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-            let gate = layer.gate.forward(&h)?;
-            let gate = self.activate(variant.activation, &gate)?;
-            let mut out = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
+            let activate = |g: &Tensor| self.activate(variant.activation, g);
+            let mut out = match &layer.mlp {
+                Mlp::Dense(mlp) => crate::model::experts::candle_mlp(mlp, &h, &activate)?,
+                Mlp::Experts(moe) => moe.forward_candle(&h, &activate)?,
+            };
             if let Some((_, post_mlp)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_mlp, eps)?;
             }

@@ -1,9 +1,9 @@
 //! `ModelConfig`: the hyper-parameters of a decoder, whichever file format they came from, with
 //! everything its family declares (`crate::model::arch`) resolved into plain values the forward
 //! reads (`Variant`: QK norm, norm placement, activation, scales, soft-capping, each layer's
-//! attention window and RoPE table), plus the facts that differ between formats and must travel
-//! with the weights: the RoPE pairing (GGUF llama weights are permuted for interleaved pairs;
-//! HF and the other families use halves).
+//! attention window and RoPE table, a mixture of experts in place of the MLP), plus the facts
+//! that differ between formats and must travel with the weights: the RoPE pairing (GGUF llama
+//! weights are permuted for interleaved pairs; HF and the other families use halves).
 
 use crate::{Error, Result};
 
@@ -157,6 +157,36 @@ pub struct Variant {
     /// Leading dimensions of each head that RoPE rotates (`None`: all of them; Phi-4-mini
     /// rotates three quarters and passes the rest through).
     pub rotary_dim: Option<usize>,
+    /// A mixture of experts in place of the MLP, in the layers it marks sparse.
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts MLP: a softmax router over `num_experts` gated MLPs of width
+/// `expert_width`, each row running the `experts_per_token` most probable, their outputs
+/// summed with the router's probabilities as weights (divided by the chosen ones' sum where
+/// `normalize`); Qwen2-MoE adds a shared expert every row runs, scaled by a sigmoid gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    /// Experts per layer.
+    pub num_experts: usize,
+    /// Experts each row runs (top-k).
+    pub experts_per_token: usize,
+    /// Inner width of one expert.
+    pub expert_width: usize,
+    /// The chosen experts' probabilities divided by their sum (`norm_topk_prob`).
+    pub normalize: bool,
+    /// Inner width of the shared expert, where the family has one.
+    pub shared_width: Option<usize>,
+    /// Per layer, bottom first, whether its MLP is the experts; empty means every layer's is
+    /// (the others keep a dense MLP of `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl Moe {
+    /// Whether layer `index`'s MLP is the experts.
+    pub fn is_sparse(&self, index: usize) -> bool {
+        self.sparse_layers.get(index).copied().unwrap_or(true)
+    }
 }
 
 impl ModelConfig {
@@ -209,6 +239,24 @@ impl ModelConfig {
         }
         if v.layers.iter().any(|l| l.local_rope) && v.local_rope_theta.is_none() {
             return bad("layers use a local RoPE table but no local base is set");
+        }
+        if let Some(moe) = &v.moe {
+            if moe.num_experts == 0
+                || moe.experts_per_token == 0
+                || moe.experts_per_token > moe.num_experts
+            {
+                return bad(&format!(
+                    "{} experts used of {}: a mixture needs at least one expert per token and \
+                     no more than it has",
+                    moe.experts_per_token, moe.num_experts
+                ));
+            }
+            if moe.expert_width == 0 || moe.shared_width == Some(0) {
+                return bad("an expert's width must be positive");
+            }
+            if !moe.sparse_layers.is_empty() && moe.sparse_layers.len() != self.num_layers {
+                return bad("per-layer MLP kinds must cover every layer");
+            }
         }
         for (name, cap) in [
             ("attention soft-cap", v.attention_softcap),

@@ -1,123 +1,38 @@
 //! `FusedWeights`: the decoder's forward on the CPU as thicket's own code, one pass per layer over
 //! preallocated buffers. RMSNorm writes rows that are quantized once for the q/k/v products (and
 //! once for gate/up) of thicket's quantized kernel, RoPE rotates Q straight into the head-major
-//! layout the attention kernel reads and K in place, SwiGLU is computed row by row as the down
-//! projection quantizes its input (row-parallel), and the residual adds run over the rows in place:
-//! where every projection is on thicket's kernel (the default for GGUF's 32-value formats, and for
-//! Q4_K/Q6_K on AVX-512) there is no candle op dispatch and no tensor allocation per layer, and the
-//! matmuls and attention spread over one team of the thread pool's workers, recruited once per
-//! forward (`cpu::team`). Projections thicket's kernel does not take (dense weights; Q4_K/Q6_K
-//! without AVX-512) run through their candle `Linear` inside the same pass. Every operation repeats
-//! the arithmetic of the candle-ops forward in `Model::forward` (candle's expressions and order;
-//! SwiGLU's gate is thicket's `silu` in both), so the logits are bit-identical to it (tested), and
-//! a row's result still never depends on the other rows. Every family's `Variant` is read here
-//! as in the candle-ops forward: QK norm, post norms, the gate's activation, the embedding
-//! scale, each layer's RoPE table and window, soft-caps; the row-wise steps are `fused_rows`.
+//! layout the attention kernel reads and K in place, the MLP (`experts::fused`: a gated MLP whose
+//! activation is computed row by row as the down projection quantizes its input, or a mixture of
+//! experts, each chosen expert run once over its rows) follows, and the residual adds run over
+//! the rows in place: where every projection is on thicket's kernel (the default for GGUF's
+//! 32-value formats, and for Q4_K/Q6_K on AVX-512) there is no candle op dispatch and no tensor
+//! allocation per layer, and the matmuls and attention spread over one team of the thread
+//! pool's workers, recruited once per forward (`cpu::team`). Projections thicket's kernel does
+//! not take (dense weights; Q4_K/Q6_K without AVX-512) run through their candle `Linear` inside
+//! the same pass (`projection`). Every operation repeats the arithmetic of the candle-ops
+//! forward in `Model::forward` (candle's expressions and order; SwiGLU's gate is thicket's
+//! `silu` in both; a mixture's routes and sums are the same host code in both), so the logits
+//! are bit-identical to it (tested), and a row's result still never depends on the other rows.
+//! Every family's `Variant` is read here as in the candle-ops forward: QK norm, post norms, the
+//! gate's activation, the embedding scale, each layer's RoPE table and window, soft-caps, the
+//! mixture; the row-wise steps are `fused_rows`.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
 use crate::cpu::attention::{paged_tree_attention, softcap, HeadShape, WindowViews};
 use crate::cpu::kv_store::PagedKvStore;
-use crate::cpu::qgemm::{matmul_quantized_all, Activations, QuantMatrix};
+use crate::cpu::qgemm::Activations;
 use crate::model::config::ModelConfig;
+use crate::model::experts::fused::{ExpertBuffers, FusedFfn};
 use crate::model::fused_rows::{add_into, rms_norm, rotate};
-use crate::model::linear::Linear;
+use crate::model::projection::{project, Projection};
 use crate::model::ModelWeights;
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
-
-/// One projection: thicket's quantized matrix and its bias, or (weights in a format or dtype
-/// thicket's kernel does not take) the model's own `Linear`, run through candle.
-#[derive(Debug, Clone)]
-enum Projection {
-    Packed {
-        weight: Arc<QuantMatrix>,
-        bias: Option<Vec<f32>>,
-    },
-    Candle(Linear),
-}
-
-impl Projection {
-    fn from_linear(linear: &Linear) -> Result<Self> {
-        Ok(match linear.packed() {
-            Some(weight) => Self::Packed {
-                weight: weight.clone(),
-                bias: linear.bias_values()?,
-            },
-            None => Self::Candle(linear.clone()),
-        })
-    }
-
-    /// Whether activations quantized for `other` serve this projection as they are.
-    fn shares_activations(&self, other: &Projection) -> bool {
-        match (self, other) {
-            (Self::Packed { weight: a, .. }, Self::Packed { weight: b, .. }) => {
-                a.same_activations(b)
-            }
-            _ => false,
-        }
-    }
-}
-
-/// Projects the `rows` rows of `x` through each projection into its buffer. `x` is quantized
-/// once for each kind of activations the packed projections read, in `acts`, and the packed
-/// projections that read the same activations run as one parallel product.
-fn project(
-    x: &[f32],
-    rows: usize,
-    outputs: &mut [(&Projection, &mut Vec<f32>)],
-    acts: &mut Activations,
-) -> Result<()> {
-    let mut start = 0;
-    while start < outputs.len() {
-        let (first, rest) = outputs[start..].split_first_mut().expect("start < len");
-        match first.0 {
-            Projection::Packed { weight, .. } => {
-                weight.quantize(x, acts);
-                // The following packed projections that read these activations join it.
-                let run = 1 + rest
-                    .iter()
-                    .take_while(|(p, _)| p.shares_activations(first.0))
-                    .count();
-                let group = &mut outputs[start..start + run];
-                let products = group.iter_mut().filter_map(|(p, out)| match p {
-                    Projection::Packed { weight, .. } => Some((&**weight, &mut **out)),
-                    Projection::Candle(_) => None,
-                });
-                matmul_quantized_all(acts, products)?;
-                for (projection, out) in group.iter_mut() {
-                    if let Projection::Packed { bias, .. } = projection {
-                        add_bias(bias, out);
-                    }
-                }
-                start += run;
-            }
-            Projection::Candle(linear) => {
-                let input = Tensor::from_slice(x, (rows, x.len() / rows.max(1)), &Device::Cpu)?;
-                let y = linear.forward(&input)?.flatten_all()?.to_vec1::<f32>()?;
-                first.1.clear();
-                first.1.extend_from_slice(&y);
-                start += 1;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Adds the bias, if any, to every row of `out`.
-fn add_bias(bias: &Option<Vec<f32>>, out: &mut [f32]) {
-    if let Some(bias) = bias {
-        for row in out.chunks_exact_mut(bias.len()) {
-            for (y, b) in row.iter_mut().zip(bias) {
-                *y += *b;
-            }
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 struct FusedLayer {
@@ -131,9 +46,7 @@ struct FusedLayer {
     v: Projection,
     o: Projection,
     mlp_norm: Vec<f32>,
-    gate: Projection,
-    up: Projection,
-    down: Projection,
+    mlp: FusedFfn,
 }
 
 /// The weights in the form the fused pass reads (projections shared with the model's).
@@ -200,8 +113,7 @@ struct Workspace {
     v: Vec<f32>,
     q_heads: Vec<f32>,
     normed: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    mlp: ExpertBuffers,
     out: Vec<f32>,
     rows: Activations,
 }
@@ -261,15 +173,17 @@ impl FusedWeights {
                 v: p(&l.v)?,
                 o: p(&l.o)?,
                 mlp_norm: host_values(&l.mlp_norm)?,
-                gate: p(&l.gate)?,
-                up: p(&l.up)?,
-                down: p(&l.down)?,
+                mlp: FusedFfn::new(&l.mlp)?,
             });
         }
         let lm_head = Projection::from_linear(&weights.lm_head)?;
         let packed = layers
             .iter()
-            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .flat_map(|l| {
+                let mut all = vec![&l.q, &l.k, &l.v, &l.o];
+                all.extend(l.mlp.projections());
+                all
+            })
             .chain([&lm_head])
             .all(|p| matches!(p, Projection::Packed { .. }));
         Ok(Some(Self {
@@ -376,29 +290,11 @@ impl FusedWeights {
             }
             rms_norm(&w.x, &layer.mlp_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
-            project(
-                &w.h,
-                rows,
-                &mut [(&layer.gate, &mut w.gate), (&layer.up, &mut w.up)],
-                &mut w.rows,
-            )?;
-            clock.lap(|p| &mut p.matmul);
+            // The gated MLP, or the mixture (counted as matmul time).
             let act = cfg.variant.activation;
-            if let Projection::Packed { weight, bias } = &layer.down {
-                // The gated activation row by row as the down projection quantizes its
-                // input, in one row-parallel pass (counted as matmul time).
-                let (gate, up, k) = (&w.gate, &w.up, weight.cols());
-                weight.quantize_rows(rows, &mut w.rows, |r, row| {
-                    let at = r * k..(r + 1) * k;
-                    crate::cpu::silu::gated_into(act, &gate[at.clone()], &up[at], row)
-                });
-                matmul_quantized_all(&w.rows, [(&**weight, &mut w.out)])?;
-                add_bias(bias, &mut w.out);
-            } else {
-                crate::cpu::silu::gated(act, &mut w.gate, &w.up);
-                clock.lap(|p| &mut p.other);
-                project(&w.gate, rows, &mut [(&layer.down, &mut w.out)], &mut w.rows)?;
-            }
+            layer
+                .mlp
+                .run(&w.h, rows, act, &mut w.mlp, &mut w.rows, &mut w.out)?;
             clock.lap(|p| &mut p.matmul);
             if let Some((_, post_mlp)) = &layer.post_norms {
                 rms_norm(&w.out, post_mlp, eps, &mut w.h);

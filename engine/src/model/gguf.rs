@@ -13,12 +13,13 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::arch::FileFacts;
+use crate::model::arch::{ExpertFacts, FileFacts};
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
+use crate::model::experts::load::GgufTensors;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
-use crate::model::{Embedding, LayerWeights, ModelWeights};
+use crate::model::{DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
 use crate::{Error, Result};
 
 /// Reads a GGUF header and metadata, with errors that name the file.
@@ -110,12 +111,19 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         final_softcap: optional_f32("final_logit_softcapping")?,
         rope_scaling: rope_scaling(md, &key)?,
         rotary_dim,
+        experts: expert_facts(md, &key, family)?,
+    };
+    let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
+        (_, Some(width)) => width,
+        // Every layer is a mixture: no dense MLP needs the width.
+        (Some(experts), None) => experts.width,
+        (None, None) => usize_of("feed_forward_length")?,
     };
     Ok(ModelConfig {
         architecture,
         vocab_size,
         hidden_size,
-        intermediate_size: usize_of("feed_forward_length")?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -130,6 +138,83 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         attention_bias: family.attention_bias,
         variant: family.variant(&facts)?,
     })
+}
+
+/// `{arch}.expert_count` and its companions: the mixture a file declares (`None` where it
+/// declares no experts). The router must be a softmax (`expert_gating_func` 1, as llama.cpp
+/// numbers it) with unscaled weights; whether the chosen weights are normalized is
+/// `expert_weights_norm` where the file says, else llama.cpp's choice for the family.
+fn expert_facts(
+    md: &std::collections::HashMap<String, Value>,
+    key: &dyn Fn(&str) -> String,
+    family: &crate::model::arch::Family,
+) -> Result<Option<ExpertFacts>> {
+    let number = |name: &str| -> Result<Option<usize>> {
+        md.get(&key(name))
+            .map(|v| as_u64(v, &key(name)).map(|x| x as usize))
+            .transpose()
+    };
+    let count = match number("expert_count")? {
+        None | Some(0) => return Ok(None),
+        Some(n) => n,
+    };
+    let used = number("expert_used_count")?
+        .ok_or_else(|| Error::Metadata(format!("missing {}", key("expert_used_count"))))?;
+    let width = match number("expert_feed_forward_length")? {
+        Some(w) => w,
+        // Mixtral's experts are as wide as its `feed_forward_length`.
+        None => number("feed_forward_length")?.ok_or_else(|| {
+            Error::Metadata(format!("missing {}", key("expert_feed_forward_length")))
+        })?,
+    };
+    if let Some(v) = md.get(&key("expert_gating_func")) {
+        let func = as_u64(v, &key("expert_gating_func"))?;
+        if func != 1 {
+            let name = match func {
+                2 => "sigmoid",
+                _ => "an unknown function",
+            };
+            return Err(Error::Metadata(format!(
+                "{} = {func} ({name}): only a softmax router is supported",
+                key("expert_gating_func")
+            )));
+        }
+    }
+    if let Some(v) = md.get(&key("expert_weights_scale")) {
+        let scale = as_f32(v, &key("expert_weights_scale"))?;
+        if scale != 1.0 {
+            return Err(Error::Metadata(format!(
+                "{} = {scale}: scaled expert weights are not supported",
+                key("expert_weights_scale")
+            )));
+        }
+    }
+    if let Some(v) = md.get(&key("expert_group_count")) {
+        if as_u64(v, &key("expert_group_count"))? > 1 {
+            return Err(Error::Metadata(format!(
+                "{}: grouped expert routing is not supported",
+                key("expert_group_count")
+            )));
+        }
+    }
+    let normalize = match md.get(&key("expert_weights_norm")) {
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(Error::Metadata(format!(
+                "{} is not a boolean",
+                key("expert_weights_norm")
+            )))
+        }
+        None => family.experts.map(|e| e.gguf_normalize),
+    };
+    Ok(Some(ExpertFacts {
+        count,
+        used,
+        width,
+        shared_width: number("expert_shared_feed_forward_length")?,
+        normalize,
+        sparse_layers: None,
+    }))
 }
 
 /// Phi-3's LongRoPE as llama.cpp's converter writes it: the two factor tensors, the original
@@ -346,6 +431,13 @@ fn weights_from(
         config.variant.rope_scaling = RopeScaling::Factors(factors);
     }
     let shapes = Shapes::of(&config);
+    let has = |name: &str| content.tensor_infos.contains_key(name);
+    let expert_tensors = GgufTensors {
+        read: &tensor,
+        has: &has,
+        dtype,
+        device,
+    };
 
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
@@ -362,7 +454,7 @@ fn weights_from(
             Linear::from_qtensor(weight, bias, dtype)
         };
         let bias = config.attention_bias;
-        let (q, k, v, gate, up) = if family.fused_projections {
+        let (q, k, v, mlp) = if family.fused_projections {
             let fused = |name: &str, role: Role| -> Result<Vec<Linear>> {
                 let full = format!("{p}.{name}.weight");
                 let weight = tensor(&full)?;
@@ -374,18 +466,29 @@ fn weights_from(
             };
             let qkv = fused("attn_qkv", Role::Qkv)?;
             let gate_up = fused("ffn_up", Role::GateUp)?;
-            unfused(qkv, gate_up)?
+            let (q, k, v, gate, up) = unfused(qkv, gate_up)?;
+            let down = proj("ffn_down", Role::Down, false)?;
+            (q, k, v, Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
+            let mlp =
+                match &config.variant.moe {
+                    Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(
+                        expert_tensors.mixture(&p, moe, config.hidden_size)?,
+                    )),
+                    _ => Mlp::Dense(DenseMlp {
+                        gate: proj("ffn_gate", Role::Up, false)?,
+                        up: proj("ffn_up", Role::Up, false)?,
+                        down: proj("ffn_down", Role::Down, false)?,
+                    }),
+                };
             (
                 proj("attn_q", Role::Q, bias)?,
                 proj("attn_k", Role::Kv, bias)?,
                 proj("attn_v", Role::Kv, bias)?,
-                proj("ffn_gate", Role::Up, false)?,
-                proj("ffn_up", Role::Up, false)?,
+                mlp,
             )
         };
         let o = proj("attn_output", Role::O, false)?;
-        let down = proj("ffn_down", Role::Down, false)?;
         let norm = |name: &str, role: Role| -> Result<Tensor> {
             let full = format!("{p}.{name}.weight");
             let t = dense(tensor(&full)?)?;
@@ -417,9 +520,7 @@ fn weights_from(
             v,
             o,
             mlp_norm: norm("ffn_norm", Role::Norm)?,
-            gate,
-            up,
-            down,
+            mlp,
         });
     }
     let weights = ModelWeights {

@@ -13,9 +13,10 @@ use serde::Deserialize;
 
 use crate::model::arch::FileFacts;
 use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
+use crate::model::experts;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
-use crate::model::{Embedding, LayerWeights, ModelWeights};
+use crate::model::{DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
 use crate::{Error, Result};
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +70,8 @@ struct HfConfig {
     partial_rotary_factor: Option<f64>,
     #[serde(default)]
     hidden_activation: Option<String>,
+    #[serde(flatten)]
+    experts: experts::load::HfExperts,
 }
 
 fn default_rope_theta() -> f64 {
@@ -164,6 +167,9 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             hf.original_max_position_embeddings,
         )?,
         rotary_dim,
+        experts: hf
+            .experts
+            .facts(hf.num_hidden_layers, hf.intermediate_size)?,
     };
     let config = ModelConfig {
         architecture,
@@ -251,7 +257,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 None,
             )
         };
-        let (q, k, v, gate, up) = if family.fused_projections {
+        let (q, k, v, mlp) = if family.fused_projections {
             let fused = |name: &str, role: Role| -> Result<Vec<Linear>> {
                 let name = format!("{p}.{name}.weight");
                 let weight = load(&name)?;
@@ -263,14 +269,30 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             };
             let qkv = fused("self_attn.qkv_proj", Role::Qkv)?;
             let gate_up = fused("mlp.gate_up_proj", Role::GateUp)?;
-            unfused(qkv, gate_up)?
+            let (q, k, v, gate, up) = unfused(qkv, gate_up)?;
+            let down = proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?;
+            (q, k, v, Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
+            let mlp = match &config.variant.moe {
+                Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(experts::load::from_hf(
+                    &p,
+                    architecture,
+                    moe,
+                    config.hidden_size,
+                    &|name| load(name),
+                    dtype,
+                )?)),
+                _ => Mlp::Dense(DenseMlp {
+                    gate: proj(&format!("{p}.mlp.gate_proj"), Role::Up, false)?,
+                    up: proj(&format!("{p}.mlp.up_proj"), Role::Up, false)?,
+                    down: proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?,
+                }),
+            };
             (
                 proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,
                 proj(&format!("{p}.self_attn.k_proj"), Role::Kv, bias)?,
                 proj(&format!("{p}.self_attn.v_proj"), Role::Kv, bias)?,
-                proj(&format!("{p}.mlp.gate_proj"), Role::Up, false)?,
-                proj(&format!("{p}.mlp.up_proj"), Role::Up, false)?,
+                mlp,
             )
         };
         layers.push(LayerWeights {
@@ -282,9 +304,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             v,
             o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
             mlp_norm,
-            gate,
-            up,
-            down: proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?,
+            mlp,
         });
     }
     let weights = ModelWeights {

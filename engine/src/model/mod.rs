@@ -1,12 +1,13 @@
 //! What a model is and how it is obtained: its hyper-parameters (`config`), its weights and
 //! the `Model` that runs them, the one-pass CPU forward over the layers (`fused_pass`), the
-//! linear layers (`linear`), loading from GGUF (`gguf`) or a Hugging Face directory (`hf`)
+//! linear layers (`linear`), a layer's MLP, dense or a mixture of experts (`experts`), loading from GGUF (`gguf`) or a Hugging Face directory (`hf`)
 //! behind `load`, fetching pinned packages (`fetch`), the tokenizer and the incremental
 //! detokenizer, and tiny random models for tests (`testing`). It computes with the kernels in
 //! `crate::cpu`; backends (`crate::backend`) run it.
 //!
-//! `Model`: a llama / qwen2 decoder (RMSNorm, RoPE at arbitrary positions, GQA, SwiGLU MLP,
-//! optional q/k/v biases, tied or untied head) whose forward takes a whole `TreeBatch`: many
+//! `Model`: a decoder of any family in `arch` (RMSNorm, RoPE at arbitrary positions, GQA, a
+//! gated MLP or a mixture of experts, optional q/k/v biases, tied or untied head, and what the
+//! family declares beyond that) whose forward takes a whole `TreeBatch`: many
 //! sequences, each with its cached prefix in the paged KV store and its own tree of new
 //! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
 //!
@@ -25,6 +26,7 @@ mod candle_pass;
 pub mod config;
 pub mod detokenizer;
 pub mod embedding;
+pub mod experts;
 pub mod fetch;
 pub(crate) mod fused_pass;
 mod fused_rows;
@@ -32,6 +34,7 @@ pub mod gguf;
 pub(crate) mod hf;
 pub(crate) mod linear;
 pub mod load;
+pub(crate) mod projection;
 pub(crate) mod rope;
 pub(crate) mod shapes;
 pub mod testing;
@@ -46,6 +49,7 @@ use crate::cpu::kv_store::{KvDtype, PagedKvStore};
 use crate::model::config::RopeScaling;
 use crate::model::config::{ModelConfig, RopeStyle};
 pub use crate::model::embedding::Embedding;
+pub use crate::model::experts::{DenseMlp, Mlp};
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 use crate::tree_batch::TreeBatch;
@@ -72,12 +76,17 @@ pub struct LayerWeights {
     pub o: Linear,
     /// RMSNorm before the MLP.
     pub mlp_norm: Tensor,
-    /// SwiGLU gate.
-    pub gate: Linear,
-    /// SwiGLU up.
-    pub up: Linear,
-    /// SwiGLU down.
-    pub down: Linear,
+    /// The gated MLP, or a mixture of experts.
+    pub mlp: Mlp,
+}
+
+impl LayerWeights {
+    /// Every projection of the layer (each expert's included).
+    pub fn projections_mut(&mut self) -> Vec<&mut Linear> {
+        let mut all = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        all.extend(self.mlp.projections_mut());
+        all
+    }
 }
 
 /// All weights of a decoder, as loaded.
@@ -203,15 +212,7 @@ impl Model {
     /// The same model multiplying its quantized weights with `kernel`.
     pub fn with_quant_kernel(mut self, kernel: QuantKernel) -> Result<Self> {
         for layer in &mut self.weights.layers {
-            for l in [
-                &mut layer.q,
-                &mut layer.k,
-                &mut layer.v,
-                &mut layer.o,
-                &mut layer.gate,
-                &mut layer.up,
-                &mut layer.down,
-            ] {
+            for l in layer.projections_mut() {
                 l.set_kernel(kernel)?;
             }
         }
@@ -276,10 +277,11 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                [&l.q, &l.k, &l.v, &l.o]
                     .iter()
                     .map(|w| w.weight_bytes())
                     .sum::<usize>()
+                    + l.mlp.weight_bytes()
             })
             .sum();
         layers + self.weights.lm_head.weight_bytes()

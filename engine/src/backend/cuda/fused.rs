@@ -93,12 +93,15 @@ impl FusedPass {
                         .cloned()
                 })
                 .collect();
+            let Some(mlp) = layer.mlp.dense() else {
+                return Ok(None);
+            };
             let (Some(qkv), Some(o), Some(gate), Some(up), Some(down)) = (
                 qkv,
                 f16_weight(&layer.o),
-                f16_weight(&layer.gate),
-                f16_weight(&layer.up),
-                f16_weight(&layer.down),
+                f16_weight(&mlp.gate),
+                f16_weight(&mlp.up),
+                f16_weight(&mlp.down),
             ) else {
                 return Ok(None);
             };

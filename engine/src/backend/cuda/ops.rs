@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use super::device::{device_err, grid, view, Gpu, Uploaded};
 use crate::model::Model;
 use crate::tree_batch::TreeBatch;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Runs `batch`; the f32 logits of its logit rows, or `None` when it asks for none.
 pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result<Option<Tensor>> {
@@ -21,7 +21,6 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
         .stream
         .clone_htod(&slots)
         .map_err(device_err("uploading slots"))?;
-    let ids = Tensor::new(batch.token_ids.as_slice(), &device)?;
     let positions = Tensor::new(batch.positions.as_slice(), &device)?;
     let (cos, sin) = model.rope_rows(&positions)?;
     let eps = cfg.rms_norm_eps as f32;
@@ -36,8 +35,12 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
         let attn = attend(gpu, index, &q, &plan, model)?;
         x = (layer.o.forward(&attn)? + x)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-        let gated = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
-        x = (layer.down.forward(&gated)? + x)?;
+        // A mixture is not one the kernels take (`support::kernels_take`).
+        let mlp = layer.mlp.dense().ok_or_else(|| {
+            Error::Device("the CUDA backend does not run a mixture of experts".into())
+        })?;
+        let gated = (candle_nn::ops::silu(&mlp.gate.forward(&h)?)? * mlp.up.forward(&h)?)?;
+        x = (mlp.down.forward(&gated)? + x)?;
     }
     if batch.logit_rows.is_empty() {
         return Ok(None);

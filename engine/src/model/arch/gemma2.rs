@@ -23,4 +23,5 @@ pub const FAMILY: Family = Family {
     windows: Windows::AllButEvery(2),
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[46],
+    experts: None,
 };

@@ -23,4 +23,5 @@ pub const FAMILY: Family = Family {
     windows: Windows::AllButEvery(6),
     local_rope_theta: Some(10_000.0),
     gguf_residual_query_scale_at: &[62],
+    experts: None,
 };

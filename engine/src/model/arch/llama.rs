@@ -2,7 +2,7 @@
 //! this family are permuted for RoPE's interleaved pairs; Llama 3.1's frequency scaling comes
 //! from the file (`rope_scaling` / `rope.scaling.*`).
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Experts, Family, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -22,4 +22,12 @@ pub const FAMILY: Family = Family {
     windows: Windows::WhereSet,
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
+    // Mixtral's GGUF files are `llama` with `llama.expert_count`; llama.cpp divides the chosen
+    // probabilities by their sum, as transformers' Mixtral does.
+    experts: Some(Experts {
+        required: false,
+        shared_expert: false,
+        hf_normalize: true,
+        gguf_normalize: true,
+    }),
 };

@@ -10,11 +10,14 @@ mod gemma2;
 mod gemma3;
 mod llama;
 mod mistral;
+mod mixtral;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 
-use crate::model::config::{Activation, LayerAttention, RopeScaling, RopeStyle, Variant};
+use crate::model::config::{Activation, LayerAttention, Moe, RopeScaling, RopeStyle, Variant};
 use crate::{Error, Result};
 
 /// Decoder family.
@@ -36,6 +39,12 @@ pub enum Architecture {
     /// Gemma 3 (text): QK norm, pre and post norms, GeGLU, scaled embedding, five windowed
     /// layers to one global, a local RoPE base for the windowed ones.
     Gemma3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture of experts in every layer.
+    Qwen3Moe,
+    /// Mixtral: Mistral's block with a mixture of experts (GGUF files say `llama`).
+    Mixtral,
+    /// Qwen2-MoE: Qwen2's attention, experts beside a gated shared expert.
+    Qwen2Moe,
 }
 
 /// Every family, for lookups and error messages.
@@ -47,6 +56,9 @@ const FAMILIES: &[&Family] = &[
     &phi3::FAMILY,
     &gemma2::FAMILY,
     &gemma3::FAMILY,
+    &qwen3moe::FAMILY,
+    &mixtral::FAMILY,
+    &qwen2moe::FAMILY,
 ];
 
 impl Architecture {
@@ -125,6 +137,41 @@ pub struct Family {
     /// rather than `1/sqrt(head_dim)`: Gemma's 27B models, whose `query_pre_attn_scalar`
     /// GGUF does not carry (llama.cpp recognises them by their layer count the same way).
     pub gguf_residual_query_scale_at: &'static [usize],
+    /// Whether the MLP may be a mixture of experts, and how (`None`: never).
+    pub experts: Option<Experts>,
+}
+
+/// How a family's mixture of experts is declared.
+#[derive(Debug, Clone, Copy)]
+pub struct Experts {
+    /// Whether every file of the family has experts (`false`: where the file declares them,
+    /// as llama GGUF files of Mixtral do).
+    pub required: bool,
+    /// A shared expert beside the routed ones, scaled by a sigmoid gate (Qwen2-MoE).
+    pub shared_expert: bool,
+    /// Whether the chosen probabilities are divided by their sum where an HF config does
+    /// not say (`norm_topk_prob`: transformers' default for the family).
+    pub hf_normalize: bool,
+    /// The same for GGUF files, which never say: llama.cpp's choice for the family.
+    pub gguf_normalize: bool,
+}
+
+/// The mixture a file declares.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpertFacts {
+    /// Experts per layer.
+    pub count: usize,
+    /// Experts per token.
+    pub used: usize,
+    /// Inner width of one expert.
+    pub width: usize,
+    /// Inner width of the shared expert.
+    pub shared_width: Option<usize>,
+    /// `norm_topk_prob`, where the file gives it (a GGUF loader gives the family's
+    /// `gguf_normalize`).
+    pub normalize: Option<bool>,
+    /// Per layer whether its MLP is the experts, where the file says some are dense.
+    pub sparse_layers: Option<Vec<bool>>,
 }
 
 /// What a file says about the options a family may take, whichever format it came in.
@@ -152,6 +199,8 @@ pub struct FileFacts {
     pub rope_scaling: RopeScaling,
     /// Rotated dimensions per head, where fewer than the head.
     pub rotary_dim: Option<usize>,
+    /// A mixture of experts, where the file declares one.
+    pub experts: Option<ExpertFacts>,
 }
 
 impl Family {
@@ -220,6 +269,49 @@ impl Family {
             layers,
             rope_scaling: facts.rope_scaling.clone(),
             rotary_dim: facts.rotary_dim,
+            moe: self.moe(facts)?,
         })
+    }
+
+    /// The mixture of experts a file with `facts` has, checked against the declaration.
+    fn moe(&self, facts: &FileFacts) -> Result<Option<Moe>> {
+        let name = self.gguf;
+        let (declared, found) = match (&self.experts, &facts.experts) {
+            (None, None) => return Ok(None),
+            (None, Some(found)) => {
+                return Err(Error::Metadata(format!(
+                    "{name}: the file declares {} experts, but this family has none",
+                    found.count
+                )))
+            }
+            (Some(declared), None) if declared.required => {
+                return Err(Error::Metadata(format!(
+                    "{name}: missing the expert count (a mixture of experts is required)"
+                )))
+            }
+            (Some(_), None) => return Ok(None),
+            (Some(declared), Some(found)) => (declared, found),
+        };
+        match (declared.shared_expert, found.shared_width) {
+            (true, None) => {
+                return Err(Error::Metadata(format!(
+                    "{name}: missing the shared expert's width"
+                )))
+            }
+            (false, Some(_)) => {
+                return Err(Error::Metadata(format!(
+                    "{name}: the file declares a shared expert, but this family has none"
+                )))
+            }
+            _ => {}
+        }
+        Ok(Some(Moe {
+            num_experts: found.count,
+            experts_per_token: found.used,
+            expert_width: found.width,
+            normalize: found.normalize.unwrap_or(declared.hf_normalize),
+            shared_width: found.shared_width,
+            sparse_layers: found.sparse_layers.clone().unwrap_or_default(),
+        }))
     }
 }

@@ -21,4 +21,5 @@ pub const FAMILY: Family = Family {
     windows: Windows::Never,
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
+    experts: None,
 };

@@ -97,7 +97,17 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
                 ("mlp.down_proj", "ffn_down", None),
             ]
         };
+        let sparse = spec
+            .experts
+            .as_ref()
+            .filter(|moe| !moe.dense_layers.contains(&i));
+        if let Some(moe) = sparse {
+            add_experts(&mut add, &get, &p, &b, arch, moe.count, dtype)?;
+        }
         for &(from, to, heads) in projections {
+            if sparse.is_some() && from.starts_with("mlp.") {
+                continue;
+            }
             let permute = |t: Tensor| match heads {
                 Some(n) if interleaved => interleave_rows(&t, n, hd),
                 _ => Ok(t),
@@ -119,7 +129,11 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
     .map_err(|e| Error::Metadata(e.to_string()))?;
     std::fs::remove_dir_all(&hf_dir)
         .map_err(|e| Error::io(format!("remove {}", hf_dir.display()), e))?;
-    let name = arch.as_str();
+    // Mixtral's GGUF files are llama's.
+    let name = match arch {
+        crate::model::config::Architecture::Mixtral => "llama",
+        other => other.as_str(),
+    };
     let u32_of = |v: usize| Value::U32(v as u32);
     let f32_at = |key: &str| config.get(key).and_then(|v| v.as_f64()).map(|v| v as f32);
     let mut metadata: Vec<(String, Value)> = vec![
@@ -156,6 +170,26 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
             Value::F32(1e-6),
         ),
     ];
+    if let Some(moe) = &spec.experts {
+        metadata.push((format!("{name}.expert_count"), u32_of(moe.count)));
+        metadata.push((format!("{name}.expert_used_count"), u32_of(moe.used)));
+        if name == "llama" {
+            // Mixtral's experts are as wide as its `feed_forward_length`.
+            metadata.retain(|(k, _)| k != &format!("{name}.feed_forward_length"));
+            metadata.push((format!("{name}.feed_forward_length"), u32_of(moe.width)));
+        } else {
+            metadata.push((
+                format!("{name}.expert_feed_forward_length"),
+                u32_of(moe.width),
+            ));
+        }
+        if let Some(sw) = moe.shared_width {
+            metadata.push((
+                format!("{name}.expert_shared_feed_forward_length"),
+                u32_of(sw),
+            ));
+        }
+    }
     let windowed = config.get("use_sliding_window") != Some(&serde_json::Value::Bool(false));
     if family.windows != crate::model::arch::Windows::Never && windowed {
         if let Some(w) = config.get("sliding_window").and_then(|v| v.as_u64()) {
@@ -255,6 +289,61 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
     let mut file = std::fs::File::create(path)
         .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
     gguf_file::write(&mut file, &metadata, &tensors)?;
+    Ok(())
+}
+
+/// Layer `p`'s (GGUF `b`'s) mixture as llama.cpp's converter writes it: the router in f32,
+/// each projection's experts stacked into one `[experts, rows, cols]` tensor in `dtype`, and
+/// the shared expert (its gate a row of f32).
+fn add_experts(
+    add: &mut dyn FnMut(String, Tensor, GgmlDType) -> Result<()>,
+    get: &dyn Fn(&str) -> Result<Tensor>,
+    p: &str,
+    b: &str,
+    arch: crate::model::config::Architecture,
+    count: usize,
+    dtype: GgmlDType,
+) -> Result<()> {
+    let (block, names) = match arch {
+        crate::model::config::Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+    };
+    add(
+        format!("{b}.ffn_gate_inp.weight"),
+        get(&format!("{p}.{block}.gate.weight"))?,
+        GgmlDType::F32,
+    )?;
+    for (name, to) in names
+        .iter()
+        .zip(["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"])
+    {
+        let experts = (0..count)
+            .map(|e| get(&format!("{p}.{block}.experts.{e}.{name}.weight")))
+            .collect::<Result<Vec<_>>>()?;
+        add(
+            format!("{b}.{to}.weight"),
+            Tensor::stack(&experts, 0)?,
+            dtype,
+        )?;
+    }
+    if let Ok(gate) = get(&format!("{p}.mlp.shared_expert_gate.weight")) {
+        add(
+            format!("{b}.ffn_gate_inp_shexp.weight"),
+            gate.flatten_all()?,
+            GgmlDType::F32,
+        )?;
+        for (name, to) in [
+            ("gate_proj", "ffn_gate_shexp"),
+            ("up_proj", "ffn_up_shexp"),
+            ("down_proj", "ffn_down_shexp"),
+        ] {
+            add(
+                format!("{b}.{to}.weight"),
+                get(&format!("{p}.mlp.shared_expert.{name}.weight"))?,
+                dtype,
+            )?;
+        }
+    }
     Ok(())
 }
 

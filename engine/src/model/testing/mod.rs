@@ -45,6 +45,25 @@ pub struct TinyModelSpec {
     pub tie_word_embeddings: bool,
     /// Seed of the weight generator.
     pub seed: u64,
+    /// A mixture of experts in place of the MLP (Qwen3-MoE, Qwen2-MoE, Mixtral).
+    pub experts: Option<TinyExperts>,
+}
+
+/// A tiny model's mixture of experts.
+#[derive(Debug, Clone)]
+pub struct TinyExperts {
+    /// Experts per layer.
+    pub count: usize,
+    /// Experts per token.
+    pub used: usize,
+    /// Inner width of one expert.
+    pub width: usize,
+    /// Inner width of the shared expert (Qwen2-MoE).
+    pub shared_width: Option<usize>,
+    /// `norm_topk_prob` (the Qwen mixtures; Mixtral always normalizes).
+    pub normalize: bool,
+    /// Layers with a dense MLP instead (`mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
 }
 
 impl Default for TinyModelSpec {
@@ -63,6 +82,7 @@ impl Default for TinyModelSpec {
             partial_rotary_factor: None,
             tie_word_embeddings: false,
             seed: 7,
+            experts: None,
         }
     }
 }
@@ -134,10 +154,46 @@ pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
             0.0,
         )?;
         put(format!("{p}.self_attn.o_proj.weight"), &[h, qw], w, 0.0)?;
-        put(format!("{p}.mlp.gate_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
-        put(format!("{p}.mlp.up_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
-        put(format!("{p}.mlp.down_proj.weight"), &[h, f], w, 0.0)?;
-        if arch == Architecture::Qwen2 {
+        match &spec.experts {
+            Some(moe) if !moe.dense_layers.contains(&i) => {
+                let (block, names) = match arch {
+                    Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+                };
+                // A router drawn wide, so that each row's choices stand apart.
+                put(
+                    format!("{p}.{block}.gate.weight"),
+                    &[moe.count, h],
+                    8.0 * w,
+                    0.0,
+                )?;
+                let ew = moe.width;
+                for e in 0..moe.count {
+                    let at = |k: usize| format!("{p}.{block}.experts.{e}.{}.weight", names[k]);
+                    put(at(0), &[ew, h], 2.0 * w, 0.0)?;
+                    put(at(1), &[ew, h], 2.0 * w, 0.0)?;
+                    put(at(2), &[h, ew], 2.0 * w, 0.0)?;
+                }
+                if let Some(sw) = moe.shared_width {
+                    let at = |name: &str| format!("{p}.mlp.shared_expert.{name}.weight");
+                    put(at("gate_proj"), &[sw, h], 2.0 * w, 0.0)?;
+                    put(at("up_proj"), &[sw, h], 2.0 * w, 0.0)?;
+                    put(at("down_proj"), &[h, sw], w, 0.0)?;
+                    put(
+                        format!("{p}.mlp.shared_expert_gate.weight"),
+                        &[1, h],
+                        2.0 * w,
+                        0.0,
+                    )?;
+                }
+            }
+            _ => {
+                put(format!("{p}.mlp.gate_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
+                put(format!("{p}.mlp.up_proj.weight"), &[f, h], 2.0 * w, 0.0)?;
+                put(format!("{p}.mlp.down_proj.weight"), &[h, f], w, 0.0)?;
+            }
+        }
+        if arch.family().attention_bias {
             put(format!("{p}.self_attn.q_proj.bias"), &[qw], 0.5, 0.0)?;
             put(format!("{p}.self_attn.k_proj.bias"), &[kvw], 0.5, 0.0)?;
             put(format!("{p}.self_attn.v_proj.bias"), &[kvw], 0.5, 0.0)?;
@@ -197,6 +253,9 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Phi3 => ("Phi3ForCausalLM", "phi3"),
         Architecture::Gemma2 => ("Gemma2ForCausalLM", "gemma2"),
         Architecture::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
+        Architecture::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        Architecture::Mixtral => ("MixtralForCausalLM", "mixtral"),
+        Architecture::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
@@ -212,7 +271,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         "sliding_window": 1024,
         "max_window_layers": spec.num_layers,
         "use_sliding_window": false,
-        "attention_bias": spec.architecture == Architecture::Qwen2,
+        "attention_bias": spec.architecture.family().attention_bias,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_theta": 10000.0,
         "rms_norm_eps": 1e-6,
@@ -250,6 +309,25 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
     };
     if let Some(scaling) = &spec.rope_scaling {
         config["rope_scaling"] = scaling.clone();
+    }
+    if let (Some(moe), Some(c)) = (&spec.experts, config.as_object_mut()) {
+        let mut put = |k: &str, v: serde_json::Value| {
+            c.insert(k.to_string(), v);
+        };
+        put("num_experts_per_tok", moe.used.into());
+        if spec.architecture == Architecture::Mixtral {
+            put("num_local_experts", moe.count.into());
+            put("intermediate_size", moe.width.into());
+        } else {
+            put("num_experts", moe.count.into());
+            put("moe_intermediate_size", moe.width.into());
+            put("norm_topk_prob", moe.normalize.into());
+            put("decoder_sparse_step", 1.into());
+            put("mlp_only_layers", moe.dense_layers.clone().into());
+        }
+        if let Some(sw) = moe.shared_width {
+            put("shared_expert_intermediate_size", sw.into());
+        }
     }
     if let Some(factor) = spec.partial_rotary_factor {
         config["partial_rotary_factor"] = factor.into();

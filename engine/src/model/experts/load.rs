@@ -1,0 +1,305 @@
+//! A layer's mixture of experts from a file. GGUF stacks each projection's experts in one
+//! tensor (`blk.N.ffn_gate_exps`: `[experts, width, hidden]`, quantized); each expert's blocks
+//! are cut out as they are and kept in their format. Older Mixtral conversions keep one
+//! tensor per expert (`blk.N.ffn_gate.E`). HF checkpoints keep one tensor per expert
+//! (`mlp.experts.E.gate_proj`, Mixtral's `block_sparse_moe.experts.E.w1`). The router (and
+//! Qwen2-MoE's shared-expert gate) is read as f32. Every tensor's shape is checked against the
+//! config, and a mismatch names the tensor.
+
+use std::borrow::Cow;
+
+use candle_core::quantized::{QStorage, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use serde::Deserialize;
+
+use super::{DenseMlp, ExpertMlp, SharedExpert};
+use crate::model::arch::ExpertFacts;
+use crate::model::config::{Architecture, Moe};
+use crate::model::linear::Linear;
+use crate::{Error, Result};
+
+/// An error naming `name` unless `dims` is `want`.
+fn check(name: &str, dims: &[usize], want: &[usize]) -> Result<()> {
+    if dims == want {
+        return Ok(());
+    }
+    Err(Error::Metadata(format!(
+        "tensor {name} has shape {dims:?}, but the config implies {want:?}"
+    )))
+}
+
+/// A dense tensor's values as f32, checked to hold `want` values in one of the shapes given.
+fn f32_values(name: &str, t: &Tensor, shapes: &[&[usize]]) -> Result<Vec<f32>> {
+    if !shapes.contains(&t.dims()) {
+        return check(name, t.dims(), shapes[0]).map(|_| Vec::new());
+    }
+    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+/// The experts of a stacked GGUF tensor of shape `[experts, rows, cols]`, one `[rows, cols]`
+/// tensor each, their blocks' bytes as they are.
+pub(crate) fn split_stacked(name: &str, q: &QTensor, want: [usize; 3]) -> Result<Vec<QTensor>> {
+    check(name, q.shape().dims(), &want)?;
+    let [experts, rows, cols] = want;
+    let dtype = q.dtype();
+    if !cols.is_multiple_of(dtype.block_size()) {
+        return Err(Error::Metadata(format!(
+            "tensor {name}: rows of {cols} values are not whole {dtype:?} blocks"
+        )));
+    }
+    let bytes = rows * cols / dtype.block_size() * dtype.type_size();
+    let data = q.data()?;
+    if data.len() != experts * bytes {
+        return Err(Error::Metadata(format!(
+            "tensor {name} holds {} bytes, not {experts} experts of {bytes}",
+            data.len()
+        )));
+    }
+    data.chunks_exact(bytes)
+        .map(|part| {
+            let storage = QStorage::from_data(Cow::Borrowed(part), &q.device(), dtype)?;
+            Ok(QTensor::new(storage, (rows, cols))?)
+        })
+        .collect()
+}
+
+/// How a GGUF loader reads a tensor: by name, and whether the file has it.
+pub(crate) struct GgufTensors<'a> {
+    pub read: &'a dyn Fn(&str) -> Result<QTensor>,
+    pub has: &'a dyn Fn(&str) -> bool,
+    pub dtype: Option<DType>,
+    pub device: &'a Device,
+}
+
+impl GgufTensors<'_> {
+    fn dense(&self, name: &str) -> Result<Tensor> {
+        Ok((self.read)(name)?
+            .dequantize(self.device)?
+            .to_dtype(DType::F32)?)
+    }
+
+    fn linear(&self, q: QTensor) -> Result<Linear> {
+        Linear::from_qtensor(q, None, self.dtype)
+    }
+
+    /// One projection of every expert: the stacked tensor, or one tensor per expert.
+    fn experts(
+        &self,
+        p: &str,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Linear>> {
+        let stacked = format!("{p}.{name}_exps.weight");
+        if (self.has)(&stacked) || !(self.has)(&format!("{p}.{name}.0.weight")) {
+            let q = (self.read)(&stacked)?;
+            return split_stacked(&stacked, &q, [n, rows, cols])?
+                .into_iter()
+                .map(|q| self.linear(q))
+                .collect();
+        }
+        (0..n)
+            .map(|e| {
+                let one = format!("{p}.{name}.{e}.weight");
+                let q = (self.read)(&one)?;
+                check(&one, q.shape().dims(), &[rows, cols])?;
+                self.linear(q)
+            })
+            .collect()
+    }
+
+    /// Layer `p`'s (`blk.N`) mixture.
+    pub(crate) fn mixture(&self, p: &str, moe: &Moe, hidden: usize) -> Result<ExpertMlp> {
+        let (n, width) = (moe.num_experts, moe.expert_width);
+        let router_name = format!("{p}.ffn_gate_inp.weight");
+        let router = f32_values(&router_name, &self.dense(&router_name)?, &[&[n, hidden]])?;
+        let gate = self.experts(p, "ffn_gate", n, width, hidden)?;
+        let up = self.experts(p, "ffn_up", n, width, hidden)?;
+        let down = self.experts(p, "ffn_down", n, hidden, width)?;
+        let experts = gate
+            .into_iter()
+            .zip(up)
+            .zip(down)
+            .map(|((gate, up), down)| DenseMlp { gate, up, down })
+            .collect();
+        let shared = match moe.shared_width {
+            None => None,
+            Some(width) => {
+                let proj = |name: &str, dims: [usize; 2]| -> Result<Linear> {
+                    let full = format!("{p}.{name}.weight");
+                    let q = (self.read)(&full)?;
+                    check(&full, q.shape().dims(), &dims)?;
+                    self.linear(q)
+                };
+                let gate_name = format!("{p}.ffn_gate_inp_shexp.weight");
+                let gate = self.dense(&gate_name)?;
+                Some(SharedExpert {
+                    mlp: DenseMlp {
+                        gate: proj("ffn_gate_shexp", [width, hidden])?,
+                        up: proj("ffn_up_shexp", [width, hidden])?,
+                        down: proj("ffn_down_shexp", [hidden, width])?,
+                    },
+                    gate: f32_values(&gate_name, &gate, &[&[hidden], &[1, hidden]])?,
+                })
+            }
+        };
+        Ok(ExpertMlp {
+            router,
+            experts,
+            shared,
+            top_k: moe.experts_per_token,
+            normalize: moe.normalize,
+        })
+    }
+}
+
+/// Layer `p`'s (`model.layers.N`) mixture from an HF checkpoint of `family`: `load` reads a
+/// tensor by name, `dtype` as `Linear::from_dense` takes it.
+pub(crate) fn from_hf(
+    p: &str,
+    family: Architecture,
+    moe: &Moe,
+    hidden: usize,
+    load: &dyn Fn(&str) -> Result<Tensor>,
+    dtype: Option<DType>,
+) -> Result<ExpertMlp> {
+    let (n, width) = (moe.num_experts, moe.expert_width);
+    let proj = |name: &str, dims: [usize; 2]| -> Result<Linear> {
+        let w = load(name)?;
+        check(name, w.dims(), &dims)?;
+        Linear::from_dense(w, None, dtype)
+    };
+    // Mixtral names the block `block_sparse_moe` and its projections w1 (gate), w3 (up) and
+    // w2 (down); the Qwen mixtures name them as the dense MLP does.
+    let (block, names) = match family {
+        Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+    };
+    let router_name = format!("{p}.{block}.gate.weight");
+    let router = f32_values(&router_name, &load(&router_name)?, &[&[n, hidden]])?;
+    let experts = (0..n)
+        .map(|e| {
+            let at = |i: usize| format!("{p}.{block}.experts.{e}.{}.weight", names[i]);
+            Ok(DenseMlp {
+                gate: proj(&at(0), [width, hidden])?,
+                up: proj(&at(1), [width, hidden])?,
+                down: proj(&at(2), [hidden, width])?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let shared = match moe.shared_width {
+        None => None,
+        Some(width) => {
+            let at = |name: &str| format!("{p}.mlp.shared_expert.{name}.weight");
+            let gate_name = format!("{p}.mlp.shared_expert_gate.weight");
+            Some(SharedExpert {
+                mlp: DenseMlp {
+                    gate: proj(&at("gate_proj"), [width, hidden])?,
+                    up: proj(&at("up_proj"), [width, hidden])?,
+                    down: proj(&at("down_proj"), [hidden, width])?,
+                },
+                gate: f32_values(&gate_name, &load(&gate_name)?, &[&[1, hidden]])?,
+            })
+        }
+    };
+    Ok(ExpertMlp {
+        router,
+        experts,
+        shared,
+        top_k: moe.experts_per_token,
+        normalize: moe.normalize,
+    })
+}
+
+/// The mixture-of-experts keys of `config.json` (Qwen2-MoE, Qwen3-MoE, Mixtral), and the
+/// routing options of other mixtures, which are refused by name.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct HfExperts {
+    #[serde(default)]
+    num_experts: Option<usize>,
+    #[serde(default)]
+    num_local_experts: Option<usize>,
+    #[serde(default)]
+    num_experts_per_tok: Option<usize>,
+    #[serde(default)]
+    moe_intermediate_size: Option<usize>,
+    #[serde(default)]
+    shared_expert_intermediate_size: Option<usize>,
+    #[serde(default)]
+    norm_topk_prob: Option<bool>,
+    #[serde(default)]
+    decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    mlp_only_layers: Option<Vec<usize>>,
+    #[serde(default)]
+    scoring_func: Option<String>,
+    #[serde(default)]
+    topk_method: Option<String>,
+    #[serde(default)]
+    n_group: Option<usize>,
+    #[serde(default)]
+    routed_scaling_factor: Option<f64>,
+}
+
+impl HfExperts {
+    /// The mixture these keys declare, `None` where they declare no experts. `dense_width`
+    /// is `intermediate_size`: Mixtral's experts are that wide.
+    pub(crate) fn facts(&self, layers: usize, dense_width: usize) -> Result<Option<ExpertFacts>> {
+        let Some(count) = self
+            .num_experts
+            .or(self.num_local_experts)
+            .filter(|&n| n > 0)
+        else {
+            return Ok(None);
+        };
+        if let Some(func) = self.scoring_func.as_deref().filter(|f| *f != "softmax") {
+            return Err(Error::Metadata(format!(
+                "scoring_func = '{func}': only a softmax router is supported"
+            )));
+        }
+        if let Some(method) = self.topk_method.as_deref().filter(|m| *m != "greedy") {
+            return Err(Error::Metadata(format!(
+                "topk_method = '{method}': only greedy top-k routing is supported"
+            )));
+        }
+        if self.n_group.is_some_and(|g| g > 1) {
+            return Err(Error::Metadata(
+                "n_group: grouped expert routing is not supported".into(),
+            ));
+        }
+        if let Some(f) = self.routed_scaling_factor.filter(|&f| f != 1.0) {
+            return Err(Error::Metadata(format!(
+                "routed_scaling_factor = {f}: scaled expert weights are not supported"
+            )));
+        }
+        let used = self
+            .num_experts_per_tok
+            .ok_or_else(|| Error::Metadata("num_experts_per_tok is missing".into()))?;
+        let step = self.decoder_sparse_step.unwrap_or(1);
+        if step == 0 {
+            return Err(Error::Metadata(
+                "decoder_sparse_step must be positive".into(),
+            ));
+        }
+        let dense = self.mlp_only_layers.clone().unwrap_or_default();
+        if let Some(&bad) = dense.iter().find(|&&l| l >= layers) {
+            return Err(Error::Metadata(format!(
+                "mlp_only_layers names layer {bad} of {layers}"
+            )));
+        }
+        // As transformers decides: a layer is sparse unless listed, every `step`-th.
+        let sparse: Vec<bool> = (0..layers)
+            .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+            .collect();
+        Ok(Some(ExpertFacts {
+            count,
+            used,
+            width: self.moe_intermediate_size.unwrap_or(dense_width),
+            shared_width: self.shared_expert_intermediate_size.filter(|&w| w > 0),
+            normalize: self.norm_topk_prob,
+            sparse_layers: (!sparse.iter().all(|&s| s)).then_some(sparse),
+        }))
+    }
+}
