@@ -13,13 +13,24 @@ tied embedding, with Qwen2.5's tokenizer (the same vocabulary):
         --out /tmp/qwen3-4b-shape.gguf --hidden 2560 --layers 36 --heads 32 --kv-heads 8 \
         --head-dim 128 --ffn 9728 --quant q4_0 --embd-quant q8_0
 
+Qwen3-30B-A3B's shape (a mixture of 128 experts of 768, 8 per token, in every layer; 24 of
+its 48 layers), Q4_0 experts and projections, Q8_0 embedding and head:
+
+    python3 benches/random_gguf.py --like models/qwen2.5-coder-0.5b.gguf --arch qwen3moe \
+        --out /tmp/qwen3-30b-a3b-shape.gguf --hidden 2048 --layers 24 --heads 32 \
+        --kv-heads 4 --head-dim 128 --ffn 6144 --experts 128 --experts-used 8 \
+        --expert-ffn 768 --quant q4_0 --embd-quant q8_0 --untied
+
+Quantized weights are random blocks (random quants under one small scale per block), written
+without quantizing floats first, so a file of many gigabytes takes seconds per gigabyte.
+
 Needs numpy and gguf (pip install gguf).
 """
 
 import argparse
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 SHAPE_KEYS = {"embedding_length", "block_count", "attention.head_count",
               "attention.head_count_kv", "feed_forward_length", "rope.dimension_count",
@@ -62,6 +73,10 @@ def main():
     p.add_argument("--head-dim", type=int, help="default: hidden / heads")
     p.add_argument("--quant", default="f16", choices=["f16", "q8_0", "q4_0"])
     p.add_argument("--embd-quant", default=None, choices=["f16", "q8_0", "q4_0"])
+    p.add_argument("--experts", type=int, default=0, help="a mixture of this many experts")
+    p.add_argument("--experts-used", type=int, default=8)
+    p.add_argument("--expert-ffn", type=int, default=768)
+    p.add_argument("--untied", action="store_true", help="write output.weight")
     args = p.parse_args()
 
     reader = GGUFReader(args.like)
@@ -79,22 +94,38 @@ def main():
     writer.add_uint32(f"{arch}.attention.head_count_kv", args.kv_heads)
     writer.add_uint32(f"{arch}.feed_forward_length", args.ffn)
     writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    if args.experts:
+        writer.add_uint32(f"{arch}.expert_count", args.experts)
+        writer.add_uint32(f"{arch}.expert_used_count", args.experts_used)
+        writer.add_uint32(f"{arch}.expert_feed_forward_length", args.expert_ffn)
 
     rng = np.random.default_rng(0)
     kinds = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
 
-    def weight(rows, cols, quant=args.quant):
-        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.02
+    # Bytes per block of 32 values (an f16 scale first), and the scale that gives weights of
+    # about 0.02.
+    blocks = {GGMLQuantizationType.Q8_0: (34, 0.02 / 64), GGMLQuantizationType.Q4_0: (18, 0.02 / 8)}
+
+    def weight(rows, cols, quant=args.quant, stack=None):
         kind = kinds[quant]
+        shape = (rows, cols) if stack is None else (stack, rows, cols)
         if kind is None:
+            w = rng.standard_normal(shape, dtype=np.float32) * 0.02
             return {"tensor": w.astype(np.float16)}
-        return {"tensor": quants.quantize(w, kind), "raw_dtype": kind}
+        # Random quants under one scale per block, as the format lays them out.
+        size, d = blocks[kind]
+        raw = rng.integers(0, 256, size=shape[:-1] + (cols // 32, size), dtype=np.uint8)
+        scale = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+        raw[..., 0:2] = scale
+        return {"tensor": raw.reshape(shape[:-1] + (cols // 32 * size,)), "raw_dtype": kind}
 
     def add(name, w):
         writer.add_tensor(name, w["tensor"], raw_dtype=w.get("raw_dtype"))
 
     ones = np.ones(args.hidden, dtype=np.float32)
     add("token_embd.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
+    if args.untied:
+        add("output.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
     writer.add_tensor("output_norm.weight", ones)
     kv = args.kv_heads * head_dim
     width = args.heads * head_dim
@@ -102,13 +133,21 @@ def main():
         b = f"blk.{i}"
         writer.add_tensor(f"{b}.attn_norm.weight", ones)
         writer.add_tensor(f"{b}.ffn_norm.weight", ones)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             writer.add_tensor(f"{b}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
             writer.add_tensor(f"{b}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         add(f"{b}.attn_q.weight", weight(width, args.hidden))
         add(f"{b}.attn_k.weight", weight(kv, args.hidden))
         add(f"{b}.attn_v.weight", weight(kv, args.hidden))
         add(f"{b}.attn_output.weight", weight(args.hidden, width))
+        if args.experts:
+            n, e = args.experts, args.expert_ffn
+            router = rng.standard_normal((n, args.hidden), dtype=np.float32) * 0.02
+            writer.add_tensor(f"{b}.ffn_gate_inp.weight", router)
+            add(f"{b}.ffn_gate_exps.weight", weight(e, args.hidden, stack=n))
+            add(f"{b}.ffn_up_exps.weight", weight(e, args.hidden, stack=n))
+            add(f"{b}.ffn_down_exps.weight", weight(args.hidden, e, stack=n))
+            continue
         add(f"{b}.ffn_gate.weight", weight(args.ffn, args.hidden))
         add(f"{b}.ffn_up.weight", weight(args.ffn, args.hidden))
         add(f"{b}.ffn_down.weight", weight(args.hidden, args.ffn))

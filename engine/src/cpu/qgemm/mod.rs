@@ -492,6 +492,46 @@ pub(crate) fn matmul_quantized_all<'a>(
     Ok(())
 }
 
+/// `out = x W^T` for every `(x, W, out)` of `products`, each reading its own activations
+/// (quantized for a matrix with `W`'s), in one parallel loop over all their tasks: a
+/// mixture's chosen experts, each over the rows that chose it, with one fork and join of the
+/// pool. Each value is computed exactly as the matrix's product alone computes it.
+pub(crate) fn matmul_quantized_each<'a>(
+    products: impl IntoIterator<Item = (&'a Activations, &'a QuantMatrix, &'a mut Vec<f32>)>,
+) -> Result<()> {
+    let mut batch: Vec<(&QuantizedRows, &QuantMatrix, SharedRows)> = Vec::new();
+    for (rows, weight, out) in products {
+        weight.check(rows)?;
+        let m = rows.0.q.len() / weight.k;
+        // Every value is written by the product; stale ones need no zeroing first.
+        out.resize(m * weight.n, 0.0);
+        if m > 0 {
+            batch.push((&rows.0, weight, Disjoint::new(out)));
+        }
+    }
+    let tiles: usize = batch.iter().map(|(_, w, _)| w.tiles()).sum();
+    if tiles == 0 {
+        return Ok(());
+    }
+    let per_task = tiles_per_task(tiles);
+    let total: usize = batch
+        .iter()
+        .map(|(_, w, _)| w.tiles().div_ceil(per_task))
+        .sum();
+    let isa = process_isa();
+    crate::cpu::team::for_each(total, |mut job| {
+        for &(rows, weight, result) in &batch {
+            let tasks = weight.tiles().div_ceil(per_task);
+            if job < tasks {
+                weight.task(isa, rows, job, per_task, result);
+                return;
+            }
+            job -= tasks;
+        }
+    });
+    Ok(())
+}
+
 /// Tiles per task where `tiles` tiles are split between the pool's threads: about eight
 /// tasks per thread, every one holding tiles (36 tiles in runs of 3 are 12 tasks, not 16 of
 /// which the last 4 are empty: the pool halves a range of tasks between its threads, and

@@ -6,8 +6,10 @@
 //! active expert's weights once however many of its rows chose it; the outputs are summed per
 //! row in the order of the row's choices (`combine`), as the candle-ops forward sums them.
 
+use std::sync::Arc;
+
 use super::{add_shared, combine, DenseMlp, ExpertMlp, Routes};
-use crate::cpu::qgemm::{matmul_quantized_all, Activations};
+use crate::cpu::qgemm::{matmul_quantized_all, matmul_quantized_each, Activations, QuantMatrix};
 use crate::model::config::Activation;
 use crate::model::projection::{add_bias, project, Projection};
 use crate::Result;
@@ -38,6 +40,17 @@ impl FusedMlp {
 
     fn projections(&self) -> [&Projection; 3] {
         [&self.gate, &self.up, &self.down]
+    }
+
+    /// Gate, up and down on thicket's kernel, unbiased, gate and up reading the same
+    /// activations; `None` otherwise.
+    fn packed(&self) -> Option<[Arc<QuantMatrix>; 3]> {
+        let packed = |p: &Projection| match p {
+            Projection::Packed { weight, bias: None } => Some(weight.clone()),
+            _ => None,
+        };
+        let [gate, up, down] = [packed(&self.gate)?, packed(&self.up)?, packed(&self.down)?];
+        gate.same_activations(&up).then_some([gate, up, down])
     }
 
     /// `down(act(gate(x)) * up(x))` for the `rows` rows of `x`, into `out`.
@@ -80,7 +93,23 @@ pub(crate) struct FusedExperts {
     /// The router and routing options (its experts' weights are shared with `experts`).
     moe: ExpertMlp,
     experts: Vec<FusedMlp>,
+    /// Every expert's matrices on thicket's kernel, where they all are (unbiased, gate and up
+    /// reading the same activations): then a step's chosen experts run their products side
+    /// by side, one parallel loop for gate and up and one for down.
+    packed: Option<Vec<[Arc<QuantMatrix>; 3]>>,
     shared: Option<FusedMlp>,
+}
+
+/// One chosen expert's buffers in a step.
+#[derive(Debug, Default)]
+struct ExpertRun {
+    /// Its rows, gathered.
+    x: Vec<f32>,
+    acts: Activations,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// Its outputs.
+    y: Vec<f32>,
 }
 
 /// A layer's MLP as the fused pass runs it.
@@ -100,25 +129,32 @@ pub(crate) struct ExpertBuffers {
     y: Vec<f32>,
     /// `[rows][top_k][hidden]`: every row's chosen experts' outputs.
     chosen: Vec<f32>,
+    /// Per chosen expert, where they run side by side.
+    each: Vec<ExpertRun>,
 }
 
 impl FusedFfn {
     pub(crate) fn new(mlp: &super::Mlp) -> Result<Self> {
         Ok(match mlp {
             super::Mlp::Dense(mlp) => Self::Dense(FusedMlp::new(mlp)?),
-            super::Mlp::Experts(moe) => Self::Experts(Box::new(FusedExperts {
-                experts: moe
+            super::Mlp::Experts(moe) => {
+                let experts: Vec<FusedMlp> = moe
                     .experts
                     .iter()
                     .map(FusedMlp::new)
-                    .collect::<Result<_>>()?,
-                shared: moe
-                    .shared
-                    .as_ref()
-                    .map(|s| FusedMlp::new(&s.mlp))
-                    .transpose()?,
-                moe: (**moe).clone(),
-            })),
+                    .collect::<Result<_>>()?;
+                let packed = experts.iter().map(FusedMlp::packed).collect();
+                Self::Experts(Box::new(FusedExperts {
+                    experts,
+                    packed,
+                    shared: moe
+                        .shared
+                        .as_ref()
+                        .map(|s| FusedMlp::new(&s.mlp))
+                        .transpose()?,
+                    moe: (**moe).clone(),
+                }))
+            }
         })
     }
 
@@ -165,18 +201,20 @@ impl FusedExperts {
         let hidden = self.moe.hidden();
         let routes: Routes = self.moe.route(h);
         b.chosen.resize(rows * routes.top_k * hidden, 0.0);
-        for (expert, group) in routes.by_expert(self.experts.len()).iter().enumerate() {
-            if group.is_empty() {
-                continue;
-            }
-            b.x.clear();
-            for &(r, _) in group {
-                b.x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
-            }
-            self.experts[expert].run(&b.x, group.len(), act, &mut b.mlp, acts, &mut b.y)?;
-            for (i, &(r, choice)) in group.iter().enumerate() {
-                let at = (r * routes.top_k + choice) * hidden;
-                b.chosen[at..at + hidden].copy_from_slice(&b.y[i * hidden..(i + 1) * hidden]);
+        let groups = routes.by_expert(self.experts.len());
+        if let Some(packed) = &self.packed {
+            side_by_side(packed, h, hidden, &groups, routes.top_k, act, b)?;
+        } else {
+            for (expert, group) in groups.iter().enumerate() {
+                if group.is_empty() {
+                    continue;
+                }
+                b.x.clear();
+                for &(r, _) in group {
+                    b.x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
+                }
+                self.experts[expert].run(&b.x, group.len(), act, &mut b.mlp, acts, &mut b.y)?;
+                scatter(group, &b.y, hidden, routes.top_k, &mut b.chosen);
             }
         }
         combine(&routes, &b.chosen, hidden, out);
@@ -186,4 +224,65 @@ impl FusedExperts {
         }
         Ok(())
     }
+}
+
+/// Copies one expert's outputs (`y`, one row per entry of `group`) to their rows' places in
+/// `chosen` (`[rows][top_k][hidden]`).
+fn scatter(group: &[(usize, usize)], y: &[f32], hidden: usize, top_k: usize, chosen: &mut [f32]) {
+    for (i, &(r, choice)) in group.iter().enumerate() {
+        let at = (r * top_k + choice) * hidden;
+        chosen[at..at + hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);
+    }
+}
+
+/// The chosen experts' MLPs side by side: each expert's rows gathered and quantized, then
+/// every chosen expert's gate and up in one parallel loop, the activation computed row by row
+/// as each down projection quantizes its input, and every down product in one more loop.
+/// Each value is what the expert's own `FusedMlp::run` computes.
+fn side_by_side(
+    packed: &[[Arc<QuantMatrix>; 3]],
+    h: &[f32],
+    hidden: usize,
+    groups: &[Vec<(usize, usize)>],
+    top_k: usize,
+    act: Activation,
+    b: &mut ExpertBuffers,
+) -> Result<()> {
+    let active: Vec<usize> = (0..groups.len())
+        .filter(|&e| !groups[e].is_empty())
+        .collect();
+    if b.each.len() < active.len() {
+        b.each.resize_with(active.len(), ExpertRun::default);
+    }
+    let runs = &mut b.each[..active.len()];
+    for (run, &e) in runs.iter_mut().zip(&active) {
+        run.x.clear();
+        for &(r, _) in &groups[e] {
+            run.x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
+        }
+        packed[e][0].quantize(&run.x, &mut run.acts);
+    }
+    matmul_quantized_each(runs.iter_mut().zip(&active).flat_map(|(run, &e)| {
+        let ExpertRun { acts, gate, up, .. } = run;
+        let acts = &*acts;
+        [(acts, &*packed[e][0], gate), (acts, &*packed[e][1], up)]
+    }))?;
+    for (run, &e) in runs.iter_mut().zip(&active) {
+        let down = &packed[e][2];
+        let ExpertRun { acts, gate, up, .. } = run;
+        let k = down.cols();
+        down.quantize_rows(groups[e].len(), acts, |r, row| {
+            let at = r * k..(r + 1) * k;
+            crate::cpu::silu::gated_into(act, &gate[at.clone()], &up[at], row)
+        });
+    }
+    matmul_quantized_each(
+        runs.iter_mut()
+            .zip(&active)
+            .map(|(run, &e)| (&run.acts, &*packed[e][2], &mut run.y)),
+    )?;
+    for (run, &e) in runs.iter().zip(&active) {
+        scatter(&groups[e], &run.y, hidden, top_k, &mut b.chosen);
+    }
+    Ok(())
 }
