@@ -323,3 +323,47 @@ fn a_gguf_mixture_thicket_cannot_run_is_refused_by_name() {
     let e = gguf_load_error(&[("qwen3moe.expert_count", gguf_file::Value::U32(6))], "");
     assert!(e.contains("blk.0.ffn_gate_inp.weight"), "{e}");
 }
+
+#[test]
+fn transformers_5_stacked_experts_load_as_the_per_expert_checkpoint_does() {
+    // The same tiny mixtures saved the way transformers 5 keeps experts: one `gate_up_proj`
+    // (gate rows first) and one `down_proj` per layer, under `mlp` (Mixtral's
+    // `block_sparse_moe` renamed).
+    for arch in [Architecture::Qwen3Moe, Architecture::Mixtral] {
+        let spec = tiny_moe(arch);
+        let (dir, per_expert) = tiny_model(&spec);
+        let file = dir.path().join("model.safetensors");
+        let mut tensors = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+        let (block, names) = match arch {
+            Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        };
+        let count = spec.experts.as_ref().unwrap().count;
+        for i in 0..spec.num_layers {
+            let p = format!("model.layers.{i}");
+            let mut take = |e: usize, k: usize| {
+                tensors
+                    .remove(&format!("{p}.{block}.experts.{e}.{}.weight", names[k]))
+                    .unwrap()
+            };
+            let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+            for e in 0..count {
+                let (gate, up) = (take(e, 0), take(e, 1));
+                gate_up.push(candle_core::Tensor::cat(&[gate, up], 0).unwrap());
+                down.push(take(e, 2));
+            }
+            let stack = |ts: Vec<candle_core::Tensor>| candle_core::Tensor::stack(&ts, 0).unwrap();
+            tensors.insert(format!("{p}.mlp.experts.gate_up_proj"), stack(gate_up));
+            tensors.insert(format!("{p}.mlp.experts.down_proj"), stack(down));
+            let router = tensors.remove(&format!("{p}.{block}.gate.weight")).unwrap();
+            tensors.insert(format!("{p}.mlp.gate.weight"), router);
+        }
+        candle_core::safetensors::save(&tensors, &file).unwrap();
+        let (stacked, _) =
+            engine::model::load::load_hf_model(dir.path(), engine::WeightDType::F32, &Device::Cpu)
+                .unwrap();
+        let found = compare(&stacked, &PROMPT, as_reference(&per_expert));
+        assert_eq!(found.worst, 0.0, "{arch:?}: the layouts give other logits");
+        assert_close(&format!("{arch:?} stacked"), &found);
+    }
+}

@@ -2,7 +2,8 @@
 //! tensor (`blk.N.ffn_gate_exps`: `[experts, width, hidden]`, quantized); each expert's blocks
 //! are cut out as they are and kept in their format. Older Mixtral conversions keep one
 //! tensor per expert (`blk.N.ffn_gate.E`). HF checkpoints keep one tensor per expert
-//! (`mlp.experts.E.gate_proj`, Mixtral's `block_sparse_moe.experts.E.w1`). The router (and
+//! (`mlp.experts.E.gate_proj`, Mixtral's `block_sparse_moe.experts.E.w1`), or, saved by
+//! transformers 5 in its own layout, two per layer (`mlp.experts.gate_up_proj`, `down_proj`). The router (and
 //! Qwen2-MoE's shared-expert gate) is read as f32. Every tensor's shape is checked against the
 //! config, and a mismatch names the tensor.
 
@@ -171,24 +172,49 @@ pub(crate) fn from_hf(
         check(name, w.dims(), &dims)?;
         Linear::from_dense(w, None, dtype)
     };
-    // Mixtral names the block `block_sparse_moe` and its projections w1 (gate), w3 (up) and
-    // w2 (down); the Qwen mixtures name them as the dense MLP does.
+    // transformers 5 may keep each layer's experts in two tensors, under `mlp` for every
+    // family: `experts.gate_up_proj` (`[experts, 2 * width, hidden]`, gate rows first) and
+    // `experts.down_proj` (`[experts, hidden, width]`).
+    let stacked_name = format!("{p}.mlp.experts.gate_up_proj");
+    let stacked = load(&stacked_name).ok();
+    // Otherwise one tensor per expert: Mixtral names the block `block_sparse_moe` and its
+    // projections w1 (gate), w3 (up) and w2 (down); the Qwen mixtures name them as the dense
+    // MLP does.
     let (block, names) = match family {
-        Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        Architecture::Mixtral if stacked.is_none() => ("block_sparse_moe", ["w1", "w3", "w2"]),
         _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
     };
     let router_name = format!("{p}.{block}.gate.weight");
     let router = f32_values(&router_name, &load(&router_name)?, &[&[n, hidden]])?;
-    let experts = (0..n)
-        .map(|e| {
-            let at = |i: usize| format!("{p}.{block}.experts.{e}.{}.weight", names[i]);
-            Ok(DenseMlp {
-                gate: proj(&at(0), [width, hidden])?,
-                up: proj(&at(1), [width, hidden])?,
-                down: proj(&at(2), [hidden, width])?,
+    let experts = match stacked {
+        Some(gate_up) => {
+            check(&stacked_name, gate_up.dims(), &[n, 2 * width, hidden])?;
+            let down_name = format!("{p}.mlp.experts.down_proj");
+            let down = load(&down_name)?;
+            check(&down_name, down.dims(), &[n, hidden, width])?;
+            let linear = |t: Tensor| Linear::from_dense(t.contiguous()?, None, dtype);
+            (0..n)
+                .map(|e| {
+                    let both = gate_up.get(e)?;
+                    Ok(DenseMlp {
+                        gate: linear(both.narrow(0, 0, width)?)?,
+                        up: linear(both.narrow(0, width, width)?)?,
+                        down: linear(down.get(e)?)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        None => (0..n)
+            .map(|e| {
+                let at = |i: usize| format!("{p}.{block}.experts.{e}.{}.weight", names[i]);
+                Ok(DenseMlp {
+                    gate: proj(&at(0), [width, hidden])?,
+                    up: proj(&at(1), [width, hidden])?,
+                    down: proj(&at(2), [hidden, width])?,
+                })
             })
-        })
-        .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?,
+    };
     let shared = match moe.shared_width {
         None => None,
         Some(width) => {
