@@ -58,6 +58,27 @@ fn config_text(dir: &tempfile::TempDir) -> String {
     std::fs::read_to_string(dir.path().join("config.json")).unwrap()
 }
 
+/// `ours` (with f32 K/V) against the candle model `build` makes from the checkpoint in `dir`,
+/// its `config.json` as `edit` leaves it: the prefill and `STEPS` greedy steps, fed the same
+/// tokens, must agree (`assert_close`).
+fn assert_matches_candle<C: serde::de::DeserializeOwned, M>(
+    name: &str,
+    dir: &tempfile::TempDir,
+    ours: Model,
+    edit: impl FnOnce(&mut serde_json::Value),
+    build: impl FnOnce(&C, candle_nn::VarBuilder<'static>) -> candle_core::Result<M>,
+    forward: impl Fn(&mut M, &candle_core::Tensor, usize) -> candle_core::Result<candle_core::Tensor>,
+) {
+    let ours = ours.with_kv_dtype(KvDtype::F32);
+    let mut json: serde_json::Value = serde_json::from_str(&config_text(dir)).unwrap();
+    edit(&mut json);
+    let cfg: C = serde_json::from_value(json).unwrap();
+    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
+    let mut reference = build(&cfg, vb).unwrap();
+    let found = compare(&ours, &PROMPT, |x, pos| forward(&mut reference, x, pos));
+    assert_close(name, &found);
+}
+
 /// How many experts the first mixture's router picks across `rows` random rows: a mixture
 /// whose rows all pick the same experts would test little of the grouping.
 fn experts_used(model: &Model, rows: usize) -> usize {
@@ -87,12 +108,14 @@ fn tiny_qwen3moe_matches_candle_qwen3_moe() {
         Some(true)
     );
     assert!(experts_used(&ours, 16) > 4);
-    let ours = ours.with_kv_dtype(KvDtype::F32);
-    let cfg: qwen3_moe::Config = serde_json::from_str(&config_text(&dir)).unwrap();
-    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
-    let mut reference = qwen3_moe::ModelForCausalLM::new(&cfg, vb).unwrap();
-    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
-    assert_close("qwen3moe", &found);
+    assert_matches_candle(
+        "qwen3moe",
+        &dir,
+        ours,
+        |_| {},
+        qwen3_moe::ModelForCausalLM::new,
+        qwen3_moe::ModelForCausalLM::forward,
+    );
 }
 
 #[test]
@@ -112,29 +135,32 @@ fn tiny_qwen3moe_with_dense_layers_and_plain_weights_matches_candle() {
         .map(|l| matches!(l.mlp, Mlp::Experts(_)))
         .collect();
     assert_eq!(kinds, [false, true, false]);
-    let ours = ours.with_kv_dtype(KvDtype::F32);
-    let mut cfg: qwen3_moe::Config = serde_json::from_str(&config_text(&dir)).unwrap();
-    cfg.decoder_sparse_step = 2;
-    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
-    let mut reference = qwen3_moe::ModelForCausalLM::new(&cfg, vb).unwrap();
-    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
-    assert_close("qwen3moe with dense layers", &found);
+    assert_matches_candle(
+        "qwen3moe with dense layers",
+        &dir,
+        ours,
+        |c| c["decoder_sparse_step"] = 2.into(),
+        qwen3_moe::ModelForCausalLM::new,
+        qwen3_moe::ModelForCausalLM::forward,
+    );
 }
 
 #[test]
 fn tiny_mixtral_matches_candle_mixtral() {
     let (dir, ours) = tiny_model(&tiny_moe(Architecture::Mixtral));
     assert!(experts_used(&ours, 16) > 4);
-    let ours = ours.with_kv_dtype(KvDtype::F32);
     // candle's Mixtral config wants a window and its flash-attention switch.
-    let mut json: serde_json::Value = serde_json::from_str(&config_text(&dir)).unwrap();
-    json["use_flash_attn"] = false.into();
-    json["sliding_window"] = 4096.into();
-    let cfg: mixtral::Config = serde_json::from_value(json).unwrap();
-    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
-    let mut reference = mixtral::Model::new(&cfg, vb).unwrap();
-    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
-    assert_close("mixtral", &found);
+    assert_matches_candle(
+        "mixtral",
+        &dir,
+        ours,
+        |c| {
+            c["use_flash_attn"] = false.into();
+            c["sliding_window"] = 4096.into();
+        },
+        mixtral::Model::new,
+        mixtral::Model::forward,
+    );
 }
 
 #[test]
@@ -142,12 +168,14 @@ fn tiny_qwen2moe_with_its_shared_expert_matches_candle_qwen2_moe() {
     let (dir, ours) = tiny_model(&tiny_moe(Architecture::Qwen2Moe));
     let moe = ours.config().variant.moe.clone().unwrap();
     assert_eq!((moe.shared_width, moe.normalize), (Some(48), false));
-    let ours = ours.with_kv_dtype(KvDtype::F32);
-    let cfg: qwen2_moe::Config = serde_json::from_str(&config_text(&dir)).unwrap();
-    let vb = unsafe { varbuilder(&dir.path().join("model.safetensors")) };
-    let mut reference = qwen2_moe::Model::new(&cfg, vb).unwrap();
-    let found = compare(&ours, &PROMPT, |x, pos| reference.forward(x, pos));
-    assert_close("qwen2moe", &found);
+    assert_matches_candle(
+        "qwen2moe",
+        &dir,
+        ours,
+        |_| {},
+        qwen2_moe::Model::new,
+        qwen2_moe::Model::forward,
+    );
 }
 
 #[test]

@@ -30,10 +30,14 @@ fn check(name: &str, dims: &[usize], want: &[usize]) -> Result<()> {
     )))
 }
 
-/// A dense tensor's values as f32, checked to hold `want` values in one of the shapes given.
+/// A dense tensor's values as f32, its shape checked to be one of `shapes`.
 fn f32_values(name: &str, t: &Tensor, shapes: &[&[usize]]) -> Result<Vec<f32>> {
     if !shapes.contains(&t.dims()) {
-        return check(name, t.dims(), shapes[0]).map(|_| Vec::new());
+        return Err(Error::Metadata(format!(
+            "tensor {name} has shape {:?}, but the config implies {:?}",
+            t.dims(),
+            shapes[0]
+        )));
     }
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
