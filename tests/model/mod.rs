@@ -14,5 +14,6 @@ mod llamacpp_reference;
 mod load_and_input_errors;
 pub(crate) mod longrope;
 pub(crate) mod moe;
+mod prepared_experts;
 mod tokenizer;
 mod yarn;

@@ -30,6 +30,11 @@ pub struct ModelArgs {
     /// else the CPU) | cpu | cuda | cuda:N.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
+    /// Read a GGUF mixture's experts into memory at every load, instead of preparing them
+    /// once for the SIMD kernels (a file as large as the experts, in the models directory's
+    /// `prepared/`) and mapping that file from then on.
+    #[arg(long)]
+    pub no_prepared_experts: bool,
 }
 
 impl ModelArgs {
@@ -41,6 +46,8 @@ impl ModelArgs {
             matmul: self.matmul,
             kv_dtype: self.kv_cache_dtype,
             device: self.device,
+            prepared_experts: (!self.no_prepared_experts)
+                .then(|| engine::model::fetch::models_dir().join("prepared")),
         }
     }
 }

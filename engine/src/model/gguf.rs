@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::arch::{ExpertFacts, FileFacts};
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::experts::load::GgufTensors;
+use crate::model::experts::prepared::PreparedExperts;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
@@ -341,11 +342,23 @@ pub fn load_gguf(
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
+    load_gguf_with(path, dtype, device, None)
+}
+
+/// `load_gguf`, mapping a mixture's experts from a file prepared for the SIMD kernels in
+/// `prepared_experts` (written there on first use; see `experts::prepared`) where the weights
+/// stay quantized on the CPU.
+pub fn load_gguf_with(
+    path: &Path,
+    dtype: Option<DType>,
+    device: &Device,
+    prepared_experts: Option<&Path>,
+) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
     let (content, reader) = read_content(path)?;
     // The family and its keys first: an unsupported model is named as such.
     config_from_gguf(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
-    let (config, weights) = weights_from(path, &content, reader, dtype, device)?;
+    let (config, weights) = weights_from(path, &content, reader, dtype, device, prepared_experts)?;
     Ok((config, weights, tokenizer))
 }
 
@@ -355,8 +368,18 @@ pub fn load_gguf_weights(
     dtype: Option<DType>,
     device: &Device,
 ) -> Result<(ModelConfig, ModelWeights)> {
+    load_gguf_weights_with(path, dtype, device, None)
+}
+
+/// `load_gguf_weights` with a directory of prepared experts (see `load_gguf_with`).
+pub fn load_gguf_weights_with(
+    path: &Path,
+    dtype: Option<DType>,
+    device: &Device,
+    prepared_experts: Option<&Path>,
+) -> Result<(ModelConfig, ModelWeights)> {
     let (content, reader) = read_content(path)?;
-    weights_from(path, &content, reader, dtype, device)
+    weights_from(path, &content, reader, dtype, device, prepared_experts)
 }
 
 fn weights_from(
@@ -365,6 +388,7 @@ fn weights_from(
     reader: BufReader<File>,
     dtype: Option<DType>,
     device: &Device,
+    prepared_experts: Option<&Path>,
 ) -> Result<(ModelConfig, ModelWeights)> {
     let mut config = config_from_gguf(content)?;
     let reader = std::cell::RefCell::new(reader);
@@ -432,11 +456,18 @@ fn weights_from(
     }
     let shapes = Shapes::of(&config);
     let has = |name: &str| content.tensor_infos.contains_key(name);
+    let prepared = match prepared_experts {
+        Some(dir) if dtype.is_none() && device.is_cpu() && config.variant.moe.is_some() => {
+            PreparedExperts::open_or_prepare(dir, path, content, &mut reader.borrow_mut())
+        }
+        _ => None,
+    };
     let expert_tensors = GgufTensors {
         read: &tensor,
         has: &has,
         dtype,
         device,
+        prepared: prepared.as_ref(),
     };
 
     let mut layers = Vec::with_capacity(config.num_layers);

@@ -106,6 +106,14 @@ impl Linear {
         Ok(Self { weight, bias })
     }
 
+    /// thicket's kernel on `matrix` as it is (for example mapped from a prepared file).
+    pub fn from_packed(matrix: QuantMatrix) -> Self {
+        Self {
+            weight: Weight::Packed(Arc::new(matrix)),
+            bias: None,
+        }
+    }
+
     /// From a dense `[out, in]` tensor, converted to `dtype`, or quantized to Q8_0 when
     /// `dtype` is `None` (falls back to f32 when the input width is not a multiple of 32).
     pub fn from_dense(weight: Tensor, bias: Option<Tensor>, dtype: Option<DType>) -> Result<Self> {

@@ -33,6 +33,9 @@ pub struct LoadOptions {
     pub kv_dtype: Option<KvDtype>,
     /// Where the model runs.
     pub device: DeviceChoice,
+    /// Where a GGUF mixture's experts are kept prepared for the SIMD kernels and mapped from
+    /// (`experts::prepared`); `None` reads them into memory at every load.
+    pub prepared_experts: Option<std::path::PathBuf>,
 }
 
 /// Where a model runs: `auto` (CUDA 0 when built with `cuda` and one is present, else the
@@ -135,7 +138,8 @@ pub fn load_source(source: ModelSource, options: &LoadOptions) -> Result<LoadedM
                 WeightDType::Auto => None,
                 other => other.dense(),
             };
-            let (config, weights, tokenizer) = gguf::load_gguf(path, dtype, &device)?;
+            let (config, weights, tokenizer) =
+                gguf::load_gguf_with(path, dtype, &device, options.prepared_experts.as_deref())?;
             (Model::new(config, weights, device)?, tokenizer)
         }
         ModelSource::HfDir(dir) => {

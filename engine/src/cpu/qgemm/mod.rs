@@ -29,6 +29,7 @@ pub mod formats;
 pub mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod quantize_x86;
+mod storage;
 mod tiles16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -45,6 +46,7 @@ use crate::{Error, Result};
 use activations::QuantizedRows;
 use formats::{QuantFormat, Shape};
 use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
+pub use storage::WeightBytes;
 
 /// Weight rows (output columns) decoded together.
 const TILE: usize = tiles16::ROWS;
@@ -75,7 +77,7 @@ pub struct QuantMatrix {
     n: usize,
     k: usize,
     layout: BlockLayout,
-    data: Vec<u8>,
+    data: WeightBytes,
 }
 
 /// How a matrix's blocks are laid out.
@@ -127,10 +129,10 @@ impl QuantMatrix {
         if layout == self.layout {
             return self;
         }
-        let data = match layout {
+        let data = WeightBytes::Owned(match layout {
             BlockLayout::Tiles16 => tiles16::repack(self.format, self.n, self.k, &self.data),
             BlockLayout::Gguf => tiles16::unpack(self.format, self.n, self.k, &self.data),
-        };
+        });
         Self {
             layout,
             data,
@@ -162,8 +164,58 @@ impl QuantMatrix {
             n,
             k,
             layout: BlockLayout::Gguf,
+            data: WeightBytes::Owned(data),
+        })
+    }
+
+    /// A matrix whose blocks are already in `layout` (as `stored` gave them); an error when
+    /// `data` is not the size that layout takes.
+    pub fn from_layout(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        layout: BlockLayout,
+        data: WeightBytes,
+    ) -> Result<Self> {
+        let block = format.block_values();
+        if n == 0 || k == 0 || !k.is_multiple_of(block) {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight [{n}, {k}]: not whole blocks"
+            )));
+        }
+        let want = Self::layout_bytes(format, n, k, layout);
+        if data.len() != want {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight [{n}, {k}] in {layout:?} layout with {} bytes, not {want}",
+                data.len()
+            )));
+        }
+        Ok(Self {
+            format,
+            n,
+            k,
+            layout,
             data,
         })
+    }
+
+    /// Bytes an `[n, k]` matrix of `format` takes in `layout`.
+    pub fn layout_bytes(format: QuantFormat, n: usize, k: usize, layout: BlockLayout) -> usize {
+        let blocks = k / format.block_values();
+        match layout {
+            BlockLayout::Gguf => n * blocks * format.block_bytes(),
+            BlockLayout::Tiles16 => n.div_ceil(TILE) * blocks * tiles16::block_bytes(format),
+        }
+    }
+
+    /// The blocks as they are stored, in `layout()` (what `from_layout` takes back).
+    pub fn stored(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Whether the blocks are read from a file mapping rather than owned.
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
     }
 
     /// The block format.
@@ -184,7 +236,7 @@ impl QuantMatrix {
     /// The GGUF blocks, row after row.
     pub fn gguf(&self) -> Cow<'_, [u8]> {
         match self.layout {
-            BlockLayout::Gguf => Cow::Borrowed(&self.data),
+            BlockLayout::Gguf => Cow::Borrowed(&self.data[..]),
             BlockLayout::Tiles16 => {
                 Cow::Owned(tiles16::unpack(self.format, self.n, self.k, &self.data))
             }

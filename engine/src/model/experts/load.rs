@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor};
 
 use serde::Deserialize;
 
+use super::prepared::PreparedExperts;
 use super::{DenseMlp, ExpertMlp, SharedExpert};
 use crate::model::arch::ExpertFacts;
 use crate::model::config::{Architecture, Moe};
@@ -75,6 +76,8 @@ pub(crate) struct GgufTensors<'a> {
     pub has: &'a dyn Fn(&str) -> bool,
     pub dtype: Option<DType>,
     pub device: &'a Device,
+    /// The GGUF's experts prepared for the SIMD kernels, where they are (see `prepared`).
+    pub prepared: Option<&'a PreparedExperts>,
 }
 
 impl GgufTensors<'_> {
@@ -98,6 +101,12 @@ impl GgufTensors<'_> {
         cols: usize,
     ) -> Result<Vec<Linear>> {
         let stacked = format!("{p}.{name}_exps.weight");
+        if let Some(mapped) = self
+            .prepared
+            .and_then(|m| m.experts(&stacked, [n, rows, cols]))
+        {
+            return Ok(mapped?.into_iter().map(Linear::from_packed).collect());
+        }
         if (self.has)(&stacked) || !(self.has)(&format!("{p}.{name}.0.weight")) {
             let q = (self.read)(&stacked)?;
             return split_stacked(&stacked, &q, [n, rows, cols])?

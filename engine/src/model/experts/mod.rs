@@ -6,11 +6,12 @@
 //! its step (what lossless tree verification needs). The experts' products are in `fused`
 //! (thicket's kernels: each active expert's weights read once for all of its rows) and
 //! `candle` (candle's ops, any device); loading them from GGUF's stacked tensors and HF's
-//! per-expert ones is in `load`.
+//! per-expert ones is in `load`, and mapping them prepared for the SIMD kernels in `prepared`.
 
 mod candle;
 pub(crate) mod fused;
 pub(crate) mod load;
+pub mod prepared;
 
 pub(crate) use candle::mlp as candle_mlp;
 
