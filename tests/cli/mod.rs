@@ -10,5 +10,6 @@ mod generate;
 mod hostile_requests;
 mod logs_and_drain;
 mod overload_and_soak;
+mod reasoning;
 mod security;
 mod tool_calls;

@@ -183,6 +183,7 @@ async fn every_error_has_its_status_and_the_openai_shape() {
         served_model_name: "mock".into(),
         api_key: None,
         max_body_bytes: 4096,
+        reasoning_parser: None,
     });
     let app = router(loading);
     for (method, path) in [

@@ -122,6 +122,7 @@ pub(crate) fn mock_server(
         served_model_name: "mock".into(),
         api_key: api_key.map(Into::into),
         max_body_bytes,
+        reasoning_parser: None,
     });
     state.set_engine(engine.clone());
     Server {

@@ -159,6 +159,7 @@ async fn run_with_engine(
         served_model_name: job.served_model_name.clone(),
         api_key: None,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        reasoning_parser: None,
     });
     state.set_engine(engine);
 

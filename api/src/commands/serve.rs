@@ -15,6 +15,7 @@ use crate::args::{spawn, EngineArgs, ModelArgs};
 use crate::server::openai::responses::store::{
     ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
 };
+use crate::server::reasoning::ReasoningParser;
 use crate::server::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `thicket serve`.
@@ -38,6 +39,11 @@ pub struct ServeArgs {
     /// The model name clients send [default: the --model value].
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Split chat answers into thinking (`reasoning_content`) and answer: `deepseek_r1`
+    /// (thinking until `</think>`) or `qwen3` (thinking inside `<think>...</think>`). Tool
+    /// calls are read from the answer only.
+    #[arg(long, value_parser = api_reasoning_parser)]
+    pub reasoning_parser: Option<ReasoningParser>,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -72,6 +78,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| args.model.model.clone()),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_bytes,
+        reasoning_parser: args.reasoning_parser,
     };
     let store = ResponseStore::new(
         args.max_stored_responses,
@@ -181,4 +188,9 @@ async fn shutdown_signal(
     if let Some(engine) = state.started_engine() {
         engine.shutdown();
     }
+}
+
+/// `--reasoning-parser`'s value: a known parser, or an error listing them.
+fn api_reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
+    ReasoningParser::parse(name)
 }

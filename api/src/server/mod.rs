@@ -15,6 +15,7 @@ pub mod error;
 mod layers;
 pub mod openai;
 pub mod pipeline;
+pub mod reasoning;
 pub mod settings;
 pub mod tools;
 
@@ -45,6 +46,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// How chat answers are split into thinking and answer (`--reasoning-parser`).
+    pub reasoning_parser: Option<reasoning::ReasoningParser>,
 }
 
 /// State shared by every handler. The engine itself runs on its own thread; this holds only
@@ -143,6 +146,11 @@ impl AppState {
     /// Where stored responses are kept.
     pub fn response_store(&self) -> Arc<ResponseStore> {
         Arc::clone(&self.inner.responses)
+    }
+
+    /// The reasoning parser chat answers are read with, if any.
+    pub fn reasoning_parser(&self) -> Option<reasoning::ReasoningParser> {
+        self.inner.config.reasoning_parser
     }
 
     /// The served model name.

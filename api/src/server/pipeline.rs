@@ -75,11 +75,8 @@ impl Started {
             &self.tokenizer,
             &choices,
             &echoes,
-            n,
-            self.options.logprobs,
-            self.options
-                .tool_calls
-                .then_some(self.tool_names.as_slice()),
+            &self.options,
+            &self.tool_names,
         ))
     }
 
@@ -161,7 +158,9 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     settings.options.format_field = settings.constraint_field;
     let tokenizer = engine.tokenizer();
     settings.predict(tokenizer)?;
-    let prompt = chat_prompt(tokenizer, body.messages.as_deref(), tools.as_ref())?;
+    let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref())?;
+    settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(&text));
+    let prompt = encode_chat(tokenizer, &text)?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
     Ok(Started {
         meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
@@ -178,11 +177,24 @@ pub fn chat_prompt(
     messages: Option<&[ChatMessageIn]>,
     tools: Option<&ToolRequest>,
 ) -> ApiResult<Vec<u32>> {
+    encode_chat(tokenizer, &chat_text(tokenizer, messages, tools)?)
+}
+
+/// A chat request's `messages` with its `tools` shown, rendered with the template.
+fn chat_text(
+    tokenizer: &ModelTokenizer,
+    messages: Option<&[ChatMessageIn]>,
+    tools: Option<&ToolRequest>,
+) -> ApiResult<String> {
     let messages = messages.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let shown = tools.map(ToolRequest::shown).unwrap_or_default();
-    let text = render_messages(tokenizer, messages, &shown)?;
+    render_messages(tokenizer, messages, &shown)
+}
+
+/// A rendered chat prompt's tokens.
+fn encode_chat(tokenizer: &ModelTokenizer, text: &str) -> ApiResult<Vec<u32>> {
     tokenizer
-        .encode_plain(&text)
+        .encode_plain(text)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 

@@ -173,6 +173,7 @@ impl MethodEngine {
             served_model_name: args.model.model.clone(),
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            reasoning_parser: None,
         });
         state.set_engine(engine.handle.clone());
         Ok(Self {

@@ -5,6 +5,7 @@
 //! `thicket` speculation totals over every choice of a request. (The Responses API's objects
 //! are `responses::response`'s.)
 
+use crate::server::settings::ResponseOptions;
 use engine::request::TokenLogprob;
 use engine::{FinishReason, ModelTokenizer, Usage};
 use serde::Serialize;
@@ -145,10 +146,12 @@ pub fn full_response(
     tokenizer: &ModelTokenizer,
     choices: &[ChoiceState],
     echo: &[Option<String>],
-    n: usize,
-    want_logprobs: bool,
-    tool_calls: Option<&[String]>,
+    options: &ResponseOptions,
+    tool_names: &[String],
 ) -> serde_json::Value {
+    let (n, want_logprobs) = (options.n, options.logprobs);
+    let tool_calls = options.tool_calls.then_some(tool_names);
+    let reasoning = options.reasoning;
     let (usage, thicket) = totals(choices, n);
     match meta.endpoint {
         Endpoint::Completion => {
@@ -171,7 +174,14 @@ pub fn full_response(
                 .iter()
                 .enumerate()
                 .map(|(index, c)| {
-                    chat::response::choice(index, c, tokenizer, want_logprobs, tool_calls)
+                    chat::response::choice(
+                        index,
+                        c,
+                        tokenizer,
+                        want_logprobs,
+                        tool_calls,
+                        reasoning,
+                    )
                 })
                 .collect();
             whole(meta, "chat.completion", list, usage, thicket)
@@ -212,6 +222,8 @@ pub struct ChunkParts<'a> {
     pub tool_calls: Option<Vec<ToolCallDelta>>,
     /// The choice called tools: a `stop` finish is reported as `tool_calls`.
     pub called: bool,
+    /// New thinking text (chat with a reasoning parser).
+    pub reasoning: Option<String>,
 }
 
 /// A stream chunk; `usage_null` adds `"usage": null` (streams with `include_usage`).

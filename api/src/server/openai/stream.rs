@@ -23,6 +23,7 @@ use engine::request::TokenLogprob;
 use super::body::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
 use super::chat::stream::deltas;
 use crate::server::pipeline::{engine_failure, Submitted};
+use crate::server::reasoning::{Split, Splitter};
 use crate::server::settings::ResponseOptions;
 use crate::server::tools::{CallReader, Piece};
 
@@ -46,6 +47,8 @@ struct StreamState {
     sent_chars: Vec<usize>,
     /// Per choice, its answer read for tool calls (chat with tools).
     readers: Vec<Option<CallReader>>,
+    /// Per choice, its text split into thinking and answer (chat with a reasoning parser).
+    splitters: Vec<Option<Splitter>>,
     open: usize,
     ready: VecDeque<SseEvent>,
     done: bool,
@@ -89,6 +92,7 @@ impl StreamState {
                     finish: None,
                     tool_calls: None,
                     called: false,
+                    reasoning: None,
                 });
                 self.push(value);
             }
@@ -108,27 +112,13 @@ impl StreamState {
                 if at >= self.choices.len() {
                     return;
                 }
-                if let Some(reader) = self.readers[at].as_mut() {
-                    let first = reader.calls;
-                    let pieces = reader.push(&text);
-                    let want = self.options.logprobs;
-                    self.send_pieces(at, pieces, first, want.then_some(logprobs.as_slice()));
+                let want = self.options.logprobs;
+                if let Some(splitter) = self.splitters[at].as_mut() {
+                    let splits = splitter.push(&text);
+                    self.send_splits(at, splits, want.then_some(logprobs.as_slice()));
                     return;
                 }
-                let offset = self.sent_chars[at];
-                self.sent_chars[at] += text.chars().count();
-                let want = self.options.logprobs;
-                let value = self.chunk(ChunkParts {
-                    index: at,
-                    text,
-                    logprobs: want.then_some(logprobs.as_slice()),
-                    offset,
-                    role: false,
-                    finish: None,
-                    tool_calls: None,
-                    called: false,
-                });
-                self.push(value);
+                self.send_answer(at, text, want.then_some(logprobs.as_slice()));
             }
             Event::Finished {
                 index,
@@ -140,6 +130,10 @@ impl StreamState {
                     return;
                 }
                 let mut called = false;
+                if let Some(mut splitter) = self.splitters[at].take() {
+                    let splits = splitter.finish();
+                    self.send_splits(at, splits, None);
+                }
                 if let Some(mut reader) = self.readers[at].take() {
                     let first = reader.calls;
                     let pieces = reader.finish();
@@ -155,6 +149,7 @@ impl StreamState {
                     finish: Some(&reason),
                     tool_calls: None,
                     called,
+                    reasoning: None,
                 });
                 self.push(value);
                 self.choices[at].finish = Some(reason);
@@ -165,6 +160,60 @@ impl StreamState {
                 self.push(engine_failure(&failure, self.options.format_field).body());
                 self.done = true;
             }
+        }
+    }
+
+    /// Answer text: through the call reader where the answer is read for calls, else as
+    /// content; `logprobs` go with the first chunk.
+    fn send_answer(&mut self, at: usize, text: String, logprobs: Option<&[TokenLogprob]>) {
+        if let Some(reader) = self.readers[at].as_mut() {
+            let first = reader.calls;
+            let pieces = reader.push(&text);
+            self.send_pieces(at, pieces, first, logprobs);
+            return;
+        }
+        let offset = self.sent_chars[at];
+        self.sent_chars[at] += text.chars().count();
+        let value = self.chunk(ChunkParts {
+            index: at,
+            text,
+            logprobs,
+            offset,
+            role: false,
+            finish: None,
+            tool_calls: None,
+            called: false,
+            reasoning: None,
+        });
+        self.push(value);
+    }
+
+    /// Chunks for what a splitter gave: thinking as `reasoning_content` deltas, the answer
+    /// as `send_answer` sends it; `logprobs` go with the first chunk, or alone in an empty
+    /// one when the splitter gave nothing yet.
+    fn send_splits(&mut self, at: usize, splits: Vec<Split>, logprobs: Option<&[TokenLogprob]>) {
+        let mut logprobs = logprobs;
+        for split in splits {
+            match split {
+                Split::Thinking(text) => {
+                    let value = self.chunk(ChunkParts {
+                        index: at,
+                        text: String::new(),
+                        logprobs: logprobs.take(),
+                        offset: self.sent_chars[at],
+                        role: false,
+                        finish: None,
+                        tool_calls: None,
+                        called: false,
+                        reasoning: Some(text),
+                    });
+                    self.push(value);
+                }
+                Split::Answer(text) => self.send_answer(at, text, logprobs.take()),
+            }
+        }
+        if logprobs.is_some() {
+            self.send_answer(at, String::new(), logprobs);
         }
     }
 
@@ -190,6 +239,7 @@ impl StreamState {
                 finish: None,
                 tool_calls,
                 called: false,
+                reasoning: None,
             });
             self.push(value);
         }
@@ -215,6 +265,9 @@ pub fn sse_response(
 ) -> Response {
     let num_choices = submitted.len() * options.n;
     let tools = options.tool_calls && meta.endpoint == Endpoint::Chat;
+    let reasoning = options
+        .reasoning
+        .filter(|_| meta.endpoint == Endpoint::Chat);
     let echoes: Vec<Option<String>> = submitted.iter().map(|s| s.echo.clone()).collect();
     let events: Events = stream::select_all(
         submitted
@@ -231,6 +284,9 @@ pub fn sse_response(
         sent_chars: vec![0; num_choices],
         readers: (0..num_choices)
             .map(|_| tools.then(|| CallReader::new(tool_names.clone())))
+            .collect(),
+        splitters: (0..num_choices)
+            .map(|_| reasoning.map(|r| r.splitter()))
             .collect(),
         open: num_choices,
         ready: VecDeque::new(),

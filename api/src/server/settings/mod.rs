@@ -17,6 +17,7 @@ use engine::{Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
 use self::output_format::structured_outputs;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::openai::protocol::CommonFields;
+use crate::server::reasoning::Reasoning;
 
 /// Default `max_tokens` of `/v1/completions` (OpenAI's).
 pub const DEFAULT_COMPLETION_TOKENS: usize = 16;
@@ -36,6 +37,8 @@ pub struct ResponseOptions {
     pub tool_calls: bool,
     /// The field the output format came from, named when the format fails mid-way.
     pub format_field: &'static str,
+    /// How chat answers are split into thinking and answer (`--reasoning-parser`).
+    pub reasoning: Option<Reasoning>,
 }
 
 /// Per-request settings, before the prompt is known.
@@ -182,6 +185,7 @@ pub fn settings(
             logprobs: top_logprobs.is_some(),
             tool_calls: false,
             format_field: "structured_outputs",
+            reasoning: None,
         },
     })
 }

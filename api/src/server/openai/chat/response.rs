@@ -8,6 +8,7 @@ use engine::ModelTokenizer;
 use serde::Serialize;
 
 use crate::server::openai::body::{finish_fields, token_text, ChoiceState};
+use crate::server::reasoning::{split_whole, Reasoning};
 use crate::server::tools::parse_calls;
 
 /// One token's log-probability in the chat shape.
@@ -45,6 +46,12 @@ pub struct ChatMessageOut {
     /// The functions the model called.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
+    /// What the model thought before answering (with a reasoning parser; vLLM's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same thinking under vLLM's newer name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// A tool call in a response.
@@ -115,16 +122,23 @@ pub fn choice(
     tokenizer: &ModelTokenizer,
     want_logprobs: bool,
     tool_calls: Option<&[String]>,
+    reasoning: Option<Reasoning>,
 ) -> ChatChoice {
     let (mut finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
-    let (content, calls) = match tool_calls.map(|names| parse_calls(&c.text, names)) {
+    // With a reasoning parser only the answer after the thinking is read for calls.
+    let (thinking, answer) = match reasoning {
+        Some(r) => split_whole(r, &c.text),
+        None => (None, c.text.clone()),
+    };
+    let (content, calls) = match tool_calls.map(|names| parse_calls(&answer, names)) {
         Some(Some((content, calls))) => {
             if finish_reason == Some("stop") {
                 finish_reason = Some("tool_calls");
             }
             (content, calls)
         }
-        _ => (Some(c.text.clone()), Vec::new()),
+        _ if reasoning.is_some() && answer.is_empty() => (None, Vec::new()),
+        _ => (Some(answer), Vec::new()),
     };
     ChatChoice {
         index,
@@ -133,6 +147,8 @@ pub fn choice(
             content,
             refusal: None,
             tool_calls: calls,
+            reasoning_content: thinking.clone(),
+            reasoning: thinking,
         },
         logprobs: want_logprobs.then(|| chat_logprobs(tokenizer, &c.logprobs)),
         finish_reason,

@@ -48,6 +48,12 @@ pub struct ChatDelta {
     /// Tool-call pieces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// New thinking text (with a reasoning parser; vLLM's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same under vLLM's newer name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// A streamed chat choice.
@@ -79,6 +85,8 @@ pub fn chunk_choice(
             role: parts.role.then_some("assistant"),
             content,
             tool_calls: parts.tool_calls,
+            reasoning_content: parts.reasoning.clone(),
+            reasoning: parts.reasoning,
         },
         logprobs: parts.logprobs.map(|l| chat_logprobs(tokenizer, l)),
         finish_reason,

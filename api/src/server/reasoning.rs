@@ -1,0 +1,383 @@
+//! Reasoning output (`--reasoning-parser`): a thinking model writes its thinking between a
+//! start and an end string (`<think>` and `</think>`) before its answer, and the parser splits
+//! the generated text into the two, as it comes ([`Splitter`]), so the chat API can return the
+//! thinking as `reasoning_content` beside `content`, and only the answer is read for tool
+//! calls. `deepseek_r1` takes everything before the end string as thinking, whether or not
+//! the output opens with the start string (the R1 templates put it in the prompt); `qwen3`
+//! takes thinking only where the output opens with the start string or the rendered prompt
+//! ends inside an opened one, and otherwise reads the whole output as the answer (Qwen3 with
+//! thinking turned off). Thinking that never ends is all thinking.
+
+/// A reasoning format, as `--reasoning-parser` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningParser {
+    /// DeepSeek-R1 and its distills (QwQ alike): thinking until `</think>`.
+    DeepSeekR1,
+    /// Qwen3: thinking inside `<think>...</think>` when the output (or the prompt) opens it.
+    Qwen3,
+}
+
+/// The names `--reasoning-parser` takes.
+pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3"];
+
+impl ReasoningParser {
+    /// The parser `name` names; an error listing the names otherwise.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "deepseek_r1" => Ok(Self::DeepSeekR1),
+            "qwen3" => Ok(Self::Qwen3),
+            other => Err(format!(
+                "unknown reasoning parser {other:?} (known: {})",
+                REASONING_PARSERS.join(", ")
+            )),
+        }
+    }
+
+    /// Its start and end strings.
+    pub fn markers(self) -> (&'static str, &'static str) {
+        ("<think>", "</think>")
+    }
+
+    /// What one answer is read with, given the rendered prompt it continues.
+    pub fn for_prompt(self, prompt: &str) -> Reasoning {
+        let (start, end) = self.markers();
+        // The prompt ends inside a thinking block it opened itself.
+        let opened = prompt
+            .rfind(start)
+            .is_some_and(|at| !prompt[at..].contains(end));
+        Reasoning {
+            parser: self,
+            opened,
+        }
+    }
+}
+
+/// How one request's answers are split: the parser and whether its prompt opened thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reasoning {
+    /// The format.
+    pub parser: ReasoningParser,
+    /// The rendered prompt ends inside a thinking block.
+    pub opened: bool,
+}
+
+impl Reasoning {
+    /// A splitter for one answer.
+    pub fn splitter(self) -> Splitter {
+        let (start, end) = self.parser.markers();
+        let thinking_first = self.opened || self.parser == ReasoningParser::DeepSeekR1;
+        Splitter {
+            start,
+            end,
+            state: State::Opening { thinking_first },
+            held: String::new(),
+            answer_started: false,
+        }
+    }
+}
+
+/// A piece of a split answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Split {
+    /// Thinking text.
+    Thinking(String),
+    /// Answer text.
+    Answer(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Nothing but blanks seen: the output may still open with the start string. Without
+    /// it, the text is thinking when `thinking_first`, else the answer.
+    Opening {
+        thinking_first: bool,
+    },
+    Thinking,
+    Answer,
+}
+
+/// One answer's text split into thinking and answer as it comes; a marker cut between two
+/// pieces of text is held until it is whole. Blanks that open the answer are dropped.
+#[derive(Debug, Clone)]
+pub struct Splitter {
+    start: &'static str,
+    end: &'static str,
+    state: State,
+    held: String,
+    answer_started: bool,
+}
+
+/// The longest tail of `text` that is a proper prefix of `marker`.
+fn marker_tail(text: &str, marker: &str) -> usize {
+    (1..marker.len())
+        .rev()
+        .find(|&n| text.ends_with(&marker[..n]))
+        .unwrap_or(0)
+}
+
+impl Splitter {
+    /// Whether the text so far has been thinking (and no answer has started).
+    pub fn thinking(&self) -> bool {
+        match self.state {
+            State::Opening { thinking_first } => thinking_first,
+            State::Thinking => true,
+            State::Answer => false,
+        }
+    }
+
+    /// The pieces `text` completes.
+    pub fn push(&mut self, text: &str) -> Vec<Split> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            match self.state {
+                State::Opening { thinking_first } => {
+                    let blanks = self.held.len() - self.held.trim_start().len();
+                    let rest = &self.held[blanks..];
+                    if rest.starts_with(self.start) {
+                        self.held.drain(..blanks + self.start.len());
+                        self.state = State::Thinking;
+                    } else if self.start.starts_with(rest) {
+                        // Blank, or a beginning of the start string: wait.
+                        break;
+                    } else {
+                        self.state = if thinking_first {
+                            State::Thinking
+                        } else {
+                            State::Answer
+                        };
+                    }
+                }
+                State::Thinking => match self.held.find(self.end) {
+                    Some(at) => {
+                        let thought: String = self.held.drain(..at).collect();
+                        self.held.drain(..self.end.len());
+                        if !thought.is_empty() {
+                            out.push(Split::Thinking(thought));
+                        }
+                        self.state = State::Answer;
+                    }
+                    None => {
+                        let cut = self.held.len() - marker_tail(&self.held, self.end);
+                        if cut > 0 {
+                            out.push(Split::Thinking(self.held.drain(..cut).collect()));
+                        }
+                        break;
+                    }
+                },
+                State::Answer => {
+                    self.answer(&mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The answer text held, blanks that open the answer dropped.
+    fn answer(&mut self, out: &mut Vec<Split>) {
+        if !self.answer_started {
+            let blanks = self.held.len() - self.held.trim_start().len();
+            self.held.drain(..blanks);
+            if self.held.is_empty() {
+                return;
+            }
+            self.answer_started = true;
+        }
+        if !self.held.is_empty() {
+            out.push(Split::Answer(std::mem::take(&mut self.held)));
+        }
+    }
+
+    /// What is still held, at the end of the answer: an unfinished marker is text.
+    pub fn finish(&mut self) -> Vec<Split> {
+        let mut out = Vec::new();
+        match self.state {
+            State::Opening { thinking_first } if thinking_first => {
+                let text = std::mem::take(&mut self.held);
+                if !text.trim().is_empty() {
+                    out.push(Split::Thinking(text));
+                }
+            }
+            State::Thinking => {
+                let text = std::mem::take(&mut self.held);
+                if !text.is_empty() {
+                    out.push(Split::Thinking(text));
+                }
+            }
+            State::Opening { .. } | State::Answer => self.answer(&mut out),
+        }
+        out
+    }
+}
+
+/// `text` split whole: the thinking (`None` when there was none) and the answer.
+pub fn split_whole(reasoning: Reasoning, text: &str) -> (Option<String>, String) {
+    let mut splitter = reasoning.splitter();
+    let mut pieces = splitter.push(text);
+    pieces.extend(splitter.finish());
+    let (mut thinking, mut answer) = (None::<String>, String::new());
+    for piece in pieces {
+        match piece {
+            Split::Thinking(t) => thinking.get_or_insert_with(String::new).push_str(&t),
+            Split::Answer(a) => answer.push_str(&a),
+        }
+    }
+    (thinking, answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r1() -> Reasoning {
+        ReasoningParser::DeepSeekR1.for_prompt("<|User|>hi<|Assistant|>")
+    }
+
+    fn qwen3(prompt: &str) -> Reasoning {
+        ReasoningParser::Qwen3.for_prompt(prompt)
+    }
+
+    /// `text` pushed in pieces cut at `cuts` (byte offsets on char boundaries).
+    fn pushed(reasoning: Reasoning, text: &str, cuts: &[usize]) -> (Option<String>, String) {
+        let mut splitter = reasoning.splitter();
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
+            pieces.extend(splitter.push(&text[from..cut]));
+            from = cut;
+        }
+        pieces.extend(splitter.finish());
+        let (mut thinking, mut answer) = (None::<String>, String::new());
+        for piece in pieces {
+            match piece {
+                Split::Thinking(t) => {
+                    assert!(!t.is_empty());
+                    thinking.get_or_insert_with(String::new).push_str(&t)
+                }
+                Split::Answer(a) => {
+                    assert!(!a.is_empty());
+                    answer.push_str(&a)
+                }
+            }
+        }
+        (thinking, answer)
+    }
+
+    /// The split must not depend on where the text is cut: every single cut and every pair.
+    fn same_at_every_cut(reasoning: Reasoning, text: &str) -> (Option<String>, String) {
+        let whole = split_whole(reasoning, text);
+        let bounds: Vec<usize> = (1..text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .collect();
+        for &a in &bounds {
+            assert_eq!(
+                pushed(reasoning, text, &[a]),
+                whole,
+                "cut at {a} of {text:?}"
+            );
+            for &b in bounds.iter().filter(|&&b| b > a) {
+                assert_eq!(pushed(reasoning, text, &[a, b]), whole, "cuts {a}, {b}");
+            }
+        }
+        let every: Vec<usize> = bounds.clone();
+        assert_eq!(pushed(reasoning, text, &every), whole, "one char at a time");
+        whole
+    }
+
+    #[test]
+    fn r1_thinking_ends_at_the_end_string_with_or_without_the_start_string() {
+        for text in [
+            "<think>\nSum 2 and 2.\n</think>\n\nIt is 4.",
+            "\nSum 2 and 2.\n</think>\n\nIt is 4.",
+        ] {
+            let (thinking, answer) = same_at_every_cut(r1(), text);
+            assert_eq!(thinking.as_deref(), Some("\nSum 2 and 2.\n"), "{text:?}");
+            assert_eq!(answer, "It is 4.");
+        }
+    }
+
+    #[test]
+    fn thinking_that_never_ends_is_all_thinking() {
+        let (thinking, answer) = same_at_every_cut(r1(), "<think>Still going, and go");
+        assert_eq!(thinking.as_deref(), Some("Still going, and go"));
+        assert_eq!(answer, "");
+        // A cut-off end string is thinking text too.
+        let (thinking, answer) = same_at_every_cut(r1(), "<think>almost</thi");
+        assert_eq!(thinking.as_deref(), Some("almost</thi"));
+        assert_eq!(answer, "");
+    }
+
+    #[test]
+    fn an_end_string_inside_the_answer_stays_in_the_answer() {
+        let (thinking, answer) = same_at_every_cut(r1(), "a</think>b</think>c");
+        assert_eq!(thinking.as_deref(), Some("a"));
+        assert_eq!(answer, "b</think>c");
+    }
+
+    #[test]
+    fn a_tool_call_inside_the_thinking_is_thinking() {
+        let text = "<think><tool_call>{\"name\": \"f\"}</tool_call></think>Done.";
+        let (thinking, answer) = same_at_every_cut(r1(), text);
+        assert_eq!(
+            thinking.as_deref(),
+            Some("<tool_call>{\"name\": \"f\"}</tool_call>")
+        );
+        assert_eq!(answer, "Done.");
+    }
+
+    #[test]
+    fn qwen3_thinks_only_when_the_output_or_the_prompt_opens_it() {
+        let plain = qwen3("<|im_start|>assistant\n");
+        assert!(!plain.opened);
+        let (thinking, answer) = same_at_every_cut(plain, "<think>\nhm\n</think>\n\nYes.");
+        assert_eq!(thinking.as_deref(), Some("\nhm\n"));
+        assert_eq!(answer, "Yes.");
+        // Thinking turned off: no start string, the whole output is the answer, an end
+        // string in it too.
+        let (thinking, answer) = same_at_every_cut(plain, "Yes. </think> no");
+        assert_eq!(thinking, None);
+        assert_eq!(answer, "Yes. </think> no");
+        // The prompt opened the block (a template that starts the thinking itself).
+        let opened = qwen3("<|im_start|>assistant\n<think>\n");
+        assert!(opened.opened);
+        let (thinking, answer) = same_at_every_cut(opened, "hm</think>Yes.");
+        assert_eq!(thinking.as_deref(), Some("hm"));
+        assert_eq!(answer, "Yes.");
+        // A closed block earlier in the prompt opens nothing.
+        assert!(!qwen3("<think>a</think><|im_start|>assistant\n").opened);
+    }
+
+    #[test]
+    fn an_empty_or_blank_output_has_no_thinking_and_no_answer() {
+        for reasoning in [r1(), qwen3("")] {
+            assert_eq!(split_whole(reasoning, ""), (None, String::new()));
+            assert_eq!(split_whole(reasoning, "  \n"), (None, String::new()));
+        }
+        // An empty thinking block.
+        let (thinking, answer) = same_at_every_cut(qwen3(""), "<think></think>ok");
+        assert_eq!(thinking, None);
+        assert_eq!(answer, "ok");
+    }
+
+    #[test]
+    fn multibyte_text_splits_on_its_own_boundaries() {
+        let text = "<think>état — 思考</think>réponse ✓";
+        let (thinking, answer) = same_at_every_cut(r1(), text);
+        assert_eq!(thinking.as_deref(), Some("état — 思考"));
+        assert_eq!(answer, "réponse ✓");
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_known_ones() {
+        assert_eq!(
+            ReasoningParser::parse("deepseek_r1"),
+            Ok(ReasoningParser::DeepSeekR1)
+        );
+        let e = ReasoningParser::parse("r1").unwrap_err();
+        assert!(
+            e.contains("\"r1\"") && e.contains("deepseek_r1, qwen3"),
+            "{e}"
+        );
+    }
+}
