@@ -124,6 +124,27 @@ pub fn render_chat(
     bos_token: &str,
     eos_token: &str,
 ) -> anyhow::Result<String> {
+    render_chat_with(
+        template,
+        messages,
+        tools,
+        bos_token,
+        eos_token,
+        &serde_json::Map::new(),
+    )
+}
+
+/// `render_chat` with extra template variables (`chat_template_kwargs`, for example
+/// `enable_thinking`); the variables the renderer sets itself (`messages`, `tools`,
+/// `add_generation_prompt`, `bos_token`, `eos_token`) take precedence over them.
+pub fn render_chat_with(
+    template: &str,
+    messages: &[ChatMessage],
+    tools: &[serde_json::Value],
+    bos_token: &str,
+    eos_token: &str,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<String> {
     let uses_tools = !tools.is_empty()
         || messages
             .iter()
@@ -139,19 +160,26 @@ pub fn render_chat(
     env.set_unknown_method_callback(minijinja_contrib_pycompat);
     env.add_template("chat", template)
         .map_err(|e| anyhow::anyhow!("chat template does not parse: {e}"))?;
+    let fixed = context! {
+        messages => messages,
+        tools => (!tools.is_empty()).then_some(tools),
+        add_generation_prompt => true,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
     let rendered = env
         .get_template("chat")
-        .and_then(|t| {
-            t.render(context! {
-                messages => messages,
-                tools => (!tools.is_empty()).then_some(tools),
-                add_generation_prompt => true,
-                bos_token => bos_token,
-                eos_token => eos_token,
-            })
-        })
+        .and_then(|t| t.render(context! { ..fixed, ..minijinja::Value::from_serialize(kwargs) }))
         .map_err(|e| anyhow::anyhow!("chat template failed: {e}"))?;
     Ok(rendered)
+}
+
+/// An error unless `template` parses as a Jinja template.
+pub fn check_template(template: &str) -> anyhow::Result<()> {
+    let mut env = Environment::new();
+    env.add_template("chat", template)
+        .map_err(|e| anyhow::anyhow!("chat template does not parse: {e}"))?;
+    Ok(())
 }
 
 /// Python string methods some templates call (`strip`, `startswith`, ...).
@@ -212,6 +240,19 @@ mod tests {
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn extra_variables_reach_the_template_but_do_not_replace_its_own() {
+        let template = "{{ messages | length }}{% if enable_thinking is defined %}:{{ enable_thinking }}{% endif %}";
+        let mut kwargs = serde_json::Map::new();
+        let plain = render_chat_with(template, &[ChatMessage::user("hi")], &[], "", "", &kwargs);
+        assert_eq!(plain.unwrap(), "1");
+        kwargs.insert("enable_thinking".into(), serde_json::json!(false));
+        kwargs.insert("messages".into(), serde_json::json!([1, 2, 3]));
+        let out = render_chat_with(template, &[ChatMessage::user("hi")], &[], "", "", &kwargs);
+        // Jinja writes booleans as Python does.
+        assert_eq!(out.unwrap(), "1:False");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod batch;
 mod bench;
+mod chat_template;
 mod gemma3;
 mod generate;
 mod hostile_requests;

@@ -184,6 +184,7 @@ async fn every_error_has_its_status_and_the_openai_shape() {
         api_key: None,
         max_body_bytes: 4096,
         reasoning_parser: None,
+        template: Default::default(),
     });
     let app = router(loading);
     for (method, path) in [

@@ -123,6 +123,7 @@ pub(crate) fn mock_server(
         api_key: api_key.map(Into::into),
         max_body_bytes,
         reasoning_parser: None,
+        template: Default::default(),
     });
     state.set_engine(engine.clone());
     Server {

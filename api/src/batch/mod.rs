@@ -160,6 +160,7 @@ async fn run_with_engine(
         api_key: None,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         reasoning_parser: None,
+        template: Default::default(),
     });
     state.set_engine(engine);
 

@@ -12,10 +12,12 @@ use tokio::net::TcpListener;
 
 use super::{announce, load};
 use crate::args::{spawn, EngineArgs, ModelArgs};
+use crate::chat::check_template;
 use crate::server::openai::responses::store::{
     ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
 };
 use crate::server::reasoning::ReasoningParser;
+use crate::server::settings::template::{parse_kwargs, TemplateSetup};
 use crate::server::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `thicket serve`.
@@ -44,6 +46,13 @@ pub struct ServeArgs {
     /// calls are read from the answer only.
     #[arg(long, value_parser = api_reasoning_parser)]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// A Jinja chat template file to render chat requests with, instead of the model's own.
+    #[arg(long)]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Variables every chat template render gets, as a JSON object (a request's
+    /// `chat_template_kwargs` go over them), e.g. '{"enable_thinking": false}'.
+    #[arg(long, value_parser = parse_kwargs)]
+    pub default_chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -79,6 +88,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_bytes,
         reasoning_parser: args.reasoning_parser,
+        template: TemplateSetup {
+            template: match &args.chat_template {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading --chat-template {}", path.display()))?;
+                    check_template(&text)
+                        .with_context(|| format!("--chat-template {}", path.display()))?;
+                    Some(text)
+                }
+                None => None,
+            },
+            kwargs: args
+                .default_chat_template_kwargs
+                .clone()
+                .unwrap_or_default(),
+        },
     };
     let store = ResponseStore::new(
         args.max_stored_responses,

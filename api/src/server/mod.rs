@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How chat answers are split into thinking and answer (`--reasoning-parser`).
     pub reasoning_parser: Option<reasoning::ReasoningParser>,
+    /// The chat template and its extra variables (`--chat-template`,
+    /// `--default-chat-template-kwargs`).
+    pub template: settings::template::TemplateSetup,
 }
 
 /// State shared by every handler. The engine itself runs on its own thread; this holds only
@@ -146,6 +149,11 @@ impl AppState {
     /// Where stored responses are kept.
     pub fn response_store(&self) -> Arc<ResponseStore> {
         Arc::clone(&self.inner.responses)
+    }
+
+    /// The chat template and its server-wide variables.
+    pub fn template(&self) -> &settings::template::TemplateSetup {
+        &self.inner.config.template
     }
 
     /// The reasoning parser chat answers are read with, if any.

@@ -24,7 +24,8 @@ use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
 use super::tools::ToolRequest;
 use super::AppState;
-use crate::chat::{render_chat, ChatMessage};
+use crate::chat::{render_chat_with, ChatMessage};
+use crate::server::settings::template::TemplateSetup;
 
 /// Roles a chat message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -158,7 +159,10 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     settings.options.format_field = settings.constraint_field;
     let tokenizer = engine.tokenizer();
     settings.predict(tokenizer)?;
-    let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref())?;
+    let setup = state
+        .template()
+        .for_request(body.chat_template_kwargs.as_ref())?;
+    let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref(), &setup)?;
     settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(&text));
     let prompt = encode_chat(tokenizer, &text)?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
@@ -176,8 +180,9 @@ pub fn chat_prompt(
     tokenizer: &ModelTokenizer,
     messages: Option<&[ChatMessageIn]>,
     tools: Option<&ToolRequest>,
+    setup: &TemplateSetup,
 ) -> ApiResult<Vec<u32>> {
-    encode_chat(tokenizer, &chat_text(tokenizer, messages, tools)?)
+    encode_chat(tokenizer, &chat_text(tokenizer, messages, tools, setup)?)
 }
 
 /// A chat request's `messages` with its `tools` shown, rendered with the template.
@@ -185,10 +190,11 @@ fn chat_text(
     tokenizer: &ModelTokenizer,
     messages: Option<&[ChatMessageIn]>,
     tools: Option<&ToolRequest>,
+    setup: &TemplateSetup,
 ) -> ApiResult<String> {
     let messages = messages.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let shown = tools.map(ToolRequest::shown).unwrap_or_default();
-    render_messages(tokenizer, messages, &shown)
+    render_messages_with(tokenizer, messages, &shown, setup)
 }
 
 /// A rendered chat prompt's tokens.
@@ -208,7 +214,11 @@ pub fn count_chat_tokens(state: &AppState, body: &ChatRequest) -> ApiResult<usiz
         body.tool_choice.as_ref(),
         body.parallel_tool_calls,
     )?;
-    Ok(chat_prompt(engine.tokenizer(), body.messages.as_deref(), tools.as_ref())?.len())
+    let setup = state
+        .template()
+        .for_request(body.chat_template_kwargs.as_ref())?;
+    let messages = body.messages.as_deref();
+    Ok(chat_prompt(engine.tokenizer(), messages, tools.as_ref(), &setup)?.len())
 }
 
 /// `messages` (and the offered `tools`) rendered with the model's chat template, ready to
@@ -217,6 +227,16 @@ pub fn render_messages(
     tokenizer: &ModelTokenizer,
     messages: &[ChatMessageIn],
     tools: &[serde_json::Value],
+) -> ApiResult<String> {
+    render_messages_with(tokenizer, messages, tools, &TemplateSetup::default())
+}
+
+/// `render_messages` with `setup`'s template (where it names one) and variables.
+pub fn render_messages_with(
+    tokenizer: &ModelTokenizer,
+    messages: &[ChatMessageIn],
+    tools: &[serde_json::Value],
+    setup: &TemplateSetup,
 ) -> ApiResult<String> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
@@ -263,22 +283,27 @@ pub fn render_messages(
         }
         plain.push(message);
     }
-    let template = tokenizer.chat_template().ok_or_else(|| {
-        ApiError::invalid(
-            "messages",
-            "this model has no chat template; use /v1/completions",
-        )
-    })?;
+    let template = setup
+        .template
+        .as_deref()
+        .or(tokenizer.chat_template())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                "this model has no chat template; use /v1/completions (or start the server with --chat-template)",
+            )
+        })?;
     let token_text = |id: Option<u32>| {
         id.and_then(|i| tokenizer.inner().id_to_token(i))
             .unwrap_or_default()
     };
-    render_chat(
+    render_chat_with(
         template,
         &plain,
         tools,
         &token_text(tokenizer.bos_id()),
         &token_text(tokenizer.eos_ids().first().copied()),
+        &setup.kwargs,
     )
     .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }

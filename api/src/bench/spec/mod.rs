@@ -174,6 +174,7 @@ impl MethodEngine {
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reasoning_parser: None,
+            template: Default::default(),
         });
         state.set_engine(engine.handle.clone());
         Ok(Self {

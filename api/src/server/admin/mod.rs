@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::body::JsonBody;
 use super::error::{ApiError, ApiResult};
 use super::openai::chat::request::ChatMessageIn;
-use super::pipeline::render_messages;
+use super::pipeline::render_messages_with;
 use super::AppState;
 
 /// `GET /v1/models`' entry.
@@ -44,6 +44,8 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// Add the model's special tokens (BOS); default true.
     pub add_special_tokens: Option<bool>,
+    /// Extra chat-template variables for `messages` (as chat completions takes them).
+    pub chat_template_kwargs: Option<serde_json::Value>,
 }
 
 /// `POST /detokenize`.
@@ -123,7 +125,10 @@ pub(super) async fn tokenize(
             }
         }
         (None, Some(messages)) => {
-            let text = render_messages(tokenizer, &messages, &[])?;
+            let setup = state
+                .template()
+                .for_request(body.chat_template_kwargs.as_ref())?;
+            let text = render_messages_with(tokenizer, &messages, &[], &setup)?;
             tokenizer.encode_plain(&text)
         }
         _ => {

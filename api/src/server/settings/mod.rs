@@ -7,6 +7,7 @@
 
 pub mod output_format;
 pub mod prediction;
+pub mod template;
 
 use std::sync::Arc;
 

@@ -84,6 +84,9 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     /// Output format; only `text` is supported.
     pub response_format: Option<serde_json::Value>,
+    /// Extra variables for the chat template (an object, e.g. `{"enable_thinking": false}`),
+    /// over the server's `--default-chat-template-kwargs`.
+    pub chat_template_kwargs: Option<serde_json::Value>,
 }
 
 impl HasCommonFields for ChatRequest {
