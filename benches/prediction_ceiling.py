@@ -17,16 +17,7 @@ import subprocess
 import time
 import urllib.request
 
-PROMPTS = [
-    "The history of the printing press begins",
-    "def merge_sort(items):\n",
-    "Write a short story about a lighthouse keeper who",
-    "The three most important ideas in thermodynamics are",
-    "Q: Why is the sky blue?\nA:",
-    "Once upon a time in a city built on water,",
-    "A recipe for bread needs flour, water, salt and",
-    "The best way to learn a new language is",
-]
+from methods_vs_none import PROMPTS  # the `bench engine` prompts
 
 
 def post(url, body):

@@ -2,12 +2,17 @@
 //! from a file and rearranged at load), or in a read-only file mapping (the prepared-experts
 //! file, `model::experts::prepared`), whose pages belong to the OS's page cache: shared by
 //! every process that maps the same file, and dropped and read again under memory pressure
-//! rather than swapped.
+//! rather than swapped; and the `QuantMatrix` constructors and accessors that take and give
+//! its stored bytes as they are.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
 use memmap2::Mmap;
+
+use super::formats::QuantFormat;
+use super::{tiles16, BlockLayout, QuantMatrix, TILE};
+use crate::{Error, Result};
 
 /// A matrix's blocks, in whichever `BlockLayout` the matrix says.
 #[derive(Debug, Clone)]
@@ -45,5 +50,57 @@ impl Deref for WeightBytes {
             Self::Owned(bytes) => bytes,
             Self::Mapped { map, start, len } => &map[*start..*start + *len],
         }
+    }
+}
+
+impl QuantMatrix {
+    /// A matrix whose blocks are already in `layout` (as `stored` gave them); an error when
+    /// `data` is not the size that layout takes.
+    pub fn from_layout(
+        format: QuantFormat,
+        n: usize,
+        k: usize,
+        layout: BlockLayout,
+        data: WeightBytes,
+    ) -> Result<Self> {
+        let block = format.block_values();
+        if n == 0 || k == 0 || !k.is_multiple_of(block) {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight [{n}, {k}]: not whole blocks"
+            )));
+        }
+        let want = Self::layout_bytes(format, n, k, layout);
+        if data.len() != want {
+            return Err(Error::Metadata(format!(
+                "{format:?} weight [{n}, {k}] in {layout:?} layout with {} bytes, not {want}",
+                data.len()
+            )));
+        }
+        Ok(Self {
+            format,
+            n,
+            k,
+            layout,
+            data,
+        })
+    }
+
+    /// Bytes an `[n, k]` matrix of `format` takes in `layout`.
+    pub fn layout_bytes(format: QuantFormat, n: usize, k: usize, layout: BlockLayout) -> usize {
+        let blocks = k / format.block_values();
+        match layout {
+            BlockLayout::Gguf => n * blocks * format.block_bytes(),
+            BlockLayout::Tiles16 => n.div_ceil(TILE) * blocks * tiles16::block_bytes(format),
+        }
+    }
+
+    /// The blocks as they are stored, in `layout()` (what `from_layout` takes back).
+    pub fn stored(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Whether the blocks are read from a file mapping rather than owned.
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
     }
 }
