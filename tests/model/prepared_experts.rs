@@ -137,11 +137,19 @@ fn a_changed_gguf_or_a_damaged_file_is_prepared_again() {
     let repaired = load(&gguf, Some(&prepared));
     assert_eq!(prompt_then_tree_bits(&repaired), expected);
 
-    // The GGUF rewritten with other weights (after the file clock's tick): another file,
+    // The GGUF rewritten with other weights of the same size: another file (told apart by
+    // its modification time, set ahead here so a coarse file clock cannot hide the change),
     // and the new weights' bits, not the old file's.
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    let old = std::fs::metadata(&gguf).unwrap();
     spec.seed += 1;
     write_tiny_gguf(&gguf, &spec, GgmlDType::Q4_0).unwrap();
+    assert_eq!(std::fs::metadata(&gguf).unwrap().len(), old.len());
+    let before = old.modified().unwrap();
+    let rewritten = std::fs::OpenOptions::new().write(true).open(&gguf).unwrap();
+    rewritten
+        .set_modified(before + std::time::Duration::from_secs(10))
+        .unwrap();
+    drop(rewritten);
     let changed = prompt_then_tree_bits(&load(&gguf, None));
     assert_ne!(changed, expected);
     let reloaded = load(&gguf, Some(&prepared));
