@@ -14,6 +14,7 @@ Usage: python3 benches/methods_vs_none.py --model FILE [--thicket target/release
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import re
 import subprocess
@@ -51,7 +52,10 @@ def ask(url, number, max_tokens, method):
     return json.load(urllib.request.urlopen(request))["usage"]["completion_tokens"]
 
 
-def run(args, clients, method):
+@contextlib.contextmanager
+def fresh_server(args):
+    """A fresh `thicket serve --model args.model` on `args.port`, warmed on four prompts no
+    measured request uses; yields its URL and stops it after."""
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen([args.thicket, "serve", "--model", args.model, "--port",
                                str(args.port)], stdout=subprocess.DEVNULL,
@@ -67,6 +71,14 @@ def run(args, clients, method):
                 time.sleep(1)
         for i in range(4):
             ask(url, 9000 + i, 8, "none")
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def run(args, clients, method):
+    with fresh_server(args) as url:
         requests = max(clients, 4)
         first = 1000 * args.round
         before = counters(url)
@@ -76,9 +88,6 @@ def run(args, clients, method):
                                   range(requests)))
         seconds = time.time() - started
         after = counters(url)
-    finally:
-        server.terminate()
-        server.wait()
     drafted = after["draft"] - before["draft"]
     accepted = after["accepted"] - before["accepted"]
     return tokens / seconds, drafted, accepted

@@ -13,36 +13,16 @@ Usage: python3 benches/prediction_ceiling.py --model FILE [--thicket target/rele
 import argparse
 import concurrent.futures
 import json
-import subprocess
 import time
 import urllib.request
 
-from methods_vs_none import PROMPTS  # the `bench engine` prompts
+from methods_vs_none import PROMPTS, fresh_server  # the `bench engine` prompts, a warmed server
 
 
 def post(url, body):
     request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     return json.load(urllib.request.urlopen(request))
-
-
-def serve(args):
-    url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen([args.thicket, "serve", "--model", args.model, "--port",
-                               str(args.port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health")
-            break
-        except OSError:
-            if server.poll() is not None:
-                raise SystemExit(f"thicket serve exited with {server.returncode}")
-            time.sleep(1)
-    for i in range(4):
-        post(url, {"prompt": f"{9000 + i} {PROMPTS[i]}", "max_tokens": 8, "temperature": 0,
-                   "speculation": {"method": "none"}})
-    return url, server
 
 
 def timed(url, bodies, clients):
@@ -69,21 +49,13 @@ def main():
         plain = [{"prompt": f"{1000 + i} {PROMPTS[i % len(PROMPTS)]}",
                   "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
                   "speculation": {"method": "none"}} for i in range(requests)]
-        url, server = serve(args)
-        try:
+        with fresh_server(args) as url:
             answers, plain_rate = timed(url, plain, clients)
-        finally:
-            server.terminate()
-            server.wait()
         predicted = [dict(body, speculation={"method": "auto"},
                           prediction={"type": "content", "content": a["choices"][0]["text"]})
                      for body, a in zip(plain, answers)]
-        url, server = serve(args)
-        try:
+        with fresh_server(args) as url:
             again, predicted_rate = timed(url, predicted, clients)
-        finally:
-            server.terminate()
-            server.wait()
         same = all(a["choices"][0]["text"] == b["choices"][0]["text"]
                    for a, b in zip(answers, again))
         print(f"| {clients} | {plain_rate:.1f} | {predicted_rate:.1f} | "

@@ -116,15 +116,6 @@ fn marker_tail(text: &str, marker: &str) -> usize {
 }
 
 impl Splitter {
-    /// Whether the text so far has been thinking (and no answer has started).
-    pub fn thinking(&self) -> bool {
-        match self.state {
-            State::Opening { thinking_first } => thinking_first,
-            State::Thinking => true,
-            State::Answer => false,
-        }
-    }
-
     /// The pieces `text` completes.
     pub fn push(&mut self, text: &str) -> Vec<Split> {
         self.held.push_str(text);

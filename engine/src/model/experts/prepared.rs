@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
@@ -97,7 +97,6 @@ struct Header {
 pub struct PreparedExperts {
     map: Arc<Mmap>,
     tensors: BTreeMap<String, Entry>,
-    path: PathBuf,
 }
 
 fn format_named(name: &str) -> Option<QuantFormat> {
@@ -209,7 +208,6 @@ impl PreparedExperts {
         Ok(Self {
             map: Arc::new(map),
             tensors: header.tensors,
-            path: file.to_path_buf(),
         })
     }
 
@@ -237,11 +235,6 @@ impl PreparedExperts {
                 })
                 .collect(),
         )
-    }
-
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
