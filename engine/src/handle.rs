@@ -211,7 +211,7 @@ impl EngineHandle {
     pub fn submit(&self, mut request: Request) -> std::result::Result<RequestStream, SubmitError> {
         request.validate(&self.limits)?;
         // Compiled here, in the caller's thread: a bad format is the caller's error.
-        let constraint = match &request.constraint {
+        let mut constraint = match &request.constraint {
             Some(spec) => Some(
                 self.grammars
                     .compile(spec)
@@ -219,6 +219,13 @@ impl EngineHandle {
             ),
             None => None,
         };
+        if let Some(thinking) = &request.thinking {
+            constraint = Some(
+                self.grammars
+                    .thinking(thinking, constraint)
+                    .map_err(|e| invalid_field("thinking", e.to_string()))?,
+            );
+        }
         let before = self.pending.fetch_add(1, Ordering::SeqCst);
         if before >= self.max_pending {
             self.pending.fetch_sub(1, Ordering::SeqCst);

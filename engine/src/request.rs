@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::constraint::ConstraintSpec;
+use crate::constraint::{ConstraintSpec, ThinkingSpec, MAX_THINKING_MARKER_BYTES};
 use crate::sampler::SamplingParams;
 use crate::spec::coordinator::SourceTotals;
 use crate::spec::{SpecMethod, SpecRequest};
@@ -60,6 +60,9 @@ pub struct Request {
     pub speculation: Option<SpecRequest>,
     /// A format the output must follow (`response_format`); none when absent.
     pub constraint: Option<ConstraintSpec>,
+    /// A thinking phase before the answer (a reasoning model's): its budget is enforced,
+    /// and `constraint` applies to the answer after it.
+    pub thinking: Option<ThinkingSpec>,
     /// What the client expects the output to be, tokenized (OpenAI's `prediction`): drafted
     /// from first under every speculation method but `none`. Output is the same with or
     /// without it; only its speed changes. At most the model's length.
@@ -270,6 +273,7 @@ impl Request {
                 max_draft_tokens: None,
             }),
             constraint: None,
+            thinking: None,
             prediction: None,
             cache_salt: None,
         }
@@ -310,6 +314,17 @@ impl Request {
                 ));
             }
             in_vocabulary("prediction", prediction, limits.vocab_size)?;
+        }
+        if let Some(thinking) = &self.thinking {
+            let markers = [Some(&thinking.end), thinking.start.as_ref()];
+            for marker in markers.into_iter().flatten() {
+                if marker.is_empty() || marker.len() > MAX_THINKING_MARKER_BYTES {
+                    return Err(invalid(
+                        "thinking",
+                        format!("start and end strings are 1 to {MAX_THINKING_MARKER_BYTES} bytes"),
+                    ));
+                }
+            }
         }
         if let Some(salt) = &self.cache_salt {
             if salt.is_empty() {

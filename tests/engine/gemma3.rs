@@ -182,6 +182,7 @@ fn n_samples_fork_one_prefill_and_repeat_by_seed() {
         n: 3,
         speculation: None,
         constraint: None,
+        thinking: None,
         prediction: None,
         cache_salt: None,
     };
@@ -236,6 +237,7 @@ fn a_json_schema_holds_on_gemma3() {
                     max_draft_tokens: None,
                 }),
                 constraint: Some(ConstraintSpec::JsonSchema(schema.clone())),
+                thinking: None,
                 prediction: None,
                 cache_salt: None,
             }],

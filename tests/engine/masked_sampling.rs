@@ -79,6 +79,7 @@ fn sample(
                     max_draft_tokens: Some(4),
                 }),
                 constraint: format.then(|| ConstraintSpec::Regex(FORMAT.into())),
+                thinking: None,
                 prediction: None,
                 cache_salt: None,
             };

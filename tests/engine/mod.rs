@@ -12,3 +12,4 @@ mod speculation;
 mod speculator_seam;
 mod structured;
 mod structured_limits;
+mod thinking;

@@ -143,6 +143,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
         n: 2,
         speculation: None,
         constraint: None,
+        thinking: None,
         prediction: None,
         cache_salt: None,
     };

@@ -26,7 +26,7 @@ pub(crate) fn start() -> EngineHandle {
     start_with(SpeculationConfig::default())
 }
 
-fn start_with(speculation: SpeculationConfig) -> EngineHandle {
+pub(crate) fn start_with(speculation: SpeculationConfig) -> EngineHandle {
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_batched_tokens: 512,
@@ -78,6 +78,7 @@ pub(crate) fn request(
             max_draft_tokens: None,
         }),
         constraint: Some(spec),
+        thinking: None,
         prediction: None,
         cache_salt: None,
     }

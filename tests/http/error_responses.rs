@@ -219,6 +219,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         n: 1,
         speculation: None,
         constraint: None,
+        thinking: None,
         prediction: None,
         cache_salt: None,
     };

@@ -1,10 +1,12 @@
 //! The HTTP router in process, over an engine with the mock backend, driven with
 //! `tower::ServiceExt::oneshot`: its endpoints, its error responses, engine faults as each
-//! route reports them, and a model without a chat template; `mock_server` builds the server
-//! they share.
+//! route reports them, a model without a chat template, and reasoning output on a scripted
+//! model; `mock_server` builds the server they share, `scripted` one that writes a given text.
 
 mod endpoints;
 mod engine_faults;
 mod error_responses;
 mod mock_server;
 mod no_chat_template;
+mod reasoning;
+mod scripted;

@@ -5,5 +5,6 @@
 mod agent_sdks;
 mod aiperf;
 mod openai_client;
+mod reasoning_clients;
 mod schemathesis;
 mod vllm_router;

@@ -57,6 +57,7 @@ pub fn run(
         n: 1,
         speculation: None,
         constraint: None,
+        thinking: None,
         prediction: None,
         cache_salt: None,
     };

@@ -86,6 +86,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
         n: 1,
         speculation: None,
         constraint: None,
+        thinking: None,
         prediction: None,
         cache_salt: None,
     };

@@ -20,6 +20,7 @@ use super::error::{ApiError, ApiResult};
 use super::openai::body::{full_response, ChoiceState, Endpoint, ResponseMeta};
 use super::openai::chat::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
 use super::openai::stream::sse_response;
+use super::reasoning::{thinking_budget, Reasoning};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
 use super::tools::ToolRequest;
@@ -68,7 +69,9 @@ impl Started {
         let mut choices = Vec::with_capacity(self.submitted.len() * n);
         let mut echoes = Vec::with_capacity(self.submitted.len());
         for s in self.submitted {
-            choices.extend(collect(&s.stream, n, self.options.format_field).await?);
+            let reasoning = self.options.reasoning.map(|r| (r, &*self.tokenizer));
+            let field = self.options.format_field;
+            choices.extend(collect(&s.stream, n, field, reasoning).await?);
             echoes.push(s.echo);
         }
         Ok(full_response(
@@ -88,7 +91,8 @@ impl Started {
         let format_field = self.options.format_field;
         let submitted = self.submitted.into_iter().next();
         let stream = submitted.ok_or_else(|| ApiError::internal("no prompt was submitted"))?;
-        Ok(Answer::new(stream.stream, names, format_field))
+        let reasoning = self.options.reasoning.map(|r| (r, self.tokenizer.clone()));
+        Ok(Answer::new(stream.stream, names, format_field, reasoning))
     }
 
     /// The event streams of its prompts, for a caller that reads the engine's events itself
@@ -164,6 +168,21 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         .for_request(body.chat_template_kwargs.as_ref())?;
     let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref(), &setup)?;
     settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(&text));
+    let budget = thinking_budget(body.thinking_token_budget.as_ref())?;
+    match settings.options.reasoning {
+        // The engine follows the thinking where it must act on it: to end it, or to hold
+        // the format to the answer after it.
+        Some(reasoning) if budget.is_some() || settings.constraint.is_some() => {
+            settings.thinking = Some(reasoning.thinking(budget));
+        }
+        None if budget.is_some() => {
+            return Err(ApiError::invalid(
+                "thinking_token_budget",
+                "a thinking budget needs a server started with --reasoning-parser",
+            ))
+        }
+        _ => {}
+    }
     let prompt = encode_chat(tokenizer, &text)?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
     Ok(Started {
@@ -356,6 +375,7 @@ async fn collect(
     stream: &RequestStream,
     n: usize,
     format_field: &str,
+    reasoning: Option<(Reasoning, &ModelTokenizer)>,
 ) -> ApiResult<Vec<ChoiceState>> {
     let mut choices = vec![ChoiceState::default(); n];
     let mut open = n;
@@ -365,11 +385,14 @@ async fn collect(
                 index,
                 text,
                 logprobs,
-                ..
+                token_ids,
             }) => {
                 if let Some(c) = choices.get_mut(index) {
                     c.text.push_str(&text);
                     c.logprobs.extend(logprobs);
+                    if reasoning.is_some() {
+                        c.token_ids.extend(token_ids);
+                    }
                 }
             }
             Some(Event::Finished {
@@ -378,8 +401,7 @@ async fn collect(
                 usage,
             }) => {
                 if let Some(c) = choices.get_mut(index) {
-                    c.finish = Some(reason);
-                    c.usage = usage;
+                    c.finish(reason, usage, reasoning);
                     open -= 1;
                 }
             }

@@ -8,6 +8,10 @@
 //! ends inside an opened one, and otherwise reads the whole output as the answer (Qwen3 with
 //! thinking turned off). Thinking that never ends is all thinking.
 
+use engine::constraint::ThinkingSpec;
+
+use crate::server::error::{ApiError, ApiResult};
+
 /// A reasoning format, as `--reasoning-parser` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningParser {
@@ -62,6 +66,19 @@ pub struct Reasoning {
 }
 
 impl Reasoning {
+    /// The thinking phase the engine follows for this answer, with at most `budget`
+    /// thinking tokens: the output thinks from its first token where the parser reads it
+    /// so, else it may open thinking with the start string.
+    pub fn thinking(self, budget: Option<usize>) -> ThinkingSpec {
+        let (start, end) = self.parser.markers();
+        let thinking_first = self.opened || self.parser == ReasoningParser::DeepSeekR1;
+        ThinkingSpec {
+            start: (!thinking_first).then(|| start.to_string()),
+            end: end.to_string(),
+            budget,
+        }
+    }
+
     /// A splitter for one answer.
     pub fn splitter(self) -> Splitter {
         let (start, end) = self.parser.markers();
@@ -73,6 +90,22 @@ impl Reasoning {
             held: String::new(),
             answer_started: false,
         }
+    }
+}
+
+/// `thinking_token_budget` as given: a non-negative integer, or none.
+pub fn thinking_budget(value: Option<&serde_json::Value>) -> ApiResult<Option<usize>> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|b| Some(usize::try_from(b).unwrap_or(usize::MAX)))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "thinking_token_budget",
+                    "must be a non-negative integer (thinking tokens at most)",
+                )
+            }),
     }
 }
 
@@ -215,6 +248,42 @@ pub fn split_whole(reasoning: Reasoning, text: &str) -> (Option<String>, String)
         }
     }
     (thinking, answer)
+}
+
+impl Reasoning {
+    /// How many of `ids` (one answer's tokens) are thinking: none when the answer did not
+    /// think, all when its thinking never ended, else those before the end string (the
+    /// shortest prefix whose text holds it, less the end string's own tokens).
+    pub fn reasoning_tokens(self, tokenizer: &engine::ModelTokenizer, ids: &[u32]) -> usize {
+        let holds_end = |n: usize| {
+            tokenizer
+                .decode(&ids[..n])
+                .is_ok_and(|text| text.contains(self.parser.markers().1))
+        };
+        let Ok(text) = tokenizer.decode(ids) else {
+            return 0;
+        };
+        if split_whole(self, &text).0.is_none() {
+            return 0;
+        }
+        if !holds_end(ids.len()) {
+            return ids.len();
+        }
+        // The shortest prefix holding the end string.
+        let (mut lo, mut hi) = (0, ids.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if holds_end(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let end_tokens = tokenizer
+            .encode_plain(self.parser.markers().1)
+            .map_or(1, |e| e.len());
+        lo.saturating_sub(end_tokens)
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! [`MockBackend`]: a tensor-free stand-in for a model. It remembers which token each KV
 //! slot holds and scores the next token as a fixed function of the tokens a row can see, so
-//! the engine, scheduler and server can be tested quickly and exactly without a model.
+//! the engine, scheduler and server can be tested quickly and exactly without a model. A
+//! test may give its own function ([`NextToken`]), to have the "model" write a given text.
+
+use std::sync::Arc;
 
 use kvcache::KvMove;
 
@@ -8,13 +11,28 @@ use super::Backend;
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 
+/// The next token after the tokens a row sees (a mock model's whole behaviour).
+pub type NextToken = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
+
 /// A tensor-free stand-in for a model: the next token after a sequence is
 /// [`MockBackend::next_token`] of the tokens it can see (its context from the slots, then
-/// its tree ancestors), with a clear margin over every other token.
-#[derive(Debug, Clone)]
+/// its tree ancestors), or the test's own [`NextToken`], with a clear margin over every other
+/// token.
+#[derive(Clone)]
 pub struct MockBackend {
     vocab: usize,
     slots: Vec<Option<u32>>,
+    rule: Option<NextToken>,
+}
+
+impl std::fmt::Debug for MockBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockBackend")
+            .field("vocab", &self.vocab)
+            .field("slots", &self.slots.len())
+            .field("scripted", &self.rule.is_some())
+            .finish()
+    }
 }
 
 impl MockBackend {
@@ -23,6 +41,15 @@ impl MockBackend {
         Self {
             vocab,
             slots: vec![None; num_slots],
+            rule: None,
+        }
+    }
+
+    /// A mock whose next token is `rule`'s.
+    pub fn scripted(vocab: usize, num_slots: usize, rule: NextToken) -> Self {
+        Self {
+            rule: Some(rule),
+            ..Self::new(vocab, num_slots)
         }
     }
 
@@ -105,7 +132,13 @@ impl Backend for MockBackend {
         Ok(batch
             .logit_rows
             .iter()
-            .map(|&row| self.logits(Self::next_token(&seen[row], self.vocab)))
+            .map(|&row| {
+                let next = match &self.rule {
+                    Some(rule) => rule(&seen[row]),
+                    None => Self::next_token(&seen[row], self.vocab),
+                };
+                self.logits(next)
+            })
             .collect())
     }
 

@@ -15,7 +15,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
-use super::{Constraint, ConstraintSpec, TokenMask};
+use super::thinking::TokenBytes;
+use super::{Constraint, ConstraintSpec, ThinkingConstraint, ThinkingSpec, TokenMask};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
 
@@ -26,6 +27,8 @@ pub struct Grammars {
     /// The engine's end tokens; the first is the end llguidance knows.
     ends: Arc<[u32]>,
     factory: OnceLock<std::result::Result<Arc<ParserFactory>, String>>,
+    /// Every token's bytes, for thinking constraints (made from the factory's trie).
+    token_bytes: OnceLock<Arc<TokenBytes>>,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -47,7 +50,53 @@ impl Grammars {
             vocab,
             ends: ends.into(),
             factory: OnceLock::new(),
+            token_bytes: OnceLock::new(),
         }
+    }
+
+    /// A constraint that follows the output through `spec`'s thinking and applies `inner`
+    /// (compiled from the request's format, if any) to the answer only.
+    pub fn thinking(
+        &self,
+        spec: &ThinkingSpec,
+        inner: Option<Box<dyn Constraint>>,
+    ) -> Result<Box<dyn Constraint>> {
+        let factory = self.factory()?;
+        let tokens = self.token_bytes.get_or_init(|| {
+            let trie = factory.tok_env().tok_trie();
+            let bytes = (0..self.vocab as u32)
+                .map(|t| {
+                    let b = trie.token(t);
+                    match b.split_first() {
+                        Some((&TokTrie::SPECIAL_TOKEN_MARKER, text)) => text.into(),
+                        _ => b.into(),
+                    }
+                })
+                .collect();
+            Arc::new(TokenBytes {
+                bytes,
+                vocab: self.vocab,
+                ends: self.ends.clone(),
+            })
+        });
+        let encode = |text: &str| self.tokenizer.encode_plain(text);
+        let start = match &spec.start {
+            Some(start) => encode(start)?,
+            None => Vec::new(),
+        };
+        let end = encode(&spec.end)?;
+        if end.is_empty() {
+            return Err(Error::Format(
+                "the thinking end string has no tokens".into(),
+            ));
+        }
+        Ok(Box::new(ThinkingConstraint::new(
+            Arc::clone(tokens),
+            spec,
+            start,
+            end,
+            inner,
+        )))
     }
 
     fn factory(&self) -> Result<&Arc<ParserFactory>> {

@@ -9,8 +9,10 @@
 //! new type behind [`Constraint`].
 
 mod guidance;
+mod thinking;
 
 pub use guidance::{compact, Grammars};
+pub use thinking::{ThinkingConstraint, ThinkingSpec, MAX_THINKING_MARKER_BYTES};
 
 use crate::Result;
 
@@ -75,6 +77,14 @@ impl TokenMask {
         let t = token as usize;
         if t < self.len {
             self.words[t / 32] |= 1 << (t % 32);
+        }
+    }
+
+    /// Disallows `token`.
+    pub fn forbid(&mut self, token: u32) {
+        let t = token as usize;
+        if t < self.len {
+            self.words[t / 32] &= !(1 << (t % 32));
         }
     }
 

@@ -1,26 +1,31 @@
-//! One generated answer read as parts — text, whole tool calls, and its end — for the front
-//! ends that answer one conversation with one message: the Responses API and Anthropic's
-//! Messages API. Both submit through the chat-completions path (`pipeline::start_chat`:
-//! template, tool grammar, validation); this reads that request's engine events the way the
-//! chat stream does (calls held until whole by [`CallReader`], blank text after a call
-//! dropped) and hands each front end the same parts, streamed ([`super::events`]) or
-//! collected.
+//! One generated answer read as parts — thinking, text, whole tool calls, and its end — for
+//! the front ends that answer one conversation with one message: the Responses API and
+//! Anthropic's Messages API. Both submit through the chat-completions path
+//! (`pipeline::start_chat`: template, tool grammar, validation); this reads that request's
+//! engine events the way the chat stream does (with a reasoning parser the thinking split off
+//! first by its [`Splitter`], so only the answer is read for calls; calls held until whole by
+//! [`CallReader`], blank text after a call dropped) and hands each front end the same parts,
+//! streamed ([`super::events`]) or collected.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use engine::handle::RequestStream;
-use engine::{Event, Failure, FinishReason, Usage};
+use engine::{Event, Failure, FinishReason, ModelTokenizer, Usage};
 
 use crate::server::error::ApiResult;
 use crate::server::openai::body::{totals, ChoiceState};
 use crate::server::openai::chat::response::ToolCallOut;
 use crate::server::openai::protocol::{ThicketBody, UsageBody};
 use crate::server::pipeline::engine_failure;
+use crate::server::reasoning::{Reasoning, Split, Splitter};
 use crate::server::tools::{CallReader, Piece};
 
 /// A piece of an answer.
 #[derive(Debug, Clone)]
 pub enum Part {
+    /// Thinking text, as it comes (with a reasoning parser; all of it before any text).
+    Thinking(String),
     /// Text, as it comes.
     Text(String),
     /// A whole tool call.
@@ -38,6 +43,8 @@ pub struct Ending {
     pub usage: Usage,
     /// Tool calls it made.
     pub calls: usize,
+    /// Its thinking tokens (with a reasoning parser; 0 otherwise).
+    pub reasoning_tokens: usize,
 }
 
 impl Ending {
@@ -46,6 +53,7 @@ impl Ending {
     pub fn totals(&self) -> (UsageBody, ThicketBody) {
         let choice = ChoiceState {
             usage: self.usage.clone(),
+            reasoning_tokens: self.reasoning_tokens,
             ..ChoiceState::default()
         };
         totals(&[choice], 1)
@@ -55,6 +63,9 @@ impl Ending {
 /// An answer being generated.
 pub struct Answer {
     stream: RequestStream,
+    /// With a reasoning parser: its splitter, the tokenizer (to count thinking tokens) and
+    /// the tokens so far.
+    thinking: Option<(Reasoning, Splitter, Arc<ModelTokenizer>, Vec<u32>)>,
     reader: Option<CallReader>,
     /// The field an output format came from, named if the format fails the answer.
     format_field: &'static str,
@@ -65,6 +76,8 @@ pub struct Answer {
 /// An answer collected whole.
 #[derive(Debug, Clone)]
 pub struct Collected {
+    /// Its thinking (with a reasoning parser).
+    pub thinking: String,
     /// Its text (without its calls).
     pub text: String,
     /// Its tool calls, in order.
@@ -74,14 +87,17 @@ pub struct Collected {
 }
 
 impl Answer {
-    /// The answer of `stream`'s first choice; with `tool_names`, read for calls of them.
+    /// The answer of `stream`'s first choice; with `tool_names`, read for calls of them;
+    /// with `reasoning`, its thinking split off first.
     pub fn new(
         stream: RequestStream,
         tool_names: Option<Vec<String>>,
         format_field: &'static str,
+        reasoning: Option<(Reasoning, Arc<ModelTokenizer>)>,
     ) -> Self {
         Self {
             stream,
+            thinking: reasoning.map(|(r, tokenizer)| (r, r.splitter(), tokenizer, Vec::new())),
             reader: tool_names.map(CallReader::new),
             format_field,
             ready: VecDeque::new(),
@@ -103,6 +119,27 @@ impl Answer {
         }
     }
 
+    /// Answer text: read for calls where the answer is, else as it is.
+    fn answer(&mut self, text: String) {
+        match self.reader.as_mut() {
+            Some(reader) => {
+                let pieces = reader.push(&text);
+                self.take(pieces);
+            }
+            None => self.take(vec![Piece::Text(text)]),
+        }
+    }
+
+    /// What the splitter gave: thinking as it is, the answer read as [`Self::answer`] does.
+    fn splits(&mut self, splits: Vec<Split>) {
+        for split in splits {
+            match split {
+                Split::Thinking(text) => self.ready.push_back(Part::Thinking(text)),
+                Split::Answer(text) => self.answer(text),
+            }
+        }
+    }
+
     /// The next part; `None` after the end. An engine failure is the last item.
     pub async fn next(&mut self) -> Option<ApiResult<Part>> {
         loop {
@@ -113,12 +150,18 @@ impl Answer {
                 return None;
             }
             match self.stream.recv_async().await {
-                Some(Event::Output { index: 0, text, .. }) => match self.reader.as_mut() {
-                    Some(reader) => {
-                        let pieces = reader.push(&text);
-                        self.take(pieces);
+                Some(Event::Output {
+                    index: 0,
+                    text,
+                    token_ids,
+                    ..
+                }) => match self.thinking.as_mut() {
+                    Some((_, splitter, _, ids)) => {
+                        ids.extend(token_ids);
+                        let splits = splitter.push(&text);
+                        self.splits(splits);
                     }
-                    None => self.take(vec![Piece::Text(text)]),
+                    None => self.answer(text),
                 },
                 Some(Event::Output { .. }) => {}
                 Some(Event::Finished {
@@ -126,6 +169,12 @@ impl Answer {
                     reason,
                     usage,
                 }) => {
+                    let mut reasoning_tokens = 0;
+                    if let Some((reasoning, mut splitter, tokenizer, ids)) = self.thinking.take() {
+                        let splits = splitter.finish();
+                        self.splits(splits);
+                        reasoning_tokens = reasoning.reasoning_tokens(&tokenizer, &ids);
+                    }
                     let mut calls = 0;
                     if let Some(mut reader) = self.reader.take() {
                         let pieces = reader.finish();
@@ -137,6 +186,7 @@ impl Answer {
                         reason,
                         usage,
                         calls,
+                        reasoning_tokens,
                     }));
                     self.ended = true;
                 }
@@ -158,14 +208,16 @@ impl Answer {
 
     /// Waits for the whole answer.
     pub async fn collect(mut self) -> ApiResult<Collected> {
-        let mut text = String::new();
+        let (mut thinking, mut text) = (String::new(), String::new());
         let mut calls = Vec::new();
         while let Some(part) = self.next().await {
             match part? {
+                Part::Thinking(t) => thinking.push_str(&t),
                 Part::Text(t) => text.push_str(&t),
                 Part::Call(call) => calls.push(call),
                 Part::End(ending) => {
                     return Ok(Collected {
+                        thinking,
                         text,
                         calls,
                         ending,

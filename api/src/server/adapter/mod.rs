@@ -1,7 +1,7 @@
 //! What the front ends that speak another API through the chat-completions path share (the
 //! Responses API, Anthropic's Messages API): the chat body they build ([`ChatBody`]); reading
 //! a request's text parts ([`text_of`]), required string fields ([`string_field`]) and tools
-//! ([`chat_tools`]); starting the chat request off the runtime ([`start_answer`],
+//! ([`chat_tools`]) and template variables ([`template_kwargs`]); starting the chat request off the runtime ([`start_answer`],
 //! [`count_tokens`]) with its errors' fields renamed as the API names them ([`renamed`]);
 //! fresh ids ([`new_id`]); the answer read as parts ([`answer`]) and written as the API's
 //! server-sent events ([`events`]).
@@ -41,6 +41,25 @@ impl ChatBody {
     pub fn into_value(self) -> Value {
         Value::Object(self.0)
     }
+}
+
+/// The chat body's `chat_template_kwargs`: the request's own (`given`, passed on as it is
+/// when it is not an object, for the chat path to refuse), with `implied` variables (from the
+/// API's own fields, e.g. a thinking switch) added where the request does not set them.
+pub fn template_kwargs(given: Option<&Value>, implied: Vec<(&str, Value)>) -> Option<Value> {
+    let given = given.filter(|g| !g.is_null());
+    if implied.is_empty() {
+        return given.cloned();
+    }
+    let mut kwargs = match given {
+        Some(Value::Object(map)) => map.clone(),
+        Some(other) => return Some(other.clone()),
+        None => Map::new(),
+    };
+    for (key, value) in implied {
+        kwargs.entry(key.to_string()).or_insert(value);
+    }
+    Some(Value::Object(kwargs))
 }
 
 /// How an API's content holds text: a string, or a list of typed parts.
@@ -185,6 +204,23 @@ pub async fn count_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn implied_template_variables_give_way_to_the_requests_own() {
+        let implied = || vec![("enable_thinking", json!(false)), ("x", json!(1))];
+        let given = json!({"enable_thinking": true});
+        assert_eq!(
+            template_kwargs(Some(&given), implied()),
+            Some(json!({"enable_thinking": true, "x": 1}))
+        );
+        assert_eq!(
+            template_kwargs(None, implied()),
+            Some(json!({"enable_thinking": false, "x": 1}))
+        );
+        assert_eq!(template_kwargs(Some(&json!(3)), implied()), Some(json!(3)));
+        assert_eq!(template_kwargs(Some(&given), vec![]), Some(given.clone()));
+        assert_eq!(template_kwargs(Some(&Value::Null), vec![]), None);
+    }
 
     #[test]
     fn ids_have_their_prefix_and_digits() {

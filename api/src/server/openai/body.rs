@@ -5,6 +5,7 @@
 //! `thicket` speculation totals over every choice of a request. (The Responses API's objects
 //! are `responses::response`'s.)
 
+use crate::server::reasoning::Reasoning;
 use crate::server::settings::ResponseOptions;
 use engine::request::TokenLogprob;
 use engine::{FinishReason, ModelTokenizer, Usage};
@@ -81,6 +82,27 @@ pub struct ChoiceState {
     pub finish: Option<FinishReason>,
     /// Token counts, once it ended.
     pub usage: Usage,
+    /// Its tokens so far (kept where its thinking tokens are to be counted).
+    pub token_ids: Vec<u32>,
+    /// Its thinking tokens, once it ended (with a reasoning parser).
+    pub reasoning_tokens: usize,
+}
+
+impl ChoiceState {
+    /// Records the end of the choice: why, its counts, and (with a reasoning parser) how
+    /// many of its tokens were thinking.
+    pub fn finish(
+        &mut self,
+        reason: FinishReason,
+        usage: Usage,
+        reasoning: Option<(Reasoning, &ModelTokenizer)>,
+    ) {
+        self.finish = Some(reason);
+        self.usage = usage;
+        if let Some((reasoning, tokenizer)) = reasoning {
+            self.reasoning_tokens = reasoning.reasoning_tokens(tokenizer, &self.token_ids);
+        }
+    }
 }
 
 /// `finish_reason` and `stop_reason` of a finished choice.
@@ -117,6 +139,7 @@ pub fn totals(choices: &[ChoiceState], n: usize) -> (UsageBody, ThicketBody) {
         let details = &mut usage.completion_tokens_details;
         details.accepted_prediction_tokens += c.usage.accepted_prediction_tokens();
         details.rejected_prediction_tokens += c.usage.rejected_prediction_tokens();
+        details.reasoning_tokens += c.reasoning_tokens;
         for source in &c.usage.sources {
             let totals = spec.sources.entry(source.method.as_str()).or_default();
             totals.verify_steps += source.steps;

@@ -127,6 +127,8 @@ pub struct UsageBody {
 /// found not to be what the model generates there). Both are 0 without a prediction.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct CompletionTokensDetails {
+    /// Thinking tokens (with a reasoning parser; 0 otherwise).
+    pub reasoning_tokens: usize,
     /// Prediction tokens drafted and accepted.
     pub accepted_prediction_tokens: usize,
     /// Prediction tokens drafted and rejected.

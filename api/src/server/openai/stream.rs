@@ -106,11 +106,14 @@ impl StreamState {
                 index,
                 text,
                 logprobs,
-                ..
+                token_ids,
             } => {
                 let at = prompt * n + index;
                 if at >= self.choices.len() {
                     return;
+                }
+                if self.options.reasoning.is_some() {
+                    self.choices[at].token_ids.extend(token_ids);
                 }
                 let want = self.options.logprobs;
                 if let Some(splitter) = self.splitters[at].as_mut() {
@@ -152,8 +155,8 @@ impl StreamState {
                     reasoning: None,
                 });
                 self.push(value);
-                self.choices[at].finish = Some(reason);
-                self.choices[at].usage = usage;
+                let reasoning = self.options.reasoning.map(|r| (r, &*self.tokenizer));
+                self.choices[at].finish(reason, usage, reasoning);
                 self.open = self.open.saturating_sub(1);
             }
             Event::Error(failure) => {

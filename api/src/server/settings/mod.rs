@@ -11,7 +11,7 @@ pub mod template;
 
 use std::sync::Arc;
 
-use engine::constraint::ConstraintSpec;
+use engine::constraint::{ConstraintSpec, ThinkingSpec};
 use engine::request::RequestLimits;
 use engine::{Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
 
@@ -63,6 +63,9 @@ pub struct Settings {
     pub prediction: Option<Arc<[u32]>>,
     /// The cache salt (`cache_salt`).
     pub cache_salt: Option<Arc<str>>,
+    /// The thinking phase the engine follows (a budget, or a format for the answer after
+    /// it), set once the prompt is rendered.
+    pub thinking: Option<ThinkingSpec>,
     /// How to respond.
     pub options: ResponseOptions,
 }
@@ -179,6 +182,7 @@ pub fn settings(
         prediction_text: prediction::prediction(common.prediction.as_ref())?,
         prediction: None,
         cache_salt: cache_salt(common.cache_salt.as_ref())?,
+        thinking: None,
         options: ResponseOptions {
             n,
             stream,
@@ -255,6 +259,7 @@ impl Settings {
             n: self.options.n,
             speculation: self.speculation,
             constraint: self.constraint.clone(),
+            thinking: self.thinking.clone(),
             prediction: self.prediction.clone(),
             cache_salt: self.cache_salt.clone(),
         };

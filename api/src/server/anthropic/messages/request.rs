@@ -4,14 +4,17 @@
 //! assistant's `tool_use` blocks as its tool calls, a user's `tool_result` blocks as tool
 //! messages before its text; `tools` with `input_schema` as function tools; `tool_choice`
 //! (`auto`, `any`, `tool`, `none`, `disable_parallel_tool_use`); `output_config.format`
-//! (a JSON schema) as `response_format`; `max_tokens`,
+//! (a JSON schema) as `response_format`; `thinking` as the template's `enable_thinking` and a
+//! thinking budget, beside `chat_template_kwargs`; `max_tokens`,
 //! `stop_sequences`, `temperature`, `top_p`, `top_k`, and thicket's `speculation`,
 //! `prediction` and `cache_salt` as the chat endpoint reads them.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::server::adapter::{chat_tools, string_field, text_of, ChatBody, Rename, TextParts};
+use crate::server::adapter::{
+    chat_tools, string_field, template_kwargs, text_of, ChatBody, Rename, TextParts,
+};
 use crate::server::error::{ApiError, ApiResult};
 
 /// The fields of a Messages request thicket reads.
@@ -48,6 +51,45 @@ pub struct MessagesRequest {
     pub prediction: Option<Value>,
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens": N}` (thinking at most N tokens) or
+    /// `{"type": "disabled"}`: the template's `enable_thinking`, and the thinking budget.
+    pub thinking: Option<Value>,
+    /// Extra variables for the chat template, as the chat endpoint takes them.
+    pub chat_template_kwargs: Option<Value>,
+}
+
+/// `thinking`: whether the model should think (`None`: the template's default) and its
+/// budget.
+fn thinking(config: &Value, max_tokens: Option<usize>) -> ApiResult<(Option<bool>, Option<Value>)> {
+    match config.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok((Some(false), None)),
+        Some("adaptive") => Ok((Some(true), None)),
+        Some("enabled") => {
+            let budget = config.get("budget_tokens").ok_or_else(|| {
+                ApiError::invalid(
+                    "thinking.budget_tokens",
+                    "enabled thinking needs budget_tokens",
+                )
+            })?;
+            let tokens = budget.as_u64().ok_or_else(|| {
+                ApiError::invalid("thinking.budget_tokens", "must be a non-negative integer")
+            })?;
+            if max_tokens.is_some_and(|m| tokens >= m as u64) {
+                return Err(ApiError::invalid(
+                    "thinking.budget_tokens",
+                    "must be less than max_tokens (the answer follows the thinking within it)",
+                ));
+            }
+            Ok((Some(true), Some(budget.clone())))
+        }
+        other => Err(ApiError::invalid(
+            "thinking.type",
+            format!(
+                "unknown thinking type {:?}: use enabled, disabled or adaptive",
+                other.unwrap_or("")
+            ),
+        )),
+    }
 }
 
 /// How a `tool_result`'s or the system's content holds text: a string or `text` blocks.
@@ -266,6 +308,18 @@ impl MessagesRequest {
         if let Some(config) = &self.output_config {
             body.put("response_format", output_format(config)?);
         }
+        let mut implied = Vec::new();
+        if let Some(config) = self.thinking.as_ref().filter(|t| !t.is_null()) {
+            let (enable, budget) = thinking(config, self.max_tokens)?;
+            if let Some(enable) = enable {
+                implied.push(("enable_thinking", Value::from(enable)));
+            }
+            body.put("thinking_token_budget", budget);
+        }
+        body.put(
+            "chat_template_kwargs",
+            template_kwargs(self.chat_template_kwargs.as_ref(), implied),
+        );
         Ok(body.into_value())
     }
 }
@@ -274,6 +328,7 @@ impl MessagesRequest {
 pub const FIELD_NAMES: &[Rename] = &[
     Rename::Field("stop", "stop_sequences"),
     Rename::Field("response_format", "output_config.format"),
+    Rename::Field("thinking_token_budget", "thinking.budget_tokens"),
     Rename::InTools(".function.parameters", ".input_schema"),
     Rename::InTools(".function", ""),
 ];

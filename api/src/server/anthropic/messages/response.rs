@@ -1,6 +1,6 @@
 //! The Messages API's objects: the `message` object (content blocks, `stop_reason`,
-//! `stop_sequence`, usage with `cache_read_input_tokens`) and its `text` and `tool_use`
-//! blocks, with tool calls under Anthropic-style ids (`toolu_...`).
+//! `stop_sequence`, usage with `cache_read_input_tokens`) and its `thinking`, `text` and
+//! `tool_use` blocks, with tool calls under Anthropic-style ids (`toolu_...`).
 
 use engine::FinishReason;
 use serde_json::{json, Value};
@@ -61,7 +61,10 @@ pub(super) fn renamed_calls(calls: Vec<ToolCallOut>) -> Vec<ToolCallOut> {
 /// The whole `message` object of an answer.
 pub fn message(model: &str, answer: Collected) -> Value {
     let calls = renamed_calls(answer.calls);
-    let mut content = Vec::with_capacity(1 + calls.len());
+    let mut content = Vec::with_capacity(2 + calls.len());
+    if !answer.thinking.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": answer.thinking, "signature": ""}));
+    }
     let blank = answer.text.trim().is_empty();
     if !answer.text.is_empty() && (!blank || calls.is_empty()) {
         content.push(json!({"type": "text", "text": answer.text}));

@@ -1,6 +1,7 @@
 //! A streamed message: the Messages API's events, in order: `message_start`, `ping`; per
-//! content block `content_block_start`, `content_block_delta`s (`text_delta`, or one
-//! `input_json_delta` with a tool call's whole input) and `content_block_stop`; last
+//! content block `content_block_start`, `content_block_delta`s (`thinking_delta` in the
+//! model's thinking, `text_delta`, or one `input_json_delta` with a tool call's whole input)
+//! and `content_block_stop`; last
 //! `message_delta` with the stop reason and usage, and `message_stop`. A failure ends the
 //! stream with an `error` event in Anthropic's error shape.
 
@@ -17,8 +18,8 @@ use crate::server::error::ApiError;
 pub struct MessageEvents {
     /// The model the message is from.
     model: String,
-    /// The open text block's index.
-    text_block: Option<usize>,
+    /// The open thinking or text block: its index, and whether it is thinking.
+    open_block: Option<(usize, bool)>,
     blocks: usize,
 }
 
@@ -27,15 +28,48 @@ impl MessageEvents {
     pub fn new(model: &str) -> Self {
         Self {
             model: model.to_string(),
-            text_block: None,
+            open_block: None,
             blocks: 0,
         }
     }
 
     fn close_text(&mut self, out: &mut Outbox) {
-        if let Some(index) = self.text_block.take() {
+        if let Some((index, _)) = self.open_block.take() {
             out.push("content_block_stop", json!({"index": index}));
         }
+    }
+
+    /// Text for a thinking block (`thinking`) or a text block, opening it (and closing the
+    /// other kind) where needed.
+    fn text(&mut self, text: String, thinking: bool, out: &mut Outbox) {
+        let index = match self.open_block {
+            Some((index, kind)) if kind == thinking => index,
+            _ => {
+                self.close_text(out);
+                let index = self.blocks;
+                self.blocks += 1;
+                self.open_block = Some((index, thinking));
+                let block = if thinking {
+                    json!({"type": "thinking", "thinking": "", "signature": ""})
+                } else {
+                    json!({"type": "text", "text": ""})
+                };
+                out.push(
+                    "content_block_start",
+                    json!({"index": index, "content_block": block}),
+                );
+                index
+            }
+        };
+        let delta = if thinking {
+            json!({"type": "thinking_delta", "thinking": text})
+        } else {
+            json!({"type": "text_delta", "text": text})
+        };
+        out.push(
+            "content_block_delta",
+            json!({"index": index, "delta": delta}),
+        );
     }
 }
 
@@ -52,25 +86,8 @@ impl AnswerEvents for MessageEvents {
 
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
-            Part::Text(text) => {
-                let index = match self.text_block {
-                    Some(index) => index,
-                    None => {
-                        let index = self.blocks;
-                        self.blocks += 1;
-                        self.text_block = Some(index);
-                        out.push(
-                            "content_block_start",
-                            json!({"index": index, "content_block": {"type": "text", "text": ""}}),
-                        );
-                        index
-                    }
-                };
-                out.push(
-                    "content_block_delta",
-                    json!({"index": index, "delta": {"type": "text_delta", "text": text}}),
-                );
-            }
+            Part::Thinking(text) => self.text(text, true, out),
+            Part::Text(text) => self.text(text, false, out),
             Part::Call(call) => {
                 self.close_text(out);
                 let call = renamed_calls(vec![call]).remove(0);

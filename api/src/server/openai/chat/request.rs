@@ -87,6 +87,9 @@ pub struct ChatRequest {
     /// Extra variables for the chat template (an object, e.g. `{"enable_thinking": false}`),
     /// over the server's `--default-chat-template-kwargs`.
     pub chat_template_kwargs: Option<serde_json::Value>,
+    /// Thinking tokens at most (vLLM's name; needs `--reasoning-parser`): then the server
+    /// ends the thinking and the answer follows.
+    pub thinking_token_budget: Option<serde_json::Value>,
 }
 
 impl HasCommonFields for ChatRequest {

@@ -4,13 +4,16 @@
 //! `function_call` items as an assistant's tool calls, `function_call_output` items as tool
 //! messages); function `tools` in the chat shape, `tool_choice`, `text.format` as
 //! `response_format`, `max_output_tokens` as `max_tokens`, and the sampling, `speculation`,
-//! `prediction` and `cache_salt` fields as they are. Tools only the server could run
+//! `prediction` and `cache_salt` fields as they are; `reasoning.effort` as the template's
+//! `reasoning_effort`, beside `chat_template_kwargs` and `thinking_token_budget`. Tools only the server could run
 //! (`web_search`, `file_search`, computer use, ...) are refused with a 400 that says so.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::server::adapter::{chat_tools, string_field, text_of, ChatBody, Rename, TextParts};
+use crate::server::adapter::{
+    chat_tools, string_field, template_kwargs, text_of, ChatBody, Rename, TextParts,
+};
 use crate::server::error::{ApiError, ApiResult};
 
 /// The fields of a Responses request thicket reads (others are ignored, as OpenAI's own
@@ -60,6 +63,29 @@ pub struct ResponsesRequest {
     pub seed: Option<Value>,
     /// Keep the k most likely tokens.
     pub top_k: Option<Value>,
+    /// `{"effort": ...}`: passed to the chat template as `reasoning_effort`.
+    pub reasoning: Option<Value>,
+    /// Extra variables for the chat template, as the chat endpoint takes them.
+    pub chat_template_kwargs: Option<Value>,
+    /// Thinking tokens at most (vLLM's name), as the chat endpoint takes it.
+    pub thinking_token_budget: Option<Value>,
+}
+
+/// `reasoning.effort`, when given: a string.
+pub fn reasoning_effort(reasoning: Option<&Value>) -> ApiResult<Option<Value>> {
+    let effort = match reasoning.filter(|r| !r.is_null()) {
+        None => return Ok(None),
+        Some(r) if r.is_object() => r.get("effort").filter(|e| !e.is_null()),
+        Some(_) => return Err(ApiError::invalid("reasoning", "must be an object")),
+    };
+    match effort {
+        None => Ok(None),
+        Some(Value::String(e)) => Ok(Some(Value::from(e.clone()))),
+        Some(_) => Err(ApiError::invalid(
+            "reasoning.effort",
+            "must be a string (low, medium, high, ...)",
+        )),
+    }
 }
 
 /// Tool types that only a server running them could offer.
@@ -295,6 +321,14 @@ impl ResponsesRequest {
         if let Some(text) = &self.text {
             body.put("response_format", response_format(text)?);
         }
+        let implied = reasoning_effort(self.reasoning.as_ref())?
+            .map(|effort| vec![("reasoning_effort", effort)])
+            .unwrap_or_default();
+        body.put(
+            "chat_template_kwargs",
+            template_kwargs(self.chat_template_kwargs.as_ref(), implied),
+        );
+        body.put("thinking_token_budget", self.thinking_token_budget.clone());
         Ok(ChatForm {
             body: body.into_value(),
             conversation,

@@ -1,6 +1,7 @@
 //! The Responses API's objects: the `response` object (its request fields echoed, `status`,
-//! `output` items, `usage` with cached input tokens), its output items (an assistant
-//! `message` with one `output_text` part, `function_call` items), and the conversation a
+//! `output` items, `usage` with cached input and reasoning tokens), its output items (a
+//! `reasoning` item with the model's thinking, an assistant `message` with one `output_text`
+//! part, `function_call` items), and the conversation a
 //! later `previous_response_id` continues.
 
 use serde_json::{json, Map, Value};
@@ -48,7 +49,12 @@ impl Shell {
             "metadata": or(request.metadata.clone(), json!({})),
             "user": request.user,
             "truncation": "disabled",
-            "reasoning": {"effort": null, "summary": null},
+            "reasoning": {
+                "effort": super::request::reasoning_effort(request.reasoning.as_ref())
+                    .ok()
+                    .flatten(),
+                "summary": null,
+            },
             "background": false,
         });
         let fields = match fields {
@@ -84,7 +90,7 @@ impl Shell {
                         },
                         "output_tokens": usage.completion_tokens,
                         "output_tokens_details": {
-                            "reasoning_tokens": 0,
+                            "reasoning_tokens": details.reasoning_tokens,
                             "accepted_prediction_tokens": details.accepted_prediction_tokens,
                             "rejected_prediction_tokens": details.rejected_prediction_tokens,
                         },
@@ -135,6 +141,26 @@ pub fn message_item(id: &str, text: &str, status: &str) -> Value {
     })
 }
 
+/// A reasoning item holding `thinking` (its text as one `reasoning_text` part).
+pub fn reasoning_item(id: &str, thinking: &str, status: &str) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "status": status,
+        "summary": [],
+        "content": if status == "in_progress" && thinking.is_empty() {
+            json!([])
+        } else {
+            json!([reasoning_part(thinking)])
+        },
+    })
+}
+
+/// The `reasoning_text` part of `thinking`.
+pub fn reasoning_part(thinking: &str) -> Value {
+    json!({"type": "reasoning_text", "text": thinking})
+}
+
 /// The `output_text` part of `text`.
 pub fn text_part(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
@@ -152,11 +178,19 @@ pub fn call_item(id: &str, call: &ToolCallOut, arguments: &str, status: &str) ->
     })
 }
 
-/// The output items of a whole answer: its text as a message (left out when it is blank and
-/// the answer called tools), then its calls.
+/// The output items of a whole answer: its thinking as a reasoning item (when it thought),
+/// its text as a message (left out when it is blank and the answer called tools or thought),
+/// then its calls.
 pub fn output_items(answer: &Collected) -> Vec<Value> {
-    let mut items = Vec::with_capacity(1 + answer.calls.len());
-    if !answer.text.trim().is_empty() || answer.calls.is_empty() {
+    let mut items = Vec::with_capacity(2 + answer.calls.len());
+    if !answer.thinking.is_empty() {
+        items.push(reasoning_item(
+            &new_id("rs", ID_DIGITS),
+            &answer.thinking,
+            "completed",
+        ));
+    }
+    if !answer.text.trim().is_empty() || (answer.calls.is_empty() && answer.thinking.is_empty()) {
         items.push(message_item(
             &new_id("msg", ID_DIGITS),
             &answer.text,

@@ -1,6 +1,9 @@
 //! A streamed response: the Responses API's typed events, in order, each with its
 //! `sequence_number`: `response.created` and `response.in_progress`; per output item
-//! `response.output_item.added`, then for a message `response.content_part.added`,
+//! `response.output_item.added`, then for the model's thinking (a `reasoning` item)
+//! `response.content_part.added`, `response.reasoning_text.delta`s,
+//! `response.reasoning_text.done` and `response.content_part.done`, for a message
+//! `response.content_part.added`,
 //! `response.output_text.delta`s, `response.output_text.done` and
 //! `response.content_part.done`, for a function call `response.function_call_arguments.delta`
 //! and `.done`; `response.output_item.done`; and last `response.completed` (or
@@ -15,7 +18,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::response::{
-    assistant_message, call_item, final_status, message_item, text_part, Shell, ID_DIGITS,
+    assistant_message, call_item, final_status, message_item, reasoning_item, reasoning_part,
+    text_part, Shell, ID_DIGITS,
 };
 use super::store::{ResponseStore, Stored};
 use crate::server::adapter::answer::Part;
@@ -39,6 +43,8 @@ pub struct ResponseEvents {
     /// The conversation before this response's output.
     conversation: Vec<Value>,
     output: Vec<Value>,
+    /// The reasoning item being streamed.
+    reasoning: Option<OpenMessage>,
     message: Option<OpenMessage>,
     text: String,
     calls: Vec<ToolCallOut>,
@@ -52,13 +58,71 @@ impl ResponseEvents {
             store,
             conversation,
             output: Vec::new(),
+            reasoning: None,
             message: None,
             text: String::new(),
             calls: Vec::new(),
         }
     }
 
+    fn thinking(&mut self, delta: String, out: &mut Outbox) {
+        if self.reasoning.is_none() {
+            let id = new_id("rs", ID_DIGITS);
+            let index = self.output.len();
+            out.push(
+                "response.output_item.added",
+                json!({"output_index": index, "item": reasoning_item(&id, "", "in_progress")}),
+            );
+            out.push(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0,
+                       "part": reasoning_part("")}),
+            );
+            self.output.push(Value::Null);
+            self.reasoning = Some(OpenMessage {
+                id,
+                index,
+                text: String::new(),
+            });
+        }
+        let Some(reasoning) = self.reasoning.as_mut() else {
+            return;
+        };
+        reasoning.text.push_str(&delta);
+        out.push(
+            "response.reasoning_text.delta",
+            json!({"item_id": reasoning.id, "output_index": reasoning.index,
+                   "content_index": 0, "delta": delta}),
+        );
+    }
+
+    /// Ends the open reasoning item (if any) with `status`.
+    fn close_reasoning(&mut self, status: &str, out: &mut Outbox) {
+        let Some(reasoning) = self.reasoning.take() else {
+            return;
+        };
+        let (id, index, text) = (reasoning.id, reasoning.index, reasoning.text);
+        out.push(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+        );
+        out.push(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": reasoning_part(&text)}),
+        );
+        let item = reasoning_item(&id, &text, status);
+        out.push(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        if let Some(slot) = self.output.get_mut(index) {
+            *slot = item;
+        }
+    }
+
     fn text(&mut self, delta: String, out: &mut Outbox) {
+        self.close_reasoning("completed", out);
         if self.message.is_none() {
             let id = new_id("msg", ID_DIGITS);
             let index = self.output.len();
@@ -121,6 +185,7 @@ impl ResponseEvents {
     }
 
     fn call(&mut self, call: ToolCallOut, out: &mut Outbox) {
+        self.close_reasoning("completed", out);
         self.close_message("completed", out);
         let id = new_id("fc", ID_DIGITS);
         let index = self.output.len();
@@ -159,9 +224,11 @@ impl AnswerEvents for ResponseEvents {
 
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
+            Part::Thinking(text) => self.thinking(text, out),
             Part::Text(text) => self.text(text, out),
             Part::Call(call) => self.call(call, out),
             Part::End(ending) => {
+                self.close_reasoning("completed", out);
                 self.close_message("completed", out);
                 let output = std::mem::take(&mut self.output);
                 let status = final_status(&ending);
@@ -185,6 +252,7 @@ impl AnswerEvents for ResponseEvents {
     }
 
     fn failed(&mut self, e: ApiError, out: &mut Outbox) {
+        self.close_reasoning("incomplete", out);
         self.close_message("incomplete", out);
         let body = e.body();
         let error = &body["error"];

@@ -1,0 +1,107 @@
+//! A server whose "model" writes a given text: the router over an engine on the mock backend
+//! with a scripted next token (the script's next token after the longest part of it the
+//! row's tokens end with; the end of turn after all of it), SmolLM2's real tokenizer and chat
+//! template, and the reasoning parser of the test's choice. Parsers are then tested on exact
+//! outputs, whole and streamed, whatever the engine batches into each event (speculation
+//! included: drafts of the script are accepted like any model's).
+
+use std::sync::Arc;
+
+use api::server::reasoning::ReasoningParser;
+use api::server::{router, AppState, ServerConfig};
+use engine::{
+    CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig, SpeculationConfig,
+};
+use serde_json::Value;
+
+use super::mock_server::{Server, KEY};
+use crate::support::fixtures::smollm2;
+
+/// The "model"'s next token after `seen`: where `seen` ends with the first `k` tokens of
+/// `script` (the longest such), the next one; the end of turn after all of them.
+fn next_token(script: &[u32], end: u32, seen: &[u32]) -> u32 {
+    (0..=script.len())
+        .rev()
+        .find(|&k| seen.ends_with(&script[..k]))
+        .and_then(|k| script.get(k).copied())
+        .unwrap_or(end)
+}
+
+/// A server on SmolLM2's tokenizer whose answers are `script`, read with `parser`.
+pub(crate) fn scripted_server(script: &str, parser: Option<ReasoningParser>) -> Server {
+    let tokenizer = Arc::new(smollm2().tokenizer.clone());
+    let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let vocab = tokenizer.inner().get_vocab_size(true);
+    let kv = ManagerConfig {
+        num_blocks: 256,
+        block_size: 16,
+        prefix_caching: true,
+        watermark: 0.0,
+        window: None,
+    };
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 256,
+            max_num_seqs: 8,
+            max_model_len: 512,
+            kv,
+        },
+        max_pending: 16,
+        speculation: SpeculationConfig {
+            cost: CostCurve::flat(),
+            ..SpeculationConfig::default()
+        },
+        kv_prefault: false,
+    };
+    let rule = Arc::new(move |seen: &[u32]| next_token(&tokens, end, seen));
+    let backend = MockBackend::scripted(vocab, kv.num_blocks * kv.block_size, rule);
+    let eos = tokenizer.eos_ids().to_vec();
+    let (engine, _) =
+        engine::spawn_with_backend(Box::new(backend), tokenizer, eos, config).unwrap();
+    let state = AppState::new(ServerConfig {
+        served_model_name: "scripted".into(),
+        api_key: Some(KEY.into()),
+        max_body_bytes: 1 << 20,
+        reasoning_parser: parser,
+        template: Default::default(),
+    });
+    state.set_engine(engine.clone());
+    Server {
+        app: router(state.clone()),
+        state,
+        engine,
+        _dir: tempfile::tempdir().unwrap(),
+    }
+}
+
+/// The events of an SSE body: each event's name (if named) and its data (`[DONE]` as a
+/// JSON string).
+pub(crate) fn events(bytes: &[u8]) -> Vec<(Option<String>, Value)> {
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|event| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in event.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            (name, value)
+        })
+        .collect()
+}
+
+#[test]
+fn the_script_continues_from_the_longest_part_already_written() {
+    let script = [5, 6, 5, 7];
+    assert_eq!(next_token(&script, 0, &[1, 2]), 5);
+    assert_eq!(next_token(&script, 0, &[1, 5]), 6);
+    assert_eq!(next_token(&script, 0, &[1, 5, 6, 5]), 7);
+    assert_eq!(next_token(&script, 0, &[1, 5, 6, 5, 7]), 0);
+}
