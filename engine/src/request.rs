@@ -26,6 +26,9 @@ pub struct StopConditions {
     pub stop: Vec<String>,
     /// Keep going past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Leave the model's special tokens out of the text (vLLM's `skip_special_tokens`; a
+    /// tool-call format marked by one, such as Mistral's `[TOOL_CALLS]`, needs them in).
+    pub skip_special_tokens: bool,
 }
 
 impl Default for StopConditions {
@@ -36,6 +39,7 @@ impl Default for StopConditions {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             ignore_eos: false,
+            skip_special_tokens: true,
         }
     }
 }

@@ -14,3 +14,4 @@ mod overload_and_soak;
 mod reasoning;
 mod security;
 mod tool_calls;
+mod tool_formats;

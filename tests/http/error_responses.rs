@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use api::server::{router, AppState, ServerConfig};
+use api::server::{router, AppState, Choice, ServerConfig};
 use axum::http::{header, StatusCode};
 use engine::{Request, SamplingParams, StopConditions};
 use serde_json::{json, Value};
@@ -183,7 +183,8 @@ async fn every_error_has_its_status_and_the_openai_shape() {
         served_model_name: "mock".into(),
         api_key: None,
         max_body_bytes: 4096,
-        reasoning_parser: None,
+        reasoning_parser: Choice::Off,
+        tool_call_parser: Choice::Auto,
         template: Default::default(),
     });
     let app = router(loading);

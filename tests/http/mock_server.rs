@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::server::{router, AppState, ServerConfig};
+use api::server::{router, AppState, Choice, ServerConfig};
 use axum::body::Body;
 use axum::http::{header, Request as HttpRequest, StatusCode};
 use axum::Router;
@@ -122,7 +122,8 @@ pub(crate) fn mock_server(
         served_model_name: "mock".into(),
         api_key: api_key.map(Into::into),
         max_body_bytes,
-        reasoning_parser: None,
+        reasoning_parser: Choice::Off,
+        tool_call_parser: Choice::Auto,
         template: Default::default(),
     });
     state.set_engine(engine.clone());

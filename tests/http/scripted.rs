@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use api::server::reasoning::ReasoningParser;
-use api::server::{router, AppState, ServerConfig};
+use api::server::{router, AppState, Choice, ServerConfig};
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig, SpeculationConfig,
 };
@@ -29,6 +29,16 @@ fn next_token(script: &[u32], end: u32, seen: &[u32]) -> u32 {
 
 /// A server on SmolLM2's tokenizer whose answers are `script`, read with `parser`.
 pub(crate) fn scripted_server(script: &str, parser: Option<ReasoningParser>) -> Server {
+    scripted_with(script, parser, None)
+}
+
+/// `scripted_server` reading tool calls in the format `tool_format` names (the template's
+/// when `None`).
+pub(crate) fn scripted_with(
+    script: &str,
+    parser: Option<ReasoningParser>,
+    tool_format: Option<&str>,
+) -> Server {
     let tokenizer = Arc::new(smollm2().tokenizer.clone());
     let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
     let end = tokenizer.token_to_id("<|im_end|>").unwrap();
@@ -63,7 +73,10 @@ pub(crate) fn scripted_server(script: &str, parser: Option<ReasoningParser>) -> 
         served_model_name: "scripted".into(),
         api_key: Some(KEY.into()),
         max_body_bytes: 1 << 20,
-        reasoning_parser: parser,
+        reasoning_parser: parser.map_or(Choice::Off, Choice::Use),
+        tool_call_parser: tool_format.map_or(Choice::Auto, |name| {
+            Choice::Use(api::server::tools::tool_format(name).unwrap())
+        }),
         template: Default::default(),
     });
     state.set_engine(engine.clone());

@@ -159,7 +159,8 @@ async fn run_with_engine(
         served_model_name: job.served_model_name.clone(),
         api_key: None,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-        reasoning_parser: None,
+        reasoning_parser: crate::server::Choice::Auto,
+        tool_call_parser: crate::server::Choice::Auto,
         template: Default::default(),
     });
     state.set_engine(engine);

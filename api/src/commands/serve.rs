@@ -4,6 +4,7 @@
 //! grace period, then cancels the rest, stops the engine (saving the Token Recycling
 //! matrix) and exits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,9 +17,10 @@ use crate::chat::check_template;
 use crate::server::openai::responses::store::{
     ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
 };
-use crate::server::reasoning::ReasoningParser;
+use crate::server::reasoning::{ReasoningParser, REASONING_PARSERS};
 use crate::server::settings::template::{parse_kwargs, TemplateSetup};
-use crate::server::{router, AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use crate::server::tools::{tool_format, ToolFormat, TOOL_CALL_PARSERS};
+use crate::server::{router, AppState, Choice, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `thicket serve`.
 #[derive(Debug, Args)]
@@ -42,10 +44,16 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Split chat answers into thinking (`reasoning_content`) and answer: `deepseek_r1`
-    /// (thinking until `</think>`) or `qwen3` (thinking inside `<think>...</think>`). Tool
-    /// calls are read from the answer only.
-    #[arg(long, value_parser = api_reasoning_parser)]
-    pub reasoning_parser: Option<ReasoningParser>,
+    /// (thinking until `</think>`), `qwen3` (thinking inside `<think>...</think>`), `none`,
+    /// or `auto`: the one the model's chat template implies (none for templates that do not
+    /// think). Tool calls are read from the answer only.
+    #[arg(long, value_parser = api_reasoning_parser, default_value = "auto")]
+    pub reasoning_parser: Choice<ReasoningParser>,
+    /// The format tool calls are read and written in: `hermes`, `llama3_json`, `mistral`,
+    /// `qwen3_coder`, or `auto`: the one the model's chat template writes (`hermes` when it
+    /// shows none).
+    #[arg(long, value_parser = api_tool_call_parser, default_value = "auto")]
+    pub tool_call_parser: Choice<Arc<dyn ToolFormat>>,
     /// A Jinja chat template file to render chat requests with, instead of the model's own.
     #[arg(long)]
     pub chat_template: Option<std::path::PathBuf>,
@@ -87,7 +95,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| args.model.model.clone()),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_bytes,
-        reasoning_parser: args.reasoning_parser,
+        reasoning_parser: args.reasoning_parser.clone(),
+        tool_call_parser: args.tool_call_parser.clone(),
         template: TemplateSetup {
             template: match &args.chat_template {
                 Some(path) => {
@@ -215,7 +224,30 @@ async fn shutdown_signal(
     }
 }
 
-/// `--reasoning-parser`'s value: a known parser, or an error listing them.
-fn api_reasoning_parser(name: &str) -> Result<ReasoningParser, String> {
-    ReasoningParser::parse(name)
+/// `--reasoning-parser`'s value: `auto`, `none` or a known parser; an error listing them
+/// otherwise.
+fn api_reasoning_parser(name: &str) -> Result<Choice<ReasoningParser>, String> {
+    match name {
+        "auto" => Ok(Choice::Auto),
+        "none" => Ok(Choice::Off),
+        name => ReasoningParser::parse(name).map(Choice::Use).map_err(|_| {
+            format!(
+                "unknown reasoning parser {name:?} (known: {}, auto, none)",
+                REASONING_PARSERS.join(", ")
+            )
+        }),
+    }
+}
+
+/// `--tool-call-parser`'s value: `auto` or a known format; an error listing them otherwise.
+fn api_tool_call_parser(name: &str) -> Result<Choice<Arc<dyn ToolFormat>>, String> {
+    match name {
+        "auto" => Ok(Choice::Auto),
+        name => tool_format(name).map(Choice::Use).map_err(|_| {
+            format!(
+                "unknown tool-call parser {name:?} (known: {}, auto)",
+                TOOL_CALL_PARSERS.join(", ")
+            )
+        }),
+    }
 }

@@ -47,10 +47,24 @@ pub struct ServerConfig {
     /// Largest request body.
     pub max_body_bytes: usize,
     /// How chat answers are split into thinking and answer (`--reasoning-parser`).
-    pub reasoning_parser: Option<reasoning::ReasoningParser>,
+    pub reasoning_parser: Choice<reasoning::ReasoningParser>,
+    /// How answers are read for tool calls (`--tool-call-parser`).
+    pub tool_call_parser: Choice<Arc<dyn tools::ToolFormat>>,
     /// The chat template and its extra variables (`--chat-template`,
     /// `--default-chat-template-kwargs`).
     pub template: settings::template::TemplateSetup,
+}
+
+/// A parser setting: the one the model's chat template implies, none, or a named one.
+#[derive(Debug, Clone, Default)]
+pub enum Choice<T> {
+    /// The one the model's chat template implies (none where it implies none).
+    #[default]
+    Auto,
+    /// None.
+    Off,
+    /// This one.
+    Use(T),
 }
 
 /// State shared by every handler. The engine itself runs on its own thread; this holds only
@@ -156,9 +170,26 @@ impl AppState {
         &self.inner.config.template
     }
 
-    /// The reasoning parser chat answers are read with, if any.
+    /// The reasoning parser chat answers are read with, if any: the one given, or the one
+    /// the model's chat template implies.
     pub fn reasoning_parser(&self) -> Option<reasoning::ReasoningParser> {
-        self.inner.config.reasoning_parser
+        match &self.inner.config.reasoning_parser {
+            Choice::Use(parser) => Some(*parser),
+            Choice::Off => None,
+            Choice::Auto => {
+                let engine = self.engine().ok()?;
+                reasoning::ReasoningParser::default_for_template(engine.tokenizer().chat_template())
+            }
+        }
+    }
+
+    /// The format answers are read for tool calls in: the one given, or the one the model's
+    /// chat template writes.
+    pub fn tool_format(&self, tokenizer: &engine::ModelTokenizer) -> Arc<dyn tools::ToolFormat> {
+        match &self.inner.config.tool_call_parser {
+            Choice::Use(format) => Arc::clone(format),
+            Choice::Off | Choice::Auto => tools::default_for_template(tokenizer.chat_template()),
+        }
     }
 
     /// The served model name.

@@ -23,7 +23,7 @@ use super::openai::stream::sse_response;
 use super::reasoning::{thinking_budget, Reasoning};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
-use super::tools::ToolRequest;
+use super::tools::{Calls, ToolRequest};
 use super::AppState;
 use crate::chat::{render_chat_with, ChatMessage};
 use crate::server::settings::template::TemplateSetup;
@@ -57,8 +57,9 @@ pub struct Started {
     pub(crate) tokenizer: Arc<ModelTokenizer>,
     pub(crate) options: ResponseOptions,
     pub(crate) submitted: Vec<Submitted>,
-    /// The offered functions, when answers are read for tool calls.
-    pub(crate) tool_names: Vec<String>,
+    /// How answers are read for tool calls (the offered functions and their format), when
+    /// they are.
+    pub(crate) calls: Option<Calls>,
 }
 
 impl Started {
@@ -80,19 +81,19 @@ impl Started {
             &choices,
             &echoes,
             &self.options,
-            &self.tool_names,
+            self.calls.as_ref(),
         ))
     }
 
     /// Its one answer (a chat request: one prompt), read as parts: the Responses and
     /// Messages front ends.
     pub fn into_answer(self) -> ApiResult<Answer> {
-        let names = self.options.tool_calls.then_some(self.tool_names);
+        let calls = self.calls;
         let format_field = self.options.format_field;
         let submitted = self.submitted.into_iter().next();
         let stream = submitted.ok_or_else(|| ApiError::internal("no prompt was submitted"))?;
         let reasoning = self.options.reasoning.map(|r| (r, self.tokenizer.clone()));
-        Ok(Answer::new(stream.stream, names, format_field, reasoning))
+        Ok(Answer::new(stream.stream, calls, format_field, reasoning))
     }
 
     /// The event streams of its prompts, for a caller that reads the engine's events itself
@@ -110,7 +111,7 @@ impl Started {
                 self.tokenizer,
                 self.options,
                 self.submitted,
-                self.tool_names,
+                self.calls,
             ));
         }
         Ok(Json(self.body().await?).into_response())
@@ -148,7 +149,8 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.constraint = constraint;
         settings.constraint_field = "response_format";
     }
-    if let Some(call) = tools.as_ref().and_then(ToolRequest::constraint) {
+    let format = state.tool_format(engine.tokenizer());
+    if let Some(call) = tools.as_ref().and_then(|t| t.constraint(format.as_ref())) {
         if settings.constraint.is_some() {
             return Err(ApiError::invalid(
                 "tool_choice",
@@ -160,6 +162,14 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.constraint_field = "tools";
     }
     settings.options.tool_calls = tools.as_ref().is_some_and(ToolRequest::parses_calls);
+    // A format marked by special tokens is read from text that keeps them, unless the
+    // request says otherwise.
+    if settings.options.tool_calls
+        && format.special_markers()
+        && body.common.skip_special_tokens.is_none()
+    {
+        settings.stop.skip_special_tokens = false;
+    }
     settings.options.format_field = settings.constraint_field;
     let tokenizer = engine.tokenizer();
     settings.predict(tokenizer)?;
@@ -190,7 +200,10 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,
-        tool_names: tools.as_ref().map(ToolRequest::names).unwrap_or_default(),
+        calls: tools
+            .as_ref()
+            .filter(|t| t.parses_calls())
+            .map(|t| t.calls(format)),
     })
 }
 

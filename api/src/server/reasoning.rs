@@ -37,6 +37,19 @@ impl ReasoningParser {
         }
     }
 
+    /// The parser a chat template implies: `qwen3` where it takes `enable_thinking`,
+    /// `deepseek_r1` where its generation prompt opens `<think>`, none otherwise.
+    pub fn default_for_template(template: Option<&str>) -> Option<Self> {
+        let template = template?;
+        if template.contains("enable_thinking") && template.contains("<think>") {
+            Some(Self::Qwen3)
+        } else if template.contains("<think>\\n'") || template.contains("<think>\\n\"") {
+            Some(Self::DeepSeekR1)
+        } else {
+            None
+        }
+    }
+
     /// Its start and end strings.
     pub fn markers(self) -> (&'static str, &'static str) {
         ("<think>", "</think>")
@@ -289,6 +302,23 @@ impl Reasoning {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn templates_imply_their_parser() {
+        let qwen3 = "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}";
+        assert_eq!(
+            ReasoningParser::default_for_template(Some(qwen3)),
+            Some(ReasoningParser::Qwen3)
+        );
+        let r1 = "{% if add_generation_prompt %}{{'<｜Assistant｜><think>\\n'}}{% endif %}";
+        assert_eq!(
+            ReasoningParser::default_for_template(Some(r1)),
+            Some(ReasoningParser::DeepSeekR1)
+        );
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}";
+        assert_eq!(ReasoningParser::default_for_template(Some(chatml)), None);
+        assert_eq!(ReasoningParser::default_for_template(None), None);
+    }
 
     fn r1() -> Reasoning {
         ReasoningParser::DeepSeekR1.for_prompt("<|User|>hi<|Assistant|>")

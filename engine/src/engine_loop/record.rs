@@ -43,7 +43,11 @@ impl SeqRecord {
         Self {
             request,
             index,
-            detokenizer: IncrementalDetokenizer::new(),
+            detokenizer: if r.stop.skip_special_tokens {
+                IncrementalDetokenizer::new()
+            } else {
+                IncrementalDetokenizer::keeping_special_tokens()
+            },
             filter: StopStringFilter::new(&r.stop.stop),
             num_output: 0,
             last_token_at: None,

@@ -8,10 +8,11 @@
 use crate::model::tokenizer::ModelTokenizer;
 use crate::Result;
 
-/// Decodes output tokens incrementally (special tokens skipped).
+/// Decodes output tokens incrementally (special tokens skipped, unless asked to keep them).
 #[derive(Debug, Clone, Default)]
 pub struct IncrementalDetokenizer {
     tokens: Vec<u32>,
+    keep_special: bool,
     /// Start of the window whose text was already released up to `read_offset`.
     prefix_offset: usize,
     read_offset: usize,
@@ -23,12 +24,30 @@ impl IncrementalDetokenizer {
         Self::default()
     }
 
+    /// An empty detokenizer that writes special tokens as their text.
+    pub fn keeping_special_tokens() -> Self {
+        Self {
+            keep_special: true,
+            ..Self::default()
+        }
+    }
+
+    fn decode(&self, tokenizer: &ModelTokenizer, ids: &[u32]) -> Result<String> {
+        if self.keep_special {
+            tokenizer.decode(ids)
+        } else {
+            tokenizer.decode_skip_special(ids)
+        }
+    }
+
     /// Adds one token and returns the text it completes (possibly empty).
     pub fn push(&mut self, tokenizer: &ModelTokenizer, token: u32) -> Result<String> {
         self.tokens.push(token);
-        let prefix =
-            tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..self.read_offset])?;
-        let full = tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..])?;
+        let prefix = self.decode(
+            tokenizer,
+            &self.tokens[self.prefix_offset..self.read_offset],
+        )?;
+        let full = self.decode(tokenizer, &self.tokens[self.prefix_offset..])?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
             if let Some(delta) = full.get(prefix.len()..) {
                 let delta = delta.to_string();
@@ -43,9 +62,11 @@ impl IncrementalDetokenizer {
     /// Text of the tokens not yet released (at the end of the sample; may hold U+FFFD when
     /// the sample ended inside a character).
     pub fn flush(&mut self, tokenizer: &ModelTokenizer) -> Result<String> {
-        let prefix =
-            tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..self.read_offset])?;
-        let full = tokenizer.decode_skip_special(&self.tokens[self.prefix_offset..])?;
+        let prefix = self.decode(
+            tokenizer,
+            &self.tokens[self.prefix_offset..self.read_offset],
+        )?;
+        let full = self.decode(tokenizer, &self.tokens[self.prefix_offset..])?;
         self.prefix_offset = self.tokens.len();
         self.read_offset = self.tokens.len();
         Ok(full.get(prefix.len()..).unwrap_or_default().to_string())

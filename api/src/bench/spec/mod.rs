@@ -173,7 +173,8 @@ impl MethodEngine {
             served_model_name: args.model.model.clone(),
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            reasoning_parser: None,
+            reasoning_parser: crate::server::Choice::Off,
+            tool_call_parser: crate::server::Choice::Auto,
             template: Default::default(),
         });
         state.set_engine(engine.handle.clone());

@@ -19,7 +19,7 @@ use crate::server::openai::chat::response::ToolCallOut;
 use crate::server::openai::protocol::{ThicketBody, UsageBody};
 use crate::server::pipeline::engine_failure;
 use crate::server::reasoning::{Reasoning, Split, Splitter};
-use crate::server::tools::{CallReader, Piece};
+use crate::server::tools::{CallReader, Calls, Piece};
 
 /// A piece of an answer.
 #[derive(Debug, Clone)]
@@ -87,18 +87,18 @@ pub struct Collected {
 }
 
 impl Answer {
-    /// The answer of `stream`'s first choice; with `tool_names`, read for calls of them;
+    /// The answer of `stream`'s first choice; with `calls`, read for calls as it says;
     /// with `reasoning`, its thinking split off first.
     pub fn new(
         stream: RequestStream,
-        tool_names: Option<Vec<String>>,
+        calls: Option<Calls>,
         format_field: &'static str,
         reasoning: Option<(Reasoning, Arc<ModelTokenizer>)>,
     ) -> Self {
         Self {
             stream,
             thinking: reasoning.map(|(r, tokenizer)| (r, r.splitter(), tokenizer, Vec::new())),
-            reader: tool_names.map(CallReader::new),
+            reader: calls.map(CallReader::new),
             format_field,
             ready: VecDeque::new(),
             ended: false,

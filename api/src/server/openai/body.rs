@@ -7,6 +7,7 @@
 
 use crate::server::reasoning::Reasoning;
 use crate::server::settings::ResponseOptions;
+use crate::server::tools::Calls;
 use engine::request::TokenLogprob;
 use engine::{FinishReason, ModelTokenizer, Usage};
 use serde::Serialize;
@@ -170,10 +171,10 @@ pub fn full_response(
     choices: &[ChoiceState],
     echo: &[Option<String>],
     options: &ResponseOptions,
-    tool_names: &[String],
+    calls: Option<&Calls>,
 ) -> serde_json::Value {
     let (n, want_logprobs) = (options.n, options.logprobs);
-    let tool_calls = options.tool_calls.then_some(tool_names);
+    let tool_calls = calls.filter(|_| options.tool_calls);
     let reasoning = options.reasoning;
     let (usage, thicket) = totals(choices, n);
     match meta.endpoint {

@@ -80,6 +80,8 @@ pub struct CommonFields {
     pub stream_options: Option<StreamOptions>,
     /// Keep going past end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
+    /// Leave special tokens out of the text (default true; vLLM's field).
+    pub skip_special_tokens: Option<bool>,
     /// Token ids that end a choice.
     pub stop_token_ids: Option<Vec<u32>>,
     /// Output tokens before a stop condition may apply.

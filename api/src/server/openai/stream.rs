@@ -25,7 +25,7 @@ use super::chat::stream::deltas;
 use crate::server::pipeline::{engine_failure, Submitted};
 use crate::server::reasoning::{Split, Splitter};
 use crate::server::settings::ResponseOptions;
-use crate::server::tools::{CallReader, Piece};
+use crate::server::tools::{CallReader, Calls, Piece};
 
 /// `(prompt index, event)` of every prompt, merged.
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -264,7 +264,7 @@ pub fn sse_response(
     tokenizer: Arc<ModelTokenizer>,
     options: ResponseOptions,
     submitted: Vec<Submitted>,
-    tool_names: Vec<String>,
+    calls: Option<Calls>,
 ) -> Response {
     let num_choices = submitted.len() * options.n;
     let tools = options.tool_calls && meta.endpoint == Endpoint::Chat;
@@ -286,7 +286,7 @@ pub fn sse_response(
         choices: vec![ChoiceState::default(); num_choices],
         sent_chars: vec![0; num_choices],
         readers: (0..num_choices)
-            .map(|_| tools.then(|| CallReader::new(tool_names.clone())))
+            .map(|_| calls.clone().filter(|_| tools).map(CallReader::new))
             .collect(),
         splitters: (0..num_choices)
             .map(|_| reasoning.map(|r| r.splitter()))

@@ -130,6 +130,7 @@ pub fn settings(
             .map(|s| s.into_vec())
             .unwrap_or_default(),
         ignore_eos: common.ignore_eos.unwrap_or(false),
+        skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
     };
     if max_tokens == Some(0) {
         return Err(ApiError::invalid("max_tokens", "must be at least 1"));

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::server::openai::body::{finish_fields, token_text, ChoiceState};
 use crate::server::reasoning::{split_whole, Reasoning};
-use crate::server::tools::parse_calls;
+use crate::server::tools::{parse_calls, Calls};
 
 /// One token's log-probability in the chat shape.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -121,7 +121,7 @@ pub fn choice(
     c: &ChoiceState,
     tokenizer: &ModelTokenizer,
     want_logprobs: bool,
-    tool_calls: Option<&[String]>,
+    tool_calls: Option<&Calls>,
     reasoning: Option<Reasoning>,
 ) -> ChatChoice {
     let (mut finish_reason, stop_reason) = finish_fields(c.finish.as_ref());
@@ -130,7 +130,7 @@ pub fn choice(
         Some(r) => split_whole(r, &c.text),
         None => (None, c.text.clone()),
     };
-    let (content, calls) = match tool_calls.map(|names| parse_calls(&answer, names)) {
+    let (content, calls) = match tool_calls.map(|calls| parse_calls(&answer, calls)) {
         Some(Some((content, calls))) => {
             if finish_reason == Some("stop") {
                 finish_reason = Some("tool_calls");

@@ -99,6 +99,6 @@ pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,
-        tool_names: Vec::new(),
+        calls: None,
     })
 }

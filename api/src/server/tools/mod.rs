@@ -1,15 +1,28 @@
-//! Tool calling on `/v1/chat/completions`: the `tools` and `tool_choice` fields checked and
-//! turned into what the template renders and, for `required` or a named function, a grammar
-//! that makes the answer one or more `<tool_call>` blocks whose JSON is a call of an offered
-//! function with arguments valid against its parameter schema; and the model's answer parsed
-//! back into `tool_calls` (whole, or as stream deltas while it is generated).
+//! Tool calling on `/v1/chat/completions` (and the APIs that go through it): the `tools` and
+//! `tool_choice` fields checked and turned into what the template renders and, for
+//! `required` or a named function, a grammar that makes the answer one or more calls of an
+//! offered function with arguments valid against its parameter schema, written in the
+//! model's tool-call format ([`format`]); and the model's answer read back into `tool_calls`
+//! (whole, or as stream deltas while it is generated: [`reader`]).
 
-use engine::constraint::{compact, ConstraintSpec};
+pub mod format;
+#[cfg(test)]
+mod format_tests;
+pub mod hermes;
+pub mod llama3;
+pub mod mistral;
+pub mod qwen3_coder;
+pub mod reader;
+
+use std::sync::Arc;
+
+use engine::constraint::ConstraintSpec;
 use serde_json::{json, Value};
 
+pub use self::format::{default_for_template, tool_format, ToolFormat, TOOL_CALL_PARSERS};
+pub use self::reader::{parse_calls, CallReader, Calls, Piece};
 use super::error::{ApiError, ApiResult};
 use super::openai::chat::response::{FunctionCallOut, ToolCallOut};
-use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 
 /// What `tool_choice` asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,63 +192,33 @@ impl ToolRequest {
         self.choice != ToolChoice::None
     }
 
-    /// For `required` or a named function: a grammar whose sentences are one call (several
-    /// under `parallel_tool_calls`) of an allowed function, arguments valid against its
-    /// schema.
-    pub fn constraint(&self) -> Option<ConstraintSpec> {
+    /// For `required` or a named function: a grammar, in `format`'s syntax, whose sentences
+    /// are one call (several under `parallel_tool_calls`) of an allowed function, arguments
+    /// valid against its schema.
+    pub fn constraint(&self, format: &dyn ToolFormat) -> Option<ConstraintSpec> {
         let allowed: Vec<&Tool> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => self.tools.iter().collect(),
             ToolChoice::Named(name) => self.tools.iter().filter(|t| &t.name == name).collect(),
         };
-        let calls: Vec<Value> = allowed
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
-        let call = match <[Value; 1]>::try_from(calls) {
-            Ok([one]) => one,
-            Err(many) => json!({"anyOf": many}),
-        };
         // A named function is called once; `required` may call several unless told not to.
         let several = self.parallel && self.choice == ToolChoice::Required;
-        let repeat = if several { " (\"\\n\" call)*" } else { "" };
-        Some(ConstraintSpec::Lark(format!(
-            "start: call{repeat}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n",
-            open = lark_string(TOOL_CALL_OPEN),
-            close = lark_string(TOOL_CALL_CLOSE),
-            schema = compact(call),
-        )))
+        Some(ConstraintSpec::Lark(format.grammar(&allowed, several)))
+    }
+
+    /// How answers are read for calls of these tools in `format`.
+    pub fn calls(&self, format: Arc<dyn ToolFormat>) -> Calls {
+        Calls::new(format, self.tools.clone())
     }
 }
 
-/// `text` as a Lark string literal.
-fn lark_string(text: &str) -> String {
-    Value::String(text.to_string()).to_string()
-}
-
-/// One parsed call: `{"name": ..., "arguments": {...}}` (or `parameters`, which some models
-/// write).
-fn parse_call(body: &str) -> Option<(String, String)> {
-    let value: Value = serde_json::from_str(body.trim()).ok()?;
-    let name = value.get("name")?.as_str()?.to_string();
-    let arguments = value
-        .get("arguments")
-        .or_else(|| value.get("parameters"))
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let arguments = match arguments {
-        // Some models write the arguments as a JSON string already.
-        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
-        other => other.to_string(),
-    };
-    Some((name, arguments))
+/// One call read from an answer: the function's name and its arguments (JSON text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
 }
 
 /// A fresh call id.
@@ -243,200 +226,14 @@ pub fn call_id() -> String {
     format!("call_{:024x}", rand::random::<u128>() >> 32)
 }
 
-fn call_out((name, arguments): (String, String)) -> ToolCallOut {
+fn call_out(call: ParsedCall) -> ToolCallOut {
     ToolCallOut {
         id: call_id(),
         kind: "function",
-        function: FunctionCallOut { name, arguments },
-    }
-}
-
-/// `text` read for tool calls: the text before the first `<tool_call>` (if any is left) and
-/// the calls, or `None` when it holds no well-formed call (then it is all content). A last
-/// block cut off before `</tool_call>` counts if its JSON is whole and is dropped if not
-/// (the answer ran out of tokens). An answer that is only `{"name": ..., "arguments": ...}`
-/// naming one of `offered` is a call too: small models often leave out the tags.
-pub fn parse_calls(text: &str, offered: &[String]) -> Option<(Option<String>, Vec<ToolCallOut>)> {
-    let Some(start) = text.find(TOOL_CALL_OPEN) else {
-        return bare_call(text, offered).map(|call| (None, vec![call_out(call)]));
-    };
-    let mut calls = Vec::new();
-    let mut rest = &text[start..];
-    while let Some(open) = rest.find(TOOL_CALL_OPEN) {
-        let body_start = open + TOOL_CALL_OPEN.len();
-        let (body, next, closed) = match rest[body_start..].find(TOOL_CALL_CLOSE) {
-            Some(end) => (
-                &rest[body_start..body_start + end],
-                &rest[body_start + end + TOOL_CALL_CLOSE.len()..],
-                true,
-            ),
-            None => (&rest[body_start..], "", false),
-        };
-        match parse_call(body) {
-            Some(call) => calls.push(call_out(call)),
-            None if !closed => {
-                // Cut off by the token limit: what it holds of a call, as OpenAI returns a
-                // call whose arguments ran out of tokens.
-                if let Some(call) = partial_call(body, offered) {
-                    calls.push(call_out(call));
-                }
-                if calls.is_empty() {
-                    return None;
-                }
-                break;
-            }
-            None => return None,
-        }
-        rest = next;
-    }
-    let content = text[..start].trim();
-    Some(((!content.is_empty()).then(|| content.to_string()), calls))
-}
-
-/// A call cut off inside its arguments (`{"name": "f", "arguments": {"a": "...`): the name,
-/// if it is one of `offered`, and the arguments as far as they go.
-fn partial_call(body: &str, offered: &[String]) -> Option<(String, String)> {
-    let rest = body.trim_start().strip_prefix('{')?.trim_start();
-    let rest = rest
-        .strip_prefix("\"name\"")?
-        .trim_start()
-        .strip_prefix(':')?;
-    let rest = rest.trim_start().strip_prefix('"')?;
-    let (name, rest) = rest.split_once('"')?;
-    let rest = rest.trim_start().strip_prefix(',')?.trim_start();
-    let rest = rest
-        .strip_prefix("\"arguments\"")?
-        .trim_start()
-        .strip_prefix(':')?;
-    offered
-        .iter()
-        .any(|n| n == name)
-        .then(|| (name.to_string(), rest.trim().to_string()))
-}
-
-/// `text` as one untagged call of an `offered` function.
-fn bare_call(text: &str, offered: &[String]) -> Option<(String, String)> {
-    let text = text.trim();
-    if !text.starts_with('{') {
-        return None;
-    }
-    let call = parse_call(text)?;
-    offered.contains(&call.0).then_some(call)
-}
-
-/// What a streamed choice sends next while its text is read for calls.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Piece {
-    /// Plain text.
-    Text(String),
-    /// A whole call (sent as a delta naming it, then one with its arguments).
-    Call(ToolCallOut),
-}
-
-/// Reads a streamed answer for tool calls: text passes through as it comes, except a tail
-/// that may still become `<tool_call>`; a call is held until its `</tool_call>` and then
-/// given whole. A block that does not parse goes out as text.
-///
-/// An answer whose first character is `{` is held to the end, where it may turn out to be an
-/// untagged call (see [`parse_calls`]).
-#[derive(Debug, Default)]
-pub struct CallReader {
-    held: String,
-    in_call: bool,
-    /// The answer so far is blank or started with `{`.
-    maybe_bare: bool,
-    offered: Vec<String>,
-    /// Calls given so far.
-    pub calls: usize,
-}
-
-impl CallReader {
-    /// A reader for calls of the `offered` functions.
-    pub fn new(offered: Vec<String>) -> Self {
-        Self {
-            offered,
-            maybe_bare: true,
-            ..Self::default()
-        }
-    }
-
-    /// The pieces `text` completes.
-    pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        self.held.push_str(text);
-        if self.maybe_bare {
-            match self.held.trim_start().chars().next() {
-                None => return Vec::new(),
-                Some('{') => return Vec::new(),
-                Some(_) => self.maybe_bare = false,
-            }
-        }
-        let mut out = Vec::new();
-        loop {
-            if self.in_call {
-                let Some(end) = self.held.find(TOOL_CALL_CLOSE) else {
-                    break;
-                };
-                let block: String = self.held.drain(..end + TOOL_CALL_CLOSE.len()).collect();
-                out.push(self.block(block));
-                self.in_call = false;
-                continue;
-            }
-            match self.held.find(TOOL_CALL_OPEN) {
-                Some(open) => {
-                    let before: String = self.held.drain(..open).collect();
-                    if !before.is_empty() {
-                        out.push(Piece::Text(before));
-                    }
-                    self.in_call = true;
-                }
-                None => {
-                    // Keep a tail that could be the start of the marker.
-                    let keep = (1..TOOL_CALL_OPEN.len())
-                        .rev()
-                        .find(|&n| self.held.ends_with(&TOOL_CALL_OPEN[..n]))
-                        .unwrap_or(0);
-                    let cut = self.held.len() - keep;
-                    if cut > 0 {
-                        out.push(Piece::Text(self.held.drain(..cut).collect()));
-                    }
-                    break;
-                }
-            }
-        }
-        out
-    }
-
-    /// What is left once the answer ended: an unclosed call whose JSON is whole, or text.
-    pub fn finish(&mut self) -> Vec<Piece> {
-        let held = std::mem::take(&mut self.held);
-        if held.is_empty() {
-            return Vec::new();
-        }
-        if self.maybe_bare {
-            self.maybe_bare = false;
-            if let Some(call) = bare_call(&held, &self.offered) {
-                self.calls += 1;
-                return vec![Piece::Call(call_out(call))];
-            }
-            return vec![Piece::Text(held)];
-        }
-        if self.in_call {
-            self.in_call = false;
-            return vec![self.block(held)];
-        }
-        vec![Piece::Text(held)]
-    }
-
-    /// A `<tool_call>...` block (closed, or cut off at the end of the answer) read as
-    /// [`parse_calls`] reads it: a call, or text if it holds none.
-    fn block(&mut self, block: String) -> Piece {
-        match parse_calls(&block, &self.offered).and_then(|(_, calls)| calls.into_iter().next()) {
-            Some(call) => {
-                self.calls += 1;
-                Piece::Call(call)
-            }
-            None => Piece::Text(block),
-        }
+        function: FunctionCallOut {
+            name: call.name,
+            arguments: call.arguments,
+        },
     }
 }
 
@@ -447,6 +244,19 @@ mod tests {
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    }
+
+    /// Hermes calls of functions named `names`.
+    pub(super) fn calls(names: &[&str]) -> Calls {
+        let tools = names
+            .iter()
+            .map(|n| Tool {
+                name: n.to_string(),
+                parameters: json!({"type": "object"}),
+                declaration: json!({}),
+            })
+            .collect();
+        Calls::new(Arc::new(hermes::Hermes), tools)
     }
 
     fn refused(tools: Value, choice: Option<Value>) -> String {
@@ -485,17 +295,23 @@ mod tests {
                 .unwrap()
                 .unwrap()
         };
-        assert!(parse(json!("auto")).constraint().is_none());
+        assert!(parse(json!("auto")).constraint(&hermes::Hermes).is_none());
         let none = parse(json!("none"));
-        assert!(none.constraint().is_none() && none.shown().is_empty() && !none.parses_calls());
+        assert!(
+            none.constraint(&hermes::Hermes).is_none()
+                && none.shown().is_empty()
+                && !none.parses_calls()
+        );
         let Some(ConstraintSpec::Lark(named)) =
-            parse(json!({"type": "function", "function": {"name": "now"}})).constraint()
+            parse(json!({"type": "function", "function": {"name": "now"}}))
+                .constraint(&hermes::Hermes)
         else {
             panic!("a named choice is a grammar");
         };
         assert!(named.contains(r#""const":"now""#) && !named.contains("get_weather"));
         assert!(!named.contains("call)*"), "parallel calls were turned off");
-        let Some(ConstraintSpec::Lark(any)) = parse(json!("required")).constraint() else {
+        let Some(ConstraintSpec::Lark(any)) = parse(json!("required")).constraint(&hermes::Hermes)
+        else {
             panic!("required is a grammar");
         };
         assert!(any.contains("anyOf") && any.contains("get_weather") && any.contains("\"now\""));
@@ -504,7 +320,7 @@ mod tests {
     #[test]
     fn calls_are_read_from_the_answer() {
         let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
-        let offered = ["get_weather".to_string(), "now".to_string()];
+        let offered = calls(&["get_weather", "now"]);
         let (content, calls) = parse_calls(text, &offered).unwrap();
         assert_eq!(content.as_deref(), Some("Let me look."));
         assert_eq!(calls.len(), 2);
@@ -541,7 +357,7 @@ mod tests {
     fn a_streamed_answer_gives_the_same_calls_in_any_split() {
         let text = "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
         for step in [1, 2, 3, 7, 50, text.len()] {
-            let mut reader = CallReader::new(Vec::new());
+            let mut reader = CallReader::new(calls(&[]));
             let mut pieces = Vec::new();
             let chars: Vec<char> = text.chars().collect();
             for chunk in chars.chunks(step) {
@@ -567,15 +383,15 @@ mod tests {
             assert_eq!(reader.calls, 2);
         }
         // Text that only looks like the start of a marker is given back in the end.
-        let mut reader = CallReader::new(Vec::new());
+        let mut reader = CallReader::new(calls(&[]));
         assert!(reader
             .push("a <tool")
             .iter()
             .all(|p| p == &Piece::Text("a ".into())));
         assert_eq!(reader.finish(), vec![Piece::Text("<tool".into())]);
         // An untagged call is held to the end; other JSON comes back as text.
-        for (names, want_call) in [(vec!["now".to_string()], true), (Vec::new(), false)] {
-            let mut reader = CallReader::new(names);
+        for (names, want_call) in [(vec!["now"], true), (Vec::new(), false)] {
+            let mut reader = CallReader::new(calls(&names));
             assert!(reader.push(" {\"name\": \"now\",").is_empty());
             assert!(reader.push(" \"arguments\": {}}").is_empty());
             let end = reader.finish();

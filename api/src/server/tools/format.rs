@@ -1,0 +1,151 @@
+//! Tool-call formats (`--tool-call-parser`): how a model family writes its calls, read back
+//! from its answers and written as the grammar of `tool_choice: required` or a named
+//! function. Each format is a type behind [`ToolFormat`]: `hermes` (`<tool_call>` blocks of
+//! JSON, Qwen2.5 and most fine-tunes), `llama3_json` (a bare JSON object per call, `;` between
+//! them, after an optional `<|python_tag|>`), `mistral` (`[TOOL_CALLS]` and a JSON list, or
+//! `[TOOL_CALLS]name[ARGS]{...}`) and `qwen3_coder` (`<tool_call><function=NAME><parameter=P>`
+//! XML). [`default_for_template`] picks the one a model's chat template writes.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{hermes::Hermes, llama3::Llama3Json, mistral::Mistral, qwen3_coder::Qwen3Coder};
+use super::{ParsedCall, Tool};
+
+/// How one model family writes tool calls.
+pub trait ToolFormat: Send + Sync + std::fmt::Debug {
+    /// Its `--tool-call-parser` name.
+    fn name(&self) -> &'static str;
+    /// Strings that open the calls of an answer (text before the first is content).
+    fn openers(&self) -> &'static [&'static str];
+    /// Whether an answer that opens with `{` may be calls without an opener.
+    fn bare_json(&self) -> bool {
+        false
+    }
+    /// Whether its markers are special tokens in the models that write it (they must then
+    /// stay in the answer's text for it to be read).
+    fn special_markers(&self) -> bool {
+        false
+    }
+    /// The string that closes one call, where calls come one block at a time (a stream then
+    /// gives each call as its block closes; otherwise the calls are read at the end).
+    fn block_close(&self) -> Option<&'static str> {
+        None
+    }
+    /// The calls in `text` (from an opener on, or a bare answer), `None` when it holds no
+    /// well-formed call of an `offered` function; `finished` says the answer ended there
+    /// (a call cut off by the token limit may then count, as far as it got).
+    fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>>;
+    /// A Lark grammar whose sentences are one call of one of `allowed` (several, separated
+    /// as the format separates them, when `several`), arguments valid against the schema.
+    fn grammar(&self, allowed: &[&Tool], several: bool) -> String;
+}
+
+/// The names `--tool-call-parser` takes.
+pub const TOOL_CALL_PARSERS: &[&str] = &["hermes", "llama3_json", "mistral", "qwen3_coder"];
+
+/// The format `name` names; an error listing the names otherwise.
+pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
+    match name {
+        "hermes" => Ok(Arc::new(Hermes)),
+        "llama3_json" => Ok(Arc::new(Llama3Json)),
+        "mistral" => Ok(Arc::new(Mistral)),
+        "qwen3_coder" => Ok(Arc::new(Qwen3Coder)),
+        other => Err(format!(
+            "unknown tool-call parser {other:?} (known: {})",
+            TOOL_CALL_PARSERS.join(", ")
+        )),
+    }
+}
+
+/// The format a chat template writes its calls in (`hermes` when it shows none of the
+/// others' markers, and for templates without tool support, which thicket shows `hermes`
+/// calls in).
+pub fn default_for_template(template: Option<&str>) -> Arc<dyn ToolFormat> {
+    let template = template.unwrap_or_default();
+    if template.contains("<function=") && template.contains("<parameter=") {
+        Arc::new(Qwen3Coder)
+    } else if template.contains("[TOOL_CALLS]") {
+        Arc::new(Mistral)
+    } else if template.contains("<|python_tag|>") || template.contains("<|eom_id|>") {
+        Arc::new(Llama3Json)
+    } else {
+        Arc::new(Hermes)
+    }
+}
+
+/// The JSON schema of one call object of `tool`: `{name_key: its name, args_key: its
+/// arguments}`.
+pub fn call_schema(tool: &Tool, args_key: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, args_key: tool.parameters},
+        "required": ["name", args_key],
+        "additionalProperties": false,
+    })
+}
+
+/// One schema for a call of any of `allowed`.
+pub fn any_call_schema(allowed: &[&Tool], args_key: &str) -> Value {
+    let calls: Vec<Value> = allowed.iter().map(|t| call_schema(t, args_key)).collect();
+    match <[Value; 1]>::try_from(calls) {
+        Ok([one]) => one,
+        Err(many) => json!({"anyOf": many}),
+    }
+}
+
+/// `text` as a Lark string literal.
+pub fn lark_string(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+/// A call object's name and arguments (under `arguments`, or `parameters`, which some
+/// models write; arguments written as a JSON string are taken as they are); with `offered`
+/// (a call without the format's marker), only when it names one of them.
+pub fn call_of(value: &Value, offered: Option<&[Tool]>) -> Option<ParsedCall> {
+    let name = value.get("name")?.as_str()?;
+    if offered.is_some_and(|tools| !tools.iter().any(|t| t.name == name)) {
+        return None;
+    }
+    let arguments = value
+        .get("arguments")
+        .or_else(|| value.get("parameters"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let arguments = match arguments {
+        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
+        other => other.to_string(),
+    };
+    Some(ParsedCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_templates_pick_their_format() {
+        for name in TOOL_CALL_PARSERS {
+            assert_eq!(tool_format(name).map(|f| f.name()), Ok(*name));
+        }
+        assert!(tool_format("xml")
+            .unwrap_err()
+            .contains("hermes, llama3_json"));
+        let pick = |t: &str| default_for_template(Some(t)).name();
+        assert_eq!(pick("{{ '<tool_call>' }}"), "hermes");
+        assert_eq!(
+            pick("<tool_call>\n<function={{ n }}>\n<parameter={{ p }}>"),
+            "qwen3_coder"
+        );
+        assert_eq!(pick("{{ '[TOOL_CALLS]' + calls|tojson }}"), "mistral");
+        assert_eq!(
+            pick("{{ '<|python_tag|>' }}{{ '<|eom_id|>' }}"),
+            "llama3_json"
+        );
+        assert_eq!(default_for_template(None).name(), "hermes");
+    }
+}

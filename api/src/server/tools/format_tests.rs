@@ -1,0 +1,237 @@
+//! Every tool-call format read whole and streamed, its answer cut at every character: the
+//! same content and calls either way; malformed calls in each syntax stay text.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::format::ToolFormat;
+use super::hermes::Hermes;
+use super::llama3::Llama3Json;
+use super::mistral::Mistral;
+use super::qwen3_coder::Qwen3Coder;
+use super::{parse_calls, CallReader, Calls, Piece, Tool};
+
+fn tools() -> Vec<Tool> {
+    let tool = |name: &str, parameters: Value| Tool {
+        name: name.into(),
+        parameters,
+        declaration: json!({}),
+    };
+    vec![
+        tool(
+            "get_weather",
+            json!({"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"},
+                "metric": {"type": "boolean"}, "where": {"type": "object"}}}),
+        ),
+        tool("now", json!({"type": "object", "properties": {}})),
+    ]
+}
+
+fn calls(format: impl ToolFormat + 'static) -> Calls {
+    Calls::new(Arc::new(format), tools())
+}
+
+/// The content and (name, arguments as JSON) calls of `text` read whole.
+fn whole(calls: &Calls, text: &str) -> (Option<String>, Vec<(String, Value)>) {
+    match parse_calls(text, calls) {
+        None => (Some(text.to_string()), Vec::new()),
+        Some((content, found)) => (
+            content,
+            found
+                .into_iter()
+                .map(|c| {
+                    let args = serde_json::from_str(&c.function.arguments)
+                        .unwrap_or(Value::String(c.function.arguments.clone()));
+                    (c.function.name, args)
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The same read streamed in pieces of `step` characters (content trimmed as whole reads
+/// trim it).
+fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(String, Value)>) {
+    let mut reader = CallReader::new(calls.clone());
+    let chars: Vec<char> = text.chars().collect();
+    let mut pieces = Vec::new();
+    for chunk in chars.chunks(step) {
+        pieces.extend(reader.push(&chunk.iter().collect::<String>()));
+    }
+    pieces.extend(reader.finish());
+    let mut content = String::new();
+    let mut found = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Call(c) => found.push((
+                c.function.name,
+                serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
+            )),
+        }
+    }
+    assert_eq!(reader.calls, found.len());
+    let content = content.trim().to_string();
+    (
+        (!content.is_empty() || found.is_empty()).then_some(content),
+        found,
+    )
+}
+
+/// Whole and streamed at every cut agree, and give `want`.
+fn check(calls: &Calls, text: &str, content: Option<&str>, want: &[(&str, Value)]) {
+    let want: Vec<(String, Value)> = want
+        .iter()
+        .map(|(n, a)| (n.to_string(), a.clone()))
+        .collect();
+    let (got_content, got) = whole(calls, text);
+    assert_eq!(got, want, "{} whole: {text:?}", calls.format.name());
+    if !want.is_empty() {
+        assert_eq!(got_content.as_deref(), content, "{text:?}");
+    }
+    for step in 1..=text.chars().count() {
+        let (s_content, s_got) = streamed(calls, text, step);
+        assert_eq!(
+            s_got,
+            want,
+            "{} every {step}: {text:?}",
+            calls.format.name()
+        );
+        if !want.is_empty() {
+            assert_eq!(s_content.as_deref(), content, "every {step}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn hermes_blocks_and_bare_calls() {
+    let c = calls(Hermes);
+    check(
+        &c,
+        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+        Some("Let me look."),
+        &[("get_weather", json!({"city": "Oslo"})), ("now", json!({}))],
+    );
+    check(
+        &c,
+        " {\"name\": \"now\", \"arguments\": {}}",
+        None,
+        &[("now", json!({}))],
+    );
+    // Malformed: broken JSON in a closed block, an untagged call of an unknown function.
+    check(
+        &c,
+        "<tool_call>\n{\"name\": \"now\", </tool_call> ok",
+        None,
+        &[],
+    );
+    check(&c, "{\"name\": \"rm\", \"arguments\": {}}", None, &[]);
+}
+
+#[test]
+fn llama3_json_with_and_without_the_python_tag() {
+    let c = calls(Llama3Json);
+    check(
+        &c,
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\", \"days\": 2}}",
+        None,
+        &[("get_weather", json!({"city": "Lima", "days": 2}))],
+    );
+    check(
+        &c,
+        "<|python_tag|>{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"a;b\"}}",
+        None,
+        &[("now", json!({})), ("get_weather", json!({"city": "a;b"}))],
+    );
+    // A JSON answer that is not a call of an offered function stays content; so does a cut
+    // off call and plain text.
+    check(&c, "{\"name\": \"Ada\", \"age\": 36}", None, &[]);
+    check(&c, "<|python_tag|>{\"name\": \"now\", \"param", None, &[]);
+    check(&c, "It is sunny in Lima.", None, &[]);
+}
+
+#[test]
+fn mistral_lists_and_named_calls() {
+    let c = calls(Mistral);
+    check(
+        &c,
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"now\", \"arguments\": {}}]",
+        None,
+        &[("get_weather", json!({"city": "Rome"})), ("now", json!({}))],
+    );
+    check(
+        &c,
+        "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{}",
+        Some("Checking."),
+        &[("get_weather", json!({"city": "Rome"})), ("now", json!({}))],
+    );
+    check(
+        &c,
+        "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": ",
+        None,
+        &[],
+    );
+    check(&c, "[TOOL_CALLS]get_weather{\"city\": \"Rome\"}", None, &[]);
+}
+
+#[test]
+fn qwen3_coder_xml_typed_by_the_schema() {
+    let c = calls(Qwen3Coder);
+    check(
+        &c,
+        "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Jose\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n<parameter=where>\n{\"lat\": 1.5}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>",
+        Some("I will check."),
+        &[
+            (
+                "get_weather",
+                json!({"city": "San Jose", "days": 3, "metric": false, "where": {"lat": 1.5}}),
+            ),
+            ("now", json!({})),
+        ],
+    );
+    // A number that is text to the schema stays text; a value over lines keeps them.
+    check(
+        &c,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\nnorth\n</parameter>\n</function>\n</tool_call>",
+        None,
+        &[("get_weather", json!({"city": "42\nnorth"}))],
+    );
+    // Cut off inside the second parameter: the call with the parameter that closed.
+    check(
+        &c,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n",
+        None,
+        &[("get_weather", json!({"city": "Oslo"}))],
+    );
+    check(
+        &c,
+        "<tool_call>\n<function get_weather>\n</tool_call>",
+        None,
+        &[],
+    );
+}
+
+#[test]
+fn grammars_are_written_in_each_syntax() {
+    let all = tools();
+    let allowed: Vec<&Tool> = all.iter().collect();
+    let one = &allowed[..1];
+    let hermes = Hermes.grammar(one, false);
+    assert!(hermes.contains("\"<tool_call>\"") && !hermes.contains("call)*"));
+    assert!(Hermes.grammar(&allowed, true).contains("anyOf"));
+    let llama = Llama3Json.grammar(&allowed, true);
+    assert!(llama.contains("\"; \" call") && llama.contains("\"parameters\""));
+    let mistral = Mistral.grammar(one, false);
+    assert!(
+        mistral.contains("\"[TOOL_CALLS]\" \"[\" call \"]\""),
+        "{mistral}"
+    );
+    let coder = Qwen3Coder.grammar(&allowed, false);
+    assert!(coder.contains("\"<function=get_weather>\"") && coder.contains("\"<function=now>\""));
+    assert!(
+        coder.contains("/-?[0-9]+\\n/") && coder.contains("%json"),
+        "{coder}"
+    );
+}

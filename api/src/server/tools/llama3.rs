@@ -1,0 +1,72 @@
+//! The `llama3_json` tool-call format (Llama 3.1-3.3's JSON tool calling): the answer is the
+//! call, a JSON object `{"name": ..., "parameters": {...}}` (`arguments` is read too), after
+//! an optional `<|python_tag|>`; several calls are separated by `;`. Without the tag an
+//! answer is read as calls only when every object names an offered function, so a JSON
+//! answer to a question stays content.
+
+use serde_json::Value;
+
+use super::format::{any_call_schema, call_of, ToolFormat};
+use super::{ParsedCall, Tool};
+use engine::constraint::compact;
+
+/// The tag Llama writes before a call.
+pub const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// JSON objects after an optional `<|python_tag|>`.
+#[derive(Debug, Clone, Copy)]
+pub struct Llama3Json;
+
+/// The JSON values of `text`, separated by blanks and `;`; `None` when anything else is
+/// there (or a value is cut off).
+fn values(text: &str) -> Option<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let value = stream.next()?.ok()?;
+        out.push(value);
+        rest = rest[stream.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+    }
+    Some(out)
+}
+
+impl ToolFormat for Llama3Json {
+    fn name(&self) -> &'static str {
+        "llama3_json"
+    }
+
+    fn openers(&self) -> &'static [&'static str] {
+        &[PYTHON_TAG]
+    }
+
+    fn bare_json(&self) -> bool {
+        true
+    }
+
+    fn special_markers(&self) -> bool {
+        true
+    }
+
+    fn parse(&self, text: &str, offered: &[Tool], _finished: bool) -> Option<Vec<ParsedCall>> {
+        let (body, tagged) = match text.trim_start().strip_prefix(PYTHON_TAG) {
+            Some(body) => (body, true),
+            None => (text, false),
+        };
+        let check = (!tagged).then_some(offered);
+        let calls: Option<Vec<ParsedCall>> = values(body)?
+            .iter()
+            .map(|value| call_of(value, check))
+            .collect();
+        calls.filter(|c| !c.is_empty())
+    }
+
+    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+        let repeat = if several { " (\"; \" call)*" } else { "" };
+        format!(
+            "start: call{repeat}\ncall: %json {}\n",
+            compact(any_call_schema(allowed, "parameters"))
+        )
+    }
+}

@@ -1,0 +1,64 @@
+//! The `mistral` tool-call format: `[TOOL_CALLS]` and a JSON list of
+//! `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Mixtral, Nemo), or, in the
+//! newer tokenizers (Mistral Small 3.2, Devstral, Magistral), `[TOOL_CALLS]name[ARGS]{...}`
+//! per call (an optional `[CALL_ID]id` before `[ARGS]`). The grammar writes the list form.
+
+use serde_json::Value;
+
+use super::format::{any_call_schema, call_of, lark_string, ToolFormat};
+use super::{ParsedCall, Tool};
+use engine::constraint::compact;
+
+/// The marker that opens Mistral's calls.
+pub const TOOL_CALLS: &str = "[TOOL_CALLS]";
+const ARGS: &str = "[ARGS]";
+const CALL_ID: &str = "[CALL_ID]";
+
+/// `[TOOL_CALLS]` and a JSON list, or `[TOOL_CALLS]name[ARGS]{...}`.
+#[derive(Debug, Clone, Copy)]
+pub struct Mistral;
+
+/// One `name[ARGS]{...}` call (an optional `[CALL_ID]id` after the name).
+fn named_call(text: &str) -> Option<ParsedCall> {
+    let (head, arguments) = text.split_once(ARGS)?;
+    let name = head.split(CALL_ID).next()?.trim();
+    let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
+    (!name.is_empty() && arguments.is_object()).then(|| ParsedCall {
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+    })
+}
+
+impl ToolFormat for Mistral {
+    fn name(&self) -> &'static str {
+        "mistral"
+    }
+
+    fn openers(&self) -> &'static [&'static str] {
+        &[TOOL_CALLS]
+    }
+
+    fn special_markers(&self) -> bool {
+        true
+    }
+
+    fn parse(&self, text: &str, _offered: &[Tool], _finished: bool) -> Option<Vec<ParsedCall>> {
+        let body = text.trim_start().strip_prefix(TOOL_CALLS)?.trim();
+        let calls: Option<Vec<ParsedCall>> = if body.starts_with('[') {
+            let list: Vec<Value> = serde_json::from_str(body).ok()?;
+            list.iter().map(|value| call_of(value, None)).collect()
+        } else {
+            body.split(TOOL_CALLS).map(named_call).collect()
+        };
+        calls.filter(|c| !c.is_empty())
+    }
+
+    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+        let repeat = if several { " (\", \" call)*" } else { "" };
+        format!(
+            "start: {open} \"[\" call{repeat} \"]\"\ncall: %json {schema}\n",
+            open = lark_string(TOOL_CALLS),
+            schema = compact(any_call_schema(allowed, "arguments")),
+        )
+    }
+}

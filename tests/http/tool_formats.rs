@@ -1,0 +1,186 @@
+//! Each tool-call format read by every API on a scripted "model" (`scripted`) that answers
+//! in that format's syntax: chat completions' `tool_calls` (whole and streamed), the
+//! Responses API's `function_call` items and the Messages API's `tool_use` blocks all carry
+//! the same call; with a reasoning parser, a call written inside the thinking is not one
+//! while the call in the answer is; special tokens stay in the text on request, and for a
+//! format marked by them.
+
+use api::server::reasoning::ReasoningParser;
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use super::mock_server::{call, call_raw, request, KEY};
+use super::scripted::{events, scripted_with};
+
+/// Each format's answer calling `get_weather` for Oslo, 2 days.
+const ANSWERS: &[(&str, &str)] = &[
+    ("hermes", "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>"),
+    ("llama3_json", "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}"),
+    ("mistral", "Checking.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}]"),
+    ("qwen3_coder", "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+];
+
+fn weather() -> Value {
+    json!({"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}})
+}
+
+fn chat_body() -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "max_tokens": 120,
+        "temperature": 0,
+        "tools": [{"type": "function", "function": weather()}],
+    })
+}
+
+async fn sse(app: &axum::Router, path: &str, mut body: Value) -> Vec<(Option<String>, Value)> {
+    body["stream"] = json!(true);
+    let req = request("POST", path, Some(body.to_string().into_bytes()), Some(KEY));
+    let (status, _, bytes) = call_raw(app, req).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    events(&bytes)
+}
+
+fn arguments(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_reads_each_format() {
+    let want = json!({"city": "Oslo", "days": 2});
+    for (format, answer) in ANSWERS {
+        let server = scripted_with(answer, None, Some(format));
+        let app = &server.app;
+        let (status, whole) = call(app, "POST", "/v1/chat/completions", Some(chat_body())).await;
+        assert_eq!(status, StatusCode::OK, "{whole}");
+        let choice = &whole["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{format}: {whole}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{format}: {whole}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(
+            arguments(calls[0]["function"]["arguments"].as_str().unwrap()),
+            want
+        );
+        let content = choice["message"]["content"].as_str().unwrap_or("");
+        assert!(
+            content == "Checking." || content.is_empty(),
+            "{format}: {whole}"
+        );
+
+        let (mut name, mut args, mut text) = (String::new(), String::new(), String::new());
+        for (_, data) in sse(app, "/v1/chat/completions", chat_body()).await {
+            let Some(delta) = data["choices"].get(0).map(|c| &c["delta"]) else {
+                continue;
+            };
+            text.push_str(delta["content"].as_str().unwrap_or(""));
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                assert_eq!(call["index"], 0, "{format}: one call");
+                name.push_str(call["function"]["name"].as_str().unwrap_or(""));
+                args.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        assert_eq!(name, "get_weather", "{format}");
+        assert_eq!(arguments(&args), want, "{format}");
+        assert_eq!(text.trim(), content, "{format}");
+
+        let responses = json!({"input": "Weather in Oslo?", "max_output_tokens": 120,
+                               "temperature": 0, "tools": [{"type": "function", "name": "get_weather",
+                               "parameters": weather()["parameters"]}]});
+        let (status, r) = call(app, "POST", "/v1/responses", Some(responses)).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        let item = r["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("{format}: {r}"));
+        assert_eq!(item["name"], "get_weather");
+        assert_eq!(arguments(item["arguments"].as_str().unwrap()), want);
+
+        let messages = json!({"max_tokens": 120, "temperature": 0,
+                              "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                              "tools": [{"name": "get_weather",
+                                         "input_schema": weather()["parameters"]}]});
+        let (status, m) = call(app, "POST", "/v1/messages", Some(messages)).await;
+        assert_eq!(status, StatusCode::OK, "{m}");
+        assert_eq!(m["stop_reason"], "tool_use", "{format}: {m}");
+        let block = m["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap_or_else(|| panic!("{format}: {m}"));
+        assert_eq!(
+            (&block["name"], &block["input"]),
+            (&json!("get_weather"), &want)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_inside_the_thinking_is_not_read_in_any_format() {
+    for (format, answer) in ANSWERS {
+        let thinking = answer.replace("Oslo", "Bergen");
+        let script = format!("<think>Maybe {thinking}</think>{answer}");
+        let server = scripted_with(&script, Some(ReasoningParser::DeepSeekR1), Some(format));
+        let (status, whole) = call(
+            &server.app,
+            "POST",
+            "/v1/chat/completions",
+            Some(chat_body()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{whole}");
+        let message = &whole["choices"][0]["message"];
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{format}: {whole}");
+        assert!(calls[0]["function"]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("Oslo"));
+        assert!(
+            message["reasoning_content"]
+                .as_str()
+                .unwrap()
+                .contains("Bergen"),
+            "{format}: {whole}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_tokens_stay_in_the_text_where_a_format_is_marked_by_them() {
+    // `<|im_start|>` is a special token of SmolLM2's: left out of text by default, kept on
+    // request, and kept for a format whose markers are special tokens (Mistral's).
+    let mistral = "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]";
+    let script = format!("Hi<|im_start|>there {mistral}");
+    for (format, skip, want) in [
+        ("hermes", None, "Hithere "),
+        ("hermes", Some(false), "Hi<|im_start|>there "),
+        ("mistral", None, "Hi<|im_start|>there"),
+        ("mistral", Some(true), "Hithere"),
+    ] {
+        let server = scripted_with(&script, None, Some(format));
+        let mut body = chat_body();
+        if let Some(skip) = skip {
+            body["skip_special_tokens"] = json!(skip);
+        }
+        let (status, whole) = call(&server.app, "POST", "/v1/chat/completions", Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{whole}");
+        let content = whole["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(content.starts_with(want), "{format} {skip:?}: {whole}");
+        let calls = whole["choices"][0]["message"]["tool_calls"].as_array();
+        assert_eq!(
+            calls.map_or(0, Vec::len),
+            usize::from(format == "mistral"),
+            "{whole}"
+        );
+    }
+}
