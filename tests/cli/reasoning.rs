@@ -191,4 +191,35 @@ fn an_unknown_reasoning_parser_refuses_to_start() {
         stderr.contains("unknown reasoning parser \"r1\"") && stderr.contains("deepseek_r1, qwen3"),
         "{stderr}"
     );
+    // The generic parser needs both strings, and the strings need it.
+    for (args, want) in [
+        (
+            vec!["--reasoning-parser", "generic"],
+            "needs --reasoning-start",
+        ),
+        (
+            vec![
+                "--reasoning-parser",
+                "generic",
+                "--reasoning-start",
+                "<a>",
+                "--reasoning-end",
+                "<a>",
+            ],
+            "two different",
+        ),
+        (
+            vec!["--reasoning-start", "<a>"],
+            "go with --reasoning-parser generic",
+        ),
+    ] {
+        let out = thicket()
+            .args(["serve", "--port", "0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
 }

@@ -322,3 +322,34 @@ async fn bad_thinking_settings_are_a_400_naming_the_field() {
         "thinking_token_budget"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generic_parser_splits_and_budgets_at_its_own_strings() {
+    let parser = ReasoningParser::generic("<seed:think>", "</seed:think>").unwrap();
+    let script = format!("<seed:think>{THINKING}</seed:think>{ANSWER}");
+    let server = scripted_server(&script, Some(parser));
+    let (status, whole) = call(
+        &server.app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (&message["reasoning_content"], &message["content"]),
+        (&json!(THINKING), &json!(ANSWER))
+    );
+
+    // A budget of 3: the engine forces `</seed:think>` after three thinking tokens.
+    let tokenizer = &smollm2().tokenizer;
+    let all = tokenizer.encode_plain(&script).unwrap();
+    let start = tokenizer.encode_plain("<seed:think>").unwrap().len();
+    let body = chat_body(json!({"thinking_token_budget": 3}));
+    let (status, whole) = call(&server.app, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    let expected = tokenizer.decode(&all[start..start + 3]).unwrap();
+    assert_eq!(message["reasoning_content"], expected.as_str(), "{whole}");
+}

@@ -44,11 +44,18 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Split chat answers into thinking (`reasoning_content`) and answer: `deepseek_r1`
-    /// (thinking until `</think>`), `qwen3` (thinking inside `<think>...</think>`), `none`,
-    /// or `auto`: the one the model's chat template implies (none for templates that do not
-    /// think). Tool calls are read from the answer only.
-    #[arg(long, value_parser = api_reasoning_parser, default_value = "auto")]
-    pub reasoning_parser: Choice<ReasoningParser>,
+    /// (thinking until `</think>`), `qwen3` (thinking inside `<think>...</think>`), `generic`
+    /// (thinking inside --reasoning-start and --reasoning-end), `none`, or `auto`: the one
+    /// the model's chat template implies (none for templates that do not think). Tool calls
+    /// are read from the answer only.
+    #[arg(long, default_value = "auto")]
+    pub reasoning_parser: String,
+    /// The string that opens thinking, for `--reasoning-parser generic`.
+    #[arg(long)]
+    pub reasoning_start: Option<String>,
+    /// The string that ends thinking, for `--reasoning-parser generic`.
+    #[arg(long)]
+    pub reasoning_end: Option<String>,
     /// The format tool calls are read and written in: `hermes`, `llama3_json`, `mistral`,
     /// `qwen3_coder`, or `auto`: the one the model's chat template writes (`hermes` when it
     /// shows none).
@@ -95,7 +102,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| args.model.model.clone()),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_bytes,
-        reasoning_parser: args.reasoning_parser.clone(),
+        reasoning_parser: reasoning_parser(&args).map_err(anyhow::Error::msg)?,
         tool_call_parser: args.tool_call_parser.clone(),
         template: TemplateSetup {
             template: match &args.chat_template {
@@ -224,13 +231,26 @@ async fn shutdown_signal(
     }
 }
 
-/// `--reasoning-parser`'s value: `auto`, `none` or a known parser; an error listing them
-/// otherwise.
-fn api_reasoning_parser(name: &str) -> Result<Choice<ReasoningParser>, String> {
-    match name {
-        "auto" => Ok(Choice::Auto),
-        "none" => Ok(Choice::Off),
-        name => ReasoningParser::parse(name).map(Choice::Use).map_err(|_| {
+/// `--reasoning-parser` (with `--reasoning-start` and `--reasoning-end` for `generic`): `auto`,
+/// `none` or a known parser; an error listing them otherwise.
+fn reasoning_parser(args: &ServeArgs) -> Result<Choice<ReasoningParser>, String> {
+    let markers = (
+        args.reasoning_start.as_deref(),
+        args.reasoning_end.as_deref(),
+    );
+    match (args.reasoning_parser.as_str(), markers) {
+        ("generic", (Some(start), Some(end))) => {
+            ReasoningParser::generic(start, end).map(Choice::Use)
+        }
+        ("generic", _) => {
+            Err("--reasoning-parser generic needs --reasoning-start and --reasoning-end".into())
+        }
+        (_, (Some(_), _) | (_, Some(_))) => {
+            Err("--reasoning-start and --reasoning-end go with --reasoning-parser generic".into())
+        }
+        ("auto", _) => Ok(Choice::Auto),
+        ("none", _) => Ok(Choice::Off),
+        (name, _) => ReasoningParser::parse(name).map(Choice::Use).map_err(|_| {
             format!(
                 "unknown reasoning parser {name:?} (known: {}, auto, none)",
                 REASONING_PARSERS.join(", ")

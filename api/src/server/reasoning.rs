@@ -19,10 +19,18 @@ pub enum ReasoningParser {
     DeepSeekR1,
     /// Qwen3: thinking inside `<think>...</think>` when the output (or the prompt) opens it.
     Qwen3,
+    /// Thinking between these start and end strings, read as `qwen3` reads its own
+    /// (`--reasoning-parser generic --reasoning-start S --reasoning-end E`).
+    Generic {
+        /// The string that opens thinking.
+        start: &'static str,
+        /// The string that ends it.
+        end: &'static str,
+    },
 }
 
 /// The names `--reasoning-parser` takes.
-pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3"];
+pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3", "generic"];
 
 impl ReasoningParser {
     /// The parser `name` names; an error listing the names otherwise.
@@ -50,9 +58,28 @@ impl ReasoningParser {
         }
     }
 
+    /// A generic parser for thinking between `start` and `end` (kept for the server's
+    /// life); an error when either is empty or they are equal.
+    pub fn generic(start: &str, end: &str) -> Result<Self, String> {
+        if start.is_empty() || end.is_empty() || start == end {
+            return Err(
+                "the generic reasoning parser needs two different, non-empty strings \
+                        (--reasoning-start and --reasoning-end)"
+                    .into(),
+            );
+        }
+        Ok(Self::Generic {
+            start: Box::leak(start.into()),
+            end: Box::leak(end.into()),
+        })
+    }
+
     /// Its start and end strings.
     pub fn markers(self) -> (&'static str, &'static str) {
-        ("<think>", "</think>")
+        match self {
+            Self::Generic { start, end } => (start, end),
+            Self::DeepSeekR1 | Self::Qwen3 => ("<think>", "</think>"),
+        }
     }
 
     /// What one answer is read with, given the rendered prompt it continues.
@@ -302,6 +329,36 @@ impl Reasoning {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generic_parser_splits_at_its_own_strings() {
+        let parser = ReasoningParser::generic("<seed:think>", "</seed:think>").unwrap();
+        let reasoning = parser.for_prompt("<|user|>hi<|assistant|>");
+        let text = "<seed:think>a <think>b</seed:think>\n\nAnswer.";
+        assert_eq!(
+            split_whole(reasoning, text),
+            (Some("a <think>b".to_string()), "Answer.".to_string())
+        );
+        // Read as qwen3 reads its own: without the start string, all answer.
+        assert_eq!(
+            split_whole(reasoning, "Answer."),
+            (None, "Answer.".to_string())
+        );
+        let opened = parser.for_prompt("<|assistant|><seed:think>");
+        assert_eq!(
+            split_whole(opened, "hmm</seed:think>ok"),
+            (Some("hmm".to_string()), "ok".to_string())
+        );
+        let spec = opened.thinking(Some(3));
+        assert_eq!((spec.start, spec.end.as_str()), (None, "</seed:think>"));
+        assert_eq!(
+            reasoning.thinking(None).start.as_deref(),
+            Some("<seed:think>")
+        );
+        for (start, end) in [("", "b"), ("a", ""), ("x", "x")] {
+            assert!(ReasoningParser::generic(start, end).is_err());
+        }
+    }
 
     #[test]
     fn templates_imply_their_parser() {
