@@ -5,14 +5,15 @@
 //! item (streamed as `response.reasoning_text.delta`s); the Messages API as a `thinking`
 //! block (streamed as `thinking_delta`s); whole and streamed alike, and never reading the
 //! call inside the thinking as a call. A thinking budget ends the thinking after that many
-//! tokens; bad budgets, efforts and thinking settings are a 400 naming the field.
+//! tokens; `reasoning.effort` and the Messages API's `thinking` reach the chat template; bad
+//! budgets, efforts and thinking settings are a 400 naming the field.
 
 use api::server::reasoning::ReasoningParser;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 use super::mock_server::{assert_error, call, call_raw, request, KEY};
-use super::scripted::{events, scripted_server};
+use super::scripted::{events, scripted_full, scripted_server};
 use crate::support::fixtures::smollm2;
 
 const THINKING: &str = "\nThe user asks for 2+2. I could call <tool_call>{\"name\": \"calc\", \"arguments\": {\"x\": 2}}</tool_call> but no need.\n";
@@ -352,4 +353,59 @@ async fn a_generic_parser_splits_and_budgets_at_its_own_strings() {
     let message = &whole["choices"][0]["message"];
     let expected = tokenizer.decode(&all[start..start + 3]).unwrap();
     assert_eq!(message["reasoning_content"], expected.as_str(), "{whole}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effort_and_thinking_switches_reach_the_template() {
+    // A template that shows its variables in the prompt: prompt sizes tell what it got.
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+        <|im_start|>assistant\n{% if reasoning_effort is defined %}EFFORT IS {{ reasoning_effort }} {% endif %}\
+        {% if enable_thinking is defined and not enable_thinking %}NO THINKING AT ALL {% elif enable_thinking is defined %}THINK {% endif %}\n";
+    let setup = api::server::settings::template::TemplateSetup {
+        template: Some(template.into()),
+        kwargs: Default::default(),
+    };
+    let server = scripted_full(&script(), Some(ReasoningParser::DeepSeekR1), None, setup);
+    let tokenizer = &smollm2().tokenizer;
+    let prompt = |effort: &str, think: &str| {
+        let text =
+            format!("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{effort}{think}\n");
+        tokenizer.encode_plain(&text).unwrap().len()
+    };
+    assert!(prompt("", "NO THINKING AT ALL ") > prompt("", "THINK ") + 1);
+    assert!(prompt("", "THINK ") > prompt("", ""));
+    for (effort, shown) in [(json!("high"), "EFFORT IS high "), (json!(null), "")] {
+        let body = json!({"input": "hi", "max_output_tokens": 4, "temperature": 0,
+                          "reasoning": {"effort": effort}});
+        let (status, r) = call(&server.app, "POST", "/v1/responses", Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(
+            r["usage"]["input_tokens"],
+            prompt(shown, ""),
+            "{effort}: {r}"
+        );
+    }
+    for (thinking, shown) in [
+        (json!({"type": "disabled"}), "NO THINKING AT ALL "),
+        (json!({"type": "enabled", "budget_tokens": 2}), "THINK "),
+        (json!(null), ""),
+    ] {
+        let body = json!({"max_tokens": 4, "temperature": 0, "thinking": thinking,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let (status, m) = call(&server.app, "POST", "/v1/messages", Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{m}");
+        let usage = &m["usage"];
+        let input = usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap();
+        assert_eq!(input as usize, prompt("", shown), "{thinking}: {m}");
+    }
+    // The request's own chat_template_kwargs win over what `thinking` implies.
+    let body = json!({"max_tokens": 4, "temperature": 0, "thinking": {"type": "disabled"},
+                      "chat_template_kwargs": {"enable_thinking": true},
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (_, m) = call(&server.app, "POST", "/v1/messages", Some(body)).await;
+    let usage = &m["usage"];
+    let input = usage["input_tokens"].as_u64().unwrap()
+        + usage["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(input as usize, prompt("", "THINK "), "{m}");
 }

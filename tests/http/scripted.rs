@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use api::server::reasoning::ReasoningParser;
+use api::server::settings::template::TemplateSetup;
 use api::server::{router, AppState, Choice, ServerConfig};
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig, SpeculationConfig,
@@ -38,6 +39,16 @@ pub(crate) fn scripted_with(
     script: &str,
     parser: Option<ReasoningParser>,
     tool_format: Option<&str>,
+) -> Server {
+    scripted_full(script, parser, tool_format, TemplateSetup::default())
+}
+
+/// `scripted_with` rendering chats with `template` (`--chat-template` and its variables).
+pub(crate) fn scripted_full(
+    script: &str,
+    parser: Option<ReasoningParser>,
+    tool_format: Option<&str>,
+    template: TemplateSetup,
 ) -> Server {
     let tokenizer = Arc::new(smollm2().tokenizer.clone());
     let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
@@ -77,7 +88,7 @@ pub(crate) fn scripted_with(
         tool_call_parser: tool_format.map_or(Choice::Auto, |name| {
             Choice::Use(api::server::tools::tool_format(name).unwrap())
         }),
-        template: Default::default(),
+        template,
     });
     state.set_engine(engine.clone());
     Server {
