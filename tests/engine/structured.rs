@@ -7,8 +7,9 @@
 //! the format allows, every node verified against its own mask) greedy output is token for
 //! token the output without it, for every drafter; tokens the format forces are fed as a
 //! tree of their own and all accepted (jump-forward), even by a drafter whose own drafts
-//! never are. `structured_limits` tests formats that cannot compile or that reach the grammar
-//! engine's limits, with this file's helpers.
+//! never are; a special token written in a grammar (`<[id]>`) is that token, and stays in
+//! the text when special tokens are not skipped. `structured_limits` tests formats that
+//! cannot compile or that reach the grammar engine's limits, with this file's helpers.
 
 use engine::constraint::ConstraintSpec;
 use engine::handle::EngineHandle;
@@ -511,4 +512,20 @@ fn where_a_format_may_end_every_end_token_is_allowed() {
     constraint
         .advance(turn_end)
         .expect("the turn end ends the output");
+}
+
+#[test]
+fn a_special_token_in_a_grammar_is_that_token() {
+    // `<[id]>` is how tool-call grammars write a marker that is one special token of the
+    // model's (Mistral's `[TOOL_CALLS]`); SmolLM2's `<|im_start|>` stands in for it.
+    let handle = start();
+    let tokenizer = &smollm2().tokenizer;
+    let id = tokenizer.token_to_id("<|im_start|>").unwrap();
+    let spec = ConstraintSpec::Lark(format!("start: <[{id}]> \"Hi\"\n"));
+    let mut r = request(chat("Say hi."), spec, SamplingParams::greedy(), 1);
+    r.stop.skip_special_tokens = false;
+    let out = handle.submit(r).unwrap().wait().unwrap().remove(0);
+    assert_eq!(out.token_ids[0], id);
+    assert_eq!(out.text, "<|im_start|>Hi");
+    assert_eq!(out.finish, Some(FinishReason::Eos));
 }

@@ -23,6 +23,7 @@ use super::openai::stream::sse_response;
 use super::reasoning::{thinking_budget, Reasoning};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
+use super::tools::format::Markers;
 use super::tools::{Calls, ToolRequest};
 use super::AppState;
 use crate::chat::{render_chat_with, ChatMessage};
@@ -150,7 +151,13 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.constraint_field = "response_format";
     }
     let format = state.tool_format(engine.tokenizer());
-    if let Some(call) = tools.as_ref().and_then(|t| t.constraint(format.as_ref())) {
+    let tokenizer = engine.tokenizer();
+    let token = |marker: &str| one_token(tokenizer, marker);
+    let markers = Markers::new(&token);
+    if let Some(call) = tools
+        .as_ref()
+        .and_then(|t| t.constraint(format.as_ref(), &markers))
+    {
         if settings.constraint.is_some() {
             return Err(ApiError::invalid(
                 "tool_choice",
@@ -205,6 +212,15 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
             .filter(|t| t.parses_calls())
             .map(|t| t.calls(format)),
     })
+}
+
+/// The id of `marker` where the model's vocabulary has it as one special token (a text
+/// literal in a grammar cannot match a special token; an ordinary one it already does, in
+/// whatever tokens the model picks).
+fn one_token(tokenizer: &ModelTokenizer, marker: &str) -> Option<u32> {
+    let id = tokenizer.token_to_id(marker)?;
+    let special = tokenizer.decode_skip_special(&[id]).ok()?.is_empty();
+    (special && tokenizer.decode(&[id]).ok()? == marker).then_some(id)
 }
 
 /// The prompt tokens of a chat request's `messages` with its `tools` shown.

@@ -38,8 +38,9 @@ pub trait ToolFormat: Send + Sync + std::fmt::Debug {
     /// (a call cut off by the token limit may then count, as far as it got).
     fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>>;
     /// A Lark grammar whose sentences are one call of one of `allowed` (several, separated
-    /// as the format separates them, when `several`), arguments valid against the schema.
-    fn grammar(&self, allowed: &[&Tool], several: bool) -> String;
+    /// as the format separates them, when `several`), arguments valid against the schema;
+    /// its markers written as `markers` says.
+    fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String;
 }
 
 /// The names `--tool-call-parser` takes.
@@ -93,6 +94,34 @@ pub fn any_call_schema(allowed: &[&Tool], args_key: &str) -> Value {
         Ok([one]) => one,
         Err(many) => json!({"anyOf": many}),
     }
+}
+
+/// How a grammar writes a format's markers: as the model's own token where the marker is one
+/// special token of its vocabulary (`[TOOL_CALLS]` in Mistral's), which text cannot match, so
+/// the model writes it as it was trained to; else as text (which an ordinary token such as
+/// Qwen2.5's `<tool_call>` matches).
+pub struct Markers<'a> {
+    token: &'a dyn Fn(&str) -> Option<u32>,
+}
+
+impl<'a> Markers<'a> {
+    /// Markers written as the token `token` gives for them, where it gives one.
+    pub fn new(token: &'a dyn Fn(&str) -> Option<u32>) -> Self {
+        Self { token }
+    }
+
+    /// `marker` in Lark: `<[id]>` for the model's token, else a string literal.
+    pub fn write(&self, marker: &str) -> String {
+        match (self.token)(marker) {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_string(marker),
+        }
+    }
+}
+
+/// Markers always written as text.
+pub fn as_text(_: &str) -> Option<u32> {
+    None
 }
 
 /// `text` as a Lark string literal.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::format::ToolFormat;
+use super::format::{as_text, Markers, ToolFormat};
 use super::hermes::Hermes;
 use super::llama3::Llama3Json;
 use super::mistral::Mistral;
@@ -217,18 +217,19 @@ fn qwen3_coder_xml_typed_by_the_schema() {
 fn grammars_are_written_in_each_syntax() {
     let all = tools();
     let allowed: Vec<&Tool> = all.iter().collect();
+    let text = Markers::new(&as_text);
     let one = &allowed[..1];
-    let hermes = Hermes.grammar(one, false);
+    let hermes = Hermes.grammar(one, false, &text);
     assert!(hermes.contains("\"<tool_call>\"") && !hermes.contains("call)*"));
-    assert!(Hermes.grammar(&allowed, true).contains("anyOf"));
-    let llama = Llama3Json.grammar(&allowed, true);
+    assert!(Hermes.grammar(&allowed, true, &text).contains("anyOf"));
+    let llama = Llama3Json.grammar(&allowed, true, &text);
     assert!(llama.contains("\"; \" call") && llama.contains("\"parameters\""));
-    let mistral = Mistral.grammar(one, false);
+    let mistral = Mistral.grammar(one, false, &text);
     assert!(
         mistral.contains("\"[TOOL_CALLS]\" \"[\" call \"]\""),
         "{mistral}"
     );
-    let coder = Qwen3Coder.grammar(&allowed, false);
+    let coder = Qwen3Coder.grammar(&allowed, false, &text);
     assert!(coder.contains("\"<function=get_weather>\"") && coder.contains("\"<function=now>\""));
     assert!(
         coder.contains("/-?[0-9]+\\n/") && coder.contains("%json"),

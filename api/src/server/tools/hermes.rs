@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, lark_string, ToolFormat};
+use super::format::{any_call_schema, call_of, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use engine::constraint::compact;
@@ -68,12 +68,12 @@ impl ToolFormat for Hermes {
         (!calls.is_empty()).then_some(calls)
     }
 
-    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+    fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {
         let repeat = if several { " (\"\\n\" call)*" } else { "" };
         format!(
             "start: call{repeat}\ncall: {open} \"\\n\" body \"\\n\" {close}\nbody: %json {schema}\n",
-            open = lark_string(TOOL_CALL_OPEN),
-            close = lark_string(TOOL_CALL_CLOSE),
+            open = markers.write(TOOL_CALL_OPEN),
+            close = markers.write(TOOL_CALL_CLOSE),
             schema = compact(any_call_schema(allowed, "arguments")),
         )
     }

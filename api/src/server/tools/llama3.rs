@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, ToolFormat};
+use super::format::{any_call_schema, call_of, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
 
@@ -62,7 +62,7 @@ impl ToolFormat for Llama3Json {
         calls.filter(|c| !c.is_empty())
     }
 
-    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+    fn grammar(&self, allowed: &[&Tool], several: bool, _markers: &Markers<'_>) -> String {
         let repeat = if several { " (\"; \" call)*" } else { "" };
         format!(
             "start: call{repeat}\ncall: %json {}\n",

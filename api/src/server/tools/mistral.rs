@@ -1,11 +1,12 @@
 //! The `mistral` tool-call format: `[TOOL_CALLS]` and a JSON list of
 //! `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Mixtral, Nemo), or, in the
 //! newer tokenizers (Mistral Small 3.2, Devstral, Magistral), `[TOOL_CALLS]name[ARGS]{...}`
-//! per call (an optional `[CALL_ID]id` before `[ARGS]`). The grammar writes the list form.
+//! per call (an optional `[CALL_ID]id` before `[ARGS]`). The grammar writes the list form,
+//! `[TOOL_CALLS]` as the model's token where it has one.
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, lark_string, ToolFormat};
+use super::format::{any_call_schema, call_of, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
 
@@ -53,11 +54,11 @@ impl ToolFormat for Mistral {
         calls.filter(|c| !c.is_empty())
     }
 
-    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+    fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {
         let repeat = if several { " (\", \" call)*" } else { "" };
         format!(
             "start: {open} \"[\" call{repeat} \"]\"\ncall: %json {schema}\n",
-            open = lark_string(TOOL_CALLS),
+            open = markers.write(TOOL_CALLS),
             schema = compact(any_call_schema(allowed, "arguments")),
         )
     }

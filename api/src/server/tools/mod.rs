@@ -195,7 +195,11 @@ impl ToolRequest {
     /// For `required` or a named function: a grammar, in `format`'s syntax, whose sentences
     /// are one call (several under `parallel_tool_calls`) of an allowed function, arguments
     /// valid against its schema.
-    pub fn constraint(&self, format: &dyn ToolFormat) -> Option<ConstraintSpec> {
+    pub fn constraint(
+        &self,
+        format: &dyn ToolFormat,
+        markers: &format::Markers<'_>,
+    ) -> Option<ConstraintSpec> {
         let allowed: Vec<&Tool> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => self.tools.iter().collect(),
@@ -203,7 +207,9 @@ impl ToolRequest {
         };
         // A named function is called once; `required` may call several unless told not to.
         let several = self.parallel && self.choice == ToolChoice::Required;
-        Some(ConstraintSpec::Lark(format.grammar(&allowed, several)))
+        Some(ConstraintSpec::Lark(
+            format.grammar(&allowed, several, markers),
+        ))
     }
 
     /// How answers are read for calls of these tools in `format`.
@@ -244,6 +250,10 @@ mod tests {
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    }
+
+    fn text() -> format::Markers<'static> {
+        format::Markers::new(&format::as_text)
     }
 
     /// Hermes calls of functions named `names`.
@@ -295,22 +305,25 @@ mod tests {
                 .unwrap()
                 .unwrap()
         };
-        assert!(parse(json!("auto")).constraint(&hermes::Hermes).is_none());
+        assert!(parse(json!("auto"))
+            .constraint(&hermes::Hermes, &text())
+            .is_none());
         let none = parse(json!("none"));
         assert!(
-            none.constraint(&hermes::Hermes).is_none()
+            none.constraint(&hermes::Hermes, &text()).is_none()
                 && none.shown().is_empty()
                 && !none.parses_calls()
         );
         let Some(ConstraintSpec::Lark(named)) =
             parse(json!({"type": "function", "function": {"name": "now"}}))
-                .constraint(&hermes::Hermes)
+                .constraint(&hermes::Hermes, &text())
         else {
             panic!("a named choice is a grammar");
         };
         assert!(named.contains(r#""const":"now""#) && !named.contains("get_weather"));
         assert!(!named.contains("call)*"), "parallel calls were turned off");
-        let Some(ConstraintSpec::Lark(any)) = parse(json!("required")).constraint(&hermes::Hermes)
+        let Some(ConstraintSpec::Lark(any)) =
+            parse(json!("required")).constraint(&hermes::Hermes, &text())
         else {
             panic!("required is a grammar");
         };

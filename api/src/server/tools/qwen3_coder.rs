@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value};
 
-use super::format::{lark_string, ToolFormat};
+use super::format::{lark_string, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use engine::constraint::compact;
@@ -119,7 +119,7 @@ impl ToolFormat for Qwen3Coder {
         (!calls.is_empty()).then_some(calls)
     }
 
-    fn grammar(&self, allowed: &[&Tool], several: bool) -> String {
+    fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {
         let mut rules = Vec::new();
         let mut calls = Vec::new();
         for (i, tool) in allowed.iter().enumerate() {
@@ -159,11 +159,11 @@ impl ToolFormat for Qwen3Coder {
             }
             rules.push(format!(
                 "call_{i}: {} \"\\n\" {} \"\\n\" {} {} \"\\n\" {}",
-                lark_string(TOOL_CALL_OPEN),
+                markers.write(TOOL_CALL_OPEN),
                 lark_string(&format!("{FUNCTION}{}>", tool.name)),
                 params.join(" "),
                 lark_string(FUNCTION_CLOSE),
-                lark_string(TOOL_CALL_CLOSE),
+                markers.write(TOOL_CALL_CLOSE),
             ));
             calls.push(format!("call_{i}"));
         }
