@@ -409,3 +409,33 @@ async fn effort_and_thinking_switches_reach_the_template() {
         + usage["cache_read_input_tokens"].as_u64().unwrap();
     assert_eq!(input as usize, prompt("", "THINK "), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_that_are_special_tokens_stay_in_the_text_to_split_at() {
+    // `<issue_start>` and `<issue_comment>` are special tokens of SmolLM2's, left out of
+    // text by default; as a parser's markers they are kept, and split at.
+    let tokenizer = &smollm2().tokenizer;
+    for marker in ["<issue_start>", "<issue_comment>"] {
+        let id = tokenizer.token_to_id(marker).unwrap();
+        assert_eq!(
+            tokenizer.decode_skip_special(&[id]).unwrap(),
+            "",
+            "{marker}"
+        );
+    }
+    let parser = ReasoningParser::generic("<issue_start>", "<issue_comment>").unwrap();
+    let server = scripted_server("<issue_start>pondering<issue_comment>Answer.", Some(parser));
+    let (status, whole) = call(
+        &server.app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (&message["reasoning_content"], &message["content"]),
+        (&json!("pondering"), &json!("Answer."))
+    );
+}

@@ -185,6 +185,17 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         .for_request(body.chat_template_kwargs.as_ref())?;
     let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref(), &setup)?;
     settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(&text));
+    // Thinking markers that are special tokens of the model's must stay in the text to be
+    // split at, unless the request says otherwise.
+    if let Some(reasoning) = settings.options.reasoning {
+        let (start, end) = reasoning.parser.markers();
+        let special = [start, end]
+            .iter()
+            .any(|m| one_token(tokenizer, m).is_some());
+        if special && body.common.skip_special_tokens.is_none() {
+            settings.stop.skip_special_tokens = false;
+        }
+    }
     let budget = thinking_budget(body.thinking_token_budget.as_ref())?;
     match settings.options.reasoning {
         // The engine follows the thinking where it must act on it: to end it, or to hold
