@@ -68,6 +68,12 @@ impl ReasoningParser {
                     .into(),
             );
         }
+        let most = engine::constraint::MAX_THINKING_MARKER_BYTES;
+        if start.len() > most || end.len() > most {
+            return Err(format!(
+                "--reasoning-start and --reasoning-end are at most {most} bytes"
+            ));
+        }
         Ok(Self::Generic {
             start: Box::leak(start.into()),
             end: Box::leak(end.into()),
@@ -355,7 +361,8 @@ mod tests {
             reasoning.thinking(None).start.as_deref(),
             Some("<seed:think>")
         );
-        for (start, end) in [("", "b"), ("a", ""), ("x", "x")] {
+        let long = "x".repeat(65);
+        for (start, end) in [("", "b"), ("a", ""), ("x", "x"), ("a", long.as_str())] {
             assert!(ReasoningParser::generic(start, end).is_err());
         }
     }
