@@ -12,8 +12,8 @@ use api::server::reasoning::ReasoningParser;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use super::mock_server::{assert_error, call, call_raw, request, KEY};
-use super::scripted::{events, scripted_full, scripted_server};
+use super::mock_server::{assert_error, call};
+use super::scripted::{scripted_full, scripted_server, streamed};
 use crate::support::fixtures::smollm2;
 
 const THINKING: &str = "\nThe user asks for 2+2. I could call <tool_call>{\"name\": \"calc\", \"arguments\": {\"x\": 2}}</tool_call> but no need.\n";
@@ -59,17 +59,16 @@ fn thinking_tokens() -> usize {
     at
 }
 
-async fn stream(app: &axum::Router, path: &str, mut body: Value) -> Vec<(Option<String>, Value)> {
-    body["stream"] = json!(true);
-    let req = request("POST", path, Some(body.to_string().into_bytes()), Some(KEY));
-    let (status, _, bytes) = call_raw(app, req).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
-    events(&bytes)
+/// The thinking and the answer of the server's whole chat answer to `chat_body({})`.
+async fn split(server: &super::mock_server::Server) -> (Value, Value) {
+    let body = Some(chat_body(json!({})));
+    let (status, whole) = call(&server.app, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    (
+        message["reasoning_content"].clone(),
+        message["content"].clone(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +103,7 @@ async fn chat_answers_come_apart_from_their_thinking_whole_and_streamed() {
     let (mut thinking, mut content, mut calls) = (String::new(), String::new(), 0);
     let mut finish = None;
     let mut reasoning_tokens = None;
-    for (_, data) in stream(&server.app, "/v1/chat/completions", body).await {
+    for (_, data) in streamed(&server.app, "/v1/chat/completions", body).await {
         if data == "[DONE]" {
             break;
         }
@@ -203,7 +202,7 @@ async fn responses_give_a_reasoning_item_whole_and_streamed() {
 
     let (mut thinking, mut text) = (String::new(), String::new());
     let mut done = None;
-    for (name, data) in stream(&server.app, "/v1/responses", body).await {
+    for (name, data) in streamed(&server.app, "/v1/responses", body).await {
         match name.as_deref() {
             Some("response.reasoning_text.delta") => {
                 assert_eq!(data["output_index"], 0);
@@ -245,7 +244,7 @@ async fn messages_give_a_thinking_block_whole_and_streamed() {
 
     let (mut thinking, mut text) = (String::new(), String::new());
     let mut starts = Vec::new();
-    for (name, data) in stream(&server.app, "/v1/messages", body).await {
+    for (name, data) in streamed(&server.app, "/v1/messages", body).await {
         match name.as_deref() {
             Some("content_block_start") => starts.push(data["content_block"]["type"].clone()),
             Some("content_block_delta") => match data["delta"]["type"].as_str() {
@@ -329,19 +328,7 @@ async fn a_generic_parser_splits_and_budgets_at_its_own_strings() {
     let parser = ReasoningParser::generic("<seed:think>", "</seed:think>").unwrap();
     let script = format!("<seed:think>{THINKING}</seed:think>{ANSWER}");
     let server = scripted_server(&script, Some(parser));
-    let (status, whole) = call(
-        &server.app,
-        "POST",
-        "/v1/chat/completions",
-        Some(chat_body(json!({}))),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{whole}");
-    let message = &whole["choices"][0]["message"];
-    assert_eq!(
-        (&message["reasoning_content"], &message["content"]),
-        (&json!(THINKING), &json!(ANSWER))
-    );
+    assert_eq!(split(&server).await, (json!(THINKING), json!(ANSWER)));
 
     // A budget of 3: the engine forces `</seed:think>` after three thinking tokens.
     let tokenizer = &smollm2().tokenizer;
@@ -425,17 +412,5 @@ async fn markers_that_are_special_tokens_stay_in_the_text_to_split_at() {
     }
     let parser = ReasoningParser::generic("<issue_start>", "<issue_comment>").unwrap();
     let server = scripted_server("<issue_start>pondering<issue_comment>Answer.", Some(parser));
-    let (status, whole) = call(
-        &server.app,
-        "POST",
-        "/v1/chat/completions",
-        Some(chat_body(json!({}))),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{whole}");
-    let message = &whole["choices"][0]["message"];
-    assert_eq!(
-        (&message["reasoning_content"], &message["content"]),
-        (&json!("pondering"), &json!("Answer."))
-    );
+    assert_eq!(split(&server).await, (json!("pondering"), json!("Answer.")));
 }

@@ -15,7 +15,7 @@ use engine::{
 };
 use serde_json::Value;
 
-use super::mock_server::{Server, KEY};
+use super::mock_server::{call_raw, request, Server, KEY};
 use crate::support::fixtures::smollm2;
 
 /// The "model"'s next token after `seen`: where `seen` ends with the first `k` tokens of
@@ -97,6 +97,24 @@ pub(crate) fn scripted_full(
         engine,
         _dir: tempfile::tempdir().unwrap(),
     }
+}
+
+/// The events of `body` sent to `path` with `stream: true` (a 200 asserted).
+pub(crate) async fn streamed(
+    app: &axum::Router,
+    path: &str,
+    mut body: Value,
+) -> Vec<(Option<String>, Value)> {
+    body["stream"] = serde_json::json!(true);
+    let req = request("POST", path, Some(body.to_string().into_bytes()), Some(KEY));
+    let (status, _, bytes) = call_raw(app, req).await;
+    assert_eq!(
+        status,
+        axum::http::StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    events(&bytes)
 }
 
 /// The events of an SSE body: each event's name (if named) and its data (`[DONE]` as a

@@ -9,8 +9,8 @@ use api::server::reasoning::ReasoningParser;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use super::mock_server::{call, call_raw, request, KEY};
-use super::scripted::{events, scripted_with};
+use super::mock_server::call;
+use super::scripted::{scripted_with, streamed};
 
 /// Each format's answer calling `get_weather` for Oslo, 2 days.
 const ANSWERS: &[(&str, &str)] = &[
@@ -32,19 +32,6 @@ fn chat_body() -> Value {
         "temperature": 0,
         "tools": [{"type": "function", "function": weather()}],
     })
-}
-
-async fn sse(app: &axum::Router, path: &str, mut body: Value) -> Vec<(Option<String>, Value)> {
-    body["stream"] = json!(true);
-    let req = request("POST", path, Some(body.to_string().into_bytes()), Some(KEY));
-    let (status, _, bytes) = call_raw(app, req).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
-    events(&bytes)
 }
 
 fn arguments(text: &str) -> Value {
@@ -75,7 +62,7 @@ async fn every_api_reads_each_format() {
         );
 
         let (mut name, mut args, mut text) = (String::new(), String::new(), String::new());
-        for (_, data) in sse(app, "/v1/chat/completions", chat_body()).await {
+        for (_, data) in streamed(app, "/v1/chat/completions", chat_body()).await {
             let Some(delta) = data["choices"].get(0).map(|c| &c["delta"]) else {
                 continue;
             };
