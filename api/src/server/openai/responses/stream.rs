@@ -28,8 +28,51 @@ use crate::server::adapter::new_id;
 use crate::server::error::ApiError;
 use crate::server::openai::chat::response::ToolCallOut;
 
-/// The message item being streamed.
-struct OpenMessage {
+/// The kind of a streamed item with text: the model's thinking or its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reasoning,
+    Message,
+}
+
+impl Kind {
+    fn item(self, id: &str, text: &str, status: &str) -> Value {
+        match self {
+            Kind::Reasoning => reasoning_item(id, text, status),
+            Kind::Message => message_item(id, text, status),
+        }
+    }
+
+    fn part(self, text: &str) -> Value {
+        match self {
+            Kind::Reasoning => reasoning_part(text),
+            Kind::Message => text_part(text),
+        }
+    }
+
+    /// The event that carries a piece of its text, and the one that ends the text.
+    fn events(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Reasoning => (
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+            ),
+            Kind::Message => ("response.output_text.delta", "response.output_text.done"),
+        }
+    }
+
+    /// `data` with the fields its text events carry besides (a message's `logprobs`).
+    fn text_event(self, mut data: Value) -> Value {
+        if self == Kind::Message {
+            data["logprobs"] = json!([]);
+        }
+        data
+    }
+}
+
+/// The item being streamed.
+struct OpenItem {
+    kind: Kind,
     id: String,
     index: usize,
     text: String,
@@ -43,9 +86,8 @@ pub struct ResponseEvents {
     /// The conversation before this response's output.
     conversation: Vec<Value>,
     output: Vec<Value>,
-    /// The reasoning item being streamed.
-    reasoning: Option<OpenMessage>,
-    message: Option<OpenMessage>,
+    /// The reasoning or message item being streamed.
+    open: Option<OpenItem>,
     text: String,
     calls: Vec<ToolCallOut>,
 }
@@ -58,123 +100,71 @@ impl ResponseEvents {
             store,
             conversation,
             output: Vec::new(),
-            reasoning: None,
-            message: None,
+            open: None,
             text: String::new(),
             calls: Vec::new(),
         }
     }
 
-    fn thinking(&mut self, delta: String, out: &mut Outbox) {
-        if self.reasoning.is_none() {
-            let id = new_id("rs", ID_DIGITS);
+    /// A piece of text of a `kind` item: opens the item (closing another one first) where
+    /// none of that kind is open.
+    fn delta(&mut self, kind: Kind, delta: String, out: &mut Outbox) {
+        if self.open.as_ref().map(|o| o.kind) != Some(kind) {
+            self.close("completed", out);
+            let prefix = if kind == Kind::Reasoning { "rs" } else { "msg" };
+            let id = new_id(prefix, ID_DIGITS);
             let index = self.output.len();
             out.push(
                 "response.output_item.added",
-                json!({"output_index": index, "item": reasoning_item(&id, "", "in_progress")}),
+                json!({"output_index": index, "item": kind.item(&id, "", "in_progress")}),
             );
             out.push(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": reasoning_part("")}),
+                       "part": kind.part("")}),
             );
+            // A placeholder keeps the output's indices; replaced when the item closes.
             self.output.push(Value::Null);
-            self.reasoning = Some(OpenMessage {
+            self.open = Some(OpenItem {
+                kind,
                 id,
                 index,
                 text: String::new(),
             });
         }
-        let Some(reasoning) = self.reasoning.as_mut() else {
+        if kind == Kind::Message {
+            self.text.push_str(&delta);
+        }
+        let Some(open) = self.open.as_mut() else {
             return;
         };
-        reasoning.text.push_str(&delta);
-        out.push(
-            "response.reasoning_text.delta",
-            json!({"item_id": reasoning.id, "output_index": reasoning.index,
-                   "content_index": 0, "delta": delta}),
-        );
+        open.text.push_str(&delta);
+        let data = json!({"item_id": open.id, "output_index": open.index, "content_index": 0,
+                          "delta": delta});
+        out.push(kind.events().0, kind.text_event(data));
     }
 
-    /// Ends the open reasoning item (if any) with `status`.
-    fn close_reasoning(&mut self, status: &str, out: &mut Outbox) {
-        let Some(reasoning) = self.reasoning.take() else {
+    /// Ends the open item (if any) with `status`: `completed`, or `incomplete` when the
+    /// response failed inside it.
+    fn close(&mut self, status: &str, out: &mut Outbox) {
+        let Some(OpenItem {
+            kind,
+            id,
+            index,
+            text,
+        }) = self.open.take()
+        else {
             return;
         };
-        let (id, index, text) = (reasoning.id, reasoning.index, reasoning.text);
-        out.push(
-            "response.reasoning_text.done",
-            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
-        );
+        let data = json!({"item_id": id, "output_index": index, "content_index": 0,
+                          "text": text});
+        out.push(kind.events().1, kind.text_event(data));
         out.push(
             "response.content_part.done",
             json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "part": reasoning_part(&text)}),
+                   "part": kind.part(&text)}),
         );
-        let item = reasoning_item(&id, &text, status);
-        out.push(
-            "response.output_item.done",
-            json!({"output_index": index, "item": item}),
-        );
-        if let Some(slot) = self.output.get_mut(index) {
-            *slot = item;
-        }
-    }
-
-    fn text(&mut self, delta: String, out: &mut Outbox) {
-        self.close_reasoning("completed", out);
-        if self.message.is_none() {
-            let id = new_id("msg", ID_DIGITS);
-            let index = self.output.len();
-            let item = message_item(&id, "", "in_progress");
-            out.push(
-                "response.output_item.added",
-                json!({"output_index": index, "item": item}),
-            );
-            out.push(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": text_part("")}),
-            );
-            // A placeholder keeps the output's indices; replaced when the message closes.
-            self.output.push(Value::Null);
-            self.message = Some(OpenMessage {
-                id,
-                index,
-                text: String::new(),
-            });
-        }
-        let Some(message) = self.message.as_mut() else {
-            return;
-        };
-        message.text.push_str(&delta);
-        self.text.push_str(&delta);
-        let (id, index) = (message.id.clone(), message.index);
-        out.push(
-            "response.output_text.delta",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "delta": delta, "logprobs": []}),
-        );
-    }
-
-    /// Ends the open message item (if any) with `status`: `completed`, or `incomplete`
-    /// when the response failed inside it.
-    fn close_message(&mut self, status: &str, out: &mut Outbox) {
-        let Some(message) = self.message.take() else {
-            return;
-        };
-        let (id, index, text) = (message.id, message.index, message.text);
-        out.push(
-            "response.output_text.done",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "text": text, "logprobs": []}),
-        );
-        out.push(
-            "response.content_part.done",
-            json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "part": text_part(&text)}),
-        );
-        let item = message_item(&id, &text, status);
+        let item = kind.item(&id, &text, status);
         out.push(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
@@ -185,8 +175,7 @@ impl ResponseEvents {
     }
 
     fn call(&mut self, call: ToolCallOut, out: &mut Outbox) {
-        self.close_reasoning("completed", out);
-        self.close_message("completed", out);
+        self.close("completed", out);
         let id = new_id("fc", ID_DIGITS);
         let index = self.output.len();
         let arguments = call.function.arguments.clone();
@@ -224,12 +213,11 @@ impl AnswerEvents for ResponseEvents {
 
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
-            Part::Thinking(text) => self.thinking(text, out),
-            Part::Text(text) => self.text(text, out),
+            Part::Thinking(text) => self.delta(Kind::Reasoning, text, out),
+            Part::Text(text) => self.delta(Kind::Message, text, out),
             Part::Call(call) => self.call(call, out),
             Part::End(ending) => {
-                self.close_reasoning("completed", out);
-                self.close_message("completed", out);
+                self.close("completed", out);
                 let output = std::mem::take(&mut self.output);
                 let status = final_status(&ending);
                 let response = self.shell.object(status, output, Some(&ending));
@@ -252,8 +240,7 @@ impl AnswerEvents for ResponseEvents {
     }
 
     fn failed(&mut self, e: ApiError, out: &mut Outbox) {
-        self.close_reasoning("incomplete", out);
-        self.close_message("incomplete", out);
+        self.close("incomplete", out);
         let body = e.body();
         let error = &body["error"];
         let message = error["message"].clone();
