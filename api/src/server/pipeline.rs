@@ -178,13 +178,37 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         settings.stop.skip_special_tokens = false;
     }
     settings.options.format_field = settings.constraint_field;
-    let tokenizer = engine.tokenizer();
     settings.predict(tokenizer)?;
     let setup = state
         .template()
         .for_request(body.chat_template_kwargs.as_ref())?;
     let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref(), &setup)?;
-    settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(&text));
+    reasoning_settings(state, tokenizer, &body, &text, &mut settings)?;
+    let prompt = encode_chat(tokenizer, &text)?;
+    let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
+    Ok(Started {
+        meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
+        tokenizer: tokenizer.clone(),
+        options: settings.options,
+        submitted,
+        calls: tools
+            .as_ref()
+            .filter(|t| t.parses_calls())
+            .map(|t| t.calls(format)),
+    })
+}
+
+/// The reasoning side of a chat request's settings, once its prompt is rendered (`text`):
+/// the parser and whether the prompt opened thinking, special-token markers kept in the text,
+/// and the thinking phase the engine follows (for a budget, or a format after the thinking).
+fn reasoning_settings(
+    state: &AppState,
+    tokenizer: &ModelTokenizer,
+    body: &ChatRequest,
+    text: &str,
+    settings: &mut Settings,
+) -> ApiResult<()> {
+    settings.options.reasoning = state.reasoning_parser().map(|p| p.for_prompt(text));
     // Thinking markers that are special tokens of the model's must stay in the text to be
     // split at, unless the request says otherwise.
     if let Some(reasoning) = settings.options.reasoning {
@@ -211,18 +235,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
         }
         _ => {}
     }
-    let prompt = encode_chat(tokenizer, &text)?;
-    let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
-    Ok(Started {
-        meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
-        tokenizer: tokenizer.clone(),
-        options: settings.options,
-        submitted,
-        calls: tools
-            .as_ref()
-            .filter(|t| t.parses_calls())
-            .map(|t| t.calls(format)),
-    })
+    Ok(())
 }
 
 /// The id of `marker` where the model's vocabulary has it as one special token (a text
