@@ -235,4 +235,24 @@ fn grammars_are_written_in_each_syntax() {
         coder.contains("/-?[0-9]+\\n/") && coder.contains("%json"),
         "{coder}"
     );
+    // String values keep to the schema's length bounds.
+    let bounded = Tool {
+        name: "f".into(),
+        parameters: json!({"type": "object", "properties": {
+            "a": {"type": "string", "maxLength": 20}, "b": {"type": "string", "minLength": 2}}}),
+        declaration: json!({}),
+    };
+    let coder = Qwen3Coder.grammar(&[&bounded], false, &text);
+    assert!(
+        coder.contains("/[^<]{0,20}\\n/") && coder.contains("/[^<]{2,}\\n/"),
+        "{coder}"
+    );
+    // A marker that is one special token of the model's is written as that token.
+    let token = |m: &str| (m == "[TOOL_CALLS]" || m == "<tool_call>").then_some(7);
+    let own = Markers::new(&token);
+    assert!(Mistral
+        .grammar(one, false, &own)
+        .starts_with("start: <[7]> \"[\""));
+    let hermes = Hermes.grammar(one, false, &own);
+    assert!(hermes.contains("<[7]>") && hermes.contains("\"</tool_call>\""));
 }

@@ -5,7 +5,7 @@
 //! JSON where it parses); a block cut off at the end of the answer keeps the parameters that
 //! closed. The grammar writes each allowed function's parameters in its schema's order,
 //! required ones always, optional ones where the model chooses, and a string value as text
-//! without `<`.
+//! without `<` (within the schema's `minLength` and `maxLength`).
 
 use serde_json::{Map, Value};
 
@@ -193,7 +193,18 @@ fn value_rule(schema: &Value) -> Result<String, Value> {
         }
     }
     match schema.get("type").and_then(Value::as_str) {
-        Some("string") => Ok("/[^<]*\\n/".into()),
+        Some("string") => {
+            // Its length bounds, where the schema gives them.
+            let bound = |key| schema.get(key).and_then(Value::as_u64);
+            Ok(match (bound("minLength"), bound("maxLength")) {
+                (None, None) => "/[^<]*\\n/".into(),
+                (min, max) => format!(
+                    "/[^<]{{{},{}}}\\n/",
+                    min.unwrap_or(0),
+                    max.map(|m| m.to_string()).unwrap_or_default()
+                ),
+            })
+        }
         Some("integer") => Ok("/-?[0-9]+\\n/".into()),
         Some("number") => Ok("/-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?\\n/".into()),
         Some("boolean") => Ok("/(true|false)\\n/".into()),
