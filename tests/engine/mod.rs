@@ -3,6 +3,7 @@
 //! isolation, and drafting methods defined outside the engine.
 
 mod cache_salt;
+mod complete_or_length;
 mod gemma3;
 mod masked_sampling;
 mod mock_backend;

@@ -474,18 +474,23 @@ fn a_choice_gives_one_of_its_strings() {
 
 #[test]
 fn where_a_format_may_end_every_end_token_is_allowed() {
-    // SmolLM2 ends its chat turns with `<|im_end|>`, which is not its first end token: a
-    // format that masked it would keep the model writing wherever the format lets it go on.
+    // A chat model's turn end is often not its first end token (`<|endoftext|>` first, then
+    // `<|im_end|>` here): a format that masked it would keep the model writing wherever the
+    // format lets it go on.
     let loaded = smollm2();
     let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
-    let ends = loaded.tokenizer.eos_ids().to_vec();
     let turn_end = loaded
         .tokenizer
         .encode_plain("<|im_end|>")
         .expect("encodes");
     assert_eq!(turn_end.len(), 1, "<|im_end|> is one token");
     let turn_end = turn_end[0];
-    assert!(ends.len() > 1 && ends[0] != turn_end, "ends: {ends:?}");
+    let text_end = loaded
+        .tokenizer
+        .token_to_id("<|endoftext|>")
+        .expect("a token");
+    assert!(loaded.tokenizer.eos_ids().contains(&turn_end));
+    let ends = vec![text_end, turn_end];
     let vocab = loaded.model.config().vocab_size;
     let grammars = engine::constraint::Grammars::new(tokenizer, vocab, ends.clone());
     let spec = ConstraintSpec::Lark("start: \"yes\" (\" yes\")*\n".into());

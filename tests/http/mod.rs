@@ -6,6 +6,7 @@
 mod endpoints;
 mod engine_faults;
 mod error_responses;
+mod forced_calls;
 mod mock_server;
 mod no_chat_template;
 mod reasoning;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use api::server::reasoning::ReasoningParser;
 use api::server::settings::template::TemplateSetup;
 use api::server::{router, AppState, Choice, ServerConfig};
+use engine::backend::RankedTokens;
 use engine::{
     CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig, SpeculationConfig,
 };
@@ -50,9 +51,41 @@ pub(crate) fn scripted_full(
     tool_format: Option<&str>,
     template: TemplateSetup,
 ) -> Server {
-    let tokenizer = Arc::new(smollm2().tokenizer.clone());
+    let tokenizer = &smollm2().tokenizer;
     let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
     let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let rule: RankedTokens = Arc::new(move |seen: &[u32]| vec![next_token(&tokens, end, seen)]);
+    ranked_server(rule, parser, tool_format, template)
+}
+
+/// `scripted_with` whose "model" tries to end its answer right after the first `at` bytes of
+/// `script` (its end of turn ranked first there, the script's next token second), `script`
+/// ending at a token boundary there.
+pub(crate) fn scripted_ending_at(script: &str, at: usize, tool_format: Option<&str>) -> Server {
+    let tokenizer = &smollm2().tokenizer;
+    let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
+    let before = tokenizer.encode_plain(&script[..at]).unwrap();
+    assert!(tokens.starts_with(&before), "{at} is not a token boundary");
+    let end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let rule: RankedTokens = Arc::new(move |seen: &[u32]| {
+        let next = next_token(&tokens, end, seen);
+        if seen.ends_with(&before) {
+            vec![end, next]
+        } else {
+            vec![next]
+        }
+    });
+    ranked_server(rule, None, tool_format, TemplateSetup::default())
+}
+
+/// A server on SmolLM2's tokenizer whose mock model ranks tokens by `rule`.
+fn ranked_server(
+    rule: RankedTokens,
+    parser: Option<ReasoningParser>,
+    tool_format: Option<&str>,
+    template: TemplateSetup,
+) -> Server {
+    let tokenizer = Arc::new(smollm2().tokenizer.clone());
     let vocab = tokenizer.inner().get_vocab_size(true);
     let kv = ManagerConfig {
         num_blocks: 256,
@@ -75,8 +108,7 @@ pub(crate) fn scripted_full(
         },
         kv_prefault: false,
     };
-    let rule = Arc::new(move |seen: &[u32]| next_token(&tokens, end, seen));
-    let backend = MockBackend::scripted(vocab, kv.num_blocks * kv.block_size, rule);
+    let backend = MockBackend::ranked(vocab, kv.num_blocks * kv.block_size, rule);
     let eos = tokenizer.eos_ids().to_vec();
     let (engine, _) =
         engine::spawn_with_backend(Box::new(backend), tokenizer, eos, config).unwrap();

@@ -14,6 +14,17 @@ use crate::{Error, Result};
 /// The next token after the tokens a row sees (a mock model's whole behaviour).
 pub type NextToken = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
 
+/// The tokens a mock model prefers after the tokens a row sees, most likely first (what it
+/// writes where the first is masked: a model that tries to end early, say).
+pub type RankedTokens = Arc<dyn Fn(&[u32]) -> Vec<u32> + Send + Sync>;
+
+/// A mock's behaviour: one next token, or a ranking.
+#[derive(Clone)]
+enum Rule {
+    One(NextToken),
+    Ranked(RankedTokens),
+}
+
 /// A tensor-free stand-in for a model: the next token after a sequence is
 /// [`MockBackend::next_token`] of the tokens it can see (its context from the slots, then
 /// its tree ancestors), or the test's own [`NextToken`], with a clear margin over every other
@@ -22,7 +33,7 @@ pub type NextToken = Arc<dyn Fn(&[u32]) -> u32 + Send + Sync>;
 pub struct MockBackend {
     vocab: usize,
     slots: Vec<Option<u32>>,
-    rule: Option<NextToken>,
+    rule: Option<Rule>,
 }
 
 impl std::fmt::Debug for MockBackend {
@@ -48,7 +59,16 @@ impl MockBackend {
     /// A mock whose next token is `rule`'s.
     pub fn scripted(vocab: usize, num_slots: usize, rule: NextToken) -> Self {
         Self {
-            rule: Some(rule),
+            rule: Some(Rule::One(rule)),
+            ..Self::new(vocab, num_slots)
+        }
+    }
+
+    /// A mock whose tokens rank as `rule` says: its first choice as [`Self::scripted`]'s,
+    /// the others after it in order, above every token it does not name.
+    pub fn ranked(vocab: usize, num_slots: usize, rule: RankedTokens) -> Self {
+        Self {
+            rule: Some(Rule::Ranked(rule)),
             ..Self::new(vocab, num_slots)
         }
     }
@@ -79,6 +99,24 @@ impl MockBackend {
                 -gap.min(8.0)
             })
             .collect()
+    }
+
+    /// Logits ranking `tokens` first, in order (the first as [`Self::logits`] has it, the
+    /// others between it and every token not named).
+    fn ranked_logits(&self, tokens: &[u32]) -> Vec<f32> {
+        let Some((&first, rest)) = tokens.split_first() else {
+            return self.logits(0);
+        };
+        let mut logits = self.logits(first);
+        let step = 1.0 / (rest.len() + 1) as f32;
+        for (i, &t) in rest.iter().enumerate() {
+            if let Some(logit) = logits.get_mut(t as usize) {
+                if t != first {
+                    *logit = logit.max(-step * (i + 1) as f32);
+                }
+            }
+        }
+        logits
     }
 }
 
@@ -132,12 +170,10 @@ impl Backend for MockBackend {
         Ok(batch
             .logit_rows
             .iter()
-            .map(|&row| {
-                let next = match &self.rule {
-                    Some(rule) => rule(&seen[row]),
-                    None => Self::next_token(&seen[row], self.vocab),
-                };
-                self.logits(next)
+            .map(|&row| match &self.rule {
+                Some(Rule::One(rule)) => self.logits(rule(&seen[row])),
+                Some(Rule::Ranked(rule)) => self.ranked_logits(&rule(&seen[row])),
+                None => self.logits(Self::next_token(&seen[row], self.vocab)),
             })
             .collect())
     }

@@ -22,7 +22,7 @@ use kvcache::KvMove;
 pub use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
-pub use mock::{MockBackend, NextToken};
+pub use mock::{MockBackend, NextToken, RankedTokens};
 
 use crate::model::Model;
 use crate::tree_batch::TreeBatch;

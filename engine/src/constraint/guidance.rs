@@ -4,10 +4,11 @@
 //! never be allowed). Compiling a spec gives a [`GuidanceConstraint`], an llguidance
 //! matcher. Compilation runs in the submitting thread, so a bad schema, regex or grammar is
 //! a client error before anything is queued; llguidance's limits bound the time and size of
-//! both compilation and every mask. Where the format may end, every end token of the engine
-//! is allowed, not only the one llguidance knows as its end: a chat model ends its turn with
-//! its own token (`<|im_end|>`), which is often not the tokenizer's first end token, and
-//! masking it would keep the model writing where its format lets it go on.
+//! both compilation and every mask. Every end token of the engine is allowed exactly where the
+//! format may end, not only the one llguidance knows as its end (a chat model ends its turn
+//! with its own token, `<|im_end|>`, often not the tokenizer's first end token), and never
+//! anywhere else, even where an end token's bytes would fit the text: an output under a
+//! format that says it is done is complete.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,13 +21,20 @@ use super::{Constraint, ConstraintSpec, ThinkingConstraint, ThinkingSpec, TokenM
 use crate::model::tokenizer::ModelTokenizer;
 use crate::{Error, Result};
 
+/// llguidance's parser factory for one model, with the model's end tokens, the one
+/// llguidance knows first.
+struct Built {
+    factory: Arc<ParserFactory>,
+    ends: Arc<[u32]>,
+}
+
 /// Compiles constraint specs for one model; the token trie is built on first use.
 pub struct Grammars {
     tokenizer: Arc<ModelTokenizer>,
     vocab: usize,
-    /// The engine's end tokens; the first is the end llguidance knows.
+    /// The engine's end tokens.
     ends: Arc<[u32]>,
-    factory: OnceLock<std::result::Result<Arc<ParserFactory>, String>>,
+    factory: OnceLock<std::result::Result<Built, String>>,
     /// Every token's bytes, for thinking constraints (made from the factory's trie).
     token_bytes: OnceLock<Arc<TokenBytes>>,
 }
@@ -61,9 +69,9 @@ impl Grammars {
         spec: &ThinkingSpec,
         inner: Option<Box<dyn Constraint>>,
     ) -> Result<Box<dyn Constraint>> {
-        let factory = self.factory()?;
+        let built = self.factory()?;
         let tokens = self.token_bytes.get_or_init(|| {
-            let trie = factory.tok_env().tok_trie();
+            let trie = built.factory.tok_env().tok_trie();
             let bytes = (0..self.vocab as u32)
                 .map(|t| {
                     let b = trie.token(t);
@@ -76,7 +84,7 @@ impl Grammars {
             Arc::new(TokenBytes {
                 bytes,
                 vocab: self.vocab,
-                ends: self.ends.clone(),
+                ends: built.ends.clone(),
             })
         });
         let encode = |text: &str| self.tokenizer.encode_plain(text);
@@ -99,9 +107,9 @@ impl Grammars {
         )))
     }
 
-    fn factory(&self) -> Result<&Arc<ParserFactory>> {
+    fn factory(&self) -> Result<&Built> {
         self.factory
-            .get_or_init(|| self.build_factory().map(Arc::new))
+            .get_or_init(|| self.build_factory())
             .as_ref()
             .map_err(|e| {
                 Error::Metadata(format!(
@@ -110,8 +118,7 @@ impl Grammars {
             })
     }
 
-    fn build_factory(&self) -> std::result::Result<ParserFactory, String> {
-        let eos = *self.ends.first().ok_or("the model has no end token")?;
+    fn build_factory(&self) -> std::result::Result<Built, String> {
         let json = self
             .tokenizer
             .inner()
@@ -129,6 +136,22 @@ impl Grammars {
         }
         // Rows of the model past the tokenizer's tokens: never allowed.
         words.resize(self.vocab, Vec::new());
+        // The end llguidance knows: a special token where one of the ends is (text cannot
+        // spell it), else the first.
+        let special = |t: u32| {
+            words
+                .get(t as usize)
+                .is_some_and(|w| w.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER))
+        };
+        let eos = self
+            .ends
+            .iter()
+            .copied()
+            .find(|&t| special(t))
+            .or_else(|| self.ends.first().copied())
+            .ok_or("the model has no end token")?;
+        let mut ends = vec![eos];
+        ends.extend(self.ends.iter().copied().filter(|&t| t != eos));
         let info = TokRxInfo::new(self.vocab as u32, eos);
         let env = ApproximateTokEnv::new(TokTrie::from(&info, &words));
         let env: toktrie::TokEnv = Arc::new(env);
@@ -136,12 +159,15 @@ impl Grammars {
         factory.quiet();
         // Errors reach clients: the reason, without a dump of the parser's state.
         factory.limits_mut().verbose_errors = false;
-        Ok(factory)
+        Ok(Built {
+            factory: Arc::new(factory),
+            ends: ends.into(),
+        })
     }
 
     /// A constraint for `spec`; errors name what is wrong with it.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Box<dyn Constraint>> {
-        let factory = self.factory()?;
+        let Built { factory, ends } = self.factory()?;
         let grammar = match spec {
             ConstraintSpec::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
@@ -174,7 +200,7 @@ impl Grammars {
         let mut constraint = GuidanceConstraint {
             matcher,
             vocab: self.vocab,
-            ends: self.ends.clone(),
+            ends: ends.clone(),
             next: None,
         };
         // The first mask, here rather than in the engine's first step (which then reuses
@@ -294,18 +320,20 @@ impl GuidanceConstraint {
         }
     }
 
-    /// The matcher's mask now, computed afresh.
+    /// The matcher's mask now, computed afresh. Every end token is allowed exactly where the
+    /// format may end (the matcher accepts, or has stopped), whatever llguidance's mask says
+    /// of it: an end token whose bytes are also text (Qwen's `</s>` in a model that counts
+    /// it as an end) must not end an output inside a string that admits those bytes.
     fn compute_mask(&mut self) -> Result<TokenMask> {
-        let vob = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| Error::FormatFailed(first_line(&e)))?;
+        let failed = |e: anyhow::Error| Error::FormatFailed(first_line(&e));
+        let vob = self.matcher.compute_mask_or_eos().map_err(failed)?;
         let mut mask = TokenMask::from_words(self.vocab, vob.as_slice());
-        if let Some((&eos, others)) = self.ends.split_first() {
-            if mask.allows(eos) {
-                for &end in others {
-                    mask.allow(end);
-                }
+        let may_end = self.matcher.is_stopped() || self.matcher.is_accepting().map_err(failed)?;
+        for &end in self.ends.iter() {
+            if may_end {
+                mask.allow(end);
+            } else {
+                mask.forbid(end);
             }
         }
         if mask.count() == 0 {

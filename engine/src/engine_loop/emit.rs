@@ -82,7 +82,7 @@ impl Engine {
         let mut finish = None;
         if past_min && !stop.ignore_eos && self.eos_ids.contains(&token) {
             finish = Some(FinishReason::Eos);
-        } else if past_min && stop.stop_token_ids.contains(&token) {
+        } else if past_min && stop.stop_token_ids.contains(&token) && state.may_stop() {
             finish = Some(FinishReason::StopToken(token));
         }
         let mut text = String::new();
@@ -91,6 +91,7 @@ impl Engine {
             let (shown, stopped) = state.filter.push(&piece);
             text = shown;
             finish = stopped.map(FinishReason::StopString);
+            state.emitted();
         }
         if finish.is_none()
             && (state.num_output >= stop.max_tokens

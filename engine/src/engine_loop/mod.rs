@@ -421,6 +421,10 @@ impl Engine {
         }
         let mut masked = None;
         if let Some(mask) = mask {
+            // A stop token ends the output like an end token: only where the format may end.
+            if !self.eos_ids.iter().any(|&e| mask.allows(e)) {
+                suppress.extend_from_slice(&stop.stop_token_ids);
+            }
             // A format that can only end (or only go on with suppressed tokens) wins over
             // `min_tokens`: nothing else could be chosen.
             suppress.sort_unstable();

@@ -243,15 +243,8 @@ impl Engine {
     /// `seq_id`'s constraint (if any) follows its new output token; an end token finishes
     /// the sequence instead.
     fn advance_constraint(&mut self, seq_id: SeqId, token: u32) -> Result<()> {
-        if self.eos_ids.contains(&token) {
-            return Ok(());
-        }
-        match self
-            .records
-            .get_mut(&seq_id)
-            .and_then(|r| r.constraint.as_mut())
-        {
-            Some(constraint) => constraint.advance(token),
+        match self.records.get_mut(&seq_id) {
+            Some(record) => record.advance(token, &self.eos_ids),
             None => Ok(()),
         }
     }
@@ -302,18 +295,14 @@ impl Engine {
                 .get_mut(&request_id)
                 .ok_or_else(|| missing(seq_id))?;
             request.seqs.push(child);
-            let mut constraint = fork_base.as_ref().map(|c| c.fork());
-            if let Some(c) = constraint.as_mut() {
-                if !self.eos_ids.contains(&sampled.token_id) {
-                    if let Err(e) = c.advance(sampled.token_id) {
-                        // The sibling's token was allowed by the same mask; should its
-                        // constraint fail anyway, its request fails, not the step.
-                        self.fail_request_with(request_id, Failure::from_error(&e));
-                        return Ok(());
-                    }
-                }
+            let constraint = fork_base.as_ref().map(|c| c.fork());
+            let mut record = SeqRecord::new(request_id, i, &request.request, drafter, constraint);
+            if let Err(e) = record.advance(sampled.token_id, &self.eos_ids) {
+                // The sibling's token was allowed by the same mask; should its constraint
+                // fail anyway, its request fails, not the step.
+                self.fail_request_with(request_id, Failure::from_error(&e));
+                return Ok(());
             }
-            let record = SeqRecord::new(request_id, i, &request.request, drafter, constraint);
             self.records.insert(child, record);
             emissions.push((child, vec![sampled]));
         }

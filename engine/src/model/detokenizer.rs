@@ -59,6 +59,12 @@ impl IncrementalDetokenizer {
         Ok(String::new())
     }
 
+    /// Whether every token pushed so far has had its text released (none waits for the
+    /// rest of a character).
+    pub fn settled(&self) -> bool {
+        self.read_offset == self.tokens.len()
+    }
+
     /// Text of the tokens not yet released (at the end of the sample; may hold U+FFFD when
     /// the sample ended inside a character).
     pub fn flush(&mut self, tokenizer: &ModelTokenizer) -> Result<String> {
@@ -73,12 +79,20 @@ impl IncrementalDetokenizer {
     }
 }
 
-/// Holds back the tail of the text that could be the start of a stop string.
+/// Holds back the tail of the text that could be the start of a stop string. Under an
+/// output format, a stop string counts only where the text before it is a complete output
+/// of the format (a place marked with [`StopStringFilter::mark_complete`]); elsewhere (inside
+/// a JSON string, say) it is text like any other.
 #[derive(Debug, Clone, Default)]
 pub struct StopStringFilter {
     stops: Vec<String>,
     held: String,
     hold_bytes: usize,
+    /// Bytes of text returned so far.
+    released: usize,
+    /// Under a format: the text offsets (from the start of the output) at which it was
+    /// complete, those still within the held text.
+    complete: Option<Vec<usize>>,
 }
 
 impl StopStringFilter {
@@ -89,7 +103,35 @@ impl StopStringFilter {
             stops: stops.to_vec(),
             held: String::new(),
             hold_bytes: longest.saturating_sub(1),
+            released: 0,
+            complete: None,
         }
+    }
+
+    /// A filter for `stops` in an output under a format: a stop string counts only where
+    /// the output was marked complete right before it.
+    pub fn under_format(stops: &[String]) -> Self {
+        Self {
+            complete: Some(Vec::new()),
+            ..Self::new(stops)
+        }
+    }
+
+    /// The output is complete after the text pushed so far.
+    pub fn mark_complete(&mut self) {
+        let at = self.released + self.held.len();
+        if let Some(complete) = self.complete.as_mut() {
+            if complete.last() != Some(&at) {
+                complete.push(at);
+            }
+        }
+    }
+
+    /// Whether a stop string starting at `at` (an offset into the held text) counts.
+    fn counts_at(&self, at: usize) -> bool {
+        self.complete
+            .as_ref()
+            .is_none_or(|c| c.contains(&(self.released + at)))
     }
 
     /// Adds text; returns what may be shown now and, when a stop string appeared, which one
@@ -102,7 +144,12 @@ impl StopStringFilter {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .flat_map(|s| {
+                self.held
+                    .match_indices(s.as_str())
+                    .map(move |(at, _)| (at, s))
+            })
+            .filter(|&(at, _)| self.counts_at(at))
             .min_by_key(|&(at, _)| at);
         if let Some((at, stop)) = first {
             let stop = stop.clone();
@@ -115,12 +162,20 @@ impl StopStringFilter {
             cut -= 1;
         }
         let rest = self.held.split_off(cut);
-        (std::mem::replace(&mut self.held, rest), None)
+        let shown = std::mem::replace(&mut self.held, rest);
+        self.released += shown.len();
+        let released = self.released;
+        if let Some(complete) = self.complete.as_mut() {
+            complete.retain(|&at| at >= released);
+        }
+        (shown, None)
     }
 
     /// Everything still held (the sample ended without a stop string).
     pub fn flush(&mut self) -> String {
-        std::mem::take(&mut self.held)
+        let rest = std::mem::take(&mut self.held);
+        self.released += rest.len();
+        rest
     }
 }
 
@@ -159,5 +214,39 @@ mod tests {
         assert_eq!(f.flush(), "é");
         let mut none = StopStringFilter::new(&[]);
         assert_eq!(none.push("abc"), ("abc".to_string(), None));
+    }
+
+    #[test]
+    fn under_a_format_a_stop_string_counts_only_after_a_complete_output() {
+        let mut f = StopStringFilter::under_format(&["}".to_string(), "END".to_string()]);
+        let mut shown = String::new();
+        // `{"a": "}` is not complete: its `}` is text. `{"a": "}"}` is, and `END` after it
+        // stops the output; so would a `}` written there.
+        for (piece, complete) in [("{\"a\": \"", false), ("}", false), ("\"}", true)] {
+            let (text, stop) = f.push(piece);
+            assert_eq!(stop, None, "{piece}");
+            shown.push_str(&text);
+            if complete {
+                f.mark_complete();
+            }
+        }
+        let (text, stop) = f.push(" EN");
+        assert_eq!(stop, None);
+        shown.push_str(&text);
+        let (text, stop) = f.push("D more");
+        assert_eq!(
+            stop, None,
+            "a stop after text that was never complete does not count"
+        );
+        shown.push_str(&text);
+        shown.push_str(&f.flush());
+        assert_eq!(shown, "{\"a\": \"}\"} END more");
+
+        let mut f = StopStringFilter::under_format(&["END".to_string()]);
+        let (mut shown, _) = f.push("{}");
+        f.mark_complete();
+        let (text, stop) = f.push("END");
+        shown.push_str(&text);
+        assert_eq!((shown.as_str(), stop.as_deref()), ("{}", Some("END")));
     }
 }

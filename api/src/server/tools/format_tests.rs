@@ -169,7 +169,7 @@ fn mistral_lists_and_named_calls() {
     );
     check(
         &c,
-        "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": ",
+        "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": }]",
         None,
         &[],
     );
@@ -211,6 +211,94 @@ fn qwen3_coder_xml_typed_by_the_schema() {
         None,
         &[],
     );
+}
+
+/// The calls of `text` as (name, arguments text), read whole and streamed at every cut:
+/// the same either way, and `want`.
+fn check_raw(calls: &Calls, text: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(n, a)| (n.to_string(), a.to_string()))
+        .collect();
+    let whole: Vec<(String, String)> = parse_calls(text, calls)
+        .map(|(_, found)| found)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.function.name, c.function.arguments))
+        .collect();
+    assert_eq!(whole, want, "{} whole: {text:?}", calls.format.name());
+    for step in 1..=text.chars().count() {
+        let mut reader = CallReader::new(calls.clone());
+        let chars: Vec<char> = text.chars().collect();
+        let mut pieces = Vec::new();
+        for chunk in chars.chunks(step) {
+            pieces.extend(reader.push(&chunk.iter().collect::<String>()));
+        }
+        pieces.extend(reader.finish());
+        let got: Vec<(String, String)> = pieces
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Call(c) => Some((c.function.name, c.function.arguments)),
+                Piece::Text(_) => None,
+            })
+            .collect();
+        assert_eq!(got, want, "{} every {step}: {text:?}", calls.format.name());
+    }
+}
+
+#[test]
+fn a_close_marker_inside_a_string_is_text() {
+    let c = calls(Hermes);
+    check(
+        &c,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\\n</tool_call>b\"}}\n</tool_call>",
+        None,
+        &[("get_weather", json!({"city": "a\n</tool_call>b"}))],
+    );
+    let c = calls(Qwen3Coder);
+    check(
+        &c,
+        "<tool_call>\n<function=get_weather>\n<parameter=where>\n{\"note\": \"a </tool_call> b\"}\n</parameter>\n</function>\n</tool_call>",
+        None,
+        &[("get_weather", json!({"where": {"note": "a </tool_call> b"}}))],
+    );
+}
+
+#[test]
+fn a_call_cut_off_counts_as_far_as_its_arguments_got() {
+    check_raw(
+        &calls(Hermes),
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os",
+        &[("get_weather", "{\"city\": \"Os")],
+    );
+    // Cut inside a string after a close marker written in it.
+    check_raw(
+        &calls(Hermes),
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\\n</tool_call> and",
+        &[("get_weather", "{\"city\": \"x\\n</tool_call> and")],
+    );
+    check_raw(
+        &calls(Llama3Json),
+        "<|python_tag|>{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Li",
+        &[("now", "{}"), ("get_weather", "{\"city\": \"Li")],
+    );
+    check_raw(
+        &calls(Mistral),
+        "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {\"days\": 1",
+        &[("now", "{}"), ("get_weather", "{\"days\": 1")],
+    );
+    check_raw(
+        &calls(Mistral),
+        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Ro",
+        &[("get_weather", "{\"city\": \"Ro")],
+    );
+    // A cut that could not have become a call is text.
+    check_raw(
+        &calls(Hermes),
+        "<tool_call>\n{\"name\": \"rm\", \"arguments\": {",
+        &[],
+    );
+    check_raw(&calls(Llama3Json), "{\"name\": \"now\"} }", &[]);
 }
 
 #[test]

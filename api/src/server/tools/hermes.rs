@@ -1,12 +1,13 @@
 //! The `hermes` tool-call format (Qwen2.5, Hermes and most fine-tunes): each call a
-//! `<tool_call>` block holding `{"name": ..., "arguments": {...}}`. A last block cut off by
-//! the token limit counts if its JSON is whole, or as far as its arguments got once its name
-//! is out; an answer that is only the JSON object, naming an offered function, is a call too
+//! `<tool_call>` block holding `{"name": ..., "arguments": {...}}`, closed by the first
+//! `</tool_call>` after a whole call (one inside a JSON string is text). A last block cut off
+//! by the token limit counts if its JSON is whole, or as far as its arguments got once its
+//! name is out; an answer that is only the JSON object, naming an offered function, is a call too
 //! (small models often leave out the tags).
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, Markers, ToolFormat};
+use super::format::{any_call_schema, call_of, partial_call, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use engine::constraint::compact;
@@ -41,29 +42,25 @@ impl ToolFormat for Hermes {
         let mut calls = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find(TOOL_CALL_OPEN) {
-            let body_start = open + TOOL_CALL_OPEN.len();
-            let (body, next, closed) = match rest[body_start..].find(TOOL_CALL_CLOSE) {
-                Some(end) => (
-                    &rest[body_start..body_start + end],
-                    &rest[body_start + end + TOOL_CALL_CLOSE.len()..],
-                    true,
-                ),
-                None => (&rest[body_start..], "", false),
-            };
-            let whole = serde_json::from_str::<Value>(body.trim())
-                .ok()
-                .and_then(|v| call_of(&v, None));
-            match whole {
-                Some(call) => calls.push(call),
-                None if !closed && finished => {
-                    // Cut off by the token limit: what it holds of a call, as OpenAI returns
-                    // a call whose arguments ran out of tokens.
-                    calls.extend(partial_call(body, offered));
+            let body = &rest[open + TOOL_CALL_OPEN.len()..];
+            // The block closes at the first close marker before which it holds a whole call:
+            // one inside a JSON string is text.
+            let closed = body.match_indices(TOOL_CALL_CLOSE).find_map(|(end, _)| {
+                whole_call(&body[..end]).map(|call| (call, &body[end + TOOL_CALL_CLOSE.len()..]))
+            });
+            match closed {
+                Some((call, next)) => {
+                    calls.push(call);
+                    rest = next;
+                }
+                None if finished => {
+                    // Unclosed at the end: a whole call, or what a call cut off by the token
+                    // limit holds (as OpenAI returns a call whose arguments ran out).
+                    calls.extend(whole_call(body).or_else(|| partial_call(body, offered)));
                     break;
                 }
                 None => return None,
             }
-            rest = next;
         }
         (!calls.is_empty()).then_some(calls)
     }
@@ -79,23 +76,9 @@ impl ToolFormat for Hermes {
     }
 }
 
-/// A call cut off inside its arguments (`{"name": "f", "arguments": {"a": "...`): the name,
-/// if it is one of `offered`, and the arguments as far as they go.
-fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
-    let rest = body.trim_start().strip_prefix('{')?.trim_start();
-    let rest = rest
-        .strip_prefix("\"name\"")?
-        .trim_start()
-        .strip_prefix(':')?;
-    let rest = rest.trim_start().strip_prefix('"')?;
-    let (name, rest) = rest.split_once('"')?;
-    let rest = rest.trim_start().strip_prefix(',')?.trim_start();
-    let rest = rest
-        .strip_prefix("\"arguments\"")?
-        .trim_start()
-        .strip_prefix(':')?;
-    offered.iter().any(|t| t.name == name).then(|| ParsedCall {
-        name: name.to_string(),
-        arguments: rest.trim().to_string(),
-    })
+/// The call one block's body holds, when it is a whole call object.
+fn whole_call(body: &str) -> Option<ParsedCall> {
+    serde_json::from_str::<Value>(body.trim())
+        .ok()
+        .and_then(|v| call_of(&v, None))
 }

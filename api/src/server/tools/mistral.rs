@@ -1,12 +1,13 @@
 //! The `mistral` tool-call format: `[TOOL_CALLS]` and a JSON list of
 //! `{"name": ..., "arguments": {...}}` objects (Mistral 7B v0.3, Mixtral, Nemo), or, in the
 //! newer tokenizers (Mistral Small 3.2, Devstral, Magistral), `[TOOL_CALLS]name[ARGS]{...}`
-//! per call (an optional `[CALL_ID]id` before `[ARGS]`). The grammar writes the list form,
+//! per call (an optional `[CALL_ID]id` before `[ARGS]`). A last call cut off by the token
+//! limit counts as far as its arguments got. The grammar writes the list form,
 //! `[TOOL_CALLS]` as the model's token where it has one.
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, Markers, ToolFormat};
+use super::format::{any_call_schema, call_of, json_prefix, partial_call, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
 
@@ -30,6 +31,39 @@ fn named_call(text: &str) -> Option<ParsedCall> {
     })
 }
 
+/// A list of calls cut off by the token limit (`[{...}, {"name": "f", "arguments": {...`):
+/// its whole calls, and the last as far as its arguments got.
+fn cut_list(body: &str, offered: &[Tool]) -> Option<Vec<ParsedCall>> {
+    let mut rest = body.strip_prefix('[')?.trim_start();
+    let mut calls = Vec::new();
+    while !rest.is_empty() {
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match stream.next()? {
+            Ok(value) => calls.push(call_of(&value, None)?),
+            Err(e) if e.is_eof() => {
+                calls.push(partial_call(rest, offered)?);
+                break;
+            }
+            Err(_) => return None,
+        }
+        rest = rest[stream.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    Some(calls)
+}
+
+/// A `name[ARGS]{...` call cut off inside its arguments: the name and the arguments as far
+/// as they got.
+fn cut_named(text: &str) -> Option<ParsedCall> {
+    let (head, arguments) = text.split_once(ARGS)?;
+    let name = head.split(CALL_ID).next()?.trim();
+    let arguments = arguments.trim();
+    (!name.is_empty() && arguments.starts_with('{') && json_prefix(arguments)).then(|| ParsedCall {
+        name: name.to_string(),
+        arguments: arguments.to_string(),
+    })
+}
+
 impl ToolFormat for Mistral {
     fn name(&self) -> &'static str {
         "mistral"
@@ -43,13 +77,21 @@ impl ToolFormat for Mistral {
         true
     }
 
-    fn parse(&self, text: &str, _offered: &[Tool], _finished: bool) -> Option<Vec<ParsedCall>> {
+    fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>> {
         let body = text.trim_start().strip_prefix(TOOL_CALLS)?.trim();
         let calls: Option<Vec<ParsedCall>> = if body.starts_with('[') {
-            let list: Vec<Value> = serde_json::from_str(body).ok()?;
-            list.iter().map(|value| call_of(value, None)).collect()
+            match serde_json::from_str::<Vec<Value>>(body) {
+                Ok(list) => list.iter().map(|value| call_of(value, None)).collect(),
+                Err(e) if e.is_eof() && finished => cut_list(body, offered),
+                Err(_) => None,
+            }
         } else {
-            body.split(TOOL_CALLS).map(named_call).collect()
+            let mut calls: Vec<&str> = body.split(TOOL_CALLS).collect();
+            let last = calls.pop()?;
+            let mut whole: Vec<ParsedCall> =
+                calls.into_iter().map(named_call).collect::<Option<_>>()?;
+            whole.push(named_call(last).or_else(|| cut_named(last).filter(|_| finished))?);
+            Some(whole)
         };
         calls.filter(|c| !c.is_empty())
     }

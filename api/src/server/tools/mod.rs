@@ -214,7 +214,8 @@ impl ToolRequest {
 
     /// How answers are read for calls of these tools in `format`.
     pub fn calls(&self, format: Arc<dyn ToolFormat>) -> Calls {
-        Calls::new(format, self.tools.clone())
+        let forced = matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_));
+        Calls::new(format, self.tools.clone()).forced(forced)
     }
 }
 

@@ -2,8 +2,8 @@
 //! block holding `<function=NAME>` and one `<parameter=P>` element per argument, its value
 //! as plain text on the lines between. Values are typed by the function's parameter schema
 //! (a string stays text; integers, numbers and booleans are read as such; anything else as
-//! JSON where it parses); a block cut off at the end of the answer keeps the parameters that
-//! closed. The grammar writes each allowed function's parameters in its schema's order,
+//! JSON where it parses); a block closes at the first `</tool_call>` right after its
+//! `</function>`, and one cut off at the end of the answer keeps the parameters that closed. The grammar writes each allowed function's parameters in its schema's order,
 //! required ones always, optional ones where the model chooses, and a string value as text
 //! without `<` (within the schema's `minLength` and `maxLength`).
 
@@ -56,7 +56,7 @@ fn block_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
     if name.is_empty() {
         return None;
     }
-    if let Some(end) = rest.find(FUNCTION_CLOSE) {
+    if let Some(end) = rest.rfind(FUNCTION_CLOSE) {
         rest = &rest[..end];
     }
     let properties = offered
@@ -106,13 +106,17 @@ impl ToolFormat for Qwen3Coder {
         let mut rest = text;
         while let Some(open) = rest.find(TOOL_CALL_OPEN) {
             let body = &rest[open + TOOL_CALL_OPEN.len()..];
-            let (body, next, closed) = match body.find(TOOL_CALL_CLOSE) {
-                Some(end) => (&body[..end], &body[end + TOOL_CALL_CLOSE.len()..], true),
-                None => (body, "", false),
+            // The block closes at the first close marker right after `</function>` (one
+            // inside a JSON value is text).
+            let close = body
+                .match_indices(TOOL_CALL_CLOSE)
+                .map(|(end, _)| end)
+                .find(|&end| body[..end].trim_end().ends_with(FUNCTION_CLOSE));
+            let (body, next) = match close {
+                Some(end) => (&body[..end], &body[end + TOOL_CALL_CLOSE.len()..]),
+                None if finished => (body, ""),
+                None => break,
             };
-            if !closed && !finished {
-                break;
-            }
             calls.push(block_call(body, offered)?);
             rest = next;
         }

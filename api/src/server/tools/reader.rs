@@ -1,8 +1,8 @@
 //! Reading answers for tool calls in any [`ToolFormat`]: a whole answer ([`parse_calls`]), or
 //! a streamed one as it comes ([`CallReader`]). Text before the first call passes through as
 //! it comes, except a tail that may still become the format's opener; calls that come in
-//! blocks are given as each block closes, others at the end of the answer; what does not
-//! parse goes out as text. An answer that opens with `{`, in a format that allows calls
+//! blocks are given as each block closes (at a close marker after a whole call, not at one
+//! inside a string), others at the end of the answer; what does not parse goes out as text. An answer that opens with `{`, in a format that allows calls
 //! without an opener, is held to the end, where it may turn out to be calls.
 
 use std::sync::Arc;
@@ -18,6 +18,10 @@ pub struct Calls {
     pub format: Arc<dyn ToolFormat>,
     /// The offered functions.
     pub tools: Arc<[Tool]>,
+    /// Whether a grammar forced the answer to be calls (`tool_choice` `required` or a
+    /// function): then what is not a call is the calls' markup cut off by the token limit,
+    /// not content.
+    pub forced: bool,
 }
 
 impl Calls {
@@ -26,7 +30,13 @@ impl Calls {
         Self {
             format,
             tools: tools.into(),
+            forced: false,
         }
+    }
+
+    /// The same, for answers a grammar forces to be calls.
+    pub fn forced(self, forced: bool) -> Self {
+        Self { forced, ..self }
     }
 
     /// Where the first opener in `text` starts, if any.
@@ -44,8 +54,17 @@ impl Calls {
 }
 
 /// `text` read for tool calls: the text before the calls (if any is left) and the calls, or
-/// `None` when it holds no well-formed call (then it is all content).
+/// `None` when it holds no well-formed call (then it is all content, unless the answer was
+/// forced to be calls: then it is neither, and no content is left).
 pub fn parse_calls(text: &str, calls: &Calls) -> Option<(Option<String>, Vec<ToolCallOut>)> {
+    let parsed = parse_some(text, calls);
+    match parsed {
+        None if calls.forced => Some((None, Vec::new())),
+        other => other,
+    }
+}
+
+fn parse_some(text: &str, calls: &Calls) -> Option<(Option<String>, Vec<ToolCallOut>)> {
     let start = match calls.first_opener(text) {
         Some(at) => at,
         None if calls.format.bare_json() && text.trim_start().starts_with('{') => 0,
@@ -108,11 +127,19 @@ impl CallReader {
                 let Some(close) = self.calls_of.format.block_close() else {
                     break;
                 };
-                let Some(end) = self.held.find(close) else {
+                // The block closes at the first close marker before which it holds whole
+                // calls (one inside a JSON string is text); until then it is held.
+                let held = &self.held;
+                let closed = held.match_indices(close).find_map(|(end, _)| {
+                    let block = &held[..end + close.len()];
+                    self.calls_of.parse(block, false).map(|calls| (end, calls))
+                });
+                let Some((end, calls)) = closed else {
                     break;
                 };
-                let block: String = self.held.drain(..end + close.len()).collect();
-                self.block(block, false, &mut out);
+                self.held.drain(..end + close.len());
+                self.calls += calls.len();
+                out.extend(calls.into_iter().map(|c| Piece::Call(call_out(c))));
                 self.in_calls = false;
                 continue;
             }
@@ -161,7 +188,7 @@ impl CallReader {
             self.maybe_bare = false;
             self.in_calls = false;
             self.block(held, true, &mut out);
-        } else {
+        } else if !self.calls_of.forced {
             out.push(Piece::Text(held));
         }
         out
@@ -175,6 +202,7 @@ impl CallReader {
                 self.calls += calls.len();
                 out.extend(calls.into_iter().map(|c| Piece::Call(call_out(c))));
             }
+            None if self.calls_of.forced => {}
             None => out.push(Piece::Text(block)),
         }
     }

@@ -25,8 +25,9 @@ use self::metadata::{bool_or, optional_string, string, GgufVocab, CONTROL, UNKNO
 use crate::{Error, Result};
 
 /// Token names treated as end-of-sequence in addition to the declared EOS id, when the
-/// tokenizer has them as special tokens (Gemma's `</s>` is a user-defined HTML tag, not an
-/// end).
+/// tokenizer has them as special tokens: Gemma's `</s>` is a user-defined HTML tag, and in
+/// Qwen's vocabulary `</s>` is an ordinary byte-pair token that a model writes in HTML or
+/// code, not an end.
 const END_TOKENS: &[&str] = &[
     "<|im_end|>",
     "<|endoftext|>",
@@ -136,20 +137,29 @@ impl ModelTokenizer {
         mut eos_ids: Vec<u32>,
         chat_template: Option<String>,
     ) -> Self {
-        let plain: Vec<String> = inner
+        let special: Vec<String> = inner
             .get_added_tokens_decoder()
             .into_values()
-            .filter(|t| !t.special)
+            .filter(|t| t.special)
             .map(|t| t.content)
             .collect();
         eos_ids.extend(
             END_TOKENS
                 .iter()
-                .filter(|t| !plain.iter().any(|p| p == *t))
+                .filter(|t| special.iter().any(|s| s == *t))
                 .filter_map(|t| inner.token_to_id(t)),
         );
-        eos_ids.sort_unstable();
-        eos_ids.dedup();
+        // The declared end first (templates and exported configs name it), then the others
+        // in id order, each once.
+        if let Some((_, others)) = eos_ids.split_first_mut() {
+            others.sort_unstable();
+        }
+        let mut seen = Vec::with_capacity(eos_ids.len());
+        eos_ids.retain(|&id| {
+            let new = !seen.contains(&id);
+            seen.push(id);
+            new
+        });
         Self {
             inner,
             bos_id,

@@ -132,7 +132,7 @@ pub fn choice(
     };
     let (content, calls) = match tool_calls.map(|calls| parse_calls(&answer, calls)) {
         Some(Some((content, calls))) => {
-            if finish_reason == Some("stop") {
+            if finish_reason == Some("stop") && !calls.is_empty() {
                 finish_reason = Some("tool_calls");
             }
             (content, calls)
