@@ -47,7 +47,8 @@ fn formats_that_cannot_compile_are_refused_at_submission() {
             Err(SubmitError::Invalid(e)) => {
                 assert_eq!(e.field, "response_format", "{spec:?}");
                 assert!(
-                    e.message.starts_with("the output format cannot be used: "),
+                    e.message.starts_with("the output format cannot be used: ")
+                        && !e.message.contains('\n'),
                     "{}",
                     e.message
                 );

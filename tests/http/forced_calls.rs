@@ -6,7 +6,9 @@
 //! the Responses API (`required`) and the Messages API (`any` and `tool`, with
 //! `stop_sequences`) all return that call. Cut by the token limit inside the string, every
 //! format's answer says `length` and reports the call as far as its arguments got, streamed
-//! or not, with no markup leaking into the content.
+//! or not, with no markup leaking into the content. A forced call that cannot be made (no
+//! tools, a function not offered, a schema the grammar engine cannot compile) is a 400
+//! naming the field, in one line, in every API.
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -241,5 +243,87 @@ async fn a_forced_call_cut_by_the_token_limit_says_length_in_every_format() {
         assert_eq!(c["message"]["content"], Value::Null, "{format}: {whole}");
         let (content, _, _) = chat_streamed(app, body).await;
         assert_eq!(content, "", "{format}: no markup as content");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_call_that_cannot_be_made_is_a_400_naming_the_field_in_every_api() {
+    let server = scripted_ending_at("x", 0, Some("hermes"));
+    let app = &server.app;
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let function = |parameters: Value| json!({"name": "f", "parameters": parameters});
+    let dangling = json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}});
+    let lookaround =
+        json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}});
+    let chat_tools =
+        |parameters: Value| json!([{"type": "function", "function": function(parameters)}]);
+    let cases = [
+        (
+            json!({"messages": user, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user, "tools": chat_tools(json!({"type": "object"})),
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user, "tools": chat_tools(dangling.clone()), "tool_choice": "required"}),
+            "tools",
+        ),
+        (
+            json!({"messages": user, "tools": chat_tools(lookaround.clone()), "tool_choice": "required"}),
+            "tools",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, answer) = call(app, "POST", "/v1/chat/completions", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], field, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.contains('\n'),
+            "one line, no grammar listing: {message}"
+        );
+    }
+    let responses_tool = json!([{"type": "function", "name": "f", "parameters": dangling}]);
+    for (body, field) in [
+        (
+            json!({"input": "Hi", "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"input": "Hi", "tools": responses_tool, "tool_choice": "required"}),
+            "tools",
+        ),
+    ] {
+        let (status, answer) = call(app, "POST", "/v1/responses", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], field, "{body}: {answer}");
+    }
+    for (body, field) in [
+        (
+            json!({"max_tokens": 8, "messages": user, "tool_choice": {"type": "any"}}),
+            "tool_choice",
+        ),
+        (
+            json!({"max_tokens": 8, "messages": user, "tool_choice": {"type": "tool", "name": "g"},
+                   "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
+            "tool_choice",
+        ),
+        (
+            json!({"max_tokens": 8, "messages": user, "tool_choice": {"type": "any"},
+                   "tools": [{"name": "f", "input_schema": lookaround}]}),
+            "tools",
+        ),
+    ] {
+        let (status, answer) = call(app, "POST", "/v1/messages", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["type"], "error", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{field}")),
+            "{body}: {message}"
+        );
     }
 }

@@ -190,12 +190,14 @@ impl Grammars {
                 TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
             }
         };
+        // The reason, on its first line; the listing of the grammar after it is the one
+        // compiled from the request (a tool call's, say), not the client's text.
         let parser = factory
             .create_parser(grammar)
-            .map_err(|e| Error::Format(e.to_string()))?;
+            .map_err(|e| Error::Format(first_line(e)))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(Error::Format(e));
+            return Err(Error::Format(first_line(e)));
         }
         let mut constraint = GuidanceConstraint {
             matcher,
