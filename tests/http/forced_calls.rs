@@ -321,9 +321,6 @@ async fn a_forced_call_that_cannot_be_made_is_a_400_naming_the_field_in_every_ap
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
         assert_eq!(answer["type"], "error", "{answer}");
         let message = answer["error"]["message"].as_str().unwrap();
-        assert!(
-            message.starts_with(&format!("{field}")),
-            "{body}: {message}"
-        );
+        assert!(message.starts_with(field), "{body}: {message}");
     }
 }
