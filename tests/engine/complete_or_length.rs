@@ -8,7 +8,8 @@
 //! format cannot end is masked, so the model writes its next choice), or the script cut where
 //! it was already complete; nothing stops inside a string. One engine counts an ordinary text
 //! token as an end too, first among its ends (as Qwen's tokenizer did with `</s>`), so that
-//! token's bytes fit inside strings; the end must still wait for a complete answer. Then a
+//! token's bytes fit inside strings; the end must still wait for a complete answer. The
+//! tool-call formats run on Qwen's tokenizer too, whose markers are one token each. Then a
 //! model with random rankings that tries to end often, sampled: every answer that says it is
 //! done is valid, every other one used its whole token budget. Each answer is checked by
 //! code that is not the engine's grammar: `serde_json` and `jsonschema`, the `regex` crate,
@@ -160,10 +161,10 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// An engine over SmolLM2's tokenizer on a mock model ranking tokens by `rule`, ending
-/// outputs with `ends`.
-fn engine(rule: RankedTokens, ends: Vec<u32>) -> EngineHandle {
-    let tokenizer = Arc::new(smollm2().tokenizer.clone());
+/// An engine over `tokenizer` on a mock model ranking tokens by `rule`, ending outputs with
+/// `ends`.
+fn engine(tokenizer: &ModelTokenizer, rule: RankedTokens, ends: Vec<u32>) -> EngineHandle {
+    let tokenizer = Arc::new(tokenizer.clone());
     let vocab = tokenizer.inner().get_vocab_size(true);
     let kv = ManagerConfig {
         num_blocks: 512,
@@ -239,10 +240,9 @@ fn request(case: &Case, prompt: Vec<u32>, how: How, stop_token: u32, spec: bool)
     }
 }
 
-/// Runs every cut of `case` on an engine whose first end token is `end` (the one the model
-/// tries to end with) among `ends`.
-fn every_cut(case: &Case, end: u32, ends: Vec<u32>) {
-    let tokenizer = &smollm2().tokenizer;
+/// Runs every cut of `case` on `tokenizer`, on an engine whose first end token is `end` (the
+/// one the model tries to end with) among `ends`.
+fn every_cut(tokenizer: &ModelTokenizer, case: &Case, end: u32, ends: Vec<u32>) {
     let script = tokenizer.encode_plain(&case.script).unwrap();
     let junk = tokenizer
         .encode_plain(" and then some junk after it")
@@ -270,7 +270,7 @@ fn every_cut(case: &Case, end: u32, ends: Vec<u32>) {
             }
         })
     };
-    let handle = engine(rule, ends);
+    let handle = engine(tokenizer, rule, ends);
     let mut runs = Vec::new();
     for cut in 0..script.len() {
         for (how, code) in [(How::End, 0), (How::StopToken, 1)] {
@@ -314,8 +314,31 @@ fn every_constraint_ends_only_where_complete_whatever_the_model_tries() {
     let mut with_text_end = vec![text_end];
     with_text_end.extend_from_slice(tokenizer.eos_ids());
     for case in cases() {
-        every_cut(&case, im_end, tokenizer.eos_ids().to_vec());
-        every_cut(&case, text_end, with_text_end.clone());
+        every_cut(tokenizer, &case, im_end, tokenizer.eos_ids().to_vec());
+        every_cut(tokenizer, &case, text_end, with_text_end.clone());
+    }
+}
+
+#[test]
+fn markers_written_as_one_token_end_only_where_complete_too() {
+    // Qwen's tokenizer spells `<tool_call>` and `</tool_call>` as one token each, inside the
+    // argument string too; its `</s>` is an ordinary token, which its ends once counted first.
+    let (content, _) =
+        engine::model::gguf::read_content(&crate::support::fixtures::qwen_path()).unwrap();
+    let tokenizer = ModelTokenizer::from_gguf(&content).unwrap();
+    let close = tokenizer.token_to_id("</tool_call>").unwrap();
+    let text_end = tokenizer.token_to_id("</s>").unwrap();
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let mut old_ends = vec![text_end];
+    old_ends.extend_from_slice(tokenizer.eos_ids());
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.name == "hermes" || c.name == "qwen3_coder")
+    {
+        let script = tokenizer.encode_plain(&case.script).unwrap();
+        assert!(script.contains(&close), "{}: {script:?}", case.name);
+        every_cut(&tokenizer, &case, im_end, tokenizer.eos_ids().to_vec());
+        every_cut(&tokenizer, &case, text_end, old_ends.clone());
     }
 }
 
@@ -333,7 +356,7 @@ fn sampled_answers_that_say_they_are_done_are_valid() {
         let pick = |k: u64| ((h >> (k * 8)) % vocab) as u32;
         vec![pick(0), im_end, pick(1), pick(2)]
     });
-    let handle = engine(rule, tokenizer.eos_ids().to_vec());
+    let handle = engine(tokenizer, rule, tokenizer.eos_ids().to_vec());
     let max_tokens = 48;
     let mut runs = Vec::new();
     for case in cases() {
