@@ -1,6 +1,7 @@
 //! A constrained answer is complete or says `length`, for every kind of constraint (a JSON
-//! schema, any JSON object, a regular expression, a choice, a Lark grammar, and the
-//! `required`-call grammar of every tool-call format): a scripted model that writes a complete
+//! schema, any JSON object, a regular expression, a choice, a Lark grammar, the
+//! `required`-call grammar of every tool-call format, and a schema after a thinking phase):
+//! a scripted model that writes a complete
 //! answer but tries to end at each position in turn (with an end token, or with a stop token
 //! of the request's), its answers carrying stop strings that also occur inside them where the
 //! format is not complete, with speculation off and on (prompt lookup drafting the answer
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use api::server::tools::format::{as_text, Markers};
 use api::server::tools::{parse_calls, tool_format, ToolRequest};
 use engine::backend::RankedTokens;
-use engine::constraint::ConstraintSpec;
+use engine::constraint::{ConstraintSpec, ThinkingSpec};
 use engine::handle::EngineHandle;
 use engine::{
     CostCurve, EngineConfig, FinishReason, ManagerConfig, MockBackend, ModelTokenizer, Request,
@@ -40,6 +41,8 @@ type Check = Box<dyn Fn(&str) -> Result<(), String>>;
 struct Case {
     name: &'static str,
     spec: ConstraintSpec,
+    /// A thinking phase before the answer the format holds.
+    thinking: Option<ThinkingSpec>,
     script: String,
     check: Check,
 }
@@ -80,6 +83,7 @@ fn tool_case(format: &'static str, script: &str) -> Case {
     Case {
         name: format,
         spec,
+        thinking: None,
         script: script.to_string(),
         check: Box::new(move |text| {
             let (content, found) =
@@ -100,6 +104,7 @@ fn regex_case(name: &'static str, spec: ConstraintSpec, pattern: &str, script: &
     Case {
         name,
         spec,
+        thinking: None,
         script: script.to_string(),
         check: Box::new(move |text| {
             re.is_match(text)
@@ -131,14 +136,33 @@ fn cases() -> Vec<Case> {
         Case {
             name: "json_schema",
             spec: ConstraintSpec::JsonSchema(schema()),
+            thinking: None,
             script: r#"{"path": "a.py", "content": "x STOP} y"}"#.into(),
             check: Box::new(|text| valid_json(text, &schema())),
         },
         Case {
             name: "json_object",
             spec: ConstraintSpec::JsonObject,
+            thinking: None,
             script: r#"{"a": "STOP", "b": [1, 2]}"#.into(),
             check: Box::new(|text| valid_json(text, &json!({"type": "object"}))),
+        },
+        // The format holds the answer after the thinking only; nothing ends inside either.
+        Case {
+            name: "thinking_then_json",
+            spec: ConstraintSpec::JsonSchema(schema()),
+            thinking: Some(ThinkingSpec {
+                start: None,
+                end: "</think>".into(),
+                budget: None,
+            }),
+            script: r#"Plan: STOP} here.</think>{"path": "a.py", "content": "x STOP"}"#.into(),
+            check: Box::new(|text| {
+                let (_, answer) = text
+                    .split_once("</think>")
+                    .ok_or_else(|| format!("no end of thinking in {text:?}"))?;
+                valid_json(answer, &schema())
+            }),
         },
         regex_case(
             "regex",
@@ -234,7 +258,7 @@ fn request(case: &Case, prompt: Vec<u32>, how: How, stop_token: u32, spec: bool)
             max_draft_tokens: None,
         }),
         constraint: Some(case.spec.clone()),
-        thinking: None,
+        thinking: case.thinking.clone(),
         prediction: None,
         cache_salt: None,
     }
