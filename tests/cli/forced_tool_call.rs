@@ -8,6 +8,7 @@
 
 use serde_json::{json, Value};
 
+use crate::support::chat_stream::ChatStream;
 use crate::support::fixtures::qwen_path;
 use crate::support::processes::ServerProcess;
 
@@ -32,37 +33,6 @@ fn check_arguments(arguments: &str, cut: bool, case: &str) {
         parsed["path"].is_string() && parsed["content"].is_string(),
         "{case}: {arguments}"
     );
-}
-
-/// A streamed chat answer: its content, its calls and its finish reason.
-fn streamed(sse: &str) -> (String, Vec<(String, String)>, String) {
-    let (mut content, mut calls, mut finish) = (String::new(), Vec::new(), String::new());
-    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).unwrap();
-        let Some(choice) = chunk["choices"].get(0) else {
-            continue;
-        };
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            finish = reason.to_string();
-        }
-        content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
-        for delta in choice["delta"]["tool_calls"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let index = delta["index"].as_u64().unwrap() as usize;
-            if calls.len() <= index {
-                calls.resize(index + 1, (String::new(), String::new()));
-            }
-            calls[index].0 += delta["function"]["name"].as_str().unwrap_or("");
-            calls[index].1 += delta["function"]["arguments"].as_str().unwrap_or("");
-        }
-    }
-    (content, calls, finish)
 }
 
 #[test]
@@ -116,11 +86,11 @@ fn a_forced_write_file_call_is_complete_or_says_length() {
             stream.to_string().as_bytes(),
         );
         assert_eq!(status, 200, "{case}: {sse}");
-        let (content, calls, streamed_finish) = streamed(&sse);
-        assert_eq!(streamed_finish, finish, "{case}");
-        assert_eq!(content, "", "{case}: no call text as content");
+        let streamed = ChatStream::of_sse(&sse);
+        assert_eq!(streamed.finish, finish, "{case}");
+        assert_eq!(streamed.content, "", "{case}: no call text as content");
         assert_eq!(
-            calls,
+            streamed.calls,
             vec![("write_file".to_string(), arguments.to_string())],
             "{case}"
         );

@@ -6,6 +6,7 @@
 
 use serde_json::{json, Value};
 
+use crate::support::chat_stream::ChatStream;
 use crate::support::fixtures::smollm2_path;
 use crate::support::processes::{thicket, ServerProcess};
 
@@ -55,34 +56,8 @@ fn streamed(server: &ServerProcess, body: &Value) -> (Vec<(String, String)>, Str
     let (status, _, sse) =
         server.request("POST", "/v1/chat/completions", body.to_string().as_bytes());
     assert_eq!(status, 200, "{sse}");
-    let (mut calls, mut finish) = (Vec::<(String, String)>::new(), String::new());
-    for line in sse.lines() {
-        let Some(data) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") else {
-            continue;
-        };
-        let chunk: Value = serde_json::from_str(data).unwrap();
-        let choice = &chunk["choices"][0];
-        for call in choice["delta"]["tool_calls"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let index = call["index"].as_u64().unwrap() as usize;
-            if calls.len() <= index {
-                calls.resize(index + 1, Default::default());
-            }
-            if let Some(name) = call["function"]["name"].as_str() {
-                calls[index].0.push_str(name);
-            }
-            if let Some(args) = call["function"]["arguments"].as_str() {
-                calls[index].1.push_str(args);
-            }
-        }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            finish = reason.to_string();
-        }
-    }
-    (calls, finish)
+    let answer = ChatStream::of_sse(&sse);
+    (answer.calls, answer.finish)
 }
 
 fn check_arguments(name: &str, arguments: &Value, whole: &Value) {

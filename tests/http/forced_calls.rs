@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::mock_server::call;
 use super::scripted::{scripted_ending_at, streamed};
+use crate::support::chat_stream::ChatStream;
 
 /// The call's `content`, holding the close marker and the stop string.
 const CONTENT: &str = "x = 1 STOP\n</tool_call> y";
@@ -51,29 +52,9 @@ fn arguments(text: &str) -> Value {
 
 /// A streamed chat answer: its content, its calls' names and arguments, its finish reason.
 async fn chat_streamed(app: &axum::Router, body: Value) -> (String, Vec<(String, String)>, Value) {
-    let (mut content, mut calls, mut finish) = (String::new(), Vec::new(), Value::Null);
-    for (_, data) in streamed(app, "/v1/chat/completions", body).await {
-        let Some(choice) = data["choices"].get(0) else {
-            continue;
-        };
-        if !choice["finish_reason"].is_null() {
-            finish = choice["finish_reason"].clone();
-        }
-        content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
-        for call in choice["delta"]["tool_calls"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let index = call["index"].as_u64().unwrap() as usize;
-            if calls.len() <= index {
-                calls.resize(index + 1, (String::new(), String::new()));
-            }
-            calls[index].0 += call["function"]["name"].as_str().unwrap_or("");
-            calls[index].1 += call["function"]["arguments"].as_str().unwrap_or("");
-        }
-    }
-    (content, calls, finish)
+    let events = streamed(app, "/v1/chat/completions", body).await;
+    let answer = ChatStream::of(events.iter().map(|(_, data)| data));
+    (answer.content, answer.calls, json!(answer.finish))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

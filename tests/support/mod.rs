@@ -1,7 +1,9 @@
 //! What the tests share, with no tests of its own: fixtures (the default model loaded once per
 //! test binary, tiny random models, prompts, logits helpers), the plain greedy decoder the
-//! engine's outputs are checked against, and the real `thicket` binary run as a child.
+//! engine's outputs are checked against, the real `thicket` binary run as a child, and a
+//! streamed chat answer put back together.
 
+pub mod chat_stream;
 pub mod fixtures;
 pub mod plain_greedy;
 pub mod processes;

@@ -51,9 +51,9 @@ fn whole(calls: &Calls, text: &str) -> (Option<String>, Vec<(String, Value)>) {
     }
 }
 
-/// The same read streamed in pieces of `step` characters (content trimmed as whole reads
-/// trim it).
-fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(String, Value)>) {
+/// The pieces of `text` read streamed in pieces of `step` characters, and how many calls the
+/// reader counted.
+fn stream_pieces(calls: &Calls, text: &str, step: usize) -> (Vec<Piece>, usize) {
     let mut reader = CallReader::new(calls.clone());
     let chars: Vec<char> = text.chars().collect();
     let mut pieces = Vec::new();
@@ -61,6 +61,13 @@ fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(Str
         pieces.extend(reader.push(&chunk.iter().collect::<String>()));
     }
     pieces.extend(reader.finish());
+    (pieces, reader.calls)
+}
+
+/// The same read streamed in pieces of `step` characters (content trimmed as whole reads
+/// trim it).
+fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(String, Value)>) {
+    let (pieces, counted) = stream_pieces(calls, text, step);
     let mut content = String::new();
     let mut found = Vec::new();
     for piece in pieces {
@@ -72,7 +79,7 @@ fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(Str
             )),
         }
     }
-    assert_eq!(reader.calls, found.len());
+    assert_eq!(counted, found.len());
     let content = content.trim().to_string();
     (
         (!content.is_empty() || found.is_empty()).then_some(content),
@@ -228,14 +235,8 @@ fn check_raw(calls: &Calls, text: &str, want: &[(&str, &str)]) {
         .collect();
     assert_eq!(whole, want, "{} whole: {text:?}", calls.format.name());
     for step in 1..=text.chars().count() {
-        let mut reader = CallReader::new(calls.clone());
-        let chars: Vec<char> = text.chars().collect();
-        let mut pieces = Vec::new();
-        for chunk in chars.chunks(step) {
-            pieces.extend(reader.push(&chunk.iter().collect::<String>()));
-        }
-        pieces.extend(reader.finish());
-        let got: Vec<(String, String)> = pieces
+        let got: Vec<(String, String)> = stream_pieces(calls, text, step)
+            .0
             .into_iter()
             .filter_map(|p| match p {
                 Piece::Call(c) => Some((c.function.name, c.function.arguments)),
