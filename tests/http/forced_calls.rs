@@ -6,7 +6,8 @@
 //! the Responses API (`required`) and the Messages API (`any` and `tool`, with
 //! `stop_sequences`) all return that call. Cut by the token limit inside the string, every
 //! format's answer says `length` and reports the call as far as its arguments got, streamed
-//! or not, with no markup leaking into the content. A forced call that cannot be made (no
+//! or not, with no markup leaking into the content (the Messages API's `input`: those
+//! arguments closed where they were cut). A forced call that cannot be made (no
 //! tools, a function not offered, a schema the grammar engine cannot compile) is a 400
 //! naming the field, in one line, in every API.
 
@@ -215,6 +216,31 @@ async fn a_forced_call_cut_by_the_token_limit_says_length_in_every_format() {
             vec![("write_file".to_string(), partial.to_string())],
             "{format}"
         );
+
+        // The Messages API's `input` is an object: the arguments closed where they were
+        // cut, whole and streamed alike.
+        let messages = json!({"max_tokens": tokens, "temperature": 0,
+                              "messages": [{"role": "user", "content": "Write a.py."}],
+                              "tools": [{"name": "write_file", "input_schema": parameters()}],
+                              "tool_choice": {"type": "any"}});
+        let (status, m) = call(app, "POST", "/v1/messages", Some(messages.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{m}");
+        assert_eq!(m["stop_reason"], "max_tokens", "{format}: {m}");
+        let input = &m["content"][0]["input"];
+        assert_eq!(input["path"], "a.py", "{format}: {m}");
+        if format != "qwen3_coder" {
+            assert!(
+                input["content"].as_str().unwrap().starts_with("x = 1"),
+                "{format}: {m}"
+            );
+        }
+        let mut joined = String::new();
+        for (name, data) in streamed(app, "/v1/messages", messages).await {
+            if name.as_deref() == Some("content_block_delta") {
+                joined += data["delta"]["partial_json"].as_str().unwrap_or("");
+            }
+        }
+        assert_eq!(&arguments(&joined), input, "{format}");
 
         // Cut before the call's name is out: no call, no content.
         body["max_tokens"] = json!(2);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::partial_json::json_prefix;
 use super::{hermes::Hermes, llama3::Llama3Json, mistral::Mistral, qwen3_coder::Qwen3Coder};
 use super::{ParsedCall, Tool};
 
@@ -179,50 +180,6 @@ pub fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
     })
 }
 
-/// Whether `text` is the start of one JSON value (what a model cut off by the token limit
-/// left): brackets that close only what they opened, strings, and between them only the
-/// characters of numbers, literals, separators and blanks; nothing after the value closes.
-pub fn json_prefix(text: &str) -> bool {
-    let mut open = Vec::new();
-    let mut in_string = false;
-    let mut escaped = false;
-    let mut started = false;
-    for c in text.chars() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        if started && open.is_empty() && !c.is_whitespace() {
-            return false;
-        }
-        match c {
-            '{' | '[' => open.push(c),
-            '}' => {
-                if open.pop() != Some('{') {
-                    return false;
-                }
-            }
-            ']' => {
-                if open.pop() != Some('[') {
-                    return false;
-                }
-            }
-            '"' => in_string = true,
-            c if c.is_whitespace() => continue,
-            c if c.is_ascii_digit() || ",:-+.eE".contains(c) => {}
-            c if "truefalsn".contains(c) => {}
-            _ => return false,
-        }
-        started = true;
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,28 +204,5 @@ mod tests {
             "llama3_json"
         );
         assert_eq!(default_for_template(None).name(), "hermes");
-    }
-
-    #[test]
-    fn json_prefixes_are_what_a_cut_value_leaves() {
-        for cut in [
-            "",
-            "{",
-            "{\"a\": \"x </tool_call> y",
-            "{\"a\": [1, 2.5e-3, true, nul",
-            "{\"a\": \"\\\"}\"",
-            "{\"a\": {}}",
-        ] {
-            assert!(json_prefix(cut), "{cut:?}");
-        }
-        for broken in [
-            "{\"a\": 1}}",
-            "{\"a\": 1} x",
-            "{\"a\": ]",
-            "{x: 1}",
-            "<tool_call>",
-        ] {
-            assert!(!json_prefix(broken), "{broken:?}");
-        }
     }
 }

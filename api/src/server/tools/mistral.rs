@@ -7,7 +7,8 @@
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, json_prefix, partial_call, Markers, ToolFormat};
+use super::format::{any_call_schema, call_of, partial_call, Markers, ToolFormat};
+use super::partial_json::json_prefix;
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
 

@@ -11,6 +11,7 @@ mod format_tests;
 pub mod hermes;
 pub mod llama3;
 pub mod mistral;
+pub mod partial_json;
 pub mod qwen3_coder;
 pub mod reader;
 

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::server::adapter::answer::{Collected, Ending};
 use crate::server::adapter::new_id;
 use crate::server::openai::chat::response::ToolCallOut;
+use crate::server::tools::partial_json::close_json;
 
 /// Hex digits of the API's ids after their prefix (`msg_`, `toolu_`).
 pub const ID_DIGITS: usize = 24;
@@ -37,14 +38,31 @@ pub(super) fn usage(ending: &Ending) -> Value {
 /// A `tool_use` block of `call` (`input` empty while it is announced in a stream).
 pub(super) fn tool_use(call: &ToolCallOut, whole: bool) -> Value {
     let input = if whole {
-        serde_json::from_str::<Value>(&call.function.arguments)
-            .ok()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({}))
+        input_of(&call.function.arguments)
     } else {
         json!({})
     };
     json!({"type": "tool_use", "id": call.id, "name": call.function.name, "input": input})
+}
+
+/// A call's `input` object from its arguments: as written, or, for arguments cut off by the
+/// token limit, closed where they were cut (`{}` when nothing of an object is there).
+pub(super) fn input_of(arguments: &str) -> Value {
+    serde_json::from_str::<Value>(arguments)
+        .ok()
+        .or_else(|| close_json(arguments))
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}))
+}
+
+/// The `input_json_delta` text of a call: its arguments as written when they are an object,
+/// else the object [`input_of`] makes of them, so a client that joins the deltas reads the
+/// same `input` as the whole answer has.
+pub(super) fn input_json(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value) if value.is_object() => arguments.to_string(),
+        _ => input_of(arguments).to_string(),
+    }
 }
 
 /// Calls with Anthropic-style ids (`toolu_...`).

@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::response::{renamed_calls, stop, tool_use, usage, ID_DIGITS};
+use super::response::{input_json, renamed_calls, stop, tool_use, usage, ID_DIGITS};
 use crate::server::adapter::answer::Part;
 use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
@@ -100,7 +100,7 @@ impl AnswerEvents for MessageEvents {
                 out.push(
                     "content_block_delta",
                     json!({"index": index, "delta": {"type": "input_json_delta",
-                           "partial_json": call.function.arguments}}),
+                           "partial_json": input_json(&call.function.arguments)}}),
                 );
                 out.push("content_block_stop", json!({"index": index}));
             }
