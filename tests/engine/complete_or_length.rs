@@ -422,3 +422,31 @@ fn sampled_answers_that_say_they_are_done_are_valid() {
     // The end is always among the model's first choices: many answers end.
     assert!(done >= 8, "only {done} answers ended");
 }
+
+#[test]
+fn a_stop_ends_an_output_at_its_start_where_the_format_accepts_the_empty_one() {
+    // `( moon)*` accepts nothing at all; the model's first choice is ` moon`, the request's
+    // stop token: the empty output is complete, so the stop token ends it there.
+    let tokenizer = &smollm2().tokenizer;
+    let moon = token(tokenizer, " moon");
+    let handle = engine(
+        tokenizer,
+        Arc::new(move |_: &[u32]| vec![moon]),
+        tokenizer.eos_ids().to_vec(),
+    );
+    let case = regex_case(
+        "empty",
+        ConstraintSpec::Regex("( moon)*".into()),
+        "( moon)*",
+        "",
+    );
+    let prompt = tokenizer.encode_plain("Say nothing.").unwrap();
+    let out = handle
+        .submit(request(&case, prompt, How::StopToken, moon, false))
+        .unwrap()
+        .wait()
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.finish, Some(FinishReason::StopToken(moon)));
+    assert_eq!(out.text, "");
+}

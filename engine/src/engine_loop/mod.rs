@@ -238,8 +238,8 @@ impl Engine {
             request.prediction.as_ref(),
             scope,
         );
-        self.records
-            .insert(seq, SeqRecord::new(id, 0, &request, drafter, constraint));
+        let record = SeqRecord::new(id, 0, &request, drafter, constraint, &self.eos_ids);
+        self.records.insert(seq, record);
         self.requests.insert(
             id,
             ActiveRequest {

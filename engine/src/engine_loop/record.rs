@@ -40,17 +40,25 @@ pub(super) struct SeqRecord {
 
 impl SeqRecord {
     /// Sample `index` of `request` (`r`), drafting with `drafter`, its output following
-    /// `constraint`.
+    /// `constraint` (in the state its output starts from) and ending with any of `ends`.
     pub(super) fn new(
         request: u64,
         index: usize,
         r: &Request,
         drafter: Option<SeqDrafter>,
-        constraint: Option<Box<dyn Constraint>>,
+        mut constraint: Option<Box<dyn Constraint>>,
+        ends: &[u32],
     ) -> Self {
         let tracks_completion =
             constraint.is_some() && !(r.stop.stop.is_empty() && r.stop.stop_token_ids.is_empty());
-        Self {
+        // Whether the empty output is already complete (a format that accepts it): its mask
+        // is the one compiled with the format, so this costs nothing.
+        let complete = tracks_completion
+            && constraint.as_mut().is_some_and(|c| {
+                c.mask()
+                    .is_ok_and(|mask| ends.iter().any(|&e| mask.allows(e)))
+            });
+        let mut record = Self {
             request,
             index,
             detokenizer: if r.stop.skip_special_tokens {
@@ -68,8 +76,12 @@ impl SeqRecord {
             constraint,
             tracks_completion,
             complete_after: VecDeque::new(),
-            complete: false,
+            complete,
+        };
+        if complete {
+            record.filter.mark_complete();
         }
+        record
     }
 
     /// Whether a stop token or stop string may end the output here: always, unless a format

@@ -296,7 +296,14 @@ impl Engine {
                 .ok_or_else(|| missing(seq_id))?;
             request.seqs.push(child);
             let constraint = fork_base.as_ref().map(|c| c.fork());
-            let mut record = SeqRecord::new(request_id, i, &request.request, drafter, constraint);
+            let mut record = SeqRecord::new(
+                request_id,
+                i,
+                &request.request,
+                drafter,
+                constraint,
+                &self.eos_ids,
+            );
             if let Err(e) = record.advance(sampled.token_id, &self.eos_ids) {
                 // The sibling's token was allowed by the same mask; should its constraint
                 // fail anyway, its request fails, not the step.
