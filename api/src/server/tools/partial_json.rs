@@ -5,48 +5,77 @@
 
 use serde_json::Value;
 
+use std::ops::ControlFlow;
+
+/// Where a text ends inside a string: the offset of the string's last escape (0 when it has
+/// none) and whether that escape is still open.
+struct OpenString {
+    escape_at: usize,
+    escaped: bool,
+}
+
+/// Walks `text`, giving `step` each character outside strings with its offset (a string's
+/// opening quote included; its content and closing quote are skipped), until `step` breaks.
+/// Returns whether it broke, and where the text ends inside a string, if it does.
+fn walk(
+    text: &str,
+    mut step: impl FnMut(usize, char) -> ControlFlow<()>,
+) -> (bool, Option<OpenString>) {
+    let mut string: Option<OpenString> = None;
+    for (at, c) in text.char_indices() {
+        if let Some(open) = string.as_mut() {
+            match (open.escaped, c) {
+                (true, _) => open.escaped = false,
+                (false, '\\') => {
+                    open.escaped = true;
+                    open.escape_at = at;
+                }
+                (false, '"') => string = None,
+                _ => {}
+            }
+            continue;
+        }
+        if step(at, c).is_break() {
+            return (true, None);
+        }
+        if c == '"' {
+            string = Some(OpenString {
+                escape_at: 0,
+                escaped: false,
+            });
+        }
+    }
+    (false, string)
+}
+
 /// Whether `text` is the start of one JSON value (what a model cut off by the token limit
 /// left): brackets that close only what they opened, strings, and between them only the
 /// characters of numbers, literals, separators and blanks; nothing after the value closes.
 pub fn json_prefix(text: &str) -> bool {
     let mut open = Vec::new();
-    let mut in_string = false;
-    let mut escaped = false;
     let mut started = false;
-    for c in text.chars() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-            continue;
+    let (broke, _) = walk(text, |_, c| {
+        if c.is_whitespace() {
+            return ControlFlow::Continue(());
         }
-        if started && open.is_empty() && !c.is_whitespace() {
-            return false;
-        }
-        match c {
-            '{' | '[' => open.push(c),
-            '}' => {
-                if open.pop() != Some('{') {
-                    return false;
+        let fits = !(started && open.is_empty())
+            && match c {
+                '{' | '[' => {
+                    open.push(c);
+                    true
                 }
-            }
-            ']' => {
-                if open.pop() != Some('[') {
-                    return false;
-                }
-            }
-            '"' => in_string = true,
-            c if c.is_whitespace() => continue,
-            c if c.is_ascii_digit() || ",:-+.eE".contains(c) => {}
-            c if "truefalsn".contains(c) => {}
-            _ => return false,
-        }
+                '}' => open.pop() == Some('{'),
+                ']' => open.pop() == Some('['),
+                c => c == '"' || c.is_ascii_digit() || ",:-+.eEtruefalsn".contains(c),
+            };
         started = true;
-    }
-    true
+        if fits {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
+    });
+    !broke
 }
 
 /// The value `text` (the start of one) is the start of, closed where it was cut: an open
@@ -60,25 +89,14 @@ pub fn close_json(text: &str) -> Option<Value> {
     // Where the text may be cut back to: its end, and before each separator or right after
     // each opening bracket (outside strings), latest first.
     let mut cuts = vec![text.len()];
-    let mut in_string = false;
-    let mut escaped = false;
-    for (at, c) in text.char_indices() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    walk(text, |at, c| {
         match c {
-            '"' => in_string = true,
             ',' => cuts.push(at),
             '{' | '[' => cuts.push(at + 1),
             _ => {}
         }
-    }
+        ControlFlow::Continue(())
+    });
     cuts.sort_unstable_by(|a, b| b.cmp(a));
     cuts.dedup();
     cuts.into_iter().find_map(|cut| closed(&text[..cut]))
@@ -87,24 +105,8 @@ pub fn close_json(text: &str) -> Option<Value> {
 /// `prefix` with its open string and brackets closed, if that parses.
 fn closed(prefix: &str) -> Option<Value> {
     let mut open = Vec::new();
-    let mut in_string = false;
-    let mut escaped = false;
-    let mut escape_at = 0;
-    for (at, c) in prefix.char_indices() {
-        if in_string {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => {
-                    escaped = true;
-                    escape_at = at;
-                }
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let (_, string) = walk(prefix, |_, c| {
         match c {
-            '"' => in_string = true,
             '{' => open.push('}'),
             '[' => open.push(']'),
             '}' | ']' => {
@@ -112,14 +114,15 @@ fn closed(prefix: &str) -> Option<Value> {
             }
             _ => {}
         }
-    }
+        ControlFlow::Continue(())
+    });
     let mut text = prefix.to_string();
-    if in_string {
+    if let Some(string) = string {
         // A cut escape (`\`, `\u12`) is dropped.
-        let tail = &prefix[escape_at..];
+        let tail = &prefix[string.escape_at..];
         let cut_unicode = tail.starts_with("\\u") && tail.len() < 6;
-        if escaped || cut_unicode {
-            text.truncate(escape_at);
+        if string.escaped || cut_unicode {
+            text.truncate(string.escape_at);
         }
         text.push('"');
     }
