@@ -180,6 +180,25 @@ pub fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
     })
 }
 
+/// The whole JSON values of `text`, separated by blanks and `separator`, and the text of the
+/// last one where the token limit cut it off (`""` when none is); `None` when anything else
+/// is there.
+pub fn json_values(text: &str, separator: char) -> Option<(Vec<Value>, &str)> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match stream.next()? {
+            Ok(value) => out.push(value),
+            Err(e) if e.is_eof() => return Some((out, rest)),
+            Err(_) => return None,
+        }
+        rest = rest[stream.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(separator).unwrap_or(rest).trim_start();
+    }
+    Some((out, ""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

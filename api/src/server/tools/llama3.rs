@@ -5,9 +5,7 @@
 //! answer to a question stays content. A last call cut off by the token limit counts as far
 //! as its arguments got.
 
-use serde_json::Value;
-
-use super::format::{any_call_schema, call_of, partial_call, Markers, ToolFormat};
+use super::format::{any_call_schema, call_of, json_values, partial_call, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
 
@@ -17,24 +15,6 @@ pub const PYTHON_TAG: &str = "<|python_tag|>";
 /// JSON objects after an optional `<|python_tag|>`.
 #[derive(Debug, Clone, Copy)]
 pub struct Llama3Json;
-
-/// The whole JSON values of `text`, separated by blanks and `;`, and the text of the last
-/// one where it is cut off (`""` when none is); `None` when anything else is there.
-fn values(text: &str) -> Option<(Vec<Value>, &str)> {
-    let mut out = Vec::new();
-    let mut rest = text.trim_start();
-    while !rest.is_empty() {
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        match stream.next()? {
-            Ok(value) => out.push(value),
-            Err(e) if e.is_eof() => return Some((out, rest)),
-            Err(_) => return None,
-        }
-        rest = rest[stream.byte_offset()..].trim_start();
-        rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
-    }
-    Some((out, ""))
-}
 
 impl ToolFormat for Llama3Json {
     fn name(&self) -> &'static str {
@@ -59,7 +39,7 @@ impl ToolFormat for Llama3Json {
             None => (text, false),
         };
         let check = (!tagged).then_some(offered);
-        let (whole, cut) = values(body)?;
+        let (whole, cut) = json_values(body, ';')?;
         let mut calls: Vec<ParsedCall> = whole
             .iter()
             .map(|value| call_of(value, check))

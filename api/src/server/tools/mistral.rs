@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::format::{any_call_schema, call_of, partial_call, Markers, ToolFormat};
+use super::format::{any_call_schema, call_of, json_values, partial_call, Markers, ToolFormat};
 use super::partial_json::json_prefix;
 use super::{ParsedCall, Tool};
 use engine::constraint::compact;
@@ -35,20 +35,13 @@ fn named_call(text: &str) -> Option<ParsedCall> {
 /// A list of calls cut off by the token limit (`[{...}, {"name": "f", "arguments": {...`):
 /// its whole calls, and the last as far as its arguments got.
 fn cut_list(body: &str, offered: &[Tool]) -> Option<Vec<ParsedCall>> {
-    let mut rest = body.strip_prefix('[')?.trim_start();
-    let mut calls = Vec::new();
-    while !rest.is_empty() {
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        match stream.next()? {
-            Ok(value) => calls.push(call_of(&value, None)?),
-            Err(e) if e.is_eof() => {
-                calls.push(partial_call(rest, offered)?);
-                break;
-            }
-            Err(_) => return None,
-        }
-        rest = rest[stream.byte_offset()..].trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    let (whole, cut) = json_values(body.strip_prefix('[')?, ',')?;
+    let mut calls: Vec<ParsedCall> = whole
+        .iter()
+        .map(|value| call_of(value, None))
+        .collect::<Option<_>>()?;
+    if !cut.is_empty() {
+        calls.push(partial_call(cut, offered)?);
     }
     Some(calls)
 }

@@ -2,8 +2,9 @@
 //! a streamed one as it comes ([`CallReader`]). Text before the first call passes through as
 //! it comes, except a tail that may still become the format's opener; calls that come in
 //! blocks are given as each block closes (at a close marker after a whole call, not at one
-//! inside a string), others at the end of the answer; what does not parse goes out as text. An answer that opens with `{`, in a format that allows calls
-//! without an opener, is held to the end, where it may turn out to be calls.
+//! inside a string), others at the end of the answer; what does not parse goes out as text.
+//! An answer that opens with `{`, in a format that allows calls without an opener, is held
+//! to the end, where it may turn out to be calls.
 
 use std::sync::Arc;
 
