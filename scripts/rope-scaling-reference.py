@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Writes the references of thicket's long-context RoPE checks against llama.cpp: llama.cpp's
-greedy tokens and every step's logits on a tiny random model, for each case:
+"""Writes the references of thicket's checks against llama.cpp (long-context RoPE, hybrids):
+llama.cpp's greedy tokens and every step's logits on a tiny random model, for each case:
 
 - `longrope`: tests/data/phi3_longrope_llamacpp.json, the tiny LongRoPE Phi-3 of
   `tests/model/longrope.rs`, with a context of 256 (within the model's original context: short
   factors) and of 1024 (long factors);
 - `yarn`: tests/data/qwen3_yarn_llamacpp.json, the tiny YaRN Qwen3 of `tests/model/yarn.rs`
-  (factor 4 over an original context of 256), with a context of 1024.
+  (factor 4 over an original context of 256), with a context of 1024;
+- `lfm2`: tests/data/lfm2_llamacpp.json, the tiny LFM2 hybrid of `tests/model/lfm2.rs` (short
+  convolutions and attention), with a context of 256.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -39,6 +41,8 @@ CASES = {
                  "tests/data/phi3_longrope_llamacpp.json"),
     "yarn": ("model::yarn::write_the_reference_gguf", [1024],
              "tests/data/qwen3_yarn_llamacpp.json"),
+    "lfm2": ("model::lfm2::write_the_reference_gguf", [256],
+             "tests/data/lfm2_llamacpp.json"),
 }
 
 
@@ -56,7 +60,7 @@ def main():
 def write_case(src, test, contexts, out):
     lib = src / "build" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
-        gguf = pathlib.Path(tmp) / "phi3-longrope.gguf"
+        gguf = pathlib.Path(tmp) / "tiny.gguf"
         env = dict(os.environ, THICKET_REFERENCE_GGUF=str(gguf))
         subprocess.run(
             ["cargo", "test", "--release", "--test", "tests", "--", "--ignored", "--exact",

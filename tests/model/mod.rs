@@ -10,6 +10,7 @@ pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
 mod kv_cache;
+pub(crate) mod lfm2;
 mod llamacpp_reference;
 mod load_and_input_errors;
 pub(crate) mod longrope;

@@ -1,17 +1,17 @@
 //! The decoder's forward as candle ops, on any device and any weights: the reference the fused
 //! CPU pass (`fused_pass`) is tested against bit for bit, and the path of dense or off-CPU
-//! weights. Every family runs through it, reading its `Variant`: QK norm, post norms, the
+//! weights. Every family runs through it, reading its `Variant`: each layer's token mixer
+//! (attention or a kind with state, `mixer`, each with its window's view), QK norm, post norms, the
 //! gate's activation, scaled embeddings, per-layer RoPE tables and sliding windows (a view of
 //! the batch, `cpu::attention::windowed_batch`), soft-capped attention and logits, and a
 //! mixture of experts in place of the MLP (`experts::candle`).
 
 use candle_core::{DType, Tensor};
 
-use crate::cpu::attention::{
-    gathered_tree_attention, paged_tree_attention, softcap, AttentionKernel, HeadShape, WindowViews,
-};
+use crate::cpu::attention::{softcap, AttentionKernel, WindowViews};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::model::config::Activation;
+use crate::model::mixer::CandleAt;
 use crate::model::{Mlp, Model};
 use crate::tree_batch::TreeBatch;
 use crate::Result;
@@ -26,56 +26,31 @@ impl Model {
         let cfg = self.config();
         let variant = &cfg.variant;
         let weights = self.weights();
-        let rows = batch.num_rows();
         let device = self.device();
         let positions = Tensor::new(batch.positions.as_slice(), device)?;
         let global = self.rope_rows_of(&positions, false)?;
         let local = self.rope_rows_of(&positions, true)?;
-        let shape = HeadShape {
-            scale: cfg.attention_scale(),
-            softcap: variant.attention_softcap,
-            ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        };
         let eps = cfg.rms_norm_eps as f32;
-        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window))?;
+        let reaches = (0..cfg.num_layers).filter_map(|i| cfg.layer_reach(i));
+        let windows = WindowViews::new(batch, reaches)?;
 
         let mut x = weights.embedding.lookup(&batch.token_ids, device)?;
         if let Some(scale) = variant.embedding_scale {
             x = (x * f64::from(scale))?;
         }
         for (index, layer) in weights.layers.iter().enumerate() {
-            let kind = cfg.layer_attention(index);
-            let (cos, sin) = if kind.local_rope { &local } else { &global };
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let mut q = layer.q.forward(&h)?;
-            let mut k = layer.k.forward(&h)?;
-            if let Some((q_norm, k_norm)) = &layer.qk_norm {
-                q = head_norm(&q, q_norm, cfg.head_dim, eps)?;
-                k = head_norm(&k, k_norm, cfg.head_dim, eps)?;
-            }
-            let q = self.rotate(&q, cfg.num_heads, cos, sin)?;
-            let k = self.rotate(&k, cfg.num_kv_heads, cos, sin)?;
-            let v = layer.v.forward(&h)?;
-            // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
-            let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
-            let seen = windows.batch(kind.window).unwrap_or(batch);
-            kv.write(
-                index,
-                &seen.slots,
-                &k.flatten_all()?.to_vec1::<f32>()?,
-                &v.flatten_all()?.to_vec1::<f32>()?,
-            )?;
-            let attn = match self.attention() {
-                AttentionKernel::Reference => {
-                    gathered_tree_attention(&q, kv.layer(index), seen, shape, device)?
-                }
-                AttentionKernel::Fused => {
-                    let q = q.flatten_all()?.to_vec1::<f32>()?;
-                    let attn = paged_tree_attention(&q, kv.layer(index), seen, shape);
-                    Tensor::from_vec(attn, (rows, cfg.attention_width()), device)?
-                }
+            let (cos, sin) = match cfg.layer_attention(index).local_rope {
+                true => &local,
+                false => &global,
             };
-            let mut out = layer.o.forward(&attn)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let at = CandleAt {
+                model: self,
+                index,
+                seen: windows.batch(cfg.layer_reach(index)).unwrap_or(batch),
+                rope: (cos, sin),
+            };
+            let mut out = layer.mixer.forward_candle(&at, &h, kv)?;
             if let Some((post_attn, _)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_attn, eps)?;
             }
@@ -136,11 +111,4 @@ impl Model {
             Activation::GeluTanh => x.gelu()?,
         })
     }
-}
-
-/// RMSNorm of each head of `x` (`[rows, heads * dim]`) with the per-head weight `alpha`.
-fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Tensor> {
-    let (rows, width) = x.dims2()?;
-    let heads = x.reshape((rows * width / head_dim, head_dim))?;
-    Ok(candle_nn::ops::rms_norm(&heads, alpha, eps)?.reshape((rows, width))?)
 }

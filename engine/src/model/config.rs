@@ -130,6 +130,21 @@ pub struct LayerAttention {
     pub local_rope: bool,
 }
 
+/// What mixes one layer's positions: attention over the paged KV (full or windowed, as the
+/// layer's `LayerAttention` says), or a kind that carries per-sequence state instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayerMixer {
+    /// Attention.
+    #[default]
+    Attention,
+    /// A gated short convolution over the last `kernel` positions (LFM2): `B, C, x` from one
+    /// projection, `C * conv(B * x)` into the output projection.
+    ShortConv {
+        /// Positions the convolution spans, the row's own included.
+        kernel: usize,
+    },
+}
+
 /// What a family changes in the llama forward, resolved for one model. The default is the
 /// llama baseline: pre-norms only, SiLU, no scales beyond `1/sqrt(head_dim)`, full attention.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -159,6 +174,8 @@ pub struct Variant {
     pub rotary_dim: Option<usize>,
     /// A mixture of experts in place of the MLP, in the layers it marks sparse.
     pub moe: Option<Moe>,
+    /// Per layer, bottom first, its token mixer; empty means every layer attends.
+    pub mixers: Vec<LayerMixer>,
 }
 
 /// A mixture-of-experts MLP: a softmax router over `num_experts` gated MLPs of width
@@ -211,6 +228,21 @@ impl ModelConfig {
         self.variant.layers.get(index).copied().unwrap_or_default()
     }
 
+    /// Layer `index`'s token mixer.
+    pub fn layer_mixer(&self, index: usize) -> LayerMixer {
+        self.variant.mixers.get(index).copied().unwrap_or_default()
+    }
+
+    /// Keys layer `index` keeps per position when it attends, or values it keeps otherwise
+    /// (a short convolution's inputs, f32), and the window of positions it reads (`None`:
+    /// all of them).
+    pub fn layer_reach(&self, index: usize) -> Option<usize> {
+        match self.layer_mixer(index) {
+            LayerMixer::Attention => self.layer_attention(index).window,
+            LayerMixer::ShortConv { kernel } => Some(kernel),
+        }
+    }
+
     /// The factor on query-key products.
     pub fn attention_scale(&self) -> f32 {
         self.variant
@@ -239,6 +271,15 @@ impl ModelConfig {
         }
         if v.layers.iter().any(|l| l.local_rope) && v.local_rope_theta.is_none() {
             return bad("layers use a local RoPE table but no local base is set");
+        }
+        if !v.mixers.is_empty() && v.mixers.len() != self.num_layers {
+            return bad("per-layer token mixers must cover every layer");
+        }
+        if v.mixers
+            .iter()
+            .any(|m| matches!(m, LayerMixer::ShortConv { kernel: 0 }))
+        {
+            return bad("a short convolution must span at least one position");
         }
         if let Some(moe) = &v.moe {
             if moe.num_experts == 0

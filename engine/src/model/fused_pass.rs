@@ -18,17 +18,18 @@
 //! mixture; the row-wise steps are `fused_rows`.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
-use crate::cpu::attention::{paged_tree_attention, softcap, HeadShape, WindowViews};
+use crate::cpu::attention::{softcap, WindowViews};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::qgemm::Activations;
 use crate::model::config::ModelConfig;
 use crate::model::experts::fused::{ExpertBuffers, FusedFfn};
-use crate::model::fused_rows::{add_into, rms_norm, rotate};
+use crate::model::fused_rows::{add_into, rms_norm};
+use crate::model::mixer::{FusedAt, FusedMixer, MixerBuffers};
 use crate::model::projection::{project, Projection};
 use crate::model::ModelWeights;
 use crate::tree_batch::TreeBatch;
@@ -37,14 +38,10 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 struct FusedLayer {
     attn_norm: Vec<f32>,
-    /// Per-head norms of queries and keys.
-    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    /// Norms of the attention and MLP outputs.
+    /// Norms of the mixer and MLP outputs.
     post_norms: Option<(Vec<f32>, Vec<f32>)>,
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    o: Projection,
+    /// Attention, or another token mixer, in its fused form.
+    mixer: Arc<dyn FusedMixer>,
     mlp_norm: Vec<f32>,
     mlp: FusedFfn,
 }
@@ -108,11 +105,7 @@ impl ForwardProfile {
 struct Workspace {
     x: Vec<f32>,
     h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    q_heads: Vec<f32>,
-    normed: Vec<f32>,
+    mixer: MixerBuffers,
     mlp: ExpertBuffers,
     out: Vec<f32>,
     rows: Activations,
@@ -139,7 +132,7 @@ fn profiling() -> bool {
 }
 
 /// A float tensor's values on the CPU.
-fn host_values(t: &Tensor) -> Result<Vec<f32>> {
+pub(crate) fn host_values(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?
         .to_dtype(candle_core::DType::F32)?
         .to_vec1::<f32>()?)
@@ -158,7 +151,6 @@ impl FusedWeights {
         }
         let mut layers = Vec::with_capacity(weights.layers.len());
         for l in &weights.layers {
-            let p = Projection::from_linear;
             let pair = |pair: &Option<(Tensor, Tensor)>| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
                 pair.as_ref()
                     .map(|(a, b)| Ok((host_values(a)?, host_values(b)?)))
@@ -166,12 +158,8 @@ impl FusedWeights {
             };
             layers.push(FusedLayer {
                 attn_norm: host_values(&l.attn_norm)?,
-                qk_norm: pair(&l.qk_norm)?,
                 post_norms: pair(&l.post_norms)?,
-                q: p(&l.q)?,
-                k: p(&l.k)?,
-                v: p(&l.v)?,
-                o: p(&l.o)?,
+                mixer: l.mixer.fused()?,
                 mlp_norm: host_values(&l.mlp_norm)?,
                 mlp: FusedFfn::new(&l.mlp)?,
             });
@@ -180,7 +168,7 @@ impl FusedWeights {
         let packed = layers
             .iter()
             .flat_map(|l| {
-                let mut all = vec![&l.q, &l.k, &l.v, &l.o];
+                let mut all = l.mixer.projections();
                 all.extend(l.mlp.projections());
                 all
             })
@@ -234,12 +222,8 @@ impl FusedWeights {
         let rows = batch.num_rows();
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
-        let shape = HeadShape {
-            scale: cfg.attention_scale(),
-            softcap: cfg.variant.attention_softcap,
-            ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        };
-        let windows = WindowViews::new(batch, cfg.variant.layers.iter().filter_map(|l| l.window))?;
+        let reaches = (0..cfg.num_layers).filter_map(|i| cfg.layer_reach(i));
+        let windows = WindowViews::new(batch, reaches)?;
         let mut clock = Clock::new(profiling());
         weights.embedding.rows_into(&batch.token_ids, &mut w.x)?;
         if let Some(scale) = cfg.variant.embedding_scale {
@@ -249,39 +233,19 @@ impl FusedWeights {
         }
         w.h.resize(rows * hidden, 0.0);
         for (index, layer) in self.layers.iter().enumerate() {
-            let kind = cfg.layer_attention(index);
             rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
-            project(
-                &w.h,
-                rows,
-                &mut [
-                    (&layer.q, &mut w.q),
-                    (&layer.k, &mut w.k),
-                    (&layer.v, &mut w.v),
-                ],
-                &mut w.rows,
-            )?;
-            clock.lap(|p| &mut p.matmul);
-            if let Some((q_norm, k_norm)) = &layer.qk_norm {
-                for (x, alpha) in [(&mut w.q, q_norm), (&mut w.k, k_norm)] {
-                    w.normed.resize(x.len(), 0.0);
-                    rms_norm(x, alpha, eps, &mut w.normed);
-                    std::mem::swap(x, &mut w.normed);
-                }
-            }
-            let positions = &batch.positions;
-            let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
-            let table = self.table(kind.local_rope);
-            rotate(cfg, table, positions, &w.q, heads, &mut w.q_heads, true);
-            rotate(cfg, table, positions, &[], kv_heads, &mut w.k, false);
-            clock.lap(|p| &mut p.other);
-            let seen = windows.batch(kind.window).unwrap_or(batch);
-            kv.write(index, &seen.slots, &w.k, &w.v)?;
-            let attn = paged_tree_attention(&w.q_heads, kv.layer(index), seen, shape);
-            clock.lap(|p| &mut p.attention);
-            project(&attn, rows, &mut [(&layer.o, &mut w.out)], &mut w.rows)?;
-            clock.lap(|p| &mut p.matmul);
+            let at = FusedAt {
+                cfg,
+                index,
+                batch,
+                seen: windows.batch(cfg.layer_reach(index)).unwrap_or(batch),
+                table: self.table(cfg.layer_attention(index).local_rope),
+            };
+            let (mixer, acts) = (&mut w.mixer, &mut w.rows);
+            layer
+                .mixer
+                .run(&at, &w.h, kv, mixer, acts, &mut clock, &mut w.out)?;
             if let Some((post_attn, _)) = &layer.post_norms {
                 rms_norm(&w.out, post_attn, eps, &mut w.h);
                 add_into(&w.h, &mut w.x);
@@ -346,7 +310,7 @@ impl FusedWeights {
 }
 
 /// Times consecutive stages when profiling.
-struct Clock(Option<(Instant, ForwardProfile)>);
+pub(crate) struct Clock(Option<(Instant, ForwardProfile)>);
 
 impl Clock {
     fn new(on: bool) -> Self {
@@ -354,7 +318,7 @@ impl Clock {
     }
 
     /// Charges the time since the last lap to `part`.
-    fn lap(&mut self, part: fn(&mut ForwardProfile) -> &mut f64) {
+    pub(crate) fn lap(&mut self, part: fn(&mut ForwardProfile) -> &mut f64) {
         if let Some((started, profile)) = self.0.as_mut() {
             let now = Instant::now();
             *part(profile) += (now - *started).as_secs_f64();

@@ -11,7 +11,7 @@ const NORM_ROWS: usize = 8;
 /// candle's RMSNorm, row by row: `x / sqrt(mean(x^2) + eps) * alpha`. Each row's sum of
 /// squares adds its values in order, as candle's does, but up to eight rows' sums advance
 /// together, so their chains of dependent adds overlap instead of waiting on each other.
-pub(super) fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
     let n = alpha.len();
     for (src, dst) in x.chunks(NORM_ROWS * n).zip(out.chunks_mut(NORM_ROWS * n)) {
         let mut sums = [0f32; NORM_ROWS];
@@ -37,7 +37,7 @@ pub(super) fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// `x = y + x`, the residual add (float addition commutes, so this is candle's `y + x`).
-pub(super) fn add_into(y: &[f32], x: &mut [f32]) {
+pub(crate) fn add_into(y: &[f32], x: &mut [f32]) {
     for (x, y) in x.iter_mut().zip(y) {
         *x += *y;
     }
@@ -47,7 +47,7 @@ pub(super) fn add_into(y: &[f32], x: &mut [f32]) {
 /// `rotary_dim` dimensions (the rest are copied as they are). Rotates the
 /// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
 /// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
-pub(super) fn rotate(
+pub(crate) fn rotate(
     cfg: &ModelConfig,
     (rope_cos, rope_sin): (&[f32], &[f32]),
     positions: &[u32],

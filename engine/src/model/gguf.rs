@@ -13,14 +13,21 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::arch::{ExpertFacts, FileFacts};
+use crate::model::arch::FileFacts;
+use crate::model::config::LayerMixer;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::experts::load::GgufTensors;
 use crate::model::experts::prepared::PreparedExperts;
+use crate::model::gguf_keys::{
+    as_f32, as_u64, attending_kv_heads, expert_facts, longrope, rope_scaling,
+};
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
-use crate::model::{DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
+use crate::model::{
+    AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights, ShortConvWeights,
+    TokenMixer,
+};
 use crate::{Error, Result};
 
 /// Reads a GGUF header and metadata, with errors that name the file.
@@ -63,7 +70,20 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     };
     let hidden_size = usize_of("embedding_length")?;
     let num_heads = usize_of("attention.head_count")?;
-    let num_kv_heads = optional_usize("attention.head_count_kv")?.unwrap_or(num_heads);
+    let kv_heads_per_layer = match md.get(&key("attention.head_count_kv")) {
+        Some(Value::Array(list)) => Some(
+            list.iter()
+                .map(|v| as_u64(v, &key("attention.head_count_kv")).map(|x| x as usize))
+                .collect::<Result<Vec<usize>>>()?,
+        ),
+        _ => None,
+    };
+    let num_kv_heads = match &kv_heads_per_layer {
+        Some(list) => {
+            attending_kv_heads(list, &key("attention.head_count_kv"))?.unwrap_or(num_heads)
+        }
+        None => optional_usize("attention.head_count_kv")?.unwrap_or(num_heads),
+    };
     let head_dim = match optional_usize("attention.key_length")? {
         Some(d) => d,
         None => optional_usize("rope.dimension_count")?.unwrap_or(hidden_size / num_heads.max(1)),
@@ -113,6 +133,8 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         rope_scaling: rope_scaling(md, &key)?,
         rotary_dim,
         experts: expert_facts(md, &key, family)?,
+        kv_heads_per_layer,
+        conv_kernel: optional_usize("shortconv.l_cache")?,
     };
     let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
         (_, Some(width)) => width,
@@ -139,201 +161,6 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         attention_bias: family.attention_bias,
         variant: family.variant(&facts)?,
     })
-}
-
-/// `{arch}.expert_count` and its companions: the mixture a file declares (`None` where it
-/// declares no experts). The router must be a softmax (`expert_gating_func` 1, as llama.cpp
-/// numbers it) with unscaled weights; whether the chosen weights are normalized is
-/// `expert_weights_norm` where the file says, else llama.cpp's choice for the family.
-fn expert_facts(
-    md: &std::collections::HashMap<String, Value>,
-    key: &dyn Fn(&str) -> String,
-    family: &crate::model::arch::Family,
-) -> Result<Option<ExpertFacts>> {
-    let number = |name: &str| -> Result<Option<usize>> {
-        md.get(&key(name))
-            .map(|v| as_u64(v, &key(name)).map(|x| x as usize))
-            .transpose()
-    };
-    let count = match number("expert_count")? {
-        None | Some(0) => return Ok(None),
-        Some(n) => n,
-    };
-    let used = number("expert_used_count")?
-        .ok_or_else(|| Error::Metadata(format!("missing {}", key("expert_used_count"))))?;
-    let width = match number("expert_feed_forward_length")? {
-        Some(w) => w,
-        // Mixtral's experts are as wide as its `feed_forward_length`.
-        None => number("feed_forward_length")?.ok_or_else(|| {
-            Error::Metadata(format!("missing {}", key("expert_feed_forward_length")))
-        })?,
-    };
-    if let Some(v) = md.get(&key("expert_gating_func")) {
-        let func = as_u64(v, &key("expert_gating_func"))?;
-        if func != 1 {
-            let name = match func {
-                2 => "sigmoid",
-                _ => "an unknown function",
-            };
-            return Err(Error::Metadata(format!(
-                "{} = {func} ({name}): only a softmax router is supported",
-                key("expert_gating_func")
-            )));
-        }
-    }
-    if let Some(v) = md.get(&key("expert_weights_scale")) {
-        let scale = as_f32(v, &key("expert_weights_scale"))?;
-        if scale != 1.0 {
-            return Err(Error::Metadata(format!(
-                "{} = {scale}: scaled expert weights are not supported",
-                key("expert_weights_scale")
-            )));
-        }
-    }
-    if let Some(v) = md.get(&key("expert_group_count")) {
-        if as_u64(v, &key("expert_group_count"))? > 1 {
-            return Err(Error::Metadata(format!(
-                "{}: grouped expert routing is not supported",
-                key("expert_group_count")
-            )));
-        }
-    }
-    let normalize = match md.get(&key("expert_weights_norm")) {
-        Some(Value::Bool(b)) => Some(*b),
-        Some(_) => {
-            return Err(Error::Metadata(format!(
-                "{} is not a boolean",
-                key("expert_weights_norm")
-            )))
-        }
-        None => family.experts.map(|e| e.gguf_normalize),
-    };
-    Ok(Some(ExpertFacts {
-        count,
-        used,
-        width,
-        shared_width: number("expert_shared_feed_forward_length")?,
-        normalize,
-        sparse_layers: None,
-    }))
-}
-
-/// Phi-3's LongRoPE as llama.cpp's converter writes it: the two factor tensors, the original
-/// context (`{arch}.rope.scaling.original_context_length`, required) and the factor on cos and
-/// sin (`{arch}.rope.scaling.attn_factor`, 1 where absent, as llama.cpp reads it).
-fn longrope(
-    md: &std::collections::HashMap<String, Value>,
-    config: &ModelConfig,
-    factors: &dyn Fn(&str) -> Result<Vec<f32>>,
-) -> Result<RopeScaling> {
-    let arch = config.architecture.as_str();
-    let original_key = format!("{arch}.rope.scaling.original_context_length");
-    let original = md
-        .get(&original_key)
-        .and_then(|v| v.to_u64().ok().or_else(|| v.to_u32().ok().map(u64::from)))
-        .map(|v| v as usize)
-        .filter(|&v| v > 1)
-        .ok_or_else(|| Error::Metadata(format!("{original_key} is missing: LongRoPE needs it")))?;
-    let factor_key = format!("{arch}.rope.scaling.attn_factor");
-    let attention_factor = md
-        .get(&factor_key)
-        .map(|v| as_f32(v, &factor_key))
-        .transpose()?
-        .unwrap_or(1.0);
-    Ok(RopeScaling::LongRope {
-        short: factors("rope_factors_short.weight")?,
-        long: factors("rope_factors_long.weight")?,
-        original,
-        attention_factor,
-        long_context: config.max_position_embeddings > original,
-    })
-}
-
-/// `{arch}.rope.scaling.*`: none; linear with its factor; YaRN with its factor, original
-/// context and bounds; LongRoPE (its factors are tensors: the weights' loader reads them); any
-/// other type is refused.
-fn rope_scaling(
-    md: &std::collections::HashMap<String, Value>,
-    key: &dyn Fn(&str) -> String,
-) -> Result<RopeScaling> {
-    let kind = match md.get(&key("rope.scaling.type")) {
-        None => return Ok(RopeScaling::None),
-        Some(v) => v
-            .to_string()
-            .map_err(|_| Error::Metadata(format!("{} is not a string", key("rope.scaling.type"))))?
-            .clone(),
-    };
-    let factor = md
-        .get(&key("rope.scaling.factor"))
-        .map(|v| as_f32(v, &key("rope.scaling.factor")))
-        .transpose()?;
-    let u32_key = |name: &str| -> Option<usize> {
-        let v = md.get(&key(name))?;
-        v.to_u32()
-            .map(|v| v as usize)
-            .ok()
-            .or_else(|| v.to_u64().ok().map(|v| v as usize))
-    };
-    let f32_key = |name: &str| -> Result<Option<f32>> {
-        md.get(&key(name))
-            .map(|v| as_f32(v, &key(name)))
-            .transpose()
-    };
-    match (kind.as_str(), factor) {
-        ("none", _) => Ok(RopeScaling::None),
-        // Set from the factor tensors, which the weights' loader reads.
-        ("longrope", _) => Ok(RopeScaling::None),
-        ("yarn", Some(factor)) if factor > 0.0 => {
-            if f32_key("rope.scaling.yarn_log_multiplier")?.is_some_and(|m| m != 0.0) {
-                return Err(Error::Metadata(format!(
-                    "{} (DeepSeek's YaRN) is not supported",
-                    key("rope.scaling.yarn_log_multiplier")
-                )));
-            }
-            if f32_key("rope.scaling.yarn_ext_factor")?.is_some_and(|e| e != 1.0) {
-                return Err(Error::Metadata(format!(
-                    "{} other than 1 is not supported",
-                    key("rope.scaling.yarn_ext_factor")
-                )));
-            }
-            let original = u32_key("rope.scaling.original_context_length")
-                .or_else(|| u32_key("context_length"))
-                .ok_or_else(|| {
-                    Error::Metadata(format!(
-                        "{} is missing: YaRN needs it",
-                        key("rope.scaling.original_context_length")
-                    ))
-                })?;
-            // As llama.cpp computes it: 0.1 ln(factor) + 1, times the file's attention factor.
-            let mscale = if factor > 1.0 {
-                0.1 * factor.ln() + 1.0
-            } else {
-                1.0
-            };
-            Ok(RopeScaling::Yarn {
-                factor,
-                original,
-                beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
-                beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-                attention_factor: mscale * f32_key("rope.scaling.attn_factor")?.unwrap_or(1.0),
-            })
-        }
-        ("yarn", _) => Err(Error::Metadata(format!(
-            "{} must be a positive number for YaRN",
-            key("rope.scaling.factor")
-        ))),
-        ("linear", Some(1.0)) => Ok(RopeScaling::None),
-        ("linear", Some(factor)) if factor > 0.0 => Ok(RopeScaling::Linear { factor }),
-        ("linear", _) => Err(Error::Metadata(format!(
-            "{} must be a positive number for linear RoPE scaling",
-            key("rope.scaling.factor")
-        ))),
-        (other, _) => Err(Error::Metadata(format!(
-            "{} = '{other}' is not supported (supported: none, linear, yarn, longrope, and \
-             Llama 3.1's rope_freqs)",
-            key("rope.scaling.type")
-        ))),
-    }
 }
 
 /// Loads weights and tokenizer from a GGUF. `dtype = None` keeps quantized weights.
@@ -415,7 +242,13 @@ fn weights_from(
     } else {
         Embedding::Dense(embedding_q.dequantize(device)?.to_dtype(DType::F32)?)
     };
-    let final_norm = dense(tensor("output_norm.weight")?)?;
+    // LFM2's converter names the final norm after the embedding.
+    let final_norm = match content.tensor_infos.contains_key("token_embd_norm.weight") {
+        true if !content.tensor_infos.contains_key("output_norm.weight") => {
+            dense(tensor("token_embd_norm.weight")?)?
+        }
+        _ => dense(tensor("output_norm.weight")?)?,
+    };
     let lm_head_q = if content.tensor_infos.contains_key("output.weight") {
         tensor("output.weight")?
     } else {
@@ -485,7 +318,14 @@ fn weights_from(
             Linear::from_qtensor(weight, bias, dtype)
         };
         let bias = config.attention_bias;
-        let (q, k, v, mlp) = if family.fused_projections {
+        let norm = |name: &str, role: Role| -> Result<Tensor> {
+            let full = format!("{p}.{name}.weight");
+            let t = dense(tensor(&full)?)?;
+            shapes.check(&full, role, t.dims())?;
+            Ok(t)
+        };
+        let attends = config.layer_mixer(i) == LayerMixer::Attention;
+        let (mixer, mlp): (Box<dyn TokenMixer>, Mlp) = if family.fused_projections {
             let fused = |name: &str, role: Role| -> Result<Vec<Linear>> {
                 let full = format!("{p}.{name}.weight");
                 let weight = tensor(&full)?;
@@ -499,7 +339,15 @@ fn weights_from(
             let gate_up = fused("ffn_up", Role::GateUp)?;
             let (q, k, v, gate, up) = unfused(qkv, gate_up)?;
             let down = proj("ffn_down", Role::Down, false)?;
-            (q, k, v, Mlp::Dense(DenseMlp { gate, up, down }))
+            let o = proj("attn_output", Role::O, false)?;
+            let attention = AttentionWeights {
+                qk_norm: None,
+                q,
+                k,
+                v,
+                o,
+            };
+            (Box::new(attention), Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
             let mlp =
                 match &config.variant.moe {
@@ -512,27 +360,41 @@ fn weights_from(
                         down: proj("ffn_down", Role::Down, false)?,
                     }),
                 };
-            (
-                proj("attn_q", Role::Q, bias)?,
-                proj("attn_k", Role::Kv, bias)?,
-                proj("attn_v", Role::Kv, bias)?,
-                mlp,
-            )
-        };
-        let o = proj("attn_output", Role::O, false)?;
-        let norm = |name: &str, role: Role| -> Result<Tensor> {
-            let full = format!("{p}.{name}.weight");
-            let t = dense(tensor(&full)?)?;
-            shapes.check(&full, role, t.dims())?;
-            Ok(t)
-        };
-        let qk_norm = if config.variant.qk_norm {
-            Some((
-                norm("attn_q_norm", Role::HeadNorm)?,
-                norm("attn_k_norm", Role::HeadNorm)?,
-            ))
-        } else {
-            None
+            let mixer: Box<dyn TokenMixer> = if attends {
+                let qk_norm = if config.variant.qk_norm {
+                    Some((
+                        norm("attn_q_norm", Role::HeadNorm)?,
+                        norm("attn_k_norm", Role::HeadNorm)?,
+                    ))
+                } else {
+                    None
+                };
+                Box::new(AttentionWeights {
+                    qk_norm,
+                    q: proj("attn_q", Role::Q, bias)?,
+                    k: proj("attn_k", Role::Kv, bias)?,
+                    v: proj("attn_v", Role::Kv, bias)?,
+                    o: proj("attn_output", Role::O, false)?,
+                })
+            } else {
+                let h = config.hidden_size;
+                let linear = |name: &str, rows: usize| -> Result<Linear> {
+                    let full = format!("{p}.{name}.weight");
+                    let weight = tensor(&full)?;
+                    if weight.shape().dims() != [rows, h] {
+                        return Err(Error::Metadata(format!(
+                            "{full} is {:?}; [{rows}, {h}] expected",
+                            weight.shape().dims()
+                        )));
+                    }
+                    Linear::from_qtensor(weight, None, dtype)
+                };
+                let conv = dense(tensor(&format!("{p}.shortconv.conv.weight"))?)?;
+                let in_proj = linear("shortconv.in_proj", 3 * h)?;
+                let out_proj = linear("shortconv.out_proj", h)?;
+                Box::new(ShortConvWeights::new(in_proj, &conv, out_proj, h)?)
+            };
+            (mixer, mlp)
         };
         let post_norms = if config.variant.post_norms {
             Some((
@@ -544,12 +406,8 @@ fn weights_from(
         };
         layers.push(LayerWeights {
             attn_norm: norm("attn_norm", Role::Norm)?,
-            qk_norm,
             post_norms,
-            q,
-            k,
-            v,
-            o,
+            mixer,
             mlp_norm: norm("ffn_norm", Role::Norm)?,
             mlp,
         });
@@ -561,25 +419,4 @@ fn weights_from(
         lm_head,
     };
     Ok((config, weights))
-}
-
-fn as_u64(v: &Value, key: &str) -> Result<u64> {
-    let r = match v {
-        Value::U8(x) => Ok(u64::from(*x)),
-        Value::U16(x) => Ok(u64::from(*x)),
-        Value::U32(x) => Ok(u64::from(*x)),
-        Value::U64(x) => Ok(*x),
-        Value::I32(x) => u64::try_from(*x).map_err(|_| ()),
-        Value::I64(x) => u64::try_from(*x).map_err(|_| ()),
-        _ => Err(()),
-    };
-    r.map_err(|_| Error::Metadata(format!("{key} is not a non-negative integer")))
-}
-
-fn as_f32(v: &Value, key: &str) -> Result<f32> {
-    match v {
-        Value::F32(x) => Ok(*x),
-        Value::F64(x) => Ok(*x as f32),
-        _ => Err(Error::Metadata(format!("{key} is not a float"))),
-    }
 }

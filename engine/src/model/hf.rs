@@ -16,7 +16,7 @@ use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, R
 use crate::model::experts;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
-use crate::model::{DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
+use crate::model::{AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
 use crate::{Error, Result};
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +111,13 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
     let family = architecture.family();
+    if family.mixers != crate::model::arch::Mixers::Attention {
+        return Err(Error::Metadata(format!(
+            "{}: checkpoints of this hybrid family load from GGUF only for now (llama.cpp's \
+             convert_hf_to_gguf.py writes one)",
+            family.gguf
+        )));
+    }
     check_activation(&hf, family.activation)?;
     let head_dim = hf
         .head_dim
@@ -170,6 +177,8 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         experts: hf
             .experts
             .facts(hf.num_hidden_layers, hf.intermediate_size)?,
+        kv_heads_per_layer: None,
+        conv_kernel: None,
     };
     let config = ModelConfig {
         architecture,
@@ -297,12 +306,14 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         };
         layers.push(LayerWeights {
             attn_norm: norm(&format!("{p}.input_layernorm"), Role::Norm)?,
-            qk_norm,
             post_norms,
-            q,
-            k,
-            v,
-            o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
+            mixer: Box::new(AttentionWeights {
+                qk_norm,
+                q,
+                k,
+                v,
+                o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
+            }),
             mlp_norm,
             mlp,
         });

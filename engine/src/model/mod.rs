@@ -31,9 +31,11 @@ pub mod fetch;
 pub(crate) mod fused_pass;
 mod fused_rows;
 pub mod gguf;
+mod gguf_keys;
 pub(crate) mod hf;
 pub(crate) mod linear;
 pub mod load;
+pub mod mixer;
 pub(crate) mod projection;
 pub(crate) mod rope;
 pub(crate) mod shapes;
@@ -45,13 +47,15 @@ use candle_core::{Device, Tensor};
 use crate::cpu::attention::AttentionKernel;
 use std::sync::Arc;
 
-use crate::cpu::kv_store::{KvDtype, PagedKvStore};
+use crate::cpu::kv_store::{KvDtype, LayerStorage, PagedKvStore};
 use crate::model::config::RopeScaling;
 use crate::model::config::{ModelConfig, RopeStyle};
 pub use crate::model::embedding::Embedding;
 pub use crate::model::experts::{DenseMlp, Mlp};
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
+pub(crate) use crate::model::mixer::TokenMixer;
+pub use crate::model::mixer::{AttentionWeights, ShortConvWeights};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 use kvcache::KvGroup;
@@ -59,21 +63,13 @@ use kvcache::KvGroup;
 /// One decoder block's weights.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    /// RMSNorm before attention.
+    /// RMSNorm before the token mixer.
     pub attn_norm: Tensor,
-    /// Per-head RMSNorm of queries and of keys before RoPE (QK-norm families).
-    pub qk_norm: Option<(Tensor, Tensor)>,
-    /// RMSNorm of the attention output and of the MLP output, before each residual add
+    /// RMSNorm of the mixer's output and of the MLP output, before each residual add
     /// (post-norm families).
     pub post_norms: Option<(Tensor, Tensor)>,
-    /// Query projection.
-    pub q: Linear,
-    /// Key projection.
-    pub k: Linear,
-    /// Value projection.
-    pub v: Linear,
-    /// Output projection.
-    pub o: Linear,
+    /// What mixes positions: attention, or a kind with state of its own (`mixer`).
+    pub(crate) mixer: Box<dyn TokenMixer>,
     /// RMSNorm before the MLP.
     pub mlp_norm: Tensor,
     /// The gated MLP, or a mixture of experts.
@@ -83,9 +79,19 @@ pub struct LayerWeights {
 impl LayerWeights {
     /// Every projection of the layer (each expert's included).
     pub fn projections_mut(&mut self) -> Vec<&mut Linear> {
-        let mut all = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        let mut all = self.mixer.projections_mut();
         all.extend(self.mlp.projections_mut());
         all
+    }
+
+    /// The layer's attention, where it attends.
+    pub fn attention(&self) -> Option<&AttentionWeights> {
+        self.mixer.attention()
+    }
+
+    /// The layer's token mixer, as its family's declaration names it.
+    pub fn mixer_kind(&self) -> crate::model::config::LayerMixer {
+        self.mixer.kind()
     }
 }
 
@@ -204,9 +210,20 @@ impl Model {
         })
     }
 
-    /// Bytes of K and V one position takes in every layer.
+    /// Bytes of K and V one position takes in every layer (or of what a layer that does
+    /// not attend keeps instead).
     pub fn kv_bytes_per_position(&self) -> usize {
-        self.config.num_layers * 2 * self.config.kv_row_width() * self.kv_dtype().size()
+        (0..self.config.num_layers)
+            .map(|i| self.layer_bytes_per_position(i))
+            .sum()
+    }
+
+    /// Bytes layer `index` keeps per position.
+    fn layer_bytes_per_position(&self, index: usize) -> usize {
+        match self.weights.layers.get(index).map(|l| l.mixer.storage()) {
+            Some(LayerStorage::Rows(width)) => width * 4,
+            _ => 2 * self.config.kv_row_width() * self.kv_dtype().size(),
+        }
     }
 
     /// The same model multiplying its quantized weights with `kernel`.
@@ -223,7 +240,11 @@ impl Model {
 
     /// The kernel multiplying the quantized weights, `None` when all weights are dense.
     pub fn quant_kernel(&self) -> Option<QuantKernel> {
-        self.weights.layers.iter().find_map(|l| l.q.kernel())
+        self.weights
+            .layers
+            .iter()
+            .flat_map(|l| l.mixer.projections())
+            .find_map(|p| p.kernel())
     }
 
     /// The attention kernel in use.
@@ -277,7 +298,8 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o]
+                l.mixer
+                    .projections()
                     .iter()
                     .map(|w| w.weight_bytes())
                     .sum::<usize>()
@@ -295,16 +317,21 @@ impl Model {
     /// A KV store with room for `num_slots` rows in every full-attention layer and, where
     /// `window_slots` is given, that many in every windowed layer (their own space).
     pub fn new_kv_store_with(&self, num_slots: usize, window_slots: Option<usize>) -> PagedKvStore {
-        let groups: Vec<KvGroup> = (0..self.config.num_layers)
-            .map(
-                |i| match (window_slots, self.config.layer_attention(i).window) {
+        let layers: Vec<(KvGroup, LayerStorage)> = self
+            .weights
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let group = match (window_slots, self.config.layer_reach(i)) {
                     (Some(_), Some(_)) => KvGroup::Window,
                     _ => KvGroup::Full,
-                },
-            )
+                };
+                (group, l.mixer.storage())
+            })
             .collect();
-        PagedKvStore::grouped(
-            &groups,
+        PagedKvStore::with_layers(
+            &layers,
             num_slots,
             window_slots,
             (self.config.num_kv_heads, self.config.head_dim),
@@ -312,23 +339,24 @@ impl Model {
         )
     }
 
-    /// The widest sliding window of the model's layers, where any has one.
+    /// The widest window of positions the model's layers read, where every layer does not
+    /// read them all (a sliding window, a short convolution's width).
     pub fn kv_window(&self) -> Option<usize> {
         (0..self.config.num_layers)
-            .filter_map(|i| self.config.layer_attention(i).window)
+            .filter_map(|i| self.config.layer_reach(i))
             .max()
     }
 
-    /// KV bytes one position takes in the full-attention layers and in the windowed ones.
+    /// Bytes one position takes in the layers that read every position and in the windowed
+    /// ones (sliding windows, short convolutions).
     pub fn kv_bytes_per_position_split(&self) -> (usize, usize) {
-        let windowed = (0..self.config.num_layers)
-            .filter(|&i| self.config.layer_attention(i).window.is_some())
-            .count();
-        let per_layer = 2 * self.config.kv_row_width() * self.kv_dtype().size();
-        (
-            (self.config.num_layers - windowed) * per_layer,
-            windowed * per_layer,
-        )
+        (0..self.config.num_layers).fold((0, 0), |(full, windowed), i| {
+            let bytes = self.layer_bytes_per_position(i);
+            match self.config.layer_reach(i) {
+                Some(_) => (full, windowed + bytes),
+                None => (full + bytes, windowed),
+            }
+        })
     }
 
     /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
@@ -403,11 +431,20 @@ impl Model {
     }
 }
 
-/// Checks that each layer carries the norms its family declares.
+/// Checks that each layer carries the mixer and the norms its family declares.
 fn check_layer_weights(config: &ModelConfig, weights: &ModelWeights) -> Result<()> {
     let v = &config.variant;
     for (i, layer) in weights.layers.iter().enumerate() {
-        if layer.qk_norm.is_some() != v.qk_norm || layer.post_norms.is_some() != v.post_norms {
+        if layer.mixer.kind() != config.layer_mixer(i) {
+            return Err(Error::Metadata(format!(
+                "layer {i}: a {:?} was loaded where the {} declaration has a {:?}",
+                layer.mixer.kind(),
+                config.architecture.as_str(),
+                config.layer_mixer(i)
+            )));
+        }
+        let qk_norm = layer.attention().map(|a| a.qk_norm.is_some());
+        if qk_norm.is_some_and(|q| q != v.qk_norm) || layer.post_norms.is_some() != v.post_norms {
             return Err(Error::Metadata(format!(
                 "layer {i}: the norms loaded do not match the {} declaration",
                 config.architecture.as_str()

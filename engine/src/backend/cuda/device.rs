@@ -379,8 +379,8 @@ impl CudaBackend {
             Some(_) => "candle's CUDA quantized matmul".to_string(),
             None => {
                 let dtype = model.weights().layers[0]
-                    .q
-                    .dense_weight()
+                    .attention()
+                    .and_then(|a| a.q.dense_weight())
                     .map(Tensor::dtype);
                 let dtype = dtype.map_or("dense".into(), |d| format!("{d:?}").to_lowercase());
                 format!("cuBLAS {dtype}")

@@ -85,7 +85,10 @@ impl FusedPass {
         };
         let mut layers = Vec::with_capacity(weights.layers.len());
         for layer in &weights.layers {
-            let qkv: Option<Vec<Tensor>> = [&layer.q, &layer.k, &layer.v]
+            let Some(a) = layer.attention() else {
+                return Ok(None);
+            };
+            let qkv: Option<Vec<Tensor>> = [&a.q, &a.k, &a.v]
                 .iter()
                 .map(|l| {
                     l.dense_weight()
@@ -98,18 +101,15 @@ impl FusedPass {
             };
             let (Some(qkv), Some(o), Some(gate), Some(up), Some(down)) = (
                 qkv,
-                f16_weight(&layer.o),
+                f16_weight(&a.o),
                 f16_weight(&mlp.gate),
                 f16_weight(&mlp.up),
                 f16_weight(&mlp.down),
             ) else {
                 return Ok(None);
             };
-            let qkv_bias = if [&layer.q, &layer.k, &layer.v]
-                .iter()
-                .any(|l| l.bias().is_some())
-            {
-                let parts: Vec<Tensor> = [&layer.q, &layer.k, &layer.v]
+            let qkv_bias = if [&a.q, &a.k, &a.v].iter().any(|l| l.bias().is_some()) {
+                let parts: Vec<Tensor> = [&a.q, &a.k, &a.v]
                     .iter()
                     .zip(&qkv)
                     .map(|(l, w)| match l.bias() {

@@ -27,13 +27,17 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
 
     let mut x = weights.embedding.lookup(&batch.token_ids, &device)?;
     for (index, layer) in weights.layers.iter().enumerate() {
+        // Every layer attends in a model the kernels take (`support::kernels_take`).
+        let a = layer
+            .attention()
+            .ok_or_else(|| Error::Device("the CUDA backend runs attention layers only".into()))?;
         let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-        let q = model.rotate(&layer.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
-        let k = model.rotate(&layer.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
-        let v = layer.v.forward(&h)?.contiguous()?;
+        let q = model.rotate(&a.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
+        let k = model.rotate(&a.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
+        let v = a.v.forward(&h)?.contiguous()?;
         write_kv(gpu, index, &k, &v, &slots, cfg.num_kv_heads, cfg.head_dim)?;
         let attn = attend(gpu, index, &q, &plan, model)?;
-        x = (layer.o.forward(&attn)? + x)?;
+        x = (a.o.forward(&attn)? + x)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
         // A mixture is not one the kernels take (`support::kernels_take`).
         let mlp = layer.mlp.dense().ok_or_else(|| {

@@ -12,12 +12,21 @@
 //! read. Which slots belong to whom is `kvcache`'s business; this type only stores rows and
 //! copies them for compaction. A model with sliding-window layers keeps those layers in a
 //! second, smaller slot space (`kvcache::KvGroup::Window`): each layer belongs to one space
-//! and is sized and addressed by it.
+//! and is sized and addressed by it. A layer whose token mixer is not attention keeps
+//! instead one f32 row of its own width per slot (`LayerStorage::Rows`: a short
+//! convolution's inputs, which its next positions read back), in either space, copied by
+//! compaction like K and V.
 
 use half::f16;
 use kvcache::{KvGroup, KvMove, Slot};
 
 use crate::{Error, Result};
+
+mod half_rows;
+
+use half_rows::to_f16;
+#[cfg(test)]
+use half_rows::F16_MAX;
 
 /// How K and V values are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -254,6 +263,23 @@ impl LayerView<'_> {
     }
 }
 
+/// What one layer keeps per slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayerStorage {
+    /// Keys and values of the store's heads and type (attention).
+    #[default]
+    Kv,
+    /// One f32 row of this many values (a token mixer's per-position inputs).
+    Rows(usize),
+}
+
+/// One layer's storage.
+#[derive(Debug, Clone)]
+enum LayerData {
+    Kv(LayerKv),
+    Rows { width: usize, values: Vec<f32> },
+}
+
 /// K/V storage for all layers of one model.
 #[derive(Debug, Clone)]
 pub struct PagedKvStore {
@@ -262,8 +288,14 @@ pub struct PagedKvStore {
     /// The windowed space's rows, where there is one.
     window_slots: Option<usize>,
     dtype: KvDtype,
-    layers: Vec<(KvGroup, LayerKv)>,
+    layers: Vec<(KvGroup, LayerData)>,
 }
+
+/// Keys and values of no slot: what a layer that keeps rows shows attention.
+static NO_KV: LayerKv = LayerKv::F32(KvRows {
+    k: Vec::new(),
+    v: Vec::new(),
+});
 
 impl PagedKvStore {
     /// Zeroed storage for `num_slots` rows of `num_kv_heads` heads of `head_dim` values in
@@ -284,6 +316,20 @@ impl PagedKvStore {
         groups: &[KvGroup],
         num_slots: usize,
         window_slots: Option<usize>,
+        heads: (usize, usize),
+        dtype: KvDtype,
+    ) -> Self {
+        let layers: Vec<(KvGroup, LayerStorage)> =
+            groups.iter().map(|&g| (g, LayerStorage::Kv)).collect();
+        Self::with_layers(&layers, num_slots, window_slots, heads, dtype)
+    }
+
+    /// Zeroed storage for layers each in the space and of the kind `layers` names:
+    /// `num_slots` rows for a full layer, `window_slots` for a windowed one.
+    pub fn with_layers(
+        layers: &[(KvGroup, LayerStorage)],
+        num_slots: usize,
+        window_slots: Option<usize>,
         (num_kv_heads, head_dim): (usize, usize),
         dtype: KvDtype,
     ) -> Self {
@@ -296,18 +342,22 @@ impl PagedKvStore {
             geometry,
             window_slots,
             dtype,
-            layers: Vec::with_capacity(groups.len()),
+            layers: Vec::with_capacity(layers.len()),
         };
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
         // multi-GiB pool.
-        for &group in groups {
+        for &(group, storage) in layers {
             let g = store.geometry_of(group);
-            let kv = match dtype {
-                KvDtype::F16 => LayerKv::F16(KvRows::zeroed(g)),
-                KvDtype::F32 => LayerKv::F32(KvRows::zeroed(g)),
+            let data = match (storage, dtype) {
+                (LayerStorage::Kv, KvDtype::F16) => LayerData::Kv(LayerKv::F16(KvRows::zeroed(g))),
+                (LayerStorage::Kv, KvDtype::F32) => LayerData::Kv(LayerKv::F32(KvRows::zeroed(g))),
+                (LayerStorage::Rows(width), _) => LayerData::Rows {
+                    width,
+                    values: bytemuck::zeroed_vec(g.num_slots * width),
+                },
             };
-            store.layers.push((group, kv));
+            store.layers.push((group, data));
         }
         store
     }
@@ -329,8 +379,13 @@ impl PagedKvStore {
     pub fn prefault(&mut self) {
         for (_, layer) in &mut self.layers {
             match layer {
-                LayerKv::F16(rows) => rows.prefault(),
-                LayerKv::F32(rows) => rows.prefault(),
+                LayerData::Kv(LayerKv::F16(rows)) => rows.prefault(),
+                LayerData::Kv(LayerKv::F32(rows)) => rows.prefault(),
+                LayerData::Rows { values, .. } => {
+                    for i in (0..values.len()).step_by(PAGE_BYTES / 4) {
+                        values[i] = std::hint::black_box(values[i]);
+                    }
+                }
             }
         }
     }
@@ -365,20 +420,69 @@ impl PagedKvStore {
         let per_slot = self.row_width() * self.dtype.size();
         self.layers
             .iter()
-            .map(|&(group, _)| {
-                let g = self.geometry_of(group);
-                (g.num_slots + g.key_slots()) * per_slot
+            .map(|(group, data)| {
+                let g = self.geometry_of(*group);
+                match data {
+                    LayerData::Kv(_) => (g.num_slots + g.key_slots()) * per_slot,
+                    LayerData::Rows { values, .. } => values.len() * 4,
+                }
             })
             .sum()
     }
 
-    /// One layer's rows.
+    /// One layer's keys and values (none for a layer that keeps rows).
     pub fn layer(&self, layer: usize) -> LayerView<'_> {
-        let (group, kv) = &self.layers[layer];
+        let (group, data) = &self.layers[layer];
+        let kv = match data {
+            LayerData::Kv(kv) => kv,
+            LayerData::Rows { .. } => &NO_KV,
+        };
         LayerView {
             kv,
             geometry: self.geometry_of(*group),
         }
+    }
+
+    /// A layer's rows (`LayerStorage::Rows`), `[slot][width]`, with their width.
+    pub fn rows(&self, layer: usize) -> Result<(&[f32], usize)> {
+        match &self.layers.get(layer).map(|(_, d)| d) {
+            Some(LayerData::Rows { width, values }) => Ok((values, *width)),
+            _ => Err(Error::InvalidBatch(format!(
+                "layer {layer} keeps no rows of its own"
+            ))),
+        }
+    }
+
+    /// Writes `values` (`slots.len()` rows of the layer's width) into a layer that keeps
+    /// rows, at `slots` (of the layer's space).
+    pub fn write_rows(&mut self, layer: usize, slots: &[Slot], values: &[f32]) -> Result<()> {
+        let group = self.group(layer);
+        self.check_slots_in(group, slots.iter().copied())?;
+        let Some((
+            _,
+            LayerData::Rows {
+                width,
+                values: store,
+            },
+        )) = self.layers.get_mut(layer)
+        else {
+            return Err(Error::InvalidBatch(format!(
+                "layer {layer} keeps no rows of its own"
+            )));
+        };
+        let w = *width;
+        if values.len() != slots.len() * w {
+            return Err(Error::InvalidBatch(format!(
+                "a write of {} rows with {} values (row width {w})",
+                slots.len(),
+                values.len()
+            )));
+        }
+        for (row, slot) in values.chunks_exact(w.max(1)).zip(slots) {
+            let at = slot.index() * w;
+            store[at..at + w].copy_from_slice(row);
+        }
+        Ok(())
     }
 
     /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots` (of
@@ -397,8 +501,13 @@ impl PagedKvStore {
         self.check_slots_in(group, slots.iter().copied())?;
         let g = self.geometry_of(group);
         match &mut self.layers[layer].1 {
-            LayerKv::F16(rows) => rows.write(g, slots, k, v),
-            LayerKv::F32(rows) => rows.write(g, slots, k, v),
+            LayerData::Kv(LayerKv::F16(rows)) => rows.write(g, slots, k, v),
+            LayerData::Kv(LayerKv::F32(rows)) => rows.write(g, slots, k, v),
+            LayerData::Rows { .. } => {
+                return Err(Error::InvalidBatch(format!(
+                    "layer {layer} keeps rows, not keys and values"
+                )))
+            }
         }
         Ok(())
     }
@@ -425,8 +534,15 @@ impl PagedKvStore {
                     continue;
                 }
                 match layer {
-                    LayerKv::F16(rows) => rows.apply_moves(g, &mine),
-                    LayerKv::F32(rows) => rows.apply_moves(g, &mine),
+                    LayerData::Kv(LayerKv::F16(rows)) => rows.apply_moves(g, &mine),
+                    LayerData::Kv(LayerKv::F32(rows)) => rows.apply_moves(g, &mine),
+                    LayerData::Rows { width, values } => {
+                        let w = *width;
+                        for m in &mine {
+                            let (from, to) = (m.from.index() * w, m.to.index() * w);
+                            values.copy_within(from..from + w, to);
+                        }
+                    }
                 }
             }
         }
@@ -452,47 +568,6 @@ impl PagedKvStore {
             ))),
             None => Ok(()),
         }
-    }
-}
-
-/// f16's largest finite value: writes clamp to it, so an outlier stays finite.
-const F16_MAX: f32 = 65504.0;
-
-/// `dst[i] = src[i]` clamped to f16's range and rounded to the nearest f16 (ties to even);
-/// NaN stays NaN. The F16C conversion and the portable one give the same bits.
-fn to_f16(src: &[f32], dst: &mut [f16]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: F16C and AVX were detected.
-        unsafe { x86_to_f16(src, dst) };
-        return;
-    }
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f16::from_f32(s.clamp(-F16_MAX, F16_MAX));
-    }
-}
-
-/// `to_f16` eight values at a time.
-///
-/// # Safety
-/// The CPU must have F16C and AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn x86_to_f16(src: &[f32], dst: &mut [f16]) {
-    use std::arch::x86_64::*;
-    let n = src.len().min(dst.len());
-    let (hi, lo) = (_mm256_set1_ps(F16_MAX), _mm256_set1_ps(-F16_MAX));
-    let mut i = 0;
-    while i + 8 <= n {
-        let x = _mm256_loadu_ps(src.as_ptr().add(i));
-        // The bound first: `min`/`max` return their second operand when one is NaN.
-        let x = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
-        _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
-        i += 8;
-    }
-    for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
-        *d = f16::from_f32(s.clamp(-F16_MAX, F16_MAX));
     }
 }
 

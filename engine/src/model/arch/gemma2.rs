@@ -4,7 +4,7 @@
 //! (llama.cpp and transformers alike); one RoPE base. HF checkpoints store norm weights less
 //! one.
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -24,4 +24,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[46],
     experts: None,
+    mixers: Mixers::Attention,
 };

@@ -4,7 +4,7 @@
 //! RoPE base 10,000 and the global ones with the file's base (1M). HF checkpoints store norm
 //! weights less one.
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -24,4 +24,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: Some(10_000.0),
     gguf_residual_query_scale_at: &[62],
     experts: None,
+    mixers: Mixers::Attention,
 };

@@ -2,7 +2,7 @@
 //! this family are permuted for RoPE's interleaved pairs; Llama 3.1's frequency scaling comes
 //! from the file (`rope_scaling` / `rope.scaling.*`).
 
-use super::{Architecture, Experts, Family, Windows};
+use super::{Architecture, Experts, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -30,4 +30,5 @@ pub const FAMILY: Family = Family {
         hf_normalize: true,
         gguf_normalize: true,
     }),
+    mixers: Mixers::Attention,
 };

@@ -2,7 +2,7 @@
 //! config sets one (7B v0.1: 4096; later versions set none). GGUF conversions of Mistral
 //! models are written as `llama` (with `llama.attention.sliding_window` where set).
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
     experts: None,
+    mixers: Mixers::Attention,
 };

@@ -1,13 +1,14 @@
 //! The decoder families thicket runs, each declared in its own file as how it departs from the
 //! llama baseline (`Family`): attention biases, QK norm, norm placement and weight convention,
 //! activation, embedding scale, soft-capping, which layers attend through a sliding window and
-//! with which RoPE base. The GGUF and HF loaders read a file's keys into `FileFacts` and the
+//! with which RoPE base, which layers mix positions by something other than attention. The GGUF and HF loaders read a file's keys into `FileFacts` and the
 //! family resolves them into the `Variant` of `ModelConfig` that every forward reads; there is
 //! no forward per family. A key a family needs and the file lacks, or an option thicket does not
 //! implement, is an error naming it.
 
 mod gemma2;
 mod gemma3;
+mod lfm2;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -17,7 +18,9 @@ mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 
-use crate::model::config::{Activation, LayerAttention, Moe, RopeScaling, RopeStyle, Variant};
+use crate::model::config::{
+    Activation, LayerAttention, LayerMixer, Moe, RopeScaling, RopeStyle, Variant,
+};
 use crate::{Error, Result};
 
 /// Decoder family.
@@ -45,6 +48,8 @@ pub enum Architecture {
     Mixtral,
     /// Qwen2-MoE: Qwen2's attention, experts beside a gated shared expert.
     Qwen2Moe,
+    /// LFM2: short convolutions in most layers, attention with QK norm in the others.
+    Lfm2,
 }
 
 /// Every family, for lookups and error messages.
@@ -59,6 +64,7 @@ const FAMILIES: &[&Family] = &[
     &qwen3moe::FAMILY,
     &mixtral::FAMILY,
     &qwen2moe::FAMILY,
+    &lfm2::FAMILY,
 ];
 
 impl Architecture {
@@ -103,6 +109,16 @@ pub enum Windows {
     AllButEvery(usize),
 }
 
+/// Which layers mix positions by something other than attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixers {
+    /// None: every layer attends (a layer without KV heads is an error).
+    Attention,
+    /// A layer the file gives no KV heads is a short convolution as wide as the file says
+    /// (LFM2); the others attend.
+    ShortConvWhereNoKv,
+}
+
 /// How one family departs from the llama baseline.
 #[derive(Debug, Clone, Copy)]
 pub struct Family {
@@ -139,6 +155,8 @@ pub struct Family {
     pub gguf_residual_query_scale_at: &'static [usize],
     /// Whether the MLP may be a mixture of experts, and how (`None`: never).
     pub experts: Option<Experts>,
+    /// Which layers attend and which mix positions otherwise.
+    pub mixers: Mixers,
 }
 
 /// How a family's mixture of experts is declared.
@@ -201,6 +219,11 @@ pub struct FileFacts {
     pub rotary_dim: Option<usize>,
     /// A mixture of experts, where the file declares one.
     pub experts: Option<ExpertFacts>,
+    /// KV heads of each layer, where the file gives them per layer (0: the layer does not
+    /// attend).
+    pub kv_heads_per_layer: Option<Vec<usize>>,
+    /// Positions a short convolution spans, where the file gives it.
+    pub conv_kernel: Option<usize>,
 }
 
 impl Family {
@@ -270,7 +293,44 @@ impl Family {
             rope_scaling: facts.rope_scaling.clone(),
             rotary_dim: facts.rotary_dim,
             moe: self.moe(facts)?,
+            mixers: self.mixers(facts)?,
         })
+    }
+
+    /// Each layer's token mixer for a file with `facts` (empty: every layer attends).
+    fn mixers(&self, facts: &FileFacts) -> Result<Vec<LayerMixer>> {
+        let name = self.gguf;
+        let per_layer = match &facts.kv_heads_per_layer {
+            Some(heads) if heads.len() != facts.num_layers => {
+                return Err(Error::Metadata(format!(
+                    "{name}: {} per-layer KV head counts for {} layers",
+                    heads.len(),
+                    facts.num_layers
+                )))
+            }
+            other => other,
+        };
+        match (self.mixers, per_layer) {
+            (Mixers::Attention, Some(heads)) if heads.contains(&0) => Err(Error::Metadata(
+                format!("{name}: a layer without KV heads, but every layer of this family attends"),
+            )),
+            (Mixers::Attention, _) => Ok(Vec::new()),
+            (Mixers::ShortConvWhereNoKv, None) => Err(Error::Metadata(format!(
+                "{name}: missing the per-layer KV head counts that say which layers convolve"
+            ))),
+            (Mixers::ShortConvWhereNoKv, Some(heads)) => {
+                let kernel = facts.conv_kernel.ok_or_else(|| {
+                    Error::Metadata(format!("{name}: missing the short convolution's width"))
+                })?;
+                Ok(heads
+                    .iter()
+                    .map(|&h| match h {
+                        0 => LayerMixer::ShortConv { kernel },
+                        _ => LayerMixer::Attention,
+                    })
+                    .collect())
+            }
+        }
     }
 
     /// The mixture of experts a file with `facts` has, checked against the declaration.

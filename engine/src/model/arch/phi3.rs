@@ -4,7 +4,7 @@
 //! where the file sets one (2047 in the released configs, as llama.cpp honours it). The 128k
 //! models' LongRoPE is a RoPE scaling (`RopeScaling::LongRope`), read from either file kind.
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -24,4 +24,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
     experts: None,
+    mixers: Mixers::Attention,
 };

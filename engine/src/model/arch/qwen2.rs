@@ -1,7 +1,7 @@
 //! Qwen2 and Qwen2.5: the llama block with biases on the q, k and v projections; RoPE pairs
 //! halves in both formats.
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
     experts: None,
+    mixers: Mixers::Attention,
 };

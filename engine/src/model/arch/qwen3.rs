@@ -1,7 +1,7 @@
 //! Qwen3 (dense): no biases, a per-head RMSNorm of queries and keys before RoPE, and heads
 //! wider than the residual (0.6B: 16 heads of 128 over a residual of 1024).
 
-use super::{Architecture, Family, Windows};
+use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -21,4 +21,5 @@ pub const FAMILY: Family = Family {
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
     experts: None,
+    mixers: Mixers::Attention,
 };

@@ -11,8 +11,10 @@ use crate::model::config::Architecture;
 use crate::{Error, Result};
 
 mod gguf;
+mod lfm2;
 
 pub use gguf::write_tiny_gguf;
+pub use lfm2::{write_tiny_lfm2_gguf, TinyLfm2};
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]
@@ -89,6 +91,12 @@ impl Default for TinyModelSpec {
 
 /// Writes `config.json` and `model.safetensors` for `spec` into `dir`.
 pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
+    if spec.architecture.family().mixers != crate::model::arch::Mixers::Attention {
+        return Err(Error::Metadata(format!(
+            "{}: tiny hybrids are written as GGUF (`write_tiny_lfm2_gguf`)",
+            spec.architecture.as_str()
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let (h, f, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size);
     let hd = spec.head_dim.unwrap_or(h / spec.num_heads);
@@ -256,6 +264,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         Architecture::Mixtral => ("MixtralForCausalLM", "mixtral"),
         Architecture::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        Architecture::Lfm2 => ("Lfm2ForCausalLM", "lfm2"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
@@ -345,11 +354,11 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
 }
 
 /// SplitMix64: small, seeded, good enough for test weights.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
     /// Uniform in [-1, 1).
-    fn next_centered(&mut self) -> f32 {
+    pub(crate) fn next_centered(&mut self) -> f32 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

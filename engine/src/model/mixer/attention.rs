@@ -1,0 +1,197 @@
+//! Attention as a token mixer: q/k/v projections (with biases where the family has them),
+//! the per-head QK norm where declared, RoPE from the layer's table, K and V written at each
+//! row's slot and paged tree attention over what the row sees (full, or its window's view),
+//! then the output projection. The candle-ops form and the fused form repeat the same
+//! arithmetic (the fused pass's bit-identity rests on it).
+
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use super::{CandleAt, FusedAt, FusedMixer, MixerBuffers, TokenMixer};
+use crate::cpu::attention::{
+    gathered_tree_attention, paged_tree_attention, AttentionKernel, HeadShape,
+};
+use crate::cpu::kv_store::{LayerStorage, PagedKvStore};
+use crate::cpu::qgemm::Activations;
+use crate::model::config::{LayerMixer, ModelConfig};
+use crate::model::fused_pass::{host_values, Clock};
+use crate::model::fused_rows::{rms_norm, rotate};
+use crate::model::linear::Linear;
+use crate::model::projection::{project, Projection};
+use crate::Result;
+
+/// One layer's attention weights.
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
+    /// Per-head RMSNorm of queries and of keys before RoPE (QK-norm families).
+    pub qk_norm: Option<(Tensor, Tensor)>,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+}
+
+/// The shape attention reads for `cfg`.
+fn head_shape(cfg: &ModelConfig) -> HeadShape {
+    HeadShape {
+        scale: cfg.attention_scale(),
+        softcap: cfg.variant.attention_softcap,
+        ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    }
+}
+
+impl TokenMixer for AttentionWeights {
+    fn kind(&self) -> LayerMixer {
+        LayerMixer::Attention
+    }
+
+    fn storage(&self) -> LayerStorage {
+        LayerStorage::Kv
+    }
+
+    fn attention(&self) -> Option<&AttentionWeights> {
+        Some(self)
+    }
+
+    fn projections(&self) -> Vec<&Linear> {
+        vec![&self.q, &self.k, &self.v, &self.o]
+    }
+
+    fn projections_mut(&mut self) -> Vec<&mut Linear> {
+        vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
+    }
+
+    fn forward_candle(
+        &self,
+        at: &CandleAt<'_>,
+        h: &Tensor,
+        kv: &mut PagedKvStore,
+    ) -> Result<Tensor> {
+        let model = at.model;
+        let cfg = model.config();
+        let (cos, sin) = at.rope;
+        let eps = cfg.rms_norm_eps as f32;
+        let mut q = self.q.forward(h)?;
+        let mut k = self.k.forward(h)?;
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            q = head_norm(&q, q_norm, cfg.head_dim, eps)?;
+            k = head_norm(&k, k_norm, cfg.head_dim, eps)?;
+        }
+        let q = model.rotate(&q, cfg.num_heads, cos, sin)?;
+        let k = model.rotate(&k, cfg.num_kv_heads, cos, sin)?;
+        let v = self.v.forward(h)?;
+        // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
+        let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+        let seen = at.seen;
+        kv.write(
+            at.index,
+            &seen.slots,
+            &k.flatten_all()?.to_vec1::<f32>()?,
+            &v.flatten_all()?.to_vec1::<f32>()?,
+        )?;
+        let shape = head_shape(cfg);
+        let device = model.device();
+        let attn = match model.attention() {
+            AttentionKernel::Reference => {
+                gathered_tree_attention(&q, kv.layer(at.index), seen, shape, device)?
+            }
+            AttentionKernel::Fused => {
+                let q = q.flatten_all()?.to_vec1::<f32>()?;
+                let attn = paged_tree_attention(&q, kv.layer(at.index), seen, shape);
+                Tensor::from_vec(attn, (h.dim(0)?, cfg.attention_width()), device)?
+            }
+        };
+        self.o.forward(&attn)
+    }
+
+    fn fused(&self) -> Result<Arc<dyn FusedMixer>> {
+        let p = Projection::from_linear;
+        Ok(Arc::new(FusedAttention {
+            qk_norm: self
+                .qk_norm
+                .as_ref()
+                .map(|(a, b)| Ok::<_, crate::Error>((host_values(a)?, host_values(b)?)))
+                .transpose()?,
+            q: p(&self.q)?,
+            k: p(&self.k)?,
+            v: p(&self.v)?,
+            o: p(&self.o)?,
+        }))
+    }
+
+    fn clone_box(&self) -> Box<dyn TokenMixer> {
+        Box::new(self.clone())
+    }
+}
+
+/// RMSNorm of each head of `x` (`[rows, heads * dim]`) with the per-head weight `alpha`.
+fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Tensor> {
+    let (rows, width) = x.dims2()?;
+    let heads = x.reshape((rows * width / head_dim, head_dim))?;
+    Ok(candle_nn::ops::rms_norm(&heads, alpha, eps)?.reshape((rows, width))?)
+}
+
+/// Attention in the fused pass.
+#[derive(Debug)]
+struct FusedAttention {
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
+}
+
+impl FusedMixer for FusedAttention {
+    fn projections(&self) -> Vec<&Projection> {
+        vec![&self.q, &self.k, &self.v, &self.o]
+    }
+
+    fn run(
+        &self,
+        at: &FusedAt<'_>,
+        h: &[f32],
+        kv: &mut PagedKvStore,
+        w: &mut MixerBuffers,
+        acts: &mut Activations,
+        clock: &mut Clock,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cfg = at.cfg;
+        let rows = at.batch.num_rows();
+        let eps = cfg.rms_norm_eps as f32;
+        project(
+            h,
+            rows,
+            &mut [
+                (&self.q, &mut w.q),
+                (&self.k, &mut w.k),
+                (&self.v, &mut w.v),
+            ],
+            acts,
+        )?;
+        clock.lap(|p| &mut p.matmul);
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            for (x, alpha) in [(&mut w.q, q_norm), (&mut w.k, k_norm)] {
+                w.normed.resize(x.len(), 0.0);
+                rms_norm(x, alpha, eps, &mut w.normed);
+                std::mem::swap(x, &mut w.normed);
+            }
+        }
+        let positions = &at.batch.positions;
+        let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
+        rotate(cfg, at.table, positions, &w.q, heads, &mut w.q_heads, true);
+        rotate(cfg, at.table, positions, &[], kv_heads, &mut w.k, false);
+        clock.lap(|p| &mut p.other);
+        kv.write(at.index, &at.seen.slots, &w.k, &w.v)?;
+        let attn = paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, head_shape(cfg));
+        clock.lap(|p| &mut p.attention);
+        project(&attn, rows, &mut [(&self.o, out)], acts)?;
+        clock.lap(|p| &mut p.matmul);
+        Ok(())
+    }
+}

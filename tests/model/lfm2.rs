@@ -1,0 +1,260 @@
+//! LFM2, the first hybrid: most layers a gated short convolution whose inputs the paged store
+//! keeps per position, a few attending. A tiny random-weight GGUF written at test time
+//! (`engine::model::testing::write_tiny_lfm2_gguf`) against candle-transformers'
+//! `quantized_lfm2` (an implementation that is not thicket's: its own GGUF reader, a Conv1d
+//! over the prefill and a rolling state while decoding), in f32 and in Q8_0; then the forward's
+//! own properties on it: the fused pass gives the candle-ops bits, a prompt prefilled in one
+//! chunk, in chunks whose boundaries fall inside the convolution's window, or token by token
+//! gives the same logits, and every node of a draft tree the logits of its root path run as a
+//! chain (a node convolves its ancestors' inputs, never a sibling's).
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, IndexOp};
+use candle_transformers::models::quantized_lfm2;
+use engine::cpu::attention::AttentionKernel;
+use engine::cpu::kv_store::KvDtype;
+use engine::model::config::LayerMixer;
+use engine::model::testing::{write_tiny_lfm2_gguf, TinyLfm2};
+use engine::{LogitRows, Model, QuantKernel, TokenTree, TreeBatch};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::families::{assert_close, compare, compare_within, PROMPT};
+use super::forward::{prompt_then_tree_bits, random_tree, tree_vs_chains};
+use super::llamacpp_reference::{check_recorded, largest_difference};
+use crate::support::fixtures::{max_abs_diff, one_sequence};
+
+/// The tiny LFM2 of these tests: four layers, the second and fourth attending.
+pub(crate) fn tiny_lfm2() -> TinyLfm2 {
+    TinyLfm2 {
+        vocab_size: 300,
+        ..TinyLfm2::default()
+    }
+}
+
+/// `spec` written as a GGUF in `dtype`, loaded dense in f32 (`dense`) or kept quantized.
+pub(crate) fn lfm2_model(
+    spec: &TinyLfm2,
+    dtype: GgmlDType,
+    dense: bool,
+) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lfm2.gguf");
+    write_tiny_lfm2_gguf(&path, spec, dtype).unwrap();
+    let (config, weights) =
+        engine::model::gguf::load_gguf_weights(&path, dense.then_some(DType::F32), &Device::Cpu)
+            .unwrap();
+    (dir, Model::new(config, weights, Device::Cpu).unwrap())
+}
+
+/// candle-transformers' LFM2 on the file `ours` was loaded from.
+fn reference(dir: &tempfile::TempDir) -> quantized_lfm2::ModelWeights {
+    let path = dir.path().join("lfm2.gguf");
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    quantized_lfm2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn the_declaration_reads_which_layers_convolve_from_the_file() {
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::F32, true);
+    let cfg = model.config();
+    let kinds: Vec<LayerMixer> = (0..4).map(|i| cfg.layer_mixer(i)).collect();
+    let conv = LayerMixer::ShortConv { kernel: 3 };
+    assert_eq!(
+        kinds,
+        [conv, LayerMixer::Attention, conv, LayerMixer::Attention]
+    );
+    assert_eq!((cfg.num_kv_heads, cfg.head_dim), (2, 16));
+    // The convolution layers read three positions: the model's window.
+    assert_eq!(model.kv_window(), Some(3));
+    let (full, windowed) = model.kv_bytes_per_position_split();
+    // Two attending layers of K and V (2 heads of 16, f16); two rows of 64 f32 inputs.
+    assert_eq!((full, windowed), (2 * 2 * 32 * 2, 2 * 64 * 4));
+}
+
+#[test]
+fn tiny_lfm2_f32_matches_candle_quantized_lfm2() {
+    let (dir, ours) = lfm2_model(&tiny_lfm2(), GgmlDType::F32, true);
+    let ours = ours.with_kv_dtype(KvDtype::F32);
+    let mut theirs = reference(&dir);
+    let found = compare(&ours, &PROMPT, |x, pos| theirs.forward(x, pos));
+    assert_close("lfm2 f32 vs candle", &found);
+}
+
+#[test]
+fn tiny_lfm2_q8_0_matches_candle_quantized_lfm2() {
+    let (dir, ours) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
+    // candle's arithmetic for the products and attention, so that what differs is the
+    // convolution's bookkeeping alone.
+    let ours = ours
+        .with_attention(AttentionKernel::Reference)
+        .with_quant_kernel(QuantKernel::Candle)
+        .unwrap()
+        .with_kv_dtype(KvDtype::F32);
+    let mut theirs = reference(&dir);
+    let found = compare_within(&ours, &PROMPT, |x, pos| theirs.forward(x, pos), 0.25);
+    assert!(
+        found.worst < 0.03 * found.scale && found.scale > 1.0,
+        "max |ours - candle| = {} against logits up to {}",
+        found.worst,
+        found.scale
+    );
+    assert!(found.near_ties <= 2, "{} near ties", found.near_ties);
+}
+
+#[test]
+fn lfm2_fused_pass_gives_the_candle_ops_bits() {
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
+    assert!(model.is_fused());
+    let reference = model.clone().without_fused_pass();
+    let (fused, candle) = (
+        prompt_then_tree_bits(&model),
+        prompt_then_tree_bits(&reference),
+    );
+    let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "{differ} of {} logits differ", fused.len());
+}
+
+/// Every position's logits for `prompt` prefilled in chunks of `chunk` tokens.
+fn prefill_logits(model: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
+    let (table, mut kv) = one_sequence(model, prompt.len(), 4);
+    let mut all = Vec::new();
+    for (i, part) in prompt.chunks(chunk).enumerate() {
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(i * chunk, &table, &TokenTree::chain(part), LogitRows::All)
+            .unwrap();
+        let logits = model.forward(&batch, &mut kv).unwrap();
+        all.extend(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    }
+    all
+}
+
+#[test]
+fn lfm2_prefill_in_chunks_gives_the_token_by_token_logits() {
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
+    let mut rng = StdRng::seed_from_u64(9);
+    let prompt: Vec<u32> = (0..23).map(|_| rng.random_range(0..300)).collect();
+    let one_by_one = prefill_logits(&model, &prompt, 1);
+    // Chunk boundaries at every offset inside the three-position window, and one chunk.
+    for chunk in [2, 3, 4, 5, 7, 23] {
+        let chunked = prefill_logits(&model, &prompt, chunk);
+        // thicket's kernels give a row the same bits whatever else is in the batch.
+        assert_eq!(chunked, one_by_one, "chunks of {chunk}");
+    }
+}
+
+#[test]
+fn lfm2_tree_nodes_match_their_root_paths() {
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
+    let mut rng = StdRng::seed_from_u64(4);
+    let prefix: Vec<u32> = (0..11).map(|_| rng.random_range(0..300)).collect();
+    for nodes in [1, 2, 6, 20] {
+        let tree = random_tree(&mut rng, nodes, 300);
+        let worst = tree_vs_chains(&model, &prefix, &tree);
+        assert_eq!(
+            worst, 0.0,
+            "a tree of {nodes}: nodes differ from chains by {worst}"
+        );
+    }
+    // At the very start of a sequence too (the window reaches before position 0).
+    let tree = random_tree(&mut rng, 8, 300);
+    assert_eq!(tree_vs_chains(&model, &prefix[..1], &tree), 0.0);
+}
+
+#[test]
+fn lfm2_a_row_sees_its_window_and_nothing_older() {
+    // Two prompts that differ only before the last nine positions: four convolutions of
+    // three positions each reach 1 + 4 * 2 = 9 positions back, attention reaches all. With
+    // every layer convolving the last rows' logits are equal; with attention they differ.
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::F32, true);
+    let last = |prompt: &[u32]| {
+        let (table, mut kv) = one_sequence(&model, prompt.len(), 4);
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(0, &table, &TokenTree::chain(prompt), LogitRows::Last)
+            .unwrap();
+        model.forward(&batch, &mut kv).unwrap().i(0).unwrap()
+    };
+    let tail = [50, 60, 70, 80, 90, 100, 110, 120, 130];
+    let with = |head: &[u32], tail: &[u32]| [head, tail].concat();
+    let a = last(&with(&[1, 2, 3, 4], &tail));
+    let b = last(&with(&[9, 8, 7, 6], &tail));
+    assert!(
+        max_abs_diff(&a, &b) > 1e-3,
+        "attention layers see the whole prompt"
+    );
+    let all_conv = TinyLfm2 {
+        attention_layers: Vec::new(),
+        ..tiny_lfm2()
+    };
+    let (_dir, conv_only) = lfm2_model(&all_conv, GgmlDType::F32, true);
+    let last = |prompt: &[u32]| {
+        let (table, mut kv) = one_sequence(&conv_only, prompt.len(), 4);
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(0, &table, &TokenTree::chain(prompt), LogitRows::Last)
+            .unwrap();
+        conv_only.forward(&batch, &mut kv).unwrap().i(0).unwrap()
+    };
+    let (a, b) = (
+        last(&with(&[1, 2, 3, 4], &tail)),
+        last(&with(&[9, 8, 7, 6], &tail)),
+    );
+    assert_eq!(
+        max_abs_diff(&a, &b),
+        0.0,
+        "four convolutions see nine positions"
+    );
+    let mut moved = tail;
+    moved[0] = 51;
+    let c = last(&with(&[9, 8, 7, 6], &moved));
+    assert!(
+        max_abs_diff(&a, &c) > 1e-3,
+        "the oldest position they reach counts"
+    );
+}
+
+#[test]
+fn lfm2_matches_llama_cpp() {
+    // llama.cpp's greedy tokens and logits on the same file, recorded by
+    // scripts/rope-scaling-reference.py (f32 weights and K/V, the prompt as one batch).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lfm2.gguf");
+    write_tiny_lfm2_gguf(&path, &tiny_lfm2(), GgmlDType::F32).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let (config, weights) =
+        engine::model::gguf::load_gguf_weights(&path, Some(DType::F32), &Device::Cpu).unwrap();
+    let model = Model::new(config, weights, Device::Cpu)
+        .unwrap()
+        .with_kv_dtype(KvDtype::F32);
+    let runs = check_recorded(
+        include_str!("../data/lfm2_llamacpp.json"),
+        &bytes,
+        |_| model.clone(),
+        // Measured: 0.0021 against logits up to 5.4 (ggml's f32 products and norms sum in
+        // another order); greedy tokens identical for 32 steps.
+        1e-3,
+    );
+    // The prompt prefilled in chunks of 1, 2 and 4 ends on llama.cpp's first logits too.
+    for chunk in [1, 2, 4] {
+        let all = prefill_logits(&model, &PROMPT, chunk);
+        let last = &all[all.len() - 300..];
+        let apart = largest_difference(last, &runs[0][0]);
+        let scale = runs[0][0].iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(
+            apart <= 1e-3 * scale,
+            "chunks of {chunk}: {apart} of {scale}"
+        );
+    }
+}
+
+/// Writes the tiny LFM2 of `lfm2_matches_llama_cpp` (f32) where `THICKET_REFERENCE_GGUF` says,
+/// for `scripts/rope-scaling-reference.py --case lfm2`.
+#[test]
+#[ignore = "writes the reference GGUF for scripts/rope-scaling-reference.py"]
+fn write_the_reference_gguf() {
+    let path = std::env::var("THICKET_REFERENCE_GGUF").expect("THICKET_REFERENCE_GGUF");
+    write_tiny_lfm2_gguf(std::path::Path::new(&path), &tiny_lfm2(), GgmlDType::F32).unwrap();
+}
