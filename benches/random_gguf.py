@@ -21,6 +21,13 @@ its 48 layers), Q4_0 experts and projections, Q8_0 embedding and head:
         --kv-heads 4 --head-dim 128 --ffn 6144 --experts 128 --experts-used 8 \
         --expert-ffn 768 --quant q4_0 --embd-quant q8_0 --untied
 
+LFM2-1.2B's shape (a hybrid: ten of its sixteen layers a gated short convolution of three
+positions, the others attending), Q4_0 projections, Q8_0 embedding, with SmolLM2's tokenizer:
+
+    python3 benches/random_gguf.py --like models/smollm2-135m.gguf --arch lfm2 \
+        --out /tmp/lfm2-1.2b-shape.gguf --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
+        --ffn 8192 --attention-layers 2,5,8,10,12,14 --quant q4_0 --embd-quant q8_0
+
 Quantized weights are random blocks (random quants under one small scale per block), written
 without quantizing floats first, so a file of many gigabytes takes seconds per gigabyte.
 
@@ -77,6 +84,8 @@ def main():
     p.add_argument("--experts-used", type=int, default=8)
     p.add_argument("--expert-ffn", type=int, default=768)
     p.add_argument("--untied", action="store_true", help="write output.weight")
+    p.add_argument("--attention-layers", help="lfm2: the layers that attend (the others convolve)")
+    p.add_argument("--conv-kernel", type=int, default=3, help="lfm2: positions a convolution spans")
     args = p.parse_args()
 
     reader = GGUFReader(args.like)
@@ -91,7 +100,14 @@ def main():
     writer.add_uint32(f"{arch}.embedding_length", args.hidden)
     writer.add_uint32(f"{arch}.block_count", args.layers)
     writer.add_uint32(f"{arch}.attention.head_count", args.heads)
-    writer.add_uint32(f"{arch}.attention.head_count_kv", args.kv_heads)
+    attending = set(range(args.layers))
+    if arch == "lfm2":
+        attending = {int(i) for i in (args.attention_layers or "").split(",") if i}
+        per_layer = [args.kv_heads if i in attending else 0 for i in range(args.layers)]
+        writer.add_array(f"{arch}.attention.head_count_kv", per_layer)
+        writer.add_uint32(f"{arch}.shortconv.l_cache", args.conv_kernel)
+    else:
+        writer.add_uint32(f"{arch}.attention.head_count_kv", args.kv_heads)
     writer.add_uint32(f"{arch}.feed_forward_length", args.ffn)
     writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
     if args.experts:
@@ -126,20 +142,28 @@ def main():
     add("token_embd.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
     if args.untied:
         add("output.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
-    writer.add_tensor("output_norm.weight", ones)
+    # LFM2's converter names the final norm after the embedding.
+    writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones)
     kv = args.kv_heads * head_dim
     width = args.heads * head_dim
     for i in range(args.layers):
         b = f"blk.{i}"
         writer.add_tensor(f"{b}.attn_norm.weight", ones)
         writer.add_tensor(f"{b}.ffn_norm.weight", ones)
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
-            writer.add_tensor(f"{b}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
-            writer.add_tensor(f"{b}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
-        add(f"{b}.attn_q.weight", weight(width, args.hidden))
-        add(f"{b}.attn_k.weight", weight(kv, args.hidden))
-        add(f"{b}.attn_v.weight", weight(kv, args.hidden))
-        add(f"{b}.attn_output.weight", weight(args.hidden, width))
+        if i not in attending:
+            taps = rng.standard_normal((args.hidden, args.conv_kernel), dtype=np.float32) * 0.5
+            writer.add_tensor(f"{b}.shortconv.conv.weight", taps)
+            add(f"{b}.shortconv.in_proj.weight", weight(3 * args.hidden, args.hidden))
+            add(f"{b}.shortconv.out_proj.weight", weight(args.hidden, args.hidden))
+        else:
+            if arch in ("qwen3", "qwen3moe", "gemma3", "lfm2"):
+                norm = np.ones(head_dim, dtype=np.float32)
+                writer.add_tensor(f"{b}.attn_q_norm.weight", norm)
+                writer.add_tensor(f"{b}.attn_k_norm.weight", norm)
+            add(f"{b}.attn_q.weight", weight(width, args.hidden))
+            add(f"{b}.attn_k.weight", weight(kv, args.hidden))
+            add(f"{b}.attn_v.weight", weight(kv, args.hidden))
+            add(f"{b}.attn_output.weight", weight(args.hidden, width))
         if args.experts:
             n, e = args.experts, args.expert_ffn
             router = rng.standard_normal((n, args.hidden), dtype=np.float32) * 0.02

@@ -83,7 +83,10 @@ pub fn run(
     }
     let bandwidth = engine::calibration::read_bandwidth(1 << 30, 3);
     let weight_bytes = loaded.model.weight_bytes() as f64;
-    let kv_bytes = (context * loaded.model.kv_bytes_per_position()) as f64;
+    // A windowed layer (a sliding window, a short convolution) reads its window only.
+    let (full, windowed) = loaded.model.kv_bytes_per_position_split();
+    let seen = context.min(loaded.model.kv_window().unwrap_or(context));
+    let kv_bytes = (context * full + seen * windowed) as f64;
     let bound = bandwidth / weight_bytes;
     let with_kv = bandwidth / (weight_bytes + kv_bytes);
     let one_row = 1.0 / base;
@@ -96,7 +99,7 @@ pub fn run(
     );
     if kv_bytes > 0.0 {
         println!(
-            "with the {:.1} MB of K/V its {context}-token context holds: at most {with_kv:.1} forwards/s, {:.0}% of that bound",
+            "with the {:.1} MB of K/V (and windowed state) a row reads at a {context}-token context: at most {with_kv:.1} forwards/s, {:.0}% of that bound",
             kv_bytes / 1e6,
             100.0 * one_row / with_kv
         );

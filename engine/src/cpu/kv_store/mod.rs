@@ -223,8 +223,12 @@ impl<T: KvValue> KvRows<T> {
         }
     }
 
-    /// Keys and values as f32, both `[num_kv_heads][num_slots][head_dim]`.
+    /// Keys and values as f32, both `[num_kv_heads][num_slots][head_dim]` (none for rows that
+    /// hold none: a layer that keeps rows of its own instead).
     fn to_f32(&self, g: Geometry) -> (Vec<f32>, Vec<f32>) {
+        if self.k.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
         let mut k = Vec::with_capacity(self.v.len());
         for h in 0..g.num_kv_heads {
             for slot in 0..g.num_slots {

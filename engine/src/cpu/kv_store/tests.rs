@@ -148,3 +148,36 @@ fn windowed_layers_live_in_their_own_space() {
     };
     assert!(plain.apply_moves(&[inside]).is_err());
 }
+
+#[test]
+fn a_layer_that_keeps_rows_writes_moves_and_counts_them() {
+    let layers = [
+        (KvGroup::Full, LayerStorage::Kv),
+        (KvGroup::Window, LayerStorage::Rows(3)),
+    ];
+    let mut store = PagedKvStore::with_layers(&layers, 16, Some(8), (1, 2), KvDtype::F32);
+    let kv_bytes = (16 + 16) * 2 * 4;
+    assert_eq!(store.bytes(), kv_bytes + 8 * 3 * 4);
+    store
+        .write_rows(1, &[Slot(2), Slot(5)], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        .unwrap();
+    // Rows live in the windowed space: slot 9 is outside it; K/V writes are refused.
+    assert!(store.write_rows(1, &[Slot(9)], &[0.0; 3]).is_err());
+    assert!(store.write_rows(1, &[Slot(1)], &[0.0; 2]).is_err());
+    assert!(store.write(1, &[Slot(1)], &[0.0; 2], &[0.0; 2]).is_err());
+    assert!(store.write_rows(0, &[Slot(1)], &[0.0; 3]).is_err());
+    store
+        .apply_moves(&[KvMove {
+            from: Slot(5),
+            to: Slot(6),
+            group: KvGroup::Window,
+        }])
+        .unwrap();
+    let (rows, width) = store.rows(1).unwrap();
+    assert_eq!(width, 3);
+    assert_eq!(&rows[6..9], &[1.0, 2.0, 3.0]);
+    assert_eq!(&rows[18..21], &[4.0, 5.0, 6.0]);
+    assert!(store.rows(0).is_err());
+    // The attending layer still reads its keys and values; the other shows none.
+    assert!(store.layer(1).to_f32().0.is_empty());
+}

@@ -27,3 +27,43 @@ pub const FAMILY: Family = Family {
     experts: None,
     mixers: Mixers::ShortConvWhereNoKv,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::arch::FileFacts;
+    use crate::model::config::LayerMixer;
+
+    fn facts(kv: Option<Vec<usize>>, kernel: Option<usize>) -> FileFacts {
+        FileFacts {
+            num_layers: 3,
+            hidden_size: 8,
+            kv_heads_per_layer: kv,
+            conv_kernel: kernel,
+            ..FileFacts::default()
+        }
+    }
+
+    #[test]
+    fn layers_without_kv_heads_convolve() {
+        let v = FAMILY
+            .variant(&facts(Some(vec![0, 2, 0]), Some(3)))
+            .unwrap();
+        let conv = LayerMixer::ShortConv { kernel: 3 };
+        assert_eq!(v.mixers, [conv, LayerMixer::Attention, conv]);
+    }
+
+    #[test]
+    fn what_the_declaration_needs_is_named_when_missing() {
+        let err = |f: FileFacts| FAMILY.variant(&f).unwrap_err().to_string();
+        assert!(err(facts(None, Some(3))).contains("per-layer KV head counts"));
+        assert!(err(facts(Some(vec![0, 2, 0]), None)).contains("short convolution's width"));
+        assert!(err(facts(Some(vec![0, 2]), Some(3))).contains("2 per-layer KV head counts"));
+        // A family whose every layer attends refuses a layer without KV heads.
+        let llama = crate::model::arch::Architecture::Llama.family();
+        let e = llama
+            .variant(&facts(Some(vec![0, 2, 2]), None))
+            .unwrap_err();
+        assert!(e.to_string().contains("without KV heads"), "{e}");
+    }
+}
