@@ -2,7 +2,9 @@
 //! keeps per position, a few attending. A tiny random-weight GGUF written at test time
 //! (`engine::model::testing::write_tiny_lfm2_gguf`) against candle-transformers'
 //! `quantized_lfm2` (an implementation that is not thicket's: its own GGUF reader, a Conv1d
-//! over the prefill and a rolling state while decoding), in f32 and in Q8_0; then the forward's
+//! over the prefill and a rolling state while decoding), in f32 and in Q8_0, and against
+//! llama.cpp's recorded run; the same weights as an HF checkpoint against candle's `lfm2` and
+//! loading to the GGUF's model; then the forward's
 //! own properties on it: the fused pass gives the candle-ops bits, a prompt prefilled in one
 //! chunk, in chunks whose boundaries fall inside the convolution's window, or token by token
 //! gives the same logits, and every node of a draft tree the logits of its root path run as a
@@ -14,7 +16,7 @@ use candle_transformers::models::quantized_lfm2;
 use engine::cpu::attention::AttentionKernel;
 use engine::cpu::kv_store::KvDtype;
 use engine::model::config::LayerMixer;
-use engine::model::testing::{write_tiny_lfm2_gguf, TinyLfm2};
+use engine::model::testing::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 use engine::{LogitRows, Model, QuantKernel, TokenTree, TreeBatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -101,6 +103,47 @@ fn tiny_lfm2_q8_0_matches_candle_quantized_lfm2() {
         found.scale
     );
     assert!(found.near_ties <= 2, "{} near ties", found.near_ties);
+}
+
+/// The tiny LFM2 written as an HF checkpoint, loaded in f32.
+fn lfm2_hf(spec: &TinyLfm2) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_lfm2_hf(dir.path(), spec).unwrap();
+    let (model, _) =
+        engine::model::load::load_hf_model(dir.path(), engine::WeightDType::F32, &Device::Cpu)
+            .unwrap();
+    (dir, model)
+}
+
+#[test]
+fn lfm2_loads_the_same_model_from_gguf_and_hf() {
+    let (_g, gguf) = lfm2_model(&tiny_lfm2(), GgmlDType::F32, true);
+    let (_h, hf) = lfm2_hf(&tiny_lfm2());
+    let (a, b) = (gguf.config(), hf.config());
+    assert_eq!(a.variant.mixers, b.variant.mixers);
+    assert_eq!(
+        (a.intermediate_size, a.num_kv_heads, a.head_dim),
+        (b.intermediate_size, b.num_kv_heads, b.head_dim)
+    );
+    let found = compare(&hf, &PROMPT, super::families_gguf::as_reference(&gguf));
+    assert_close("lfm2 HF vs GGUF", &found);
+}
+
+#[test]
+fn tiny_lfm2_hf_matches_candle_lfm2() {
+    use candle_transformers::models::lfm2;
+    let (dir, ours) = lfm2_hf(&tiny_lfm2());
+    let ours = ours.with_kv_dtype(KvDtype::F32);
+    let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    let cfg: lfm2::Lfm2Config = serde_json::from_str(&text).unwrap();
+    let cfg = cfg.into_config(false);
+    assert_eq!(cfg.intermediate_size, ours.config().intermediate_size);
+    // SAFETY: the file is not changed while mapped.
+    let vb = unsafe { super::families::varbuilder(&dir.path().join("model.safetensors")) };
+    let theirs = lfm2::Model::new(&cfg, vb).unwrap();
+    let mut cache = lfm2::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
+    let found = compare(&ours, &PROMPT, |x, pos| theirs.forward(x, pos, &mut cache));
+    assert_close("lfm2 HF vs candle lfm2", &found);
 }
 
 #[test]

@@ -12,11 +12,16 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::model::arch::FileFacts;
+use crate::model::config::LayerMixer;
 use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::model::experts;
+use crate::model::hf_hybrid::HfHybrid;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
-use crate::model::{AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights};
+use crate::model::{
+    AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights, ShortConvWeights,
+    TokenMixer,
+};
 use crate::{Error, Result};
 
 #[derive(Debug, Deserialize)]
@@ -34,13 +39,13 @@ struct HfConfig {
     head_dim: Option<usize>,
     #[serde(default = "default_rope_theta")]
     rope_theta: f64,
-    #[serde(default = "default_rms_eps")]
+    #[serde(default = "default_rms_eps", alias = "norm_eps")]
     rms_norm_eps: f64,
     #[serde(default = "default_max_positions")]
     max_position_embeddings: usize,
     #[serde(default)]
     original_max_position_embeddings: Option<usize>,
-    #[serde(default)]
+    #[serde(default, alias = "tie_embedding")]
     tie_word_embeddings: bool,
     #[serde(default)]
     attention_bias: Option<bool>,
@@ -72,6 +77,8 @@ struct HfConfig {
     hidden_activation: Option<String>,
     #[serde(flatten)]
     experts: experts::load::HfExperts,
+    #[serde(flatten)]
+    hybrid: HfHybrid,
 }
 
 fn default_rope_theta() -> f64 {
@@ -111,13 +118,6 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
     let family = architecture.family();
-    if family.mixers != crate::model::arch::Mixers::Attention {
-        return Err(Error::Metadata(format!(
-            "{}: checkpoints of this hybrid family load from GGUF only for now (llama.cpp's \
-             convert_hf_to_gguf.py writes one)",
-            family.gguf
-        )));
-    }
     check_activation(&hf, family.activation)?;
     let head_dim = hf
         .head_dim
@@ -149,10 +149,11 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 .iter()
                 .map(|k| match k.as_str() {
                     "sliding_attention" => Ok(true),
-                    "full_attention" => Ok(false),
+                    // A convolution layer has no window (its width is its own).
+                    "full_attention" | "conv" => Ok(false),
                     other => Err(Error::Metadata(format!(
                         "layer_types: '{other}' is not supported (sliding_attention, \
-                         full_attention)"
+                         full_attention, conv)"
                     ))),
                 })
                 .collect::<Result<Vec<bool>>>()
@@ -177,14 +178,18 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         experts: hf
             .experts
             .facts(hf.num_hidden_layers, hf.intermediate_size)?,
-        kv_heads_per_layer: None,
-        conv_kernel: None,
+        kv_heads_per_layer: hf.hybrid.kv_heads_per_layer(
+            hf.layer_types.as_deref(),
+            hf.num_hidden_layers,
+            hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+        )?,
+        conv_kernel: hf.hybrid.conv_kernel(),
     };
     let config = ModelConfig {
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
-        intermediate_size: hf.intermediate_size,
+        intermediate_size: hf.hybrid.ffn_width(hf.intermediate_size),
         num_layers: hf.num_hidden_layers,
         num_heads: hf.num_attention_heads,
         num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
@@ -203,8 +208,13 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     let files = safetensor_files(dir)?;
     // SAFETY: the files are mapped read-only and not modified while the model is loaded.
     let st = unsafe { MmapedSafetensors::multi(&files)? };
+    // A tensor by llama's name, as the family names it.
     let load = |name: &str| -> Result<Tensor> {
-        st.load(name, device)
+        let name = family
+            .hf_renames
+            .iter()
+            .fold(name.to_string(), |n, (llama, own)| n.replace(llama, own));
+        st.load(&name, device)
             .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))
     };
     let f32_of = |name: &str| -> Result<Tensor> { Ok(load(name)?.to_dtype(DType::F32)?) };
@@ -242,7 +252,8 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     for i in 0..config.num_layers {
         let p = format!("model.layers.{i}");
         let bias = config.attention_bias;
-        let qk_norm = if config.variant.qk_norm {
+        let attends = config.layer_mixer(i) == LayerMixer::Attention;
+        let qk_norm = if config.variant.qk_norm && attends {
             Some((
                 norm(&format!("{p}.self_attn.q_norm"), Role::HeadNorm)?,
                 norm(&format!("{p}.self_attn.k_norm"), Role::HeadNorm)?,
@@ -280,7 +291,8 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             let gate_up = fused("mlp.gate_up_proj", Role::GateUp)?;
             let (q, k, v, gate, up) = unfused(qkv, gate_up)?;
             let down = proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?;
-            (q, k, v, Mlp::Dense(DenseMlp { gate, up, down }))
+            let mlp = Mlp::Dense(DenseMlp { gate, up, down });
+            (Some(q), Some(k), Some(v), mlp)
         } else {
             let mlp = match &config.variant.moe {
                 Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(experts::load::from_hf(
@@ -297,23 +309,47 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                     down: proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?,
                 }),
             };
+            let attention = |name: &str, role: Role| -> Result<Option<Linear>> {
+                attends
+                    .then(|| proj(&format!("{p}.self_attn.{name}"), role, bias))
+                    .transpose()
+            };
             (
-                proj(&format!("{p}.self_attn.q_proj"), Role::Q, bias)?,
-                proj(&format!("{p}.self_attn.k_proj"), Role::Kv, bias)?,
-                proj(&format!("{p}.self_attn.v_proj"), Role::Kv, bias)?,
+                attention("q_proj", Role::Q)?,
+                attention("k_proj", Role::Kv)?,
+                attention("v_proj", Role::Kv)?,
                 mlp,
             )
         };
-        layers.push(LayerWeights {
-            attn_norm: norm(&format!("{p}.input_layernorm"), Role::Norm)?,
-            post_norms,
-            mixer: Box::new(AttentionWeights {
+        let mixer: Box<dyn TokenMixer> = match (q, k, v) {
+            (Some(q), Some(k), Some(v)) => Box::new(AttentionWeights {
                 qk_norm,
                 q,
                 k,
                 v,
                 o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
             }),
+            _ => {
+                let h = config.hidden_size;
+                let linear = |name: &str, rows: usize| -> Result<Linear> {
+                    let weight = load(&format!("{p}.conv.{name}.weight"))?;
+                    if weight.dims() != [rows, h] {
+                        return Err(Error::Metadata(format!(
+                            "{p}.conv.{name}.weight is {:?}; [{rows}, {h}] expected",
+                            weight.dims()
+                        )));
+                    }
+                    Linear::from_dense(weight, None, dtype)
+                };
+                let conv = f32_of(&format!("{p}.conv.conv.weight"))?;
+                let (in_proj, out_proj) = (linear("in_proj", 3 * h)?, linear("out_proj", h)?);
+                Box::new(ShortConvWeights::new(in_proj, &conv, out_proj, h)?)
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: norm(&format!("{p}.input_layernorm"), Role::Norm)?,
+            post_norms,
+            mixer,
             mlp_norm,
             mlp,
         });

@@ -33,6 +33,7 @@ mod fused_rows;
 pub mod gguf;
 mod gguf_keys;
 pub(crate) mod hf;
+mod hf_hybrid;
 pub(crate) mod linear;
 pub mod load;
 pub mod mixer;

@@ -3,7 +3,9 @@
 //! and a few attend, with a per-head RMSNorm of queries and keys. A GGUF file says which by
 //! its per-layer KV head counts (`lfm2.attention.head_count_kv`, 0 for a convolution layer)
 //! and gives the width as `lfm2.shortconv.l_cache`; the final norm is `token_embd_norm`
-//! (`model.embedding_norm` in HF checkpoints). SwiGLU MLP, RoPE on halves, no biases.
+//! (`model.embedding_norm` in HF checkpoints, whose `layer_types` say `conv` or
+//! `full_attention`, and whose tensors have names of their own: `hf_renames`). SwiGLU MLP,
+//! RoPE on halves, no biases.
 
 use super::{Architecture, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
@@ -26,6 +28,17 @@ pub const FAMILY: Family = Family {
     gguf_residual_query_scale_at: &[],
     experts: None,
     mixers: Mixers::ShortConvWhereNoKv,
+    hf_renames: &[
+        ("input_layernorm", "operator_norm"),
+        ("post_attention_layernorm", "ffn_norm"),
+        ("mlp.gate_proj", "feed_forward.w1"),
+        ("mlp.up_proj", "feed_forward.w3"),
+        ("mlp.down_proj", "feed_forward.w2"),
+        ("self_attn.o_proj", "self_attn.out_proj"),
+        ("self_attn.q_norm", "self_attn.q_layernorm"),
+        ("self_attn.k_norm", "self_attn.k_layernorm"),
+        ("model.norm", "model.embedding_norm"),
+    ],
 };
 
 #[cfg(test)]

@@ -31,4 +31,5 @@ pub const FAMILY: Family = Family {
         gguf_normalize: true,
     }),
     mixers: Mixers::Attention,
+    hf_renames: &[],
 };

@@ -157,6 +157,10 @@ pub struct Family {
     pub experts: Option<Experts>,
     /// Which layers attend and which mix positions otherwise.
     pub mixers: Mixers,
+    /// How the family's HF checkpoints name what transformers' llama calls otherwise:
+    /// `(llama's part of a tensor name, this family's)`, e.g. LFM2's `operator_norm` for
+    /// `input_layernorm`.
+    pub hf_renames: &'static [(&'static str, &'static str)],
 }
 
 /// How a family's mixture of experts is declared.

@@ -22,4 +22,5 @@ pub const FAMILY: Family = Family {
     gguf_residual_query_scale_at: &[],
     experts: None,
     mixers: Mixers::Attention,
+    hf_renames: &[],
 };

@@ -14,7 +14,7 @@ mod gguf;
 mod lfm2;
 
 pub use gguf::write_tiny_gguf;
-pub use lfm2::{write_tiny_lfm2_gguf, TinyLfm2};
+pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]
