@@ -6,8 +6,10 @@ fixed number of answer tokens). For each turn it records the time to the first a
 and how many prompt tokens the server computed rather than served from its cache (thicket:
 `usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens`; llama-server:
 `timings.prompt_n`). Each server is started fresh for its replay; the two alternate which goes
-first from round to round. On hybrid models (LFM2, Qwen3.5) llama.cpp re-processes the whole
-prompt every turn; thicket resumes from the deepest cached block.
+first from round to round. With `--conversations N`, N conversations sharing the system prompt
+take turns (several users, or an agent's sub-tasks, on one server): a server that keeps one
+recurrent state per slot must then recompute a conversation's history when it comes back to
+it; thicket resumes from the deepest cached block of any of them.
 
     python3 benches/multiturn_replay.py --model /tmp/lfm2-1.2b-shape.gguf \\
         --llama-server /path/to/llama-server --turns 6 --rounds 2
@@ -24,13 +26,20 @@ import urllib.request
 THICKET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release",
                        "thicket")
 
+# The name requests give the model (thicket checks it against what it serves).
+MODEL = [""]
+
 WORDS = ("river stone lantern orchard signal copper meadow harbor violet engine cedar tunnel "
          "falcon mirror basalt thistle ember quarry saddle beacon").split()
 
 
 def text(seed, words):
-    """Deterministic filler of `words` words."""
-    return " ".join(WORDS[(seed * 7 + i * 13 + i * i) % len(WORDS)] for i in range(words))
+    """Deterministic filler of `words` words, different for every seed."""
+    state, out = seed * 2654435761 + 12345, []
+    for _ in range(words):
+        state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        out.append(WORDS[(state >> 33) % len(WORDS)])
+    return " ".join(out)
 
 
 def wait_ready(port, timeout=300):
@@ -58,7 +67,7 @@ def start(kind, args, port):
 def turn(port, messages, max_tokens):
     """One streamed request: (seconds to the first answer token, answer text, final chunk)."""
     body = json.dumps({
-        "model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "model": MODEL[0], "messages": messages, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
     }).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
@@ -94,10 +103,14 @@ def replay(kind, args, port):
     server = start(kind, args, port)
     try:
         wait_ready(port)
-        messages = [{"role": "system", "content": text(0, args.system_words)}]
+        system = {"role": "system", "content": text(0, args.system_words)}
+        # Conversations sharing the system prompt take turns, one turn each in order.
+        chats = [[system] for _ in range(args.conversations)]
         rows = []
         for t in range(args.turns):
-            messages.append({"role": "user", "content": text(t + 1, args.user_words)})
+            messages = chats[t % args.conversations]
+            seed = 1 + t * 31 + (t % args.conversations) * 1009
+            messages.append({"role": "user", "content": text(seed, args.user_words)})
             ttft, answer, final = turn(port, messages, args.max_tokens)
             done, total = computed(kind, final)
             rows.append((ttft, done, total))
@@ -119,7 +132,10 @@ def main():
     ap.add_argument("--user-words", type=int, default=60)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--port", type=int, default=8421)
+    ap.add_argument("--conversations", type=int, default=1,
+                    help="conversations sharing the system prompt, taking turns")
     args = ap.parse_args()
+    MODEL[0] = args.model
     for rnd in range(args.rounds):
         order = ["thicket", "llama-server"] if rnd % 2 == 0 else ["llama-server", "thicket"]
         results = {kind: replay(kind, args, args.port) for kind in order}
