@@ -23,6 +23,8 @@ import sys
 import time
 import urllib.request
 
+from serve_peer import wait_ready
+
 THICKET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release",
                        "thicket")
 
@@ -40,19 +42,6 @@ def text(seed, words):
         state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
         out.append(WORDS[(state >> 33) % len(WORDS)])
     return " ".join(out)
-
-
-def wait_ready(port, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"server on port {port} never became ready")
 
 
 def start(kind, args, port):

@@ -13,10 +13,12 @@ use candle_core::quantized::GgmlDType;
 use engine::handle::EngineHandle;
 use engine::model::testing::{write_tiny_lfm2_gguf, write_tiny_tokenizer, TinyLfm2};
 use engine::{
-    CostCurve, DraftModelSetup, EngineConfig, Model, ModelTokenizer, Request, SampleOutput,
-    SpecMethod, SpeculationConfig,
+    CostCurve, DraftModelSetup, EngineConfig, Model, ModelTokenizer, Request, SpecMethod,
+    SpeculationConfig,
 };
 use kvcache::{ManagerConfig, WindowConfig};
+
+use super::speculation::run_all;
 use scheduler::SchedulerConfig;
 
 const VOCAB: usize = 300;
@@ -90,17 +92,6 @@ fn start(num_blocks: usize, window_blocks: Option<usize>, prefix_caching: bool) 
     let (handle, _thread) =
         engine::spawn(model.clone(), tokenizer.clone(), Vec::new(), config).unwrap();
     handle
-}
-
-fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap())
-        .collect();
-    streams
-        .into_iter()
-        .flat_map(|s| s.wait().unwrap())
-        .collect()
 }
 
 /// Prompts with repeated stretches for the drafters to find.

@@ -284,6 +284,15 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec, dtype: GgmlDType) -> R
             ));
         }
     }
+    write_file(path, &metadata, &tensors)
+}
+
+/// Writes a GGUF file of `metadata` and `tensors` at `path`.
+pub(super) fn write_file(
+    path: &Path,
+    metadata: &[(String, Value)],
+    tensors: &[(String, QTensor)],
+) -> Result<()> {
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path)

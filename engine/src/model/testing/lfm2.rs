@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
@@ -222,12 +222,7 @@ pub fn write_tiny_lfm2_gguf(path: &Path, spec: &TinyLfm2, dtype: GgmlDType) -> R
         ),
         (format!("{name}.shortconv.l_cache"), u32_of(spec.kernel)),
     ];
-    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut file = std::fs::File::create(path)
-        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-    gguf_file::write(&mut file, &metadata, &tensors)?;
-    Ok(())
+    super::gguf::write_file(path, &metadata, &tensors)
 }
 
 /// Writes `spec` as an HF checkpoint in `dir` (`config.json`, `model.safetensors` in f32), the
