@@ -123,13 +123,17 @@ pub fn spawn(
     let kv = config.scheduler.kv;
     let num_slots = kv.num_blocks * kv.block_size;
     let window_slots = kv.window.map(|w| w.num_blocks * kv.block_size);
+    let (full, windowed) = model.kv_bytes_per_position_split();
     match kv.window {
         Some(w) => tracing::info!(
-            "KV pools: {} blocks of {} positions for the full-attention layers, {} for the windowed layers (window {})",
+            "KV pools: {} blocks of {} positions for the full-attention layers ({} KiB a position), {} for the windowed layers (window {}, {} KiB a position: a sequence holds at most {} KiB there)",
             kv.num_blocks,
             kv.block_size,
+            full / 1024,
             w.num_blocks,
-            w.window
+            w.window,
+            windowed / 1024,
+            windowed * kv.block_size * (w.window.div_ceil(kv.block_size) + 1) / 1024
         ),
         None => tracing::info!("KV pool: {} blocks of {} positions", kv.num_blocks, kv.block_size),
     }

@@ -32,7 +32,8 @@ pub fn kernels_take(cfg: &ModelConfig) -> Result<(), String> {
     if departs != Variant::default() || cfg.attention_width() != cfg.hidden_size {
         return Err(format!(
             "the {} family; its kernels run the llama and qwen2 decoders only (no QK norm, \
-             post norms, sliding windows, GELU, soft-caps or heads wider than the residual)",
+             post norms, sliding windows, GELU, soft-caps, heads wider than the residual or \
+             layers that mix positions without attention)",
             cfg.architecture.as_str()
         ));
     }
@@ -42,7 +43,7 @@ pub fn kernels_take(cfg: &ModelConfig) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::{Architecture, RopeScaling, RopeStyle};
+    use crate::model::config::{Architecture, LayerMixer, RopeScaling, RopeStyle};
 
     fn llama(head_dim: usize) -> ModelConfig {
         ModelConfig {
@@ -101,5 +102,12 @@ mod tests {
         wide.architecture = Architecture::Qwen3;
         wide.num_heads = 8;
         assert!(kernels_take(&wide).unwrap_err().contains("qwen3"));
+
+        // A hybrid's convolution layers are not attention: candle's ops run it.
+        let mut hybrid = llama(64);
+        hybrid.architecture = Architecture::Lfm2;
+        hybrid.variant.mixers = vec![LayerMixer::ShortConv { kernel: 3 }, LayerMixer::Attention];
+        let why = kernels_take(&hybrid).unwrap_err();
+        assert!(why.contains("the lfm2 family"), "{why}");
     }
 }
