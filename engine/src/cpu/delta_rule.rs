@@ -8,7 +8,8 @@
 //! ```
 //!
 //! `step` is the recurrent form, one token (decoding, and a draft node from its parent's
-//! state). `chunked` is the parallel form a prefill chunk takes: over `c` tokens with
+//! state); `tree` runs a draft tree from a committed state, each node from its parent's.
+//! `chunked` is the parallel form a prefill chunk takes: over `c` tokens with
 //! cumulative log-decays `G_t`, the corrections `delta` solve the unit lower-triangular system
 //! `delta_s + beta_s sum_{r<s} exp(G_s - G_r) (k_s . k_r) delta_r = beta_s (v_s - exp(G_s)
 //! S0^T k_s)` by forward substitution, each output is `exp(G_t) S0^T q_t + sum_{s<=t}
@@ -95,6 +96,107 @@ pub fn chunked(
         );
         start += c;
     }
+}
+
+/// A draft tree's tokens: each node's parent (an earlier node, or `None` for a child of the
+/// committed position) and its inputs, laid out as `chunked` takes them.
+pub struct TreeTokens<'a> {
+    /// Each node's parent.
+    pub parents: &'a [Option<usize>],
+    /// Scaled queries, `nodes x dk`.
+    pub q: &'a [f32],
+    /// Unit keys, `nodes x dk`.
+    pub k: &'a [f32],
+    /// Values, `nodes x dv`.
+    pub v: &'a [f32],
+    /// Each node's `beta`.
+    pub beta: &'a [f32],
+    /// Each node's log-decay.
+    pub g: &'a [f32],
+}
+
+/// A draft tree from a committed `state` (left unchanged): each node's output (`out`, `nodes
+/// x dv`) is what `step` gives along its root path, bit for bit, so a node never sees a
+/// sibling's state. Nodes are visited in order with the states along the current path in
+/// `stack` (reused between calls: at most the tree's depth of `dk x dv` states); a node whose
+/// parent is no longer on the path (a tree laid out breadth first) has its root path replayed
+/// first. Once verification accepts a path, `step` over its nodes' inputs moves the committed
+/// state there without another model pass.
+pub fn tree(
+    state: &[f32],
+    dims: HeadDims,
+    nodes: &TreeTokens<'_>,
+    stack: &mut Vec<(usize, Vec<f32>)>,
+    out: &mut [f32],
+) {
+    let dv = dims.dv;
+    let mut scratch = vec![0f32; dv];
+    let mut depth = 0;
+    for (i, &parent) in nodes.parents.iter().enumerate() {
+        while depth > 0 && Some(stack[depth - 1].0) != parent {
+            depth -= 1;
+        }
+        if depth == 0 {
+            // The parent's root path, replayed from the committed state (none for a root).
+            let mut path = Vec::new();
+            let mut at = parent;
+            while let Some(n) = at {
+                path.push(n);
+                at = nodes.parents[n];
+            }
+            for &n in path.iter().rev() {
+                advance(state, dims, nodes, stack, depth, n, &mut scratch);
+                depth += 1;
+            }
+        }
+        advance(
+            state,
+            dims,
+            nodes,
+            stack,
+            depth,
+            i,
+            &mut out[i * dv..(i + 1) * dv],
+        );
+        depth += 1;
+    }
+}
+
+/// Node `node`'s state into `stack[depth]`, from `stack[depth - 1]`'s (or the committed
+/// `state` at depth 0), its output into `out`.
+fn advance(
+    state: &[f32],
+    dims: HeadDims,
+    nodes: &TreeTokens<'_>,
+    stack: &mut Vec<(usize, Vec<f32>)>,
+    depth: usize,
+    node: usize,
+    out: &mut [f32],
+) {
+    let HeadDims { dk, dv } = dims;
+    let size = dk * dv;
+    if depth == stack.len() {
+        stack.push((node, vec![0f32; size]));
+    }
+    let (before, after) = stack.split_at_mut(depth);
+    let from: &[f32] = match before.last() {
+        Some((_, parent_state)) => parent_state,
+        None => state,
+    };
+    let entry = &mut after[0];
+    entry.0 = node;
+    entry.1[..size].copy_from_slice(&from[..size]);
+    let (a, b) = (node * dk, node * dv);
+    step(
+        &mut entry.1,
+        dims,
+        &nodes.q[a..a + dk],
+        &nodes.k[a..a + dk],
+        &nodes.v[b..b + dv],
+        nodes.beta[node],
+        nodes.g[node],
+        out,
+    );
 }
 
 /// `dot(a, b)`.
@@ -310,6 +412,55 @@ mod tests {
                     "chunks of {chunk}, {t} tokens: {o}, {s}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_tree_node_gives_its_root_path_bit_for_bit() {
+        let dims = HeadDims { dk: 8, dv: 12 };
+        // 0 -> 1 -> 2, 0 -> 3 -> 4, 1 -> 5, and 6 beside the root: siblings, depth 3.
+        let parents = [None, Some(0), Some(1), Some(0), Some(3), Some(1), None];
+        let x = tokens(parents.len(), dims, 17);
+        let mut r = Values(5);
+        let start: Vec<f32> = (0..dims.dk * dims.dv).map(|_| 0.3 * r.next()).collect();
+        let mut out = vec![0f32; parents.len() * dims.dv];
+        let mut stack = Vec::new();
+        let nodes = TreeTokens {
+            parents: &parents,
+            q: &x.q,
+            k: &x.k,
+            v: &x.v,
+            beta: &x.beta,
+            g: &x.g,
+        };
+        tree(&start, dims, &nodes, &mut stack, &mut out);
+        assert!(
+            stack.len() <= 3,
+            "{} states for a tree of depth 3",
+            stack.len()
+        );
+        for node in 0..parents.len() {
+            let mut path = vec![node];
+            while let Some(p) = parents[*path.last().unwrap()] {
+                path.push(p);
+            }
+            path.reverse();
+            let mut state = start.clone();
+            let mut o = vec![0f32; dims.dv];
+            for &n in &path {
+                let (a, b) = (n * dims.dk, n * dims.dv);
+                step(
+                    &mut state,
+                    dims,
+                    &x.q[a..a + dims.dk],
+                    &x.k[a..a + dims.dk],
+                    &x.v[b..b + dims.dv],
+                    x.beta[n],
+                    x.g[n],
+                    &mut o,
+                );
+            }
+            assert_eq!(o, out[node * dims.dv..(node + 1) * dims.dv], "node {node}");
         }
     }
 
