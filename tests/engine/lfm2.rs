@@ -3,7 +3,7 @@
 //! itself the hybrid in f32, Predicted Outputs)
 //! gives plain decoding's tokens in pools small enough to preempt, with the convolution
 //! layers' inputs in a windowed space of their own; a repeated prompt is served from the
-//! prefix cache; and a multi-turn conversation replayed (each turn re-sending the history)
+//! prefix cache, only under its own `cache_salt`; and a multi-turn conversation replayed (each turn re-sending the history)
 //! gives the same tokens with the prefix cache on and off and speculation on and off, the
 //! combination other engines get wrong on hybrids.
 
@@ -240,5 +240,42 @@ fn a_multi_turn_replay_on_a_hybrid_is_the_same_with_cache_and_speculation_on_or_
                 assert_eq!(cached, 0);
             }
         }
+    }
+}
+
+#[test]
+fn a_salt_isolates_a_hybrids_cached_state_as_it_isolates_blocks() {
+    // The convolution rows of a cached prefix live in the windowed space's cached blocks,
+    // under the same salted hashes as the attending layers' K/V.
+    let prompt = &prompts()[0];
+    let handle = start(256, Some(64), true);
+    let once = |salt: Option<&str>| {
+        let mut request = Request::greedy(prompt.clone(), 8, None);
+        request.cache_salt = salt.map(Arc::from);
+        let out = run_all(&handle, vec![request]).remove(0);
+        (out.token_ids, out.usage.cached_tokens)
+    };
+    let (first, cached) = once(Some("tenant-a"));
+    assert_eq!(cached, 0);
+    let hit = prompt.len() / BLOCK * BLOCK - BLOCK;
+    for (i, (salt, want)) in [
+        (Some("tenant-b"), 0),
+        (Some("tenant-a"), hit),
+        (None, 0),
+        (Some("tenant-b"), hit),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (tokens, cached) = once(salt);
+        assert!(
+            if want == 0 {
+                cached == 0
+            } else {
+                cached >= want
+            },
+            "request {i} under {salt:?}: {cached} cached"
+        );
+        assert_eq!(tokens, first, "request {i}: the salt changed the output");
     }
 }
