@@ -1,11 +1,11 @@
 //! The engine on a hybrid, LFM2 (tiny random weights, four layers of which two convolve):
 //! every speculation method (recycling, prompt lookup, suffix, `auto`, a draft model that is
-//! itself the hybrid in f32, Predicted Outputs)
-//! gives plain decoding's tokens in pools small enough to preempt, with the convolution
-//! layers' inputs in a windowed space of their own; a repeated prompt is served from the
-//! prefix cache, only under its own `cache_salt`; and a multi-turn conversation replayed (each turn re-sending the history)
-//! gives the same tokens with the prefix cache on and off and speculation on and off, the
-//! combination other engines get wrong on hybrids.
+//! itself the hybrid in f32, Predicted Outputs) gives plain decoding's tokens in pools small
+//! enough to preempt, with the convolution layers' inputs in a windowed space of their own; a
+//! repeated prompt is served from the prefix cache, only under its own `cache_salt`; and a
+//! multi-turn conversation replayed (each turn re-sending the history) gives the same tokens
+//! with the prefix cache on and off and speculation on and off, the combination other engines
+//! get wrong on hybrids.
 
 use std::sync::Arc;
 
