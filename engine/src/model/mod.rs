@@ -6,8 +6,10 @@
 //! `crate::cpu`; backends (`crate::backend`) run it.
 //!
 //! `Model`: a decoder of any family in `arch` (RMSNorm, RoPE at arbitrary positions, GQA, a
-//! gated MLP or a mixture of experts, optional q/k/v biases, tied or untied head, and what the
-//! family declares beyond that) whose forward takes a whole `TreeBatch`: many
+//! gated MLP or a mixture of experts, optional q/k/v biases, tied or untied head, each layer's
+//! token mixer (`mixer`: attention, or a kind that keeps state, such as LFM2's short
+//! convolution), and what the family declares beyond that) whose forward takes a whole
+//! `TreeBatch`: many
 //! sequences, each with its cached prefix in the paged KV store and its own tree of new
 //! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
 //!
