@@ -9,9 +9,8 @@
 //! gated MLP or a mixture of experts, optional q/k/v biases, tied or untied head, each layer's
 //! token mixer (`mixer`: attention, or a kind that keeps state, such as LFM2's short
 //! convolution), and what the family declares beyond that) whose forward takes a whole
-//! `TreeBatch`: many
-//! sequences, each with its cached prefix in the paged KV store and its own tree of new
-//! tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
+//! `TreeBatch`: many sequences, each with its cached prefix in the paged KV store and its own
+//! tree of new tokens. Weights are immutable (`&self`); the KV store is passed in, in candle's style.
 //!
 //! Per layer: projections, norms and the MLP run as candle ops over all rows at once (their
 //! per-row arithmetic does not depend on the row count for the quantized formats we load;
