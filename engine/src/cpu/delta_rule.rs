@@ -16,6 +16,8 @@
 //! exp(G_t - G_s) (q_t . k_s) delta_s`, and the state moves once per chunk: `exp(G_c) S0 +
 //! sum_s exp(G_c - G_s) k_s delta_s^T`. Both give the token-by-token result within float
 //! rounding (tested, chunk boundaries anywhere); every exponent is of a non-positive number.
+//! As its loops stand the parallel form costs more per token than stepping (benches/README.md,
+//! "The gated delta rule"): it pays once it runs on matrix products.
 
 /// A head's shape: key and value dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
