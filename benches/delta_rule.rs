@@ -12,8 +12,17 @@ use rand::{Rng, SeedableRng};
 
 const DIMS: HeadDims = HeadDims { dk: 128, dv: 128 };
 
+/// A head's inputs for some tokens.
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    beta: Vec<f32>,
+    g: Vec<f32>,
+}
+
 /// `t` tokens of random inputs: unit keys, scaled queries, beta in (0, 1), g in [-1, 0].
-fn inputs(t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+fn inputs(t: usize) -> Inputs {
     let mut rng = StdRng::seed_from_u64(7);
     let mut unit = |scale: f32| -> Vec<f32> {
         let mut all = Vec::new();
@@ -32,12 +41,12 @@ fn inputs(t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
         .collect();
     let beta = (0..t).map(|_| rng.random_range(0.1..0.9)).collect();
     let g = (0..t).map(|_| rng.random_range(-1.0..0.0)).collect();
-    (q, k, v, beta, g)
+    Inputs { q, k, v, beta, g }
 }
 
 fn delta_rule(c: &mut Criterion) {
     let size = DIMS.dk * DIMS.dv;
-    let (q, k, v, beta, g) = inputs(64);
+    let Inputs { q, k, v, beta, g } = inputs(64);
     let mut group = c.benchmark_group("delta_rule_128x128");
     let mut state = vec![0.01f32; size];
     let mut out = vec![0f32; 64 * DIMS.dv];
