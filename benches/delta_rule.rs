@@ -6,14 +6,14 @@
 //! `cargo bench --bench delta_rule`; numbers in benches/README.md ("The gated delta rule").
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use engine::cpu::delta_rule::{chunked, step, tree, HeadDims, TreeTokens};
+use engine::cpu::delta_rule::{chunked, step, tree, HeadDims, Inputs, TreeTokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const DIMS: HeadDims = HeadDims { dk: 128, dv: 128 };
 
-/// A head's inputs for some tokens.
-struct Inputs {
+/// A head's inputs for some tokens, owned.
+struct Owned {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -22,7 +22,7 @@ struct Inputs {
 }
 
 /// `t` tokens of random inputs: unit keys, scaled queries, beta in (0, 1), g in [-1, 0].
-fn inputs(t: usize) -> Inputs {
+fn inputs(t: usize) -> Owned {
     let mut rng = StdRng::seed_from_u64(7);
     let mut unit = |scale: f32| -> Vec<f32> {
         let mut all = Vec::new();
@@ -41,12 +41,19 @@ fn inputs(t: usize) -> Inputs {
         .collect();
     let beta = (0..t).map(|_| rng.random_range(0.1..0.9)).collect();
     let g = (0..t).map(|_| rng.random_range(-1.0..0.0)).collect();
-    Inputs { q, k, v, beta, g }
+    Owned { q, k, v, beta, g }
 }
 
 fn delta_rule(c: &mut Criterion) {
     let size = DIMS.dk * DIMS.dv;
-    let Inputs { q, k, v, beta, g } = inputs(64);
+    let Owned { q, k, v, beta, g } = inputs(64);
+    let all = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        beta: &beta,
+        g: &g,
+    };
     let mut group = c.benchmark_group("delta_rule_128x128");
     let mut state = vec![0.01f32; size];
     let mut out = vec![0f32; 64 * DIMS.dv];
@@ -82,17 +89,19 @@ fn delta_rule(c: &mut Criterion) {
         })
     });
     group.bench_function("64 tokens, one chunk", |b| {
-        b.iter(|| chunked(&mut state, DIMS, &q, &k, &v, &beta, &g, 64, &mut out))
+        b.iter(|| chunked(&mut state, DIMS, &all, 64, &mut out))
     });
     // A tree of 16 nodes, depth about 4, laid out breadth first.
     let parents: Vec<Option<usize>> = (0..16).map(|i| (i > 0).then(|| (i - 1) / 3)).collect();
     let nodes = TreeTokens {
         parents: &parents,
-        q: &q[..16 * 128],
-        k: &k[..16 * 128],
-        v: &v[..16 * 128],
-        beta: &beta[..16],
-        g: &g[..16],
+        inputs: Inputs {
+            q: &q[..16 * 128],
+            k: &k[..16 * 128],
+            v: &v[..16 * 128],
+            beta: &beta[..16],
+            g: &g[..16],
+        },
     };
     let committed = vec![0.01f32; size];
     let mut stack = Vec::new();

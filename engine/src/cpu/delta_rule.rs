@@ -64,57 +64,73 @@ pub fn step(
     state_t_times(state, dims, q, out);
 }
 
-/// `t` tokens (`q`, `k`: `t x dk`; `v`, `out`: `t x dv`; `beta`, `g`: `t`) in chunks of at
-/// most `chunk` tokens, the parallel form within each: `state` moves from before the first
-/// token to after the last.
-#[allow(clippy::too_many_arguments)]
-pub fn chunked(
-    state: &mut [f32],
-    dims: HeadDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: &[f32],
-    g: &[f32],
-    chunk: usize,
-    out: &mut [f32],
-) {
-    let HeadDims { dk, dv } = dims;
-    let t = beta.len();
-    let chunk = chunk.max(1);
+/// Some tokens' inputs to one head, laid out row by row.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// Scaled queries, `tokens x dk`.
+    pub q: &'a [f32],
+    /// Unit keys, `tokens x dk`.
+    pub k: &'a [f32],
+    /// Values, `tokens x dv`.
+    pub v: &'a [f32],
+    /// Each token's `beta`.
+    pub beta: &'a [f32],
+    /// Each token's log-decay.
+    pub g: &'a [f32],
+}
+
+impl<'a> Inputs<'a> {
+    /// How many tokens.
+    pub fn len(&self) -> usize {
+        self.beta.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.beta.is_empty()
+    }
+
+    /// The tokens in `rows`.
+    fn rows(&self, dims: HeadDims, rows: std::ops::Range<usize>) -> Inputs<'a> {
+        let (dk, dv) = (dims.dk, dims.dv);
+        Inputs {
+            q: &self.q[rows.start * dk..rows.end * dk],
+            k: &self.k[rows.start * dk..rows.end * dk],
+            v: &self.v[rows.start * dv..rows.end * dv],
+            beta: &self.beta[rows.clone()],
+            g: &self.g[rows],
+        }
+    }
+
+    /// `step` for token `i`.
+    fn step(&self, state: &mut [f32], dims: HeadDims, i: usize, out: &mut [f32]) {
+        let (a, b) = (i * dims.dk, i * dims.dv);
+        let (q, k) = (&self.q[a..a + dims.dk], &self.k[a..a + dims.dk]);
+        let v = &self.v[b..b + dims.dv];
+        step(state, dims, q, k, v, self.beta[i], self.g[i], out);
+    }
+}
+
+/// The tokens of `x` (`out`: `tokens x dv`) in chunks of at most `chunk` tokens, the parallel
+/// form within each: `state` moves from before the first token to after the last.
+pub fn chunked(state: &mut [f32], dims: HeadDims, x: &Inputs<'_>, chunk: usize, out: &mut [f32]) {
+    let (t, chunk) = (x.len(), chunk.max(1));
     let mut start = 0;
     while start < t {
-        let c = chunk.min(t - start);
-        let rows = start..start + c;
-        one_chunk(
-            state,
-            dims,
-            &q[rows.start * dk..rows.end * dk],
-            &k[rows.start * dk..rows.end * dk],
-            &v[rows.start * dv..rows.end * dv],
-            &beta[rows.clone()],
-            &g[rows.clone()],
-            &mut out[rows.start * dv..rows.end * dv],
-        );
-        start += c;
+        let rows = start..(start + chunk).min(t);
+        let out = &mut out[rows.start * dims.dv..rows.end * dims.dv];
+        one_chunk(state, dims, &x.rows(dims, rows.clone()), out);
+        start = rows.end;
     }
 }
 
 /// A draft tree's tokens: each node's parent (an earlier node, or `None` for a child of the
-/// committed position) and its inputs, laid out as `chunked` takes them.
+/// committed position) and its inputs.
 pub struct TreeTokens<'a> {
     /// Each node's parent.
     pub parents: &'a [Option<usize>],
-    /// Scaled queries, `nodes x dk`.
-    pub q: &'a [f32],
-    /// Unit keys, `nodes x dk`.
-    pub k: &'a [f32],
-    /// Values, `nodes x dv`.
-    pub v: &'a [f32],
-    /// Each node's `beta`.
-    pub beta: &'a [f32],
-    /// Each node's log-decay.
-    pub g: &'a [f32],
+    /// Each node's inputs, in node order.
+    pub inputs: Inputs<'a>,
 }
 
 /// A draft tree from a committed `state` (left unchanged): each node's output (`out`, `nodes
@@ -188,17 +204,7 @@ fn advance(
     let entry = &mut after[0];
     entry.0 = node;
     entry.1[..size].copy_from_slice(&from[..size]);
-    let (a, b) = (node * dk, node * dv);
-    step(
-        &mut entry.1,
-        dims,
-        &nodes.q[a..a + dk],
-        &nodes.k[a..a + dk],
-        &nodes.v[b..b + dv],
-        nodes.beta[node],
-        nodes.g[node],
-        out,
-    );
+    nodes.inputs.step(&mut entry.1, dims, node, out);
 }
 
 /// `dot(a, b)`.
@@ -216,19 +222,10 @@ fn state_t_times(state: &[f32], dims: HeadDims, x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// One chunk of `c = beta.len()` tokens in the parallel form.
-#[allow(clippy::too_many_arguments)]
-fn one_chunk(
-    state: &mut [f32],
-    dims: HeadDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: &[f32],
-    g: &[f32],
-    out: &mut [f32],
-) {
+/// One chunk of tokens in the parallel form.
+fn one_chunk(state: &mut [f32], dims: HeadDims, x: &Inputs<'_>, out: &mut [f32]) {
     let HeadDims { dk, dv } = dims;
+    let Inputs { q, k, v, beta, g } = *x;
     let c = beta.len();
     // Cumulative log-decays within the chunk.
     let mut cum = Vec::with_capacity(c);
@@ -337,15 +334,16 @@ mod tests {
         Tokens { q, k, v, beta, g }
     }
 
-    /// `step` for token `i` of `x`.
-    fn step_token(state: &mut [f32], dims: HeadDims, x: &Tokens, i: usize, out: &mut [f32]) {
-        let (a, b) = (i * dims.dk, i * dims.dv);
-        let (q, k, v) = (
-            &x.q[a..a + dims.dk],
-            &x.k[a..a + dims.dk],
-            &x.v[b..b + dims.dv],
-        );
-        step(state, dims, q, k, v, x.beta[i], x.g[i], out);
+    impl Tokens {
+        fn inputs(&self) -> Inputs<'_> {
+            Inputs {
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                beta: &self.beta,
+                g: &self.g,
+            }
+        }
     }
 
     /// The recurrence in f64, token by token: outputs and the final state.
@@ -396,10 +394,9 @@ mod tests {
             let mut state = start.clone();
             let mut out = vec![0f32; t * dims.dv];
             for i in 0..t {
-                step_token(
+                x.inputs().step(
                     &mut state,
                     dims,
-                    &x,
                     i,
                     &mut out[i * dims.dv..(i + 1) * dims.dv],
                 );
@@ -412,9 +409,7 @@ mod tests {
             for chunk in [1, 3, 16, 64, 200] {
                 let mut state = start.clone();
                 let mut out = vec![0f32; t * dims.dv];
-                chunked(
-                    &mut state, dims, &x.q, &x.k, &x.v, &x.beta, &x.g, chunk, &mut out,
-                );
+                chunked(&mut state, dims, &x.inputs(), chunk, &mut out);
                 let (o, s) = (worst(&out, &want), worst(&state, &want_state));
                 assert!(
                     o < tolerance && s < tolerance,
@@ -436,11 +431,7 @@ mod tests {
         let mut stack = Vec::new();
         let nodes = TreeTokens {
             parents: &parents,
-            q: &x.q,
-            k: &x.k,
-            v: &x.v,
-            beta: &x.beta,
-            g: &x.g,
+            inputs: x.inputs(),
         };
         tree(&start, dims, &nodes, &mut stack, &mut out);
         assert!(
@@ -457,7 +448,7 @@ mod tests {
             let mut state = start.clone();
             let mut o = vec![0f32; dims.dv];
             for &n in &path {
-                step_token(&mut state, dims, &x, n, &mut o);
+                x.inputs().step(&mut state, dims, n, &mut o);
             }
             assert_eq!(o, out[node * dims.dv..(node + 1) * dims.dv], "node {node}");
         }
@@ -473,9 +464,11 @@ mod tests {
         let mut state = start.clone();
         let mut out = vec![0f32; 20 * 8];
         let none = vec![0f32; 20];
-        chunked(
-            &mut state, dims, &x.q, &x.k, &x.v, &x.beta, &none, 4, &mut out,
-        );
+        let undecayed = Inputs {
+            g: &none,
+            ..x.inputs()
+        };
+        chunked(&mut state, dims, &undecayed, 4, &mut out);
         assert!(worst(&out, &want) > 1e-3);
     }
 }
