@@ -377,21 +377,10 @@ fn weights_from(
                     o: proj("attn_output", Role::O, false)?,
                 })
             } else {
-                let h = config.hidden_size;
-                let linear = |name: &str, rows: usize| -> Result<Linear> {
-                    let full = format!("{p}.{name}.weight");
-                    let weight = tensor(&full)?;
-                    if weight.shape().dims() != [rows, h] {
-                        return Err(Error::Metadata(format!(
-                            "{full} is {:?}; [{rows}, {h}] expected",
-                            weight.shape().dims()
-                        )));
-                    }
-                    Linear::from_qtensor(weight, None, dtype)
-                };
                 let conv = dense(tensor(&format!("{p}.shortconv.conv.weight"))?)?;
-                let in_proj = linear("shortconv.in_proj", 3 * h)?;
-                let out_proj = linear("shortconv.out_proj", h)?;
+                let in_proj = proj("shortconv.in_proj", Role::ConvIn, false)?;
+                let out_proj = proj("shortconv.out_proj", Role::ConvOut, false)?;
+                let h = config.hidden_size;
                 Box::new(ShortConvWeights::new(in_proj, &conv, out_proj, h)?)
             };
             (mixer, mlp)

@@ -330,19 +330,10 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
             }),
             _ => {
-                let h = config.hidden_size;
-                let linear = |name: &str, rows: usize| -> Result<Linear> {
-                    let weight = load(&format!("{p}.conv.{name}.weight"))?;
-                    if weight.dims() != [rows, h] {
-                        return Err(Error::Metadata(format!(
-                            "{p}.conv.{name}.weight is {:?}; [{rows}, {h}] expected",
-                            weight.dims()
-                        )));
-                    }
-                    Linear::from_dense(weight, None, dtype)
-                };
                 let conv = f32_of(&format!("{p}.conv.conv.weight"))?;
-                let (in_proj, out_proj) = (linear("in_proj", 3 * h)?, linear("out_proj", h)?);
+                let in_proj = proj(&format!("{p}.conv.in_proj"), Role::ConvIn, false)?;
+                let out_proj = proj(&format!("{p}.conv.out_proj"), Role::ConvOut, false)?;
+                let h = config.hidden_size;
                 Box::new(ShortConvWeights::new(in_proj, &conv, out_proj, h)?)
             }
         };

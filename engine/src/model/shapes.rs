@@ -33,6 +33,10 @@ pub enum Role {
     Qkv,
     /// MLP gate and up projections fused, in that order.
     GateUp,
+    /// A short convolution's input projection (`B`, `C` and `x`).
+    ConvIn,
+    /// A short convolution's output projection.
+    ConvOut,
 }
 
 /// The expected shapes of one config's layer weights.
@@ -69,6 +73,8 @@ impl Shapes {
             Role::HeadNorm => vec![self.head],
             Role::Qkv => vec![self.attention + 2 * self.kv, self.hidden],
             Role::GateUp => vec![2 * self.inner, self.hidden],
+            Role::ConvIn => vec![3 * self.hidden, self.hidden],
+            Role::ConvOut => vec![self.hidden, self.hidden],
         }
     }
 
