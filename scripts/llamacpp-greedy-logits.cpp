@@ -1,20 +1,29 @@
 // Greedy decoding with llama.cpp's library, printing every step's logits: the reference for
 // thicket's tiny-model checks against llama.cpp (see scripts/rope-scaling-reference.py).
 //
-//   llamacpp-greedy-logits MODEL.gguf N_CTX STEPS TOKEN...
+//   llamacpp-greedy-logits [--no-flash-attn] MODEL.gguf N_CTX STEPS TOKEN...
 //
 // Feeds the prompt tokens as one batch, then each greedy token on its own, with f32 K/V and
 // two threads; prints one JSON object per line: {"step": i, "token": t, "logits": [...]},
-// `logits` being those that chose `token` (the prompt's last row for step 0).
+// `logits` being those that chose `token` (the prompt's last row for step 0). Flash attention
+// is left to llama.cpp (on for the CPU), which casts f32 K and V to f16 before attending;
+// `--no-flash-attn` turns it off, so attention runs in f32 like the rest.
 #include "llama.h"
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 int main(int argc, char ** argv) {
+    const bool no_flash_attn = argc > 1 && std::strcmp(argv[1], "--no-flash-attn") == 0;
+    if (no_flash_attn) {
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     if (argc < 5) {
-        std::fprintf(stderr, "usage: %s MODEL N_CTX STEPS TOKEN...\n", argv[0]);
+        std::fprintf(stderr, "usage: %s [--no-flash-attn] MODEL N_CTX STEPS TOKEN...\n", argv[0]);
         return 2;
     }
     const int n_ctx = std::atoi(argv[2]);
@@ -39,6 +48,9 @@ int main(int argc, char ** argv) {
     cp.n_threads_batch = 2;
     cp.type_k = GGML_TYPE_F32;
     cp.type_v = GGML_TYPE_F32;
+    if (no_flash_attn) {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         std::fprintf(stderr, "cannot make a context\n");

@@ -8,7 +8,11 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
 - `yarn`: tests/data/qwen3_yarn_llamacpp.json, the tiny YaRN Qwen3 of `tests/model/yarn.rs`
   (factor 4 over an original context of 256), with a context of 1024;
 - `lfm2`: tests/data/lfm2_llamacpp.json, the tiny LFM2 hybrid of `tests/model/lfm2.rs` (short
-  convolutions and attention), with a context of 256.
+  convolutions and attention), with a context of 256;
+- `qwen35`: tests/data/qwen35_llamacpp.json, the tiny dense Qwen3.5 hybrid of
+  `tests/model/qwen35.rs` (Gated DeltaNet and gated attention), with a context of 256;
+- `qwen35moe`: tests/data/qwen35moe_llamacpp.json, the same hybrid with routed experts and a
+  gated shared expert, with a context of 256.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -20,7 +24,9 @@ llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
 
 For each case the script has thicket's test suite write the tiny GGUF (`write_the_reference_gguf`,
 an ignored test), compiles `scripts/llamacpp-greedy-logits.cpp` against the library, and runs it
-for 33 steps (the prompt, then 32 greedy tokens) in each context, with f32 K/V.
+for 33 steps (the prompt, then 32 greedy tokens) in each context, with f32 K/V. llama.cpp's
+CPU flash attention (on unless turned off) casts K and V to f16 before attending; the Qwen3.5
+cases turn it off, so their logits are llama.cpp's f32 arithmetic throughout.
 """
 
 import argparse
@@ -35,14 +41,18 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROMPT = [5, 17, 123, 42, 250, 3]
 STEPS = 33
-# name: (the ignored test that writes the GGUF, contexts, output file)
+# name: (the ignored test that writes the GGUF, contexts, output file, flash attention)
 CASES = {
     "longrope": ("model::longrope::write_the_reference_gguf", [256, 1024],
-                 "tests/data/phi3_longrope_llamacpp.json"),
+                 "tests/data/phi3_longrope_llamacpp.json", True),
     "yarn": ("model::yarn::write_the_reference_gguf", [1024],
-             "tests/data/qwen3_yarn_llamacpp.json"),
+             "tests/data/qwen3_yarn_llamacpp.json", True),
     "lfm2": ("model::lfm2::write_the_reference_gguf", [256],
-             "tests/data/lfm2_llamacpp.json"),
+             "tests/data/lfm2_llamacpp.json", True),
+    "qwen35": ("model::qwen35::write_the_reference_gguf", [256],
+               "tests/data/qwen35_llamacpp.json", False),
+    "qwen35moe": ("model::qwen35::write_the_moe_reference_gguf", [256],
+                  "tests/data/qwen35moe_llamacpp.json", False),
 }
 
 
@@ -57,7 +67,7 @@ def main():
         write_case(src, *CASES[case])
 
 
-def write_case(src, test, contexts, out):
+def write_case(src, test, contexts, out, flash_attn):
     lib = src / "build" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         gguf = pathlib.Path(tmp) / "tiny.gguf"
@@ -74,9 +84,11 @@ def write_case(src, test, contexts, out):
              "-o", str(tool)],
             check=True)
         runs = []
+        flag = [] if flash_attn else ["--no-flash-attn"]
         for n_ctx in contexts:
             printed = subprocess.run(
-                [str(tool), str(gguf), str(n_ctx), str(STEPS)] + [str(t) for t in PROMPT],
+                [str(tool)] + flag + [str(gguf), str(n_ctx), str(STEPS)]
+                + [str(t) for t in PROMPT],
                 check=True, capture_output=True, text=True).stdout
             steps = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
             assert len(steps) == STEPS, f"{len(steps)} steps"
@@ -87,7 +99,8 @@ def write_case(src, test, contexts, out):
             })
         record = {
             "made_by": "scripts/rope-scaling-reference.py",
-            "llama_cpp": "0c1e570 (llama-cpp-python 0.3.36), AVX2 build, f32 K/V",
+            "llama_cpp": "0c1e570 (llama-cpp-python 0.3.36), AVX2 build, f32 K/V"
+                         + ("" if flash_attn else ", no flash attention"),
             "gguf_sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
             "prompt": PROMPT,
             "runs": runs,

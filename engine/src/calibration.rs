@@ -16,7 +16,7 @@ use crate::model::fused_pass;
 pub use crate::model::fused_pass::ForwardProfile;
 use crate::model::Model;
 use crate::tree::TokenTree;
-use crate::tree_batch::{LogitRows, TreeBatch};
+use crate::tree_batch::{LogitRows, SeqState, TreeBatch};
 use crate::{Error, Result};
 
 /// One measured point.
@@ -85,6 +85,14 @@ pub fn forward_costs(
             let context: Vec<u32> = (0..context_len).map(token).collect();
             let mut batch = TreeBatch::new(block_size);
             batch.push(0, &table, &TokenTree::chain(&context), LogitRows::None)?;
+            // A model with recurrent layers keeps the context's state in slot 0.
+            batch.set_state(
+                0,
+                SeqState {
+                    slot: 0,
+                    commits: true,
+                },
+            )?;
             backend.forward(&batch)?;
         }
         backends.push(backend);
@@ -108,6 +116,14 @@ pub fn forward_costs(
                 &table,
                 &TokenTree::chain(&tokens),
                 LogitRows::All,
+            )?;
+            // Verified, not kept: every repeat starts from the context's state.
+            batch.set_state(
+                0,
+                SeqState {
+                    slot: 0,
+                    commits: false,
+                },
             )?;
             Ok(batch)
         })

@@ -58,6 +58,8 @@ impl EngineConfig {
         max_num_seqs: usize,
         max_num_batched_tokens: usize,
     ) -> (usize, Option<WindowConfig>) {
+        // Recurrent states are fixed bytes per running sequence, taken off the top.
+        let bytes = bytes.saturating_sub(model.state_bytes_per_sequence() * max_num_seqs);
         let shared = Self::kv_blocks_for(model, bytes, block_size);
         let Some(window) = model.kv_window() else {
             return (shared, None);
@@ -137,6 +139,16 @@ pub fn spawn(
         ),
         None => tracing::info!("KV pool: {} blocks of {} positions", kv.num_blocks, kv.block_size),
     }
+    let state = model.state_bytes_per_sequence();
+    if state > 0 {
+        tracing::info!(
+            "recurrent state: {} KiB a running sequence, whatever its length ({} MiB for {} \
+             sequences)",
+            state / 1024,
+            state * config.scheduler.max_num_seqs / (1 << 20),
+            config.scheduler.max_num_seqs
+        );
+    }
     let backend = backend::for_model_spaces(model, num_slots, window_slots)?;
     tracing::info!("backend: {}", backend.describe());
     spawn_with_backend(backend, tokenizer, eos_ids, config)
@@ -147,8 +159,37 @@ pub fn spawn_with_backend(
     mut backend: Box<dyn Backend>,
     tokenizer: Arc<ModelTokenizer>,
     eos_ids: Vec<u32>,
-    config: EngineConfig,
+    mut config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
+    if backend.recurrent() && config.scheduler.kv.prefix_caching {
+        // A cached prefix would need the recurrent state at its end, which is not kept per
+        // block yet: every prompt is computed from its first token.
+        tracing::info!(
+            "prefix caching is off: the model's recurrent layers keep no state snapshots at \
+             block boundaries yet"
+        );
+        config.scheduler.kv.prefix_caching = false;
+    }
+    let unfolded = crate::model::config::UNFOLDED_POSITIONS - 1;
+    if backend.recurrent() && config.speculation.max_draft_tokens > unfolded {
+        // An accepted path is folded into the recurrent state from the inputs the store
+        // keeps for that many positions.
+        tracing::info!(
+            "drafts are capped at {unfolded} tokens: a recurrent layer folds an accepted path \
+             into its state from the last {} positions' inputs",
+            crate::model::config::UNFOLDED_POSITIONS
+        );
+        config.speculation.max_draft_tokens = unfolded;
+    }
+    if let Some(draft) = &config.speculation.draft_model {
+        if draft.model.is_recurrent() {
+            return Err(Error::Metadata(
+                "the draft model has recurrent layers (Gated DeltaNet), which a draft model \
+                 cannot have yet: use a draft model whose layers all attend or convolve"
+                    .into(),
+            ));
+        }
+    }
     let scheduler = Scheduler::new(config.scheduler)
         .map_err(|e| Error::InvalidBatch(format!("engine configuration: {e}")))?;
     let vocab_size = backend.vocab_size();

@@ -206,6 +206,16 @@ impl TreeMask {
             })
     }
 
+    /// Row `i`'s parent, where it has one.
+    pub fn parent(&self, i: usize) -> Option<usize> {
+        self.ancestors_nearest_first(i).next()
+    }
+
+    /// Whether every row's parent is the row before it (a chain).
+    pub fn is_chain(&self) -> bool {
+        (0..self.len).all(|i| self.count_visible(i) == i + 1)
+    }
+
     /// How many nodes row `i` sees.
     pub fn count_visible(&self, i: usize) -> usize {
         self.bits[i * self.words_per_row..(i + 1) * self.words_per_row]

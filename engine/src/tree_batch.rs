@@ -52,6 +52,22 @@ pub struct SeqEntry {
     pub context_slots: Vec<usize>,
     /// The context in the windowed layers' own slot space, where they have one.
     pub window_context: Option<WindowContext>,
+    /// The sequence's state slot in the layers that carry a recurrent state, where the model
+    /// has such layers (`TreeBatch::set_state`).
+    pub state: Option<SeqState>,
+}
+
+/// Where a sequence's recurrent state lives and what the forward does with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqState {
+    /// The state slot: one per live sequence, its own until it ends.
+    pub slot: usize,
+    /// The rows are a chain that the sequence keeps whatever is sampled (a prefill chunk, a
+    /// plain decode step): the forward leaves the state after its last row in the slot.
+    /// Otherwise (a draft tree) the slot keeps the state at the context's end, and the next
+    /// forward folds in the path that was accepted, from the inputs the store keeps per
+    /// position.
+    pub commits: bool,
 }
 
 /// A sequence's context as its windowed table holds it: positions `first..context_len`.
@@ -172,8 +188,24 @@ impl TreeBatch {
             mask: tree.mask(),
             context_slots,
             window_context,
+            state: None,
         });
         Ok(rows)
+    }
+
+    /// Names the recurrent state of the batch's sequence `seq` (its index in `seqs`).
+    pub fn set_state(&mut self, seq: usize, state: SeqState) -> Result<()> {
+        let entry = self
+            .seqs
+            .get_mut(seq)
+            .ok_or_else(|| Error::InvalidBatch(format!("no sequence {seq} in the batch")))?;
+        if state.commits && !entry.mask.is_chain() {
+            return Err(Error::InvalidBatch(
+                "a sequence whose rows branch cannot commit them all".into(),
+            ));
+        }
+        entry.state = Some(state);
+        Ok(())
     }
 
     /// Also returns the logits of `row` (after every row requested so far).

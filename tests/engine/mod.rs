@@ -9,6 +9,7 @@ mod lfm2;
 mod masked_sampling;
 mod mock_backend;
 mod prediction;
+mod qwen35;
 mod requests;
 mod speculation;
 mod speculator_seam;

@@ -16,7 +16,7 @@ use engine::cpu::kv_store::KvDtype;
 use engine::model::config::Architecture;
 use engine::model::testing::TinyModelSpec;
 use engine::sampler::argmax;
-use engine::{LogitRows, Model, TokenTree, TreeBatch};
+use engine::{LogitRows, Model, SeqState, TokenTree, TreeBatch};
 
 use crate::support::fixtures::{one_sequence, tiny_model};
 
@@ -76,6 +76,8 @@ pub(crate) fn compare_within(
         batch
             .push(pos, &table, &TokenTree::chain(&input), LogitRows::Last)
             .unwrap();
+        // A recurrent layer's state (slot 0) follows the kept chain; others ignore it.
+        batch.set_state(0, KEPT).unwrap();
         let mine = ours.forward(&batch, &mut kv).unwrap();
         let mine = mine.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let x = Tensor::new(input.as_slice(), &Device::Cpu)
@@ -106,6 +108,18 @@ pub(crate) fn compare_within(
     }
     found
 }
+
+/// The one sequence of a test's batches, in state slot 0, keeping its rows.
+pub(crate) const KEPT: SeqState = SeqState {
+    slot: 0,
+    commits: true,
+};
+
+/// The one sequence of a test's batches, in state slot 0, its rows verified but not kept.
+pub(crate) const VERIFIED: SeqState = SeqState {
+    slot: 0,
+    commits: false,
+};
 
 /// Logits agree within this fraction of their largest magnitude: the two implementations
 /// compute the same f32 expressions but sum attention and norms in different orders.

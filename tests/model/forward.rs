@@ -8,7 +8,9 @@ use crate::support::plain_greedy::{
 use candle_core::{IndexOp, Tensor};
 use engine::cpu::attention::AttentionKernel;
 use engine::model::testing::TinyModelSpec;
-use engine::{LogitRows, Model, PagedKvStore, TokenTree, TreeBatch};
+use engine::{LogitRows, Model, PagedKvStore, SeqState, TokenTree, TreeBatch};
+
+use super::families::{KEPT, VERIFIED};
 use kvcache::{BlockId, BlockPool, BlockTable, ManagerConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,12 +37,14 @@ pub(crate) fn tree_vs_chains(model: &Model, prefix: &[u32], tree: &TokenTree) ->
     batch
         .push(0, &table, &TokenTree::chain(prefix), LogitRows::None)
         .unwrap();
+    batch.set_state(0, KEPT).unwrap();
     model.forward(&batch, &mut kv).unwrap();
 
     let mut batch = TreeBatch::new(bs);
     batch
         .push(prefix.len(), &table, tree, LogitRows::All)
         .unwrap();
+    batch.set_state(0, VERIFIED).unwrap();
     let tree_logits = model.forward(&batch, &mut kv).unwrap();
 
     let mut worst = 0.0f32;
@@ -59,6 +63,7 @@ pub(crate) fn tree_vs_chains(model: &Model, prefix: &[u32], tree: &TokenTree) ->
                 LogitRows::Last,
             )
             .unwrap();
+        batch.set_state(0, VERIFIED).unwrap();
         let chain_logits = model.forward(&batch, &mut kv).unwrap();
         let diff = max_abs_diff(&tree_logits.i(node).unwrap(), &chain_logits.i(0).unwrap());
         worst = worst.max(diff);
@@ -384,6 +389,12 @@ pub(crate) fn prompt_then_tree_bits(model: &Model) -> Vec<u32> {
             batch
                 .push(context, &tables[s], &tree, LogitRows::All)
                 .unwrap();
+            // Recurrent layers: each sequence keeps its prompt, not its tree.
+            let state = SeqState {
+                slot: s,
+                commits: step == 0,
+            };
+            batch.set_state(s, state).unwrap();
         }
         let logits = model.forward(&batch, &mut kv).unwrap();
         bits.extend(

@@ -82,6 +82,10 @@ impl Backend for CpuBackend {
         self.store.apply_moves(moves)
     }
 
+    fn recurrent(&self) -> bool {
+        self.model.is_recurrent()
+    }
+
     fn prefault_kv(&mut self) {
         self.store.prefault();
     }

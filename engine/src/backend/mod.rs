@@ -45,6 +45,11 @@ pub trait Backend: Send + 'static {
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
     /// Copies KV rows, in order (copy-on-write and compaction).
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
+    /// Whether the model has layers that carry a recurrent state per sequence: every batch
+    /// then names each sequence's state slot (`TreeBatch::set_state`).
+    fn recurrent(&self) -> bool {
+        false
+    }
     /// Has the OS map the KV pool's memory now, before any request runs, where it is
     /// allocated lazily (host memory); a backend whose pool is resident from allocation does
     /// nothing.

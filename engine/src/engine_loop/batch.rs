@@ -10,7 +10,7 @@ use super::{missing, Engine};
 use crate::metrics as names;
 use crate::spec::speculator::Before;
 use crate::tree::TokenTree;
-use crate::tree_batch::{LogitRows, TreeBatch};
+use crate::tree_batch::{LogitRows, SeqState, TreeBatch};
 use crate::Result;
 
 /// A step's batch, with what the speculators read beside its computed rows.
@@ -47,8 +47,19 @@ impl Engine {
                 .block_table(s.seq)
                 .ok_or_else(|| missing(s.seq))?;
             let window = self.scheduler.window_table(s.seq);
+            let state = self.states.of(s.seq);
             if let Some(tree) = tree {
                 batch.push_windowed(s.num_computed, table, window, tree, LogitRows::All)?;
+                if let Some(slot) = state {
+                    let last = batch.seqs.len() - 1;
+                    batch.set_state(
+                        last,
+                        SeqState {
+                            slot,
+                            commits: false,
+                        },
+                    )?;
+                }
             } else {
                 let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
                 let rows = if s.samples {
@@ -58,6 +69,17 @@ impl Engine {
                 };
                 let chain = TokenTree::chain(fed);
                 let pushed = batch.push_windowed(s.num_computed, table, window, &chain, rows)?;
+                if let Some(slot) = state {
+                    // A chain's tokens are the sequence's own: kept whatever is sampled.
+                    let last = batch.seqs.len() - 1;
+                    batch.set_state(
+                        last,
+                        SeqState {
+                            slot,
+                            commits: true,
+                        },
+                    )?;
+                }
                 if let Some(drafter) = self.records.get(&s.seq).and_then(|r| r.drafter.as_ref()) {
                     // A sampled row's logits are computed (and observed) anyway.
                     let unsampled = fed.len() - usize::from(s.samples);

@@ -46,9 +46,11 @@ mod drafting;
 mod emit;
 mod forward;
 mod record;
+mod states;
 mod step_output;
 
 use record::SeqRecord;
+use states::StateSlots;
 
 use crate::backend::Backend;
 use crate::constraint::{Constraint, TokenMask};
@@ -117,6 +119,8 @@ pub(crate) struct Engine {
     requests: HashMap<u64, ActiveRequest>,
     /// One record per live sequence: everything the engine keeps about it.
     records: HashMap<SeqId, SeqRecord>,
+    /// The running sequences' recurrent state slots (a model with recurrent layers).
+    states: StateSlots,
     spec: Speculation,
     next_seq: u64,
 }
@@ -151,6 +155,7 @@ impl Engine {
             pending,
         } = parts;
         Self {
+            states: StateSlots::new(backend.recurrent()),
             backend,
             tokenizer,
             eos_ids,
@@ -292,6 +297,7 @@ impl Engine {
                 .finished(s.tokens(), s.num_prompt_tokens(), s.cache_scope());
         }
         self.scheduler.abort(seq);
+        self.states.release(seq);
         let record = self.records.remove(&seq)?;
         if let Some(drafter) = &record.drafter {
             self.spec.release(seq, drafter);
@@ -330,6 +336,12 @@ impl Engine {
             }
         }
         metrics::counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
+        for &seq in &plan.preempted {
+            self.states.release(seq);
+        }
+        for s in &plan.scheduled {
+            self.states.take(s.seq);
+        }
         if plan.is_empty() {
             self.fail_unschedulable();
             return;

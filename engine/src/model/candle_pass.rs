@@ -47,6 +47,7 @@ impl Model {
             let at = CandleAt {
                 model: self,
                 index,
+                batch,
                 seen: windows.batch(cfg.layer_reach(index)).unwrap_or(batch),
                 rope: (cos, sin),
             };

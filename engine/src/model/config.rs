@@ -143,6 +143,68 @@ pub enum LayerMixer {
         /// Positions the convolution spans, the row's own included.
         kernel: usize,
     },
+    /// Gated DeltaNet (Qwen3.5, Qwen3-Next): a causal convolution over the last `kernel`
+    /// positions of the projected queries, keys and values, then the gated delta rule with a
+    /// recurrent state per value head, a gated RMSNorm of its output and the output
+    /// projection.
+    DeltaNet(DeltaNetShape),
+}
+
+/// Positions a Gated DeltaNet layer keeps the inputs of, beyond its convolution's window: a
+/// draft path accepted by verification is folded into the sequence's state from them at the
+/// next forward, so they bound the tokens one verification can accept.
+pub const UNFOLDED_POSITIONS: usize = 96;
+
+/// The heads of a Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeltaNetShape {
+    /// Positions the convolution spans, the row's own included.
+    pub kernel: usize,
+    /// Query and key heads.
+    pub key_heads: usize,
+    /// Value heads (each with its own state), a multiple of `key_heads`.
+    pub value_heads: usize,
+    /// Width of a query or key head (the state's rows).
+    pub key_dim: usize,
+    /// Width of a value head (the state's columns).
+    pub value_dim: usize,
+    /// Which key head each value head reads.
+    pub key_heads_of_values: KeyHeadsOfValues,
+}
+
+impl DeltaNetShape {
+    /// Channels of the convolution: queries, keys, then values.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Width of the values (and of the output gate).
+    pub fn value_width(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+
+    /// Floats of one sequence's state: a `key_dim x value_dim` matrix per value head.
+    pub fn state_len(&self) -> usize {
+        self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// The key head value head `head` reads.
+    pub fn key_head_of(&self, head: usize) -> usize {
+        match self.key_heads_of_values {
+            KeyHeadsOfValues::Tiled => head % self.key_heads.max(1),
+            KeyHeadsOfValues::Grouped => head / (self.value_heads / self.key_heads.max(1)).max(1),
+        }
+    }
+}
+
+/// How the value heads of a Gated DeltaNet layer share its key heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyHeadsOfValues {
+    /// Value head `j` reads key head `j % key_heads` (Qwen3.5 as llama.cpp lays it out).
+    #[default]
+    Tiled,
+    /// Value head `j` reads key head `j / (value_heads / key_heads)` (Qwen3-Next).
+    Grouped,
 }
 
 /// What a family changes in the llama forward, resolved for one model. The default is the
@@ -176,6 +238,9 @@ pub struct Variant {
     pub moe: Option<Moe>,
     /// Per layer, bottom first, its token mixer; empty means every layer attends.
     pub mixers: Vec<LayerMixer>,
+    /// The query projection gives each head's query and then its output gate; the head's
+    /// attention output is multiplied by the sigmoid of the gate (Qwen3.5, Qwen3-Next).
+    pub gated_attention: bool,
 }
 
 /// A mixture-of-experts MLP: a softmax router over `num_experts` gated MLPs of width
@@ -240,6 +305,7 @@ impl ModelConfig {
         match self.layer_mixer(index) {
             LayerMixer::Attention => self.layer_attention(index).window,
             LayerMixer::ShortConv { kernel } => Some(kernel),
+            LayerMixer::DeltaNet(shape) => Some(shape.kernel + UNFOLDED_POSITIONS),
         }
     }
 
@@ -280,6 +346,24 @@ impl ModelConfig {
             .any(|m| matches!(m, LayerMixer::ShortConv { kernel: 0 }))
         {
             return bad("a short convolution must span at least one position");
+        }
+        for m in &v.mixers {
+            if let LayerMixer::DeltaNet(d) = m {
+                if d.kernel == 0
+                    || d.key_heads == 0
+                    || d.key_dim == 0
+                    || d.value_dim == 0
+                    || d.value_heads == 0
+                    || !d.value_heads.is_multiple_of(d.key_heads)
+                {
+                    return bad(&format!(
+                        "a Gated DeltaNet layer of {} key heads and {} value heads of {}x{} \
+                         with a convolution of {}: every size must be positive and value \
+                         heads a multiple of key heads",
+                        d.key_heads, d.value_heads, d.key_dim, d.value_dim, d.kernel
+                    ));
+                }
+            }
         }
         if let Some(moe) = &v.moe {
             if moe.num_experts == 0

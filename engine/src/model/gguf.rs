@@ -19,14 +19,15 @@ use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::experts::load::GgufTensors;
 use crate::model::experts::prepared::PreparedExperts;
 use crate::model::gguf_keys::{
-    as_f32, as_u64, attending_kv_heads, expert_facts, longrope, rope_scaling,
+    as_f32, as_u64, attending_kv_heads, delta_net_shape, expert_facts, longrope, recurrent_layers,
+    rope_scaling,
 };
 use crate::model::linear::Linear;
-use crate::model::shapes::{split_quantized, unfused, Role, Shapes};
+use crate::model::shapes::{deal_quantized, split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{
-    AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights, ShortConvWeights,
-    TokenMixer,
+    AttentionWeights, DeltaNetParts, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp,
+    ModelWeights, ShortConvWeights, TokenMixer,
 };
 use crate::{Error, Result};
 
@@ -135,6 +136,9 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         experts: expert_facts(md, &key, family)?,
         kv_heads_per_layer,
         conv_kernel: optional_usize("shortconv.l_cache")?,
+        delta_net: delta_net_shape(md, &key)?,
+        recurrent_layers: recurrent_layers(md, &key)?,
+        full_attention_interval: optional_usize("full_attention_interval")?,
     };
     let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
         (_, Some(width)) => width,
@@ -346,6 +350,7 @@ fn weights_from(
                 k,
                 v,
                 o,
+                output_gate: None,
             };
             (Box::new(attention), Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
@@ -369,13 +374,74 @@ fn weights_from(
                 } else {
                     None
                 };
+                let linear = |t: QTensor| Linear::from_qtensor(t, None, dtype);
+                let fused_qkv = format!("{p}.attn_qkv.weight");
+                let (q, k, v, output_gate) = match config.variant.gated_attention {
+                    // Each head's query and gate, then keys and values, in one tensor.
+                    true if has(&fused_qkv) => {
+                        let weight = tensor(&fused_qkv)?;
+                        let kv = config.kv_row_width();
+                        let parts = [2 * config.attention_width(), kv, kv];
+                        let [qg, k, v] = <[QTensor; 3]>::try_from(split_quantized(
+                            &weight, &parts,
+                        )?)
+                        .map_err(|_| Error::Metadata(format!("{fused_qkv} split wrongly")))?;
+                        let [q, gate] = deal_quantized(&qg, config.head_dim)?;
+                        (linear(q)?, linear(k)?, linear(v)?, Some(linear(gate)?))
+                    }
+                    true => {
+                        let full = format!("{p}.attn_q.weight");
+                        let weight = tensor(&full)?;
+                        shapes.check(&full, Role::GatedQ, weight.shape().dims())?;
+                        let [q, gate] = deal_quantized(&weight, config.head_dim)?;
+                        let (k, v) = (
+                            proj("attn_k", Role::Kv, bias)?,
+                            proj("attn_v", Role::Kv, bias)?,
+                        );
+                        (linear(q)?, k, v, Some(linear(gate)?))
+                    }
+                    false => (
+                        proj("attn_q", Role::Q, bias)?,
+                        proj("attn_k", Role::Kv, bias)?,
+                        proj("attn_v", Role::Kv, bias)?,
+                        None,
+                    ),
+                };
                 Box::new(AttentionWeights {
                     qk_norm,
-                    q: proj("attn_q", Role::Q, bias)?,
-                    k: proj("attn_k", Role::Kv, bias)?,
-                    v: proj("attn_v", Role::Kv, bias)?,
+                    q,
+                    k,
+                    v,
                     o: proj("attn_output", Role::O, false)?,
+                    output_gate,
                 })
+            } else if let LayerMixer::DeltaNet(shape) = config.layer_mixer(i) {
+                let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+                    let t = dense(tensor(&format!("{p}.{name}"))?)?.flatten_all()?;
+                    let values = t.to_vec1::<f32>()?;
+                    if values.len() != len {
+                        return Err(Error::Metadata(format!(
+                            "tensor {p}.{name} has {} values, {len} expected",
+                            values.len()
+                        )));
+                    }
+                    Ok(values)
+                };
+                let heads = shape.value_heads;
+                Box::new(DeltaNetWeights::new(
+                    shape,
+                    DeltaNetParts {
+                        qkv: proj("attn_qkv", Role::DeltaQkv, false)?,
+                        gate: proj("attn_gate", Role::DeltaGate, false)?,
+                        beta: proj("ssm_beta", Role::DeltaHeads, false)?,
+                        alpha: proj("ssm_alpha", Role::DeltaHeads, false)?,
+                        conv: dense(tensor(&format!("{p}.ssm_conv1d.weight"))?)?,
+                        dt_bias: vector("ssm_dt.bias", heads)?,
+                        decay: vector("ssm_a", heads)?,
+                        norm: vector("ssm_norm.weight", shape.value_dim)?,
+                        out: proj("ssm_out", Role::DeltaOut, false)?,
+                    },
+                )?)
             } else {
                 let conv = dense(tensor(&format!("{p}.shortconv.conv.weight"))?)?;
                 let in_proj = proj("shortconv.in_proj", Role::ConvIn, false)?;
@@ -397,7 +463,11 @@ fn weights_from(
             attn_norm: norm("attn_norm", Role::Norm)?,
             post_norms,
             mixer,
-            mlp_norm: norm("ffn_norm", Role::Norm)?,
+            mlp_norm: match has(&format!("{p}.ffn_norm.weight")) {
+                true => norm("ffn_norm", Role::Norm)?,
+                // Qwen3.5's converter names the norm before the MLP after the attention.
+                false => norm("post_attention_norm", Role::Norm)?,
+            },
             mlp,
         });
     }

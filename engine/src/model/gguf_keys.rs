@@ -1,15 +1,72 @@
 //! Typed readers of a GGUF file's `{arch}.*` metadata beyond plain numbers: the mixture of
 //! experts a file declares, RoPE scaling (linear, YaRN, Phi-3's LongRoPE), per-layer KV head
-//! counts (a hybrid's layers without KV), and integers and floats of whichever width the
-//! converter wrote.
+//! counts (a hybrid's layers without KV), a Gated DeltaNet layer's shape and which layers
+//! are recurrent, and integers and floats of whichever width the converter wrote.
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
 
 use crate::model::arch::ExpertFacts;
-use crate::model::config::{ModelConfig, RopeScaling};
+use crate::model::config::{DeltaNetShape, ModelConfig, RopeScaling};
 use crate::{Error, Result};
+
+/// `{arch}.ssm.*` as a Gated DeltaNet layer's shape (llama.cpp's names: `conv_kernel`,
+/// `group_count` key heads, `time_step_rank` value heads, `state_size` the key head's width,
+/// `inner_size` every value head's), or `None` where the file has no `ssm.conv_kernel`.
+pub(super) fn delta_net_shape(
+    md: &HashMap<String, Value>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<DeltaNetShape>> {
+    let number = |name: &str| -> Result<Option<usize>> {
+        md.get(&key(name))
+            .map(|v| as_u64(v, &key(name)).map(|x| x as usize))
+            .transpose()
+    };
+    let Some(kernel) = number("ssm.conv_kernel")? else {
+        return Ok(None);
+    };
+    let need = |name: &str| -> Result<usize> {
+        number(name)?.ok_or_else(|| Error::Metadata(format!("missing {}", key(name))))
+    };
+    let (key_heads, value_heads) = (need("ssm.group_count")?, need("ssm.time_step_rank")?);
+    let (key_dim, inner) = (need("ssm.state_size")?, need("ssm.inner_size")?);
+    if value_heads == 0 || !inner.is_multiple_of(value_heads) {
+        return Err(Error::Metadata(format!(
+            "{} = {inner} is not a whole number of {value_heads} value heads",
+            key("ssm.inner_size")
+        )));
+    }
+    Ok(Some(DeltaNetShape {
+        kernel,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim: inner / value_heads,
+        ..DeltaNetShape::default()
+    }))
+}
+
+/// `{arch}.attention.recurrent_layers`: per layer, whether it is recurrent, where the file
+/// lists them (booleans or integers).
+pub(super) fn recurrent_layers(
+    md: &HashMap<String, Value>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<Vec<bool>>> {
+    let name = key("attention.recurrent_layers");
+    match md.get(&name) {
+        None => Ok(None),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|v| match v {
+                Value::Bool(b) => Ok(*b),
+                other => Ok(as_u64(other, &name)? != 0),
+            })
+            .collect::<Result<Vec<bool>>>()
+            .map(Some),
+        Some(_) => Err(Error::Metadata(format!("{name} is not an array"))),
+    }
+}
 
 /// `{arch}.expert_count` and its companions: the mixture a file declares (`None` where it
 /// declares no experts). The router must be a softmax (`expert_gating_func` 1, as llama.cpp

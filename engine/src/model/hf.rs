@@ -184,6 +184,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
         )?,
         conv_kernel: hf.hybrid.conv_kernel(),
+        ..FileFacts::default()
     };
     let config = ModelConfig {
         architecture,
@@ -328,6 +329,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 k,
                 v,
                 o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
+                output_gate: None,
             }),
             _ => {
                 let conv = f32_of(&format!("{p}.conv.conv.weight"))?;

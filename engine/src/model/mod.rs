@@ -57,7 +57,7 @@ pub use crate::model::experts::{DenseMlp, Mlp};
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 pub(crate) use crate::model::mixer::TokenMixer;
-pub use crate::model::mixer::{AttentionWeights, ShortConvWeights};
+pub use crate::model::mixer::{AttentionWeights, DeltaNetParts, DeltaNetWeights, ShortConvWeights};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 use kvcache::KvGroup;
@@ -223,9 +223,30 @@ impl Model {
     /// Bytes layer `index` keeps per position.
     fn layer_bytes_per_position(&self, index: usize) -> usize {
         match self.weights.layers.get(index).map(|l| l.mixer.storage()) {
-            Some(LayerStorage::Rows(width)) => width * 4,
+            Some(LayerStorage::Rows(width)) | Some(LayerStorage::Recurrent { row: width, .. }) => {
+                width * 4
+            }
             _ => 2 * self.config.kv_row_width() * self.kv_dtype().size(),
         }
+    }
+
+    /// Bytes of recurrent state one sequence takes over every layer that carries one (0 for
+    /// a model without such layers).
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.weights
+            .layers
+            .iter()
+            .map(|l| match l.mixer.storage() {
+                LayerStorage::Recurrent { state, .. } => state * 4,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Whether some layer carries a recurrent state per sequence (batches then name each
+    /// sequence's state slot: `TreeBatch::set_state`).
+    pub fn is_recurrent(&self) -> bool {
+        self.state_bytes_per_sequence() > 0
     }
 
     /// The same model multiplying its quantized weights with `kernel`.

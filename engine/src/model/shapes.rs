@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Tensor;
 
-use crate::model::config::ModelConfig;
+use crate::model::config::{DeltaNetShape, LayerMixer, ModelConfig};
 use crate::{Error, Result};
 
 /// What a tensor is, for its expected shape.
@@ -37,6 +37,16 @@ pub enum Role {
     ConvIn,
     /// A short convolution's output projection.
     ConvOut,
+    /// A gated attention's query projection: each head's query, then its gate.
+    GatedQ,
+    /// A Gated DeltaNet layer's query, key and value projection (the convolution's input).
+    DeltaQkv,
+    /// A Gated DeltaNet layer's output gate projection.
+    DeltaGate,
+    /// A Gated DeltaNet layer's projection to one value per value head (`beta`, `alpha`).
+    DeltaHeads,
+    /// A Gated DeltaNet layer's output projection.
+    DeltaOut,
 }
 
 /// The expected shapes of one config's layer weights.
@@ -47,6 +57,7 @@ pub struct Shapes {
     kv: usize,
     inner: usize,
     head: usize,
+    delta: DeltaNetShape,
 }
 
 impl Shapes {
@@ -58,6 +69,12 @@ impl Shapes {
             kv: cfg.kv_row_width(),
             inner: cfg.intermediate_size,
             head: cfg.head_dim,
+            delta: (0..cfg.num_layers)
+                .find_map(|i| match cfg.layer_mixer(i) {
+                    LayerMixer::DeltaNet(shape) => Some(shape),
+                    _ => None,
+                })
+                .unwrap_or_default(),
         }
     }
 
@@ -75,6 +92,11 @@ impl Shapes {
             Role::GateUp => vec![2 * self.inner, self.hidden],
             Role::ConvIn => vec![3 * self.hidden, self.hidden],
             Role::ConvOut => vec![self.hidden, self.hidden],
+            Role::GatedQ => vec![2 * self.attention, self.hidden],
+            Role::DeltaQkv => vec![self.delta.conv_channels(), self.hidden],
+            Role::DeltaGate => vec![self.delta.value_width(), self.hidden],
+            Role::DeltaHeads => vec![self.delta.value_heads, self.hidden],
+            Role::DeltaOut => vec![self.hidden, self.delta.value_width()],
         }
     }
 
@@ -136,6 +158,37 @@ pub fn split_quantized(q: &QTensor, parts: &[usize]) -> Result<Vec<QTensor>> {
         start += n;
     }
     Ok(out)
+}
+
+/// `q` (`[rows, in]`, any GGUF type) dealt into two by runs of `run` rows, alternately: a
+/// gated attention's query projection (`[q_0 | gate_0 | q_1 | gate_1 ...]`, `run` the head
+/// width) into the queries and the gates.
+pub fn deal_quantized(q: &QTensor, run: usize) -> Result<[QTensor; 2]> {
+    let dims = q.shape().dims().to_vec();
+    let [rows, cols] = dims[..] else {
+        return Err(Error::Metadata(format!(
+            "a gated query projection of shape {dims:?} is not a matrix"
+        )));
+    };
+    let dtype = q.dtype();
+    let row_bytes = cols / dtype.block_size() * dtype.type_size();
+    let data = q.data()?;
+    if run == 0 || !rows.is_multiple_of(2 * run) || data.len() != rows * row_bytes {
+        return Err(Error::Metadata(format!(
+            "a gated query projection of {rows} rows does not deal into runs of {run}"
+        )));
+    }
+    let mut parts = [Vec::new(), Vec::new()];
+    for (i, chunk) in data.chunks(run * row_bytes).enumerate() {
+        parts[i % 2].extend_from_slice(chunk);
+    }
+    let device = q.device();
+    let [a, b] = parts;
+    let make = |bytes: Vec<u8>| -> Result<QTensor> {
+        let storage = QStorage::from_data(Cow::Owned(bytes), &device, dtype)?;
+        Ok(QTensor::new(storage, (rows / 2, cols))?)
+    };
+    Ok([make(a)?, make(b)?])
 }
 
 /// The parts of a split `qkv` and `gate_up` as `(q, k, v, gate, up)`.

@@ -82,6 +82,7 @@ pub fn windowed_batch(batch: &TreeBatch, window: usize) -> Result<Option<TreeBat
                 mask: TreeMask::causal(1),
                 context_slots: keys,
                 window_context: None,
+                state: seq.state,
             });
         }
     }

@@ -23,8 +23,13 @@ use kvcache::{KvGroup, KvMove, Slot};
 use crate::{Error, Result};
 
 mod half_rows;
+mod states;
+mod value;
 
-use half_rows::to_f16;
+use states::RecurrentStates;
+pub use states::StateMut;
+pub use value::KvValue;
+
 #[cfg(test)]
 use half_rows::F16_MAX;
 
@@ -62,58 +67,6 @@ impl KvDtype {
             Self::F16 => 2,
             Self::F32 => 4,
         }
-    }
-}
-
-/// A stored key or value: how it is written from f32 and read back (exactly) as f32.
-/// Zero is `bytemuck::Zeroable`'s all-zero bits (0.0 in both types).
-pub trait KvValue: Copy + Send + Sync + bytemuck::Zeroable {
-    /// The value as f32 (exact).
-    fn to_f32(self) -> f32;
-
-    /// `dst[i] = src[i]`, as this type stores it.
-    fn store(src: &[f32], dst: &mut [Self]);
-
-    /// Sixteen values from `at`, as f32 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F, and sixteen values must be readable from `at`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512;
-}
-
-impl KvValue for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-
-    fn store(src: &[f32], dst: &mut [Self]) {
-        dst.copy_from_slice(src);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
-        std::arch::x86_64::_mm512_loadu_ps(at)
-    }
-}
-
-impl KvValue for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-
-    fn store(src: &[f32], dst: &mut [Self]) {
-        to_f16(src, dst);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(at: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
     }
 }
 
@@ -275,6 +228,14 @@ pub enum LayerStorage {
     Kv,
     /// One f32 row of this many values (a token mixer's per-position inputs).
     Rows(usize),
+    /// One f32 row of `row` values per slot, and per sequence a recurrent state of `state`
+    /// values (`states.rs`).
+    Recurrent {
+        /// Values per position.
+        row: usize,
+        /// Values per sequence.
+        state: usize,
+    },
 }
 
 /// One layer's storage.
@@ -293,6 +254,8 @@ pub struct PagedKvStore {
     window_slots: Option<usize>,
     dtype: KvDtype,
     layers: Vec<(KvGroup, LayerData)>,
+    /// The recurrent layers' per-sequence states.
+    states: RecurrentStates,
 }
 
 /// Keys and values of no slot: what a layer that keeps rows shows attention.
@@ -347,6 +310,10 @@ impl PagedKvStore {
             window_slots,
             dtype,
             layers: Vec::with_capacity(layers.len()),
+            states: RecurrentStates::new(layers.iter().map(|(_, s)| match s {
+                LayerStorage::Recurrent { state, .. } => *state,
+                _ => 0,
+            })),
         };
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
@@ -356,7 +323,8 @@ impl PagedKvStore {
             let data = match (storage, dtype) {
                 (LayerStorage::Kv, KvDtype::F16) => LayerData::Kv(LayerKv::F16(KvRows::zeroed(g))),
                 (LayerStorage::Kv, KvDtype::F32) => LayerData::Kv(LayerKv::F32(KvRows::zeroed(g))),
-                (LayerStorage::Rows(width), _) => LayerData::Rows {
+                (LayerStorage::Rows(width), _)
+                | (LayerStorage::Recurrent { row: width, .. }, _) => LayerData::Rows {
                     width,
                     values: bytemuck::zeroed_vec(g.num_slots * width),
                 },
@@ -431,7 +399,31 @@ impl PagedKvStore {
                     LayerData::Rows { values, .. } => values.len() * 4,
                 }
             })
-            .sum()
+            .sum::<usize>()
+            + self.states.bytes()
+    }
+
+    /// Bytes one sequence's recurrent states take (0 for a model with none).
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.states.bytes_per_sequence()
+    }
+
+    /// Layer `layer`'s rows (as `rows` gives them) and its recurrent state in `slot` (zero,
+    /// with nothing folded, the first time the slot is asked for).
+    pub fn rows_and_state(
+        &mut self,
+        layer: usize,
+        slot: usize,
+    ) -> Result<((&[f32], usize), StateMut<'_>)> {
+        let rows = match self.layers.get(layer).map(|(_, d)| d) {
+            Some(LayerData::Rows { width, values }) => (values.as_slice(), *width),
+            _ => {
+                return Err(Error::InvalidBatch(format!(
+                    "layer {layer} keeps no rows of its own"
+                )))
+            }
+        };
+        Ok((rows, self.states.slot(layer, slot)?))
     }
 
     /// One layer's keys and values (none for a layer that keeps rows).

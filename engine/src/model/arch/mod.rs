@@ -11,15 +11,19 @@ mod gemma3;
 mod lfm2;
 mod llama;
 mod mistral;
+mod mixers;
 mod mixtral;
 mod phi3;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
+mod qwen35;
+mod qwen35moe;
 mod qwen3moe;
 
 use crate::model::config::{
-    Activation, LayerAttention, LayerMixer, Moe, RopeScaling, RopeStyle, Variant,
+    Activation, DeltaNetShape, KeyHeadsOfValues, LayerAttention, Moe, RopeScaling, RopeStyle,
+    Variant,
 };
 use crate::{Error, Result};
 
@@ -50,6 +54,10 @@ pub enum Architecture {
     Qwen2Moe,
     /// LFM2: short convolutions in most layers, attention with QK norm in the others.
     Lfm2,
+    /// Qwen3.5 / Qwen3.6 dense hybrids.
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 mixtures of experts.
+    Qwen35Moe,
 }
 
 /// Every family, for lookups and error messages.
@@ -65,6 +73,8 @@ const FAMILIES: &[&Family] = &[
     &mixtral::FAMILY,
     &qwen2moe::FAMILY,
     &lfm2::FAMILY,
+    &qwen35::FAMILY,
+    &qwen35moe::FAMILY,
 ];
 
 impl Architecture {
@@ -117,6 +127,15 @@ pub enum Mixers {
     /// A layer the file gives no KV heads is a short convolution as wide as the file says
     /// (LFM2); the others attend.
     ShortConvWhereNoKv,
+    /// Gated DeltaNet layers, and gated attention (`Variant::gated_attention`) in every
+    /// `interval`-th layer unless the file lists the recurrent layers (Qwen3.5, Qwen3-Next);
+    /// the value heads read their key heads as `key_heads_of_values` says.
+    DeltaNet {
+        /// Every this many layers, the last attends (where the file does not say).
+        interval: usize,
+        /// How value heads share key heads.
+        key_heads_of_values: KeyHeadsOfValues,
+    },
 }
 
 /// How one family departs from the llama baseline.
@@ -228,6 +247,13 @@ pub struct FileFacts {
     pub kv_heads_per_layer: Option<Vec<usize>>,
     /// Positions a short convolution spans, where the file gives it.
     pub conv_kernel: Option<usize>,
+    /// A Gated DeltaNet layer's shape, where the file gives one (its `key_heads_of_values`
+    /// is the family's to say).
+    pub delta_net: Option<DeltaNetShape>,
+    /// Per layer, whether it is recurrent, where the file lists them.
+    pub recurrent_layers: Option<Vec<bool>>,
+    /// Every this many layers the last attends, where the file says.
+    pub full_attention_interval: Option<usize>,
 }
 
 impl Family {
@@ -298,43 +324,8 @@ impl Family {
             rotary_dim: facts.rotary_dim,
             moe: self.moe(facts)?,
             mixers: self.mixers(facts)?,
+            gated_attention: matches!(self.mixers, Mixers::DeltaNet { .. }),
         })
-    }
-
-    /// Each layer's token mixer for a file with `facts` (empty: every layer attends).
-    fn mixers(&self, facts: &FileFacts) -> Result<Vec<LayerMixer>> {
-        let name = self.gguf;
-        let per_layer = match &facts.kv_heads_per_layer {
-            Some(heads) if heads.len() != facts.num_layers => {
-                return Err(Error::Metadata(format!(
-                    "{name}: {} per-layer KV head counts for {} layers",
-                    heads.len(),
-                    facts.num_layers
-                )))
-            }
-            other => other,
-        };
-        match (self.mixers, per_layer) {
-            (Mixers::Attention, Some(heads)) if heads.contains(&0) => Err(Error::Metadata(
-                format!("{name}: a layer without KV heads, but every layer of this family attends"),
-            )),
-            (Mixers::Attention, _) => Ok(Vec::new()),
-            (Mixers::ShortConvWhereNoKv, None) => Err(Error::Metadata(format!(
-                "{name}: missing the per-layer KV head counts that say which layers convolve"
-            ))),
-            (Mixers::ShortConvWhereNoKv, Some(heads)) => {
-                let kernel = facts.conv_kernel.ok_or_else(|| {
-                    Error::Metadata(format!("{name}: missing the short convolution's width"))
-                })?;
-                Ok(heads
-                    .iter()
-                    .map(|&h| match h {
-                        0 => LayerMixer::ShortConv { kernel },
-                        _ => LayerMixer::Attention,
-                    })
-                    .collect())
-            }
-        }
     }
 
     /// The mixture of experts a file with `facts` has, checked against the declaration.

@@ -1,8 +1,9 @@
 //! Attention as a token mixer: q/k/v projections (with biases where the family has them),
 //! the per-head QK norm where declared, RoPE from the layer's table, K and V written at each
 //! row's slot and paged tree attention over what the row sees (full, or its window's view),
-//! then the output projection. The candle-ops form and the fused form repeat the same
-//! arithmetic (the fused pass's bit-identity rests on it).
+//! then, in a gated family (Qwen3.5), each head's output times the sigmoid of its gate, and
+//! the output projection. The candle-ops form and the fused form repeat the same arithmetic
+//! (the fused pass's bit-identity rests on it).
 
 use std::sync::Arc;
 
@@ -34,6 +35,8 @@ pub struct AttentionWeights {
     pub v: Linear,
     /// Output projection.
     pub o: Linear,
+    /// The gate on each head's output, where the family gates it (`[heads * dim, hidden]`).
+    pub output_gate: Option<Linear>,
 }
 
 /// The shape attention reads for `cfg`.
@@ -59,11 +62,15 @@ impl TokenMixer for AttentionWeights {
     }
 
     fn projections(&self) -> Vec<&Linear> {
-        vec![&self.q, &self.k, &self.v, &self.o]
+        let mut all = vec![&self.q, &self.k, &self.v, &self.o];
+        all.extend(self.output_gate.as_ref());
+        all
     }
 
     fn projections_mut(&mut self) -> Vec<&mut Linear> {
-        vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o]
+        let mut all = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        all.extend(self.output_gate.as_mut());
+        all
     }
 
     fn forward_candle(
@@ -106,6 +113,15 @@ impl TokenMixer for AttentionWeights {
                 Tensor::from_vec(attn, (h.dim(0)?, cfg.attention_width()), device)?
             }
         };
+        let attn = match &self.output_gate {
+            Some(gate) => {
+                let mut values = attn.flatten_all()?.to_vec1::<f32>()?;
+                let gates = gate.forward(h)?.flatten_all()?.to_vec1::<f32>()?;
+                apply_gate(&mut values, &gates);
+                Tensor::from_vec(values, attn.dims(), device)?
+            }
+            None => attn,
+        };
         self.o.forward(&attn)
     }
 
@@ -121,6 +137,7 @@ impl TokenMixer for AttentionWeights {
             k: p(&self.k)?,
             v: p(&self.v)?,
             o: p(&self.o)?,
+            output_gate: self.output_gate.as_ref().map(p).transpose()?,
         }))
     }
 
@@ -136,6 +153,13 @@ fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Te
     Ok(candle_nn::ops::rms_norm(&heads, alpha, eps)?.reshape((rows, width))?)
 }
 
+/// `values[i] *= sigmoid(gates[i])`: a gated head's output.
+fn apply_gate(values: &mut [f32], gates: &[f32]) {
+    for (x, g) in values.iter_mut().zip(gates) {
+        *x *= 1.0 / (1.0 + (-g).exp());
+    }
+}
+
 /// Attention in the fused pass.
 #[derive(Debug)]
 struct FusedAttention {
@@ -144,11 +168,14 @@ struct FusedAttention {
     k: Projection,
     v: Projection,
     o: Projection,
+    output_gate: Option<Projection>,
 }
 
 impl FusedMixer for FusedAttention {
     fn projections(&self) -> Vec<&Projection> {
-        vec![&self.q, &self.k, &self.v, &self.o]
+        let mut all = vec![&self.q, &self.k, &self.v, &self.o];
+        all.extend(self.output_gate.as_ref());
+        all
     }
 
     fn run(
@@ -188,8 +215,14 @@ impl FusedMixer for FusedAttention {
         rotate(cfg, at.table, positions, &[], kv_heads, &mut w.k, false);
         clock.lap(|p| &mut p.other);
         kv.write(at.index, &at.seen.slots, &w.k, &w.v)?;
-        let attn = paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, head_shape(cfg));
+        let mut attn =
+            paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, head_shape(cfg));
         clock.lap(|p| &mut p.attention);
+        if let Some(gate) = &self.output_gate {
+            project(h, rows, &mut [(gate, &mut w.mixed)], acts)?;
+            apply_gate(&mut attn, &w.mixed);
+            clock.lap(|p| &mut p.matmul);
+        }
         project(&attn, rows, &mut [(&self.o, out)], acts)?;
         clock.lap(|p| &mut p.matmul);
         Ok(())

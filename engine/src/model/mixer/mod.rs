@@ -6,11 +6,15 @@
 //! gated inputs as one f32 row per position and reads the last few along the row's path,
 //! which is a window of the same paged slots. So prefix caching, tree verification,
 //! compaction of an accepted path and preemption treat every kind alike: a sequence's state is
-//! its rows, and a draft node's state follows from its ancestors' rows. The family's
+//! its rows, and a draft node's state follows from its ancestors' rows. Gated DeltaNet
+//! (`delta_net`) keeps its convolution's inputs the same way and, per sequence, a recurrent
+//! state in a slot of its own that each forward moves to the context's end. The family's
 //! declaration (`ModelConfig::layer_mixer`) says which layer is which; the forwards never ask
 //! which family they run.
 
 pub(crate) mod attention;
+pub(crate) mod delta_net;
+mod delta_net_rows;
 pub(crate) mod short_conv;
 
 use std::fmt::Debug;
@@ -29,6 +33,7 @@ use crate::tree_batch::TreeBatch;
 use crate::Result;
 
 pub use attention::AttentionWeights;
+pub use delta_net::{DeltaNetParts, DeltaNetWeights};
 pub use short_conv::ShortConvWeights;
 
 /// One layer's token mixer, as loaded.
@@ -79,6 +84,8 @@ pub(crate) struct CandleAt<'a> {
     pub model: &'a Model,
     /// The layer's index.
     pub index: usize,
+    /// The whole batch.
+    pub batch: &'a TreeBatch,
     /// The batch as the layer sees it (its window's view where it has one).
     pub seen: &'a TreeBatch,
     /// RoPE's cos and sin of each row, from the layer's table.

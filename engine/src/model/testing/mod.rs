@@ -12,9 +12,11 @@ use crate::{Error, Result};
 
 mod gguf;
 mod lfm2;
+mod qwen35;
 
 pub use gguf::write_tiny_gguf;
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
+pub use qwen35::{write_tiny_qwen35_gguf, TinyQwen35};
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]
@@ -265,6 +267,8 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Mixtral => ("MixtralForCausalLM", "mixtral"),
         Architecture::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         Architecture::Lfm2 => ("Lfm2ForCausalLM", "lfm2"),
+        Architecture::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+        Architecture::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],

@@ -1,0 +1,350 @@
+//! The host half of a Gated DeltaNet layer, shared by the candle-ops form and the fused one
+//! (which therefore agree bit for bit): from the rows' projections to the gated, normed
+//! output of every value head. Each row's inputs (`[qkv | beta | g]`, `row_width` floats) are
+//! kept at its slot in the paged store; a row convolves its own and its path's last
+//! `kernel` inputs (its ancestors', then the context's, newest first), and the recurrence
+//! runs from the sequence's state at the context's end:
+//!
+//! - the state slot has folded in fewer positions than the context holds after a draft path
+//!   was accepted: the positions in between are folded in first, from their kept inputs (no
+//!   model pass);
+//! - a chain the sequence keeps (`SeqState::commits`) steps the slot's state in place, so it
+//!   ends at the chain's last row; any other chain or tree runs on a copy, each node from its
+//!   parent's state (`delta_rule::tree`), never a sibling's.
+
+use crate::cpu::delta_rule::{self, HeadDims, Inputs, TreeTokens};
+use crate::cpu::kv_store::PagedKvStore;
+use crate::model::config::DeltaNetShape;
+use crate::tree_batch::{SeqEntry, TreeBatch};
+use crate::{Error, Result};
+
+/// What a layer's rows need beside their projections.
+#[derive(Debug, Clone)]
+pub(crate) struct DeltaNetConsts {
+    /// The heads.
+    pub shape: DeltaNetShape,
+    /// Each convolution channel's taps, oldest position first: `[channels][kernel]`.
+    pub taps: Vec<f32>,
+    /// Per value head, added to `alpha` before the softplus.
+    pub dt_bias: Vec<f32>,
+    /// Per value head, the (negative) factor of the softplus: `g = decay * softplus(..)`.
+    pub decay: Vec<f32>,
+    /// The output norm's weight, one per value dimension.
+    pub norm: Vec<f32>,
+}
+
+/// The rows' projections, row-major.
+pub(crate) struct Projected<'a> {
+    /// `[rows][channels]`: queries, keys and values before the convolution.
+    pub qkv: &'a [f32],
+    /// `[rows][value heads * value dim]`: the output gate.
+    pub z: &'a [f32],
+    /// `[rows][value heads]`: `beta` before its sigmoid.
+    pub b: &'a [f32],
+    /// `[rows][value heads]`: `alpha` before the bias and softplus.
+    pub a: &'a [f32],
+}
+
+impl DeltaNetConsts {
+    /// Floats kept per position: the convolution's inputs, then `beta` and `g` per head.
+    pub fn row_width(&self) -> usize {
+        self.shape.conv_channels() + 2 * self.shape.value_heads
+    }
+
+    /// Every row of `batch` through layer `layer`: `out` gets `[rows][value width]`.
+    pub fn run(
+        &self,
+        batch: &TreeBatch,
+        layer: usize,
+        eps: f32,
+        kv: &mut PagedKvStore,
+        x: &Projected<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let s = self.shape;
+        let (rows, channels, heads) = (batch.num_rows(), s.conv_channels(), s.value_heads);
+        let width = self.row_width();
+        let mut kept = Vec::with_capacity(rows * width);
+        for r in 0..rows {
+            kept.extend_from_slice(&x.qkv[r * channels..(r + 1) * channels]);
+            kept.extend(x.b[r * heads..(r + 1) * heads].iter().map(|&b| sigmoid(b)));
+            kept.extend(
+                (0..heads).map(|j| self.decay[j] * softplus(x.a[r * heads + j] + self.dt_bias[j])),
+            );
+        }
+        let row_slots: Vec<usize> = match batch.window_slots.is_empty() {
+            true => batch.slots.iter().map(|s| s.index()).collect(),
+            false => batch.window_slots.iter().map(|s| s.index()).collect(),
+        };
+        let slots: Vec<_> = match batch.window_slots.is_empty() {
+            true => batch.slots.clone(),
+            false => batch.window_slots.clone(),
+        };
+        kv.write_rows(layer, &slots, &kept)?;
+        out.clear();
+        out.resize(rows * s.value_width(), 0.0);
+        for seq in &batch.seqs {
+            let outs = &mut out[seq.rows.start * s.value_width()..seq.rows.end * s.value_width()];
+            self.run_seq(seq, &row_slots, layer, eps, kv, outs)?;
+        }
+        self.gated_norm(x.z, eps, out);
+        Ok(())
+    }
+
+    /// One sequence's rows: their recurrence outputs into `out` (`[rows][value width]`).
+    fn run_seq(
+        &self,
+        seq: &SeqEntry,
+        row_slots: &[usize],
+        layer: usize,
+        eps: f32,
+        kv: &mut PagedKvStore,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let s = self.shape;
+        let (first, context): (usize, &[usize]) = match &seq.window_context {
+            Some(held) => (held.first, &held.slots),
+            None => (0, &seq.context_slots),
+        };
+        let n = seq.context_len;
+        // The slot of context position `p`, where the store still holds it.
+        let at = |p: usize| -> Result<usize> {
+            p.checked_sub(first)
+                .and_then(|i| context.get(i).copied())
+                .ok_or_else(|| {
+                    Error::InvalidBatch(format!(
+                        "a Gated DeltaNet layer needs position {p}'s inputs, which the store \
+                         no longer holds"
+                    ))
+                })
+        };
+        let mut scratch = Vec::new();
+        let (stored, width, state, mut folded) = match seq.state {
+            Some(st) => {
+                let ((stored, width), state) = kv.rows_and_state(layer, st.slot)?;
+                (stored, width, state.values, Some(state.folded))
+            }
+            None if n == 0 => {
+                scratch.resize(s.state_len(), 0.0);
+                let (stored, width) = kv.rows(layer)?;
+                (stored, width, &mut scratch[..], None)
+            }
+            None => {
+                return Err(Error::InvalidBatch(
+                    "a sequence with context but no recurrent state slot".into(),
+                ))
+            }
+        };
+        let mut path = Vec::with_capacity(s.kernel);
+        let vw = s.value_width();
+        if let Some(folded) = folded.as_deref_mut() {
+            if n == 0 {
+                state.fill(0.0);
+                *folded = 0;
+            }
+            if *folded > n {
+                return Err(Error::InvalidBatch(format!(
+                    "a recurrent state has folded {} positions of a context of {n}",
+                    *folded
+                )));
+            }
+            // Positions accepted since the state was last moved: folded in from their inputs.
+            let mut discard = vec![0f32; vw];
+            for p in *folded..n {
+                path.clear();
+                for back in 0..s.kernel.min(p + 1) {
+                    path.push(at(p - back)?);
+                }
+                self.token(&path, (stored, width), eps)
+                    .step_all(self, state, &mut discard);
+            }
+            *folded = n;
+        }
+        // Each row's convolution: itself, its ancestors, then the context, newest first.
+        let rows = seq.rows.len();
+        let mut tokens = Vec::with_capacity(rows);
+        for local in 0..rows {
+            path.clear();
+            path.extend(
+                std::iter::once(local)
+                    .chain(seq.mask.ancestors_nearest_first(local))
+                    .take(s.kernel)
+                    .map(|j| row_slots[seq.rows.start + j]),
+            );
+            let more = s.kernel - path.len();
+            for back in 1..=more.min(n) {
+                path.push(at(n - back)?);
+            }
+            tokens.push(self.token(&path, (stored, width), eps));
+        }
+        match (seq.mask.is_chain(), seq.state) {
+            (true, Some(st)) if st.commits => {
+                for (t, o) in tokens.iter().zip(out.chunks_exact_mut(vw)) {
+                    t.step_all(self, state, o);
+                }
+                if let Some(folded) = folded {
+                    *folded = n + rows;
+                }
+            }
+            (true, _) => {
+                let mut copy = state.to_vec();
+                for (t, o) in tokens.iter().zip(out.chunks_exact_mut(vw)) {
+                    t.step_all(self, &mut copy, o);
+                }
+            }
+            (false, _) => {
+                let parents: Vec<Option<usize>> = (0..rows).map(|i| seq.mask.parent(i)).collect();
+                self.tree(state, &tokens, &parents, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// The token whose convolution path is `path` (slots, newest first: its own, then the
+    /// positions before it): the convolution and its SiLU, queries and keys L2-normalised
+    /// (the queries then scaled by `1/sqrt(key_dim)`), and its kept `beta` and `g`.
+    fn token(&self, path: &[usize], (stored, width): (&[f32], usize), eps: f32) -> Token {
+        let s = self.shape;
+        let (channels, kernel) = (s.conv_channels(), s.kernel);
+        let mut conv = vec![0f32; channels];
+        for t in (0..path.len()).rev() {
+            let src = &stored[path[t] * width..path[t] * width + channels];
+            let tap = kernel - 1 - t;
+            for (c, (d, x)) in conv.iter_mut().zip(src).enumerate() {
+                *d += self.taps[c * kernel + tap] * *x;
+            }
+        }
+        for x in &mut conv {
+            *x *= sigmoid(*x);
+        }
+        let kw = s.key_heads * s.key_dim;
+        let v = conv.split_off(2 * kw);
+        let k = conv.split_off(kw);
+        let mut q = conv;
+        let mut k = k;
+        let scale = 1.0 / (s.key_dim as f32).sqrt();
+        for (qh, kh) in q
+            .chunks_exact_mut(s.key_dim)
+            .zip(k.chunks_exact_mut(s.key_dim))
+        {
+            l2_normalize(qh, eps, scale);
+            l2_normalize(kh, eps, 1.0);
+        }
+        let own = &stored[path[0] * width + channels..path[0] * width + width];
+        let (beta, g) = own.split_at(s.value_heads);
+        Token {
+            q,
+            k,
+            v,
+            beta: beta.to_vec(),
+            g: g.to_vec(),
+        }
+    }
+
+    /// A tree's rows from `state` (left unchanged), each node from its parent's state.
+    fn tree(&self, state: &[f32], tokens: &[Token], parents: &[Option<usize>], out: &mut [f32]) {
+        let s = self.shape;
+        let (dk, dv, vw) = (s.key_dim, s.value_dim, s.value_width());
+        let dims = HeadDims { dk, dv };
+        let rows = tokens.len();
+        let mut stack = Vec::new();
+        let mut head_out = vec![0f32; rows * dv];
+        for j in 0..s.value_heads {
+            let kh = s.key_head_of(j);
+            let gather = |f: &dyn Fn(&Token) -> &[f32]| -> Vec<f32> {
+                tokens.iter().flat_map(|t| f(t).iter().copied()).collect()
+            };
+            let q = gather(&|t| &t.q[kh * dk..(kh + 1) * dk]);
+            let k = gather(&|t| &t.k[kh * dk..(kh + 1) * dk]);
+            let v = gather(&|t| &t.v[j * dv..(j + 1) * dv]);
+            let beta: Vec<f32> = tokens.iter().map(|t| t.beta[j]).collect();
+            let g: Vec<f32> = tokens.iter().map(|t| t.g[j]).collect();
+            let nodes = TreeTokens {
+                parents,
+                inputs: Inputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    beta: &beta,
+                    g: &g,
+                },
+            };
+            let head_state = &state[j * dk * dv..(j + 1) * dk * dv];
+            delta_rule::tree(head_state, dims, &nodes, &mut stack, &mut head_out);
+            for (i, o) in head_out.chunks_exact(dv).enumerate() {
+                out[i * vw + j * dv..i * vw + (j + 1) * dv].copy_from_slice(o);
+            }
+        }
+    }
+
+    /// Each value head's output RMS-normed, times the norm's weight and `silu(z)`.
+    fn gated_norm(&self, z: &[f32], eps: f32, out: &mut [f32]) {
+        let dv = self.shape.value_dim;
+        for (x, z) in out.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+            let mean = x.iter().map(|v| v * v).sum::<f32>() / dv as f32;
+            let r = 1.0 / (mean + eps).sqrt();
+            for ((x, w), z) in x.iter_mut().zip(&self.norm).zip(z) {
+                *x = *x * r * w * (z * sigmoid(*z));
+            }
+        }
+    }
+}
+
+/// One token's inputs to every head, after the convolution.
+struct Token {
+    /// `[key heads][key dim]`, normalised and scaled.
+    q: Vec<f32>,
+    /// `[key heads][key dim]`, normalised.
+    k: Vec<f32>,
+    /// `[value heads][value dim]`.
+    v: Vec<f32>,
+    /// Per value head.
+    beta: Vec<f32>,
+    /// Per value head, the log-decay.
+    g: Vec<f32>,
+}
+
+impl Token {
+    /// The token through every value head's state (`[value heads][key dim][value dim]`),
+    /// the outputs into `out` (`[value heads][value dim]`).
+    fn step_all(&self, consts: &DeltaNetConsts, state: &mut [f32], out: &mut [f32]) {
+        let s = consts.shape;
+        let (dk, dv) = (s.key_dim, s.value_dim);
+        let dims = HeadDims { dk, dv };
+        for j in 0..s.value_heads {
+            let kh = s.key_head_of(j);
+            delta_rule::step(
+                &mut state[j * dk * dv..(j + 1) * dk * dv],
+                dims,
+                &self.q[kh * dk..(kh + 1) * dk],
+                &self.k[kh * dk..(kh + 1) * dk],
+                &self.v[j * dv..(j + 1) * dv],
+                self.beta[j],
+                self.g[j],
+                &mut out[j * dv..(j + 1) * dv],
+            );
+        }
+    }
+}
+
+/// `x / sqrt(sum x^2 + eps)`, times `scale` (as Gated DeltaNet's reference normalises).
+fn l2_normalize(x: &mut [f32], eps: f32, scale: f32) {
+    let f = scale / (x.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+    for v in x {
+        *v *= f;
+    }
+}
+
+/// The logistic function.
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + e^x)`, exactly `x` where the exponential would dominate.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
