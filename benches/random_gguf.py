@@ -28,6 +28,24 @@ positions, the others attending), Q4_0 projections, Q8_0 embedding, with SmolLM2
         --out /tmp/lfm2-1.2b-shape.gguf --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
         --ffn 8192 --attention-layers 2,5,8,10,12,14 --quant q4_0 --embd-quant q8_0
 
+Qwen3.6-35B-A3B's shape (Qwen3.5's hybrid: three Gated DeltaNet layers to one of gated
+attention, `full_attention_interval` 4, and in every layer a mixture of 256 experts of 512, 8
+per token, beside a shared expert of 512; 8 of its 40 layers, so layers 3 and 7 attend), Q4_0
+experts and projections, Q8_0 embedding and untied head. Attention: 16 query heads (each with
+its output gate) and 2 KV heads of 256, RoPE on the first 64 of them (partial_rotary_factor
+0.25) with theta 1e7 and sections 11,11,10,0; DeltaNet: 16 key heads and 32 value heads of 128,
+a convolution of 4 positions; RMS eps 1e-6. The real vocabulary is 248,320 tokens; with
+`--like` Qwen2.5 the tokenizer, and so the embedding and head, is Qwen2.5's 151,936 tokens
+(about 0.42 GB less at Q8_0). About 4.5 GB (dense Qwen3.5 is `--arch qwen35` with `--ffn`):
+
+    python3 benches/random_gguf.py --like models/qwen2.5-coder-0.5b.gguf --arch qwen35moe \
+        --out /tmp/qwen3.6-35b-a3b-shape.gguf --hidden 2048 --layers 8 --heads 16 \
+        --kv-heads 2 --head-dim 256 --rotary-dim 64 --rope-theta 1e7 --rope-sections 11,11,10,0 \
+        --rms-eps 1e-6 --full-attention-interval 4 --linear-key-heads 16 \
+        --linear-value-heads 32 --linear-head-dim 128 --conv-kernel 4 --experts 256 \
+        --experts-used 8 --expert-ffn 512 --shared-expert-ffn 512 --quant q4_0 \
+        --embd-quant q8_0 --untied
+
 Quantized weights are random blocks (random quants under one small scale per block), written
 without quantizing floats first, so a file of many gigabytes takes seconds per gigabyte.
 
@@ -44,12 +62,15 @@ SHAPE_KEYS = {"embedding_length", "block_count", "attention.head_count",
               "vocab_size"}
 
 
-def copy_fields(reader, writer, arch, new_arch):
+QWEN35 = ("qwen35", "qwen35moe")
+
+
+def copy_fields(reader, writer, arch, new_arch, skip=SHAPE_KEYS):
     for field in reader.fields.values():
         name = field.name
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
-        if name.startswith(arch + ".") and name[len(arch) + 1:] in SHAPE_KEYS:
+        if name.startswith(arch + ".") and name[len(arch) + 1:] in skip:
             continue
         if name.startswith(arch + "."):
             name = new_arch + name[len(arch):]
@@ -85,7 +106,23 @@ def main():
     p.add_argument("--expert-ffn", type=int, default=768)
     p.add_argument("--untied", action="store_true", help="write output.weight")
     p.add_argument("--attention-layers", help="lfm2: the layers that attend (the others convolve)")
-    p.add_argument("--conv-kernel", type=int, default=3, help="lfm2: positions a convolution spans")
+    p.add_argument("--conv-kernel", type=int,
+                   help="lfm2, qwen35: positions a convolution spans (default 3, qwen35 4)")
+    p.add_argument("--rotary-dim", type=int, help="RoPE on this many of a head's dims (default all)")
+    p.add_argument("--rope-theta", type=float, help="default: --like's")
+    p.add_argument("--rms-eps", type=float, help="default: --like's")
+    p.add_argument("--rope-sections", help="qwen35: four multimodal RoPE sections, summing to "
+                   "rotary dim / 2 (default all in the first: text positions are the same in "
+                   "each, so the split does not change the result)")
+    p.add_argument("--full-attention-interval", type=int, default=4,
+                   help="qwen35: every this-many-th layer attends, the others are Gated DeltaNet")
+    p.add_argument("--linear-key-heads", type=int, default=16, help="qwen35: DeltaNet key heads")
+    p.add_argument("--linear-value-heads", type=int, default=32,
+                   help="qwen35: DeltaNet value heads")
+    p.add_argument("--linear-head-dim", type=int, default=128,
+                   help="qwen35: DeltaNet key and value head width (llama.cpp needs them equal)")
+    p.add_argument("--shared-expert-ffn", type=int,
+                   help="qwen35moe: the shared expert's width (default --expert-ffn)")
     args = p.parse_args()
 
     reader = GGUFReader(args.like)
@@ -93,8 +130,22 @@ def main():
     arch = args.arch or like_arch
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     head_dim = args.head_dim or args.hidden // args.heads
+    rotary_dim = args.rotary_dim or head_dim
+    qwen35 = arch in QWEN35
+    if qwen35 and (arch == "qwen35moe") != bool(args.experts):
+        p.error("qwen35moe needs --experts, qwen35 takes none")
+    if qwen35 and args.linear_value_heads % args.linear_key_heads:
+        p.error("--linear-value-heads must be a multiple of --linear-key-heads")
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        p.error("--rotary-dim must be even and at most the head dim")
+    conv_kernel = args.conv_kernel or (4 if qwen35 else 3)
+    skip = set(SHAPE_KEYS)
+    if args.rope_theta is not None:
+        skip.add("rope.freq_base")
+    if args.rms_eps is not None:
+        skip.add("attention.layer_norm_rms_epsilon")
     writer = GGUFWriter(args.out, arch)
-    copy_fields(reader, writer, like_arch, arch)
+    copy_fields(reader, writer, like_arch, arch, skip)
     writer.add_uint32(f"{arch}.attention.key_length", head_dim)
     writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_uint32(f"{arch}.embedding_length", args.hidden)
@@ -105,15 +156,39 @@ def main():
         attending = {int(i) for i in (args.attention_layers or "").split(",") if i}
         per_layer = [args.kv_heads if i in attending else 0 for i in range(args.layers)]
         writer.add_array(f"{arch}.attention.head_count_kv", per_layer)
-        writer.add_uint32(f"{arch}.shortconv.l_cache", args.conv_kernel)
+        writer.add_uint32(f"{arch}.shortconv.l_cache", conv_kernel)
     else:
         writer.add_uint32(f"{arch}.attention.head_count_kv", args.kv_heads)
-    writer.add_uint32(f"{arch}.feed_forward_length", args.ffn)
-    writer.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    if qwen35:
+        every = args.full_attention_interval
+        attending = {i for i in range(args.layers) if (i + 1) % every == 0}
+        writer.add_uint32(f"{arch}.full_attention_interval", every)
+        half = rotary_dim // 2
+        sections = [int(x) for x in (args.rope_sections or f"{half},0,0,0").split(",")]
+        if len(sections) != 4 or sum(sections) != half:
+            p.error(f"--rope-sections must be four numbers summing to {half}")
+        writer.add_array(f"{arch}.rope.dimension_sections", sections)
+        # llama.cpp's names: state_size is a key head's width, group_count the key heads,
+        # time_step_rank the value heads, inner_size all the value heads' width.
+        writer.add_uint32(f"{arch}.ssm.conv_kernel", conv_kernel)
+        writer.add_uint32(f"{arch}.ssm.state_size", args.linear_head_dim)
+        writer.add_uint32(f"{arch}.ssm.group_count", args.linear_key_heads)
+        writer.add_uint32(f"{arch}.ssm.time_step_rank", args.linear_value_heads)
+        writer.add_uint32(f"{arch}.ssm.inner_size", args.linear_value_heads * args.linear_head_dim)
+    if arch != "qwen35moe":
+        writer.add_uint32(f"{arch}.feed_forward_length", args.ffn)
+    writer.add_uint32(f"{arch}.rope.dimension_count", rotary_dim)
+    if args.rope_theta is not None:
+        writer.add_float32(f"{arch}.rope.freq_base", args.rope_theta)
+    if args.rms_eps is not None:
+        writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", args.rms_eps)
+    shared_ffn = (args.shared_expert_ffn or args.expert_ffn) if arch == "qwen35moe" else 0
     if args.experts:
         writer.add_uint32(f"{arch}.expert_count", args.experts)
         writer.add_uint32(f"{arch}.expert_used_count", args.experts_used)
         writer.add_uint32(f"{arch}.expert_feed_forward_length", args.expert_ffn)
+    if shared_ffn:
+        writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ffn)
 
     rng = np.random.default_rng(0)
     kinds = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
@@ -146,21 +221,47 @@ def main():
     writer.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", ones)
     kv = args.kv_heads * head_dim
     width = args.heads * head_dim
+    # Qwen3.5's DeltaNet layers: key heads of q and k, value heads of v (and of the gate z).
+    key_width = args.linear_key_heads * args.linear_head_dim
+    value_width = args.linear_value_heads * args.linear_head_dim
+    value_heads = args.linear_value_heads
     for i in range(args.layers):
         b = f"blk.{i}"
         writer.add_tensor(f"{b}.attn_norm.weight", ones)
-        writer.add_tensor(f"{b}.ffn_norm.weight", ones)
-        if i not in attending:
-            taps = rng.standard_normal((args.hidden, args.conv_kernel), dtype=np.float32) * 0.5
+        # Qwen3.5's converter names the norm before the MLP after the attention.
+        writer.add_tensor(f"{b}.post_attention_norm.weight" if qwen35 else f"{b}.ffn_norm.weight",
+                          ones)
+        if i not in attending and qwen35:
+            # Gated DeltaNet: one projection to q, k and v (convolved together), one to the
+            # output gate z, per value head a step (alpha, with dt's bias and the decay a < 0)
+            # and a write strength (beta), a norm over each value head, and the output.
+            add(f"{b}.attn_qkv.weight", weight(2 * key_width + value_width, args.hidden))
+            add(f"{b}.attn_gate.weight", weight(value_width, args.hidden))
+            taps = rng.standard_normal((2 * key_width + value_width, conv_kernel),
+                                       dtype=np.float32) * 0.5
+            writer.add_tensor(f"{b}.ssm_conv1d.weight", taps)
+            writer.add_tensor(f"{b}.ssm_dt.bias",
+                              rng.uniform(-1, 1, value_heads).astype(np.float32))
+            # llama.cpp names it without `.weight`; -exp(A_log), so always negative.
+            writer.add_tensor(f"{b}.ssm_a",
+                              -np.exp(rng.uniform(-1, 1, value_heads)).astype(np.float32))
+            add(f"{b}.ssm_beta.weight", weight(value_heads, args.hidden))
+            add(f"{b}.ssm_alpha.weight", weight(value_heads, args.hidden))
+            writer.add_tensor(f"{b}.ssm_norm.weight",
+                              np.ones(args.linear_head_dim, dtype=np.float32))
+            add(f"{b}.ssm_out.weight", weight(args.hidden, value_width))
+        elif i not in attending:
+            taps = rng.standard_normal((args.hidden, conv_kernel), dtype=np.float32) * 0.5
             writer.add_tensor(f"{b}.shortconv.conv.weight", taps)
             add(f"{b}.shortconv.in_proj.weight", weight(3 * args.hidden, args.hidden))
             add(f"{b}.shortconv.out_proj.weight", weight(args.hidden, args.hidden))
         else:
-            if arch in ("qwen3", "qwen3moe", "gemma3", "lfm2"):
+            if arch in ("qwen3", "qwen3moe", "gemma3", "lfm2") + QWEN35:
                 norm = np.ones(head_dim, dtype=np.float32)
                 writer.add_tensor(f"{b}.attn_q_norm.weight", norm)
                 writer.add_tensor(f"{b}.attn_k_norm.weight", norm)
-            add(f"{b}.attn_q.weight", weight(width, args.hidden))
+            # Qwen3.5's query projection gives each head's query, then that head's output gate.
+            add(f"{b}.attn_q.weight", weight(2 * width if qwen35 else width, args.hidden))
             add(f"{b}.attn_k.weight", weight(kv, args.hidden))
             add(f"{b}.attn_v.weight", weight(kv, args.hidden))
             add(f"{b}.attn_output.weight", weight(args.hidden, width))
@@ -171,6 +272,13 @@ def main():
             add(f"{b}.ffn_gate_exps.weight", weight(e, args.hidden, stack=n))
             add(f"{b}.ffn_up_exps.weight", weight(e, args.hidden, stack=n))
             add(f"{b}.ffn_down_exps.weight", weight(args.hidden, e, stack=n))
+            if shared_ffn:
+                # The shared expert, scaled by the sigmoid of its own one-output gate.
+                gate = rng.standard_normal(args.hidden, dtype=np.float32) * 0.02
+                writer.add_tensor(f"{b}.ffn_gate_inp_shexp.weight", gate)
+                add(f"{b}.ffn_gate_shexp.weight", weight(shared_ffn, args.hidden))
+                add(f"{b}.ffn_up_shexp.weight", weight(shared_ffn, args.hidden))
+                add(f"{b}.ffn_down_shexp.weight", weight(args.hidden, shared_ffn))
             continue
         add(f"{b}.ffn_gate.weight", weight(args.ffn, args.hidden))
         add(f"{b}.ffn_up.weight", weight(args.ffn, args.hidden))

@@ -91,6 +91,7 @@ pub fn forward_costs(
                 SeqState {
                     slot: 0,
                     commits: true,
+                    resume: None,
                 },
             )?;
             backend.forward(&batch)?;
@@ -123,6 +124,7 @@ pub fn forward_costs(
                 SeqState {
                     slot: 0,
                     commits: false,
+                    resume: None,
                 },
             )?;
             Ok(batch)

@@ -143,10 +143,11 @@ pub fn spawn(
     if state > 0 {
         tracing::info!(
             "recurrent state: {} KiB a running sequence, whatever its length ({} MiB for {} \
-             sequences)",
+             sequences); snapshots at block boundaries for the prefix cache: up to {} MiB",
             state / 1024,
             state * config.scheduler.max_num_seqs / (1 << 20),
-            config.scheduler.max_num_seqs
+            config.scheduler.max_num_seqs,
+            crate::engine_loop::snapshot_bytes() >> 20
         );
     }
     let backend = backend::for_model_spaces(model, num_slots, window_slots)?;
@@ -161,15 +162,6 @@ pub fn spawn_with_backend(
     eos_ids: Vec<u32>,
     mut config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
-    if backend.recurrent() && config.scheduler.kv.prefix_caching {
-        // A cached prefix would need the recurrent state at its end, which is not kept per
-        // block yet: every prompt is computed from its first token.
-        tracing::info!(
-            "prefix caching is off: the model's recurrent layers keep no state snapshots at \
-             block boundaries yet"
-        );
-        config.scheduler.kv.prefix_caching = false;
-    }
     let unfolded = crate::model::config::UNFOLDED_POSITIONS - 1;
     if backend.recurrent() && config.speculation.max_draft_tokens > unfolded {
         // An accepted path is folded into the recurrent state from the inputs the store

@@ -74,4 +74,4 @@ pub use scheduler::{CostCurve, SchedulerConfig};
 pub use spec::coordinator::{DraftModelSetup, SourceTotals, SpeculationConfig};
 pub use spec::{SpecMethod, SpecRequest};
 pub use tree::{TokenTree, TreeMask};
-pub use tree_batch::{LogitRows, SeqEntry, SeqState, TreeBatch};
+pub use tree_batch::{LogitRows, SeqEntry, SeqState, StateSave, TreeBatch};

@@ -68,6 +68,21 @@ pub struct SeqState {
     /// forward folds in the path that was accepted, from the inputs the store keeps per
     /// position.
     pub commits: bool,
+    /// The state slot to start from instead (a snapshot at the end of a cached prefix,
+    /// which the context's length must equal).
+    pub resume: Option<usize>,
+}
+
+/// A snapshot to keep: the state of a batch's sequence once it has folded `folded`
+/// positions, copied into state slot `slot` (a block boundary the forward passes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSave {
+    /// The sequence (its index in the batch's `seqs`).
+    pub seq: usize,
+    /// Positions folded in when the copy is taken.
+    pub folded: usize,
+    /// Where the copy goes.
+    pub slot: usize,
 }
 
 /// A sequence's context as its windowed table holds it: positions `first..context_len`.
@@ -97,6 +112,8 @@ pub struct TreeBatch {
     pub logit_rows: Vec<usize>,
     /// Slots per block of every block table.
     pub block_size: usize,
+    /// Snapshots of recurrent states to keep as the forward passes them.
+    pub state_saves: Vec<StateSave>,
 }
 
 impl TreeBatch {

@@ -23,5 +23,5 @@ pub use config::SchedulerConfig;
 pub use error::SchedulerError;
 pub use kvcache::SeqId;
 pub use plan::{Progress, ScheduledSeq, StepPlan};
-pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler::{ResumePoints, Scheduler, SchedulerStats};
 pub use sequence::{SeqStatus, Sequence};

@@ -173,6 +173,12 @@ impl Scheduler {
         &self.blocks
     }
 
+    /// Where cached prefixes may end (a model with recurrent layers resumes only where their
+    /// state was kept): the block manager's resume points.
+    pub fn resume_points(&mut self) -> ResumePoints<'_> {
+        ResumePoints(&mut self.blocks)
+    }
+
     /// The sequence first in line for admission.
     pub fn waiting_front(&self) -> Option<SeqId> {
         self.waiting.front().copied()
@@ -533,5 +539,25 @@ impl Scheduler {
             return Err(format!("{slots} sequence slots over the cap"));
         }
         Ok(())
+    }
+}
+
+/// The block boundaries a cached prefix may end at ([`Scheduler::resume_points`]).
+pub struct ResumePoints<'a>(&'a mut BlockManager);
+
+impl ResumePoints<'_> {
+    /// From now on only at those marked.
+    pub fn restrict(&mut self) {
+        self.0.restrict_resume_points();
+    }
+
+    /// After the block `hash`.
+    pub fn add(&mut self, hash: kvcache::BlockHash) {
+        self.0.add_resume_point(hash);
+    }
+
+    /// No longer after the block `hash`.
+    pub fn remove(&mut self, hash: kvcache::BlockHash) {
+        self.0.remove_resume_point(hash);
     }
 }

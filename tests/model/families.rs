@@ -113,12 +113,14 @@ pub(crate) fn compare_within(
 pub(crate) const KEPT: SeqState = SeqState {
     slot: 0,
     commits: true,
+    resume: None,
 };
 
 /// The one sequence of a test's batches, in state slot 0, its rows verified but not kept.
 pub(crate) const VERIFIED: SeqState = SeqState {
     slot: 0,
     commits: false,
+    resume: None,
 };
 
 /// Logits agree within this fraction of their largest magnitude: the two implementations

@@ -393,6 +393,7 @@ pub(crate) fn prompt_then_tree_bits(model: &Model) -> Vec<u32> {
             let state = SeqState {
                 slot: s,
                 commits: step == 0,
+                resume: None,
             };
             batch.set_state(s, state).unwrap();
         }

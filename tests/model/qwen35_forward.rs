@@ -251,6 +251,7 @@ fn a_sequence_with_context_needs_its_state_slot_and_slots_are_per_sequence() {
             SeqState {
                 slot: 5,
                 commits: true,
+                resume: None,
             },
         )
         .unwrap();

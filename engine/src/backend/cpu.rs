@@ -82,8 +82,8 @@ impl Backend for CpuBackend {
         self.store.apply_moves(moves)
     }
 
-    fn recurrent(&self) -> bool {
-        self.model.is_recurrent()
+    fn state_bytes_per_sequence(&self) -> usize {
+        self.model.state_bytes_per_sequence()
     }
 
     fn prefault_kv(&mut self) {

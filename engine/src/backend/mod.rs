@@ -48,7 +48,11 @@ pub trait Backend: Send + 'static {
     /// Whether the model has layers that carry a recurrent state per sequence: every batch
     /// then names each sequence's state slot (`TreeBatch::set_state`).
     fn recurrent(&self) -> bool {
-        false
+        self.state_bytes_per_sequence() > 0
+    }
+    /// Bytes of recurrent state one sequence (or one snapshot of it) takes.
+    fn state_bytes_per_sequence(&self) -> usize {
+        0
     }
     /// Has the OS map the KV pool's memory now, before any request runs, where it is
     /// allocated lazily (host memory); a backend whose pool is resident from allocation does

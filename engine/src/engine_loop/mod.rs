@@ -52,6 +52,12 @@ mod step_output;
 use record::SeqRecord;
 use states::StateSlots;
 
+/// Bytes the snapshots of recurrent states may take (the prefix cache of a model with
+/// recurrent layers).
+pub(crate) fn snapshot_bytes() -> usize {
+    states::SNAPSHOT_BYTES
+}
+
 use crate::backend::Backend;
 use crate::constraint::{Constraint, TokenMask};
 use crate::metrics as names;
@@ -149,13 +155,21 @@ impl Engine {
             backend,
             tokenizer,
             eos_ids,
-            scheduler,
+            mut scheduler,
             spec,
             inbox,
             pending,
         } = parts;
+        if backend.recurrent() {
+            // A cached prefix resumes only where a snapshot of the recurrent state was kept.
+            scheduler.resume_points().restrict();
+        }
         Self {
-            states: StateSlots::new(backend.recurrent()),
+            states: StateSlots::new(
+                backend.recurrent(),
+                scheduler.blocks().block_size(),
+                states::snapshot_capacity(backend.state_bytes_per_sequence()),
+            ),
             backend,
             tokenizer,
             eos_ids,
@@ -339,9 +353,6 @@ impl Engine {
         for &seq in &plan.preempted {
             self.states.release(seq);
         }
-        for s in &plan.scheduled {
-            self.states.take(s.seq);
-        }
         if plan.is_empty() {
             self.fail_unschedulable();
             return;
@@ -399,8 +410,11 @@ impl Engine {
             .filter(|(s, _)| self.records.contains_key(&s.seq))
             .unzip();
         let scheduled = scheduled.as_slice();
-        let batch = self.assemble_batch(scheduled, &trees)?;
-        let (logits, forward_seconds) = self.forward_beside_masks(&batch, deferred, &mut masks)?;
+        let plans = self.plan_states(scheduled, &trees)?;
+        let batch = self.assemble_batch(scheduled, &trees, &plans)?;
+        let forward = self.forward_beside_masks(&batch, deferred, &mut masks);
+        self.record_states(scheduled, plans, forward.is_ok());
+        let (logits, forward_seconds) = forward?;
         self.observe_rows(&batch, &logits, forward_seconds);
         let decided = Instant::now();
         let output = self.decide(scheduled, trees, logits, &masks)?;

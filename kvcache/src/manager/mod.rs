@@ -19,7 +19,7 @@
 //! blocks keep their hash (cached) until their pool runs dry. Every change checks all spaces
 //! first and then changes them all, or none.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::window::Group;
 use crate::{
@@ -98,6 +98,10 @@ pub struct BlockManager {
     prefix_caching: bool,
     prefix_query_tokens: u64,
     prefix_hit_tokens: u64,
+    /// The block boundaries a cached prefix may end at, where not every one may (a model
+    /// with recurrent layers resumes only where their state was kept): the hash of the
+    /// block ending there. `None`: any boundary.
+    resume_points: Option<HashSet<BlockHash>>,
 }
 
 impl BlockManager {
@@ -129,6 +133,7 @@ impl BlockManager {
             prefix_caching: config.prefix_caching,
             prefix_query_tokens: 0,
             prefix_hit_tokens: 0,
+            resume_points: None,
         }
     }
 
@@ -205,6 +210,26 @@ impl BlockManager {
         })
     }
 
+    /// From now on a cached prefix ends only at a boundary marked with
+    /// [`BlockManager::add_resume_point`] (none yet).
+    pub fn restrict_resume_points(&mut self) {
+        self.resume_points.get_or_insert_with(HashSet::new);
+    }
+
+    /// A cached prefix may end after the block `hash` (where they are restricted).
+    pub fn add_resume_point(&mut self, hash: BlockHash) {
+        if let Some(points) = &mut self.resume_points {
+            points.insert(hash);
+        }
+    }
+
+    /// A cached prefix may no longer end after the block `hash` (where they are restricted).
+    pub fn remove_resume_point(&mut self, hash: BlockHash) {
+        if let Some(points) = &mut self.resume_points {
+            points.remove(&hash);
+        }
+    }
+
     /// Tokens of `tokens` whose KV is cached right now under `scope` (a cache salt's,
     /// [`BlockHash::scope`]; `None` for none), in whole blocks, in every space as far as the
     /// first query after them needs. At least one token is always left to compute, since
@@ -233,6 +258,12 @@ impl BlockManager {
             }
             hashes.push(hash);
             parent = Some(hash);
+        }
+        // Where resuming needs more than the blocks: at a boundary that can be resumed.
+        if let Some(points) = &self.resume_points {
+            while hashes.last().is_some_and(|h| !points.contains(h)) {
+                hashes.pop();
+            }
         }
         // The longest prefix every space can serve (a window may have let its blocks go).
         loop {

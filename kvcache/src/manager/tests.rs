@@ -95,6 +95,29 @@ fn prefix_hit_reuses_committed_blocks_and_leaves_one_token_to_compute() {
 }
 
 #[test]
+fn a_prefix_ends_only_at_a_resume_point_where_they_are_restricted() {
+    let mut m = manager(8, 4);
+    let prompt: Vec<u32> = (10..26).collect(); // 16 tokens = 4 full blocks
+    m.admit(SeqId(1), &prompt, 16, None).unwrap().unwrap();
+    m.commit(SeqId(1), &prompt).unwrap();
+    m.release(SeqId(1)).unwrap();
+    assert_eq!(m.cached_prefix_len(&prompt, None), 12);
+    m.restrict_resume_points();
+    assert_eq!(m.cached_prefix_len(&prompt, None), 0, "no point marked yet");
+    let b0 = BlockHash::new(None, &prompt[..4]);
+    let b1 = BlockHash::new(Some(b0), &prompt[4..8]);
+    let b2 = BlockHash::new(Some(b1), &prompt[8..12]);
+    m.add_resume_point(b0);
+    m.add_resume_point(b2);
+    assert_eq!(m.cached_prefix_len(&prompt, None), 12);
+    m.remove_resume_point(b2);
+    // The deepest point at or below the cached prefix.
+    assert_eq!(m.cached_prefix_len(&prompt, None), 4);
+    assert_eq!(m.admit(SeqId(2), &prompt, 16, None).unwrap(), Some(4));
+    m.check_invariants().unwrap();
+}
+
+#[test]
 fn admission_respects_the_pool_and_the_watermark() {
     let mut m = BlockManager::new(ManagerConfig {
         num_blocks: 10,

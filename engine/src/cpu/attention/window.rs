@@ -94,6 +94,7 @@ pub fn windowed_batch(batch: &TreeBatch, window: usize) -> Result<Option<TreeBat
         seqs,
         logit_rows: batch.logit_rows.clone(),
         block_size: batch.block_size,
+        state_saves: Vec::new(),
     }))
 }
 

@@ -408,6 +408,24 @@ impl PagedKvStore {
         self.states.bytes_per_sequence()
     }
 
+    /// Layer `layer`'s recurrent state in `from` copied into `to` (a snapshot kept, or
+    /// resumed from).
+    pub fn copy_state(&mut self, layer: usize, from: usize, to: usize) -> Result<()> {
+        self.states.copy(layer, from, to)
+    }
+
+    /// Layer `layer`'s recurrent state in `slot` set to `values`, having folded `folded`
+    /// positions.
+    pub fn set_state(
+        &mut self,
+        layer: usize,
+        slot: usize,
+        values: &[f32],
+        folded: usize,
+    ) -> Result<()> {
+        self.states.set(layer, slot, values, folded)
+    }
+
     /// Layer `layer`'s rows (as `rows` gives them) and its recurrent state in `slot` (zero,
     /// with nothing folded, the first time the slot is asked for).
     pub fn rows_and_state(

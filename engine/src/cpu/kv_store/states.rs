@@ -67,6 +67,38 @@ impl RecurrentStates {
         })
     }
 
+    /// Layer `layer`'s state in `from` copied into `to`, with its folded count.
+    pub(super) fn copy(&mut self, layer: usize, from: usize, to: usize) -> Result<()> {
+        let size = self.slot(layer, from.max(to))?.values.len();
+        let states = &mut self.layers[layer];
+        states
+            .values
+            .copy_within(from * size..(from + 1) * size, to * size);
+        states.folded[to] = states.folded[from];
+        Ok(())
+    }
+
+    /// Layer `layer`'s state in `slot` set to `values`, having folded `folded` positions.
+    pub(super) fn set(
+        &mut self,
+        layer: usize,
+        slot: usize,
+        values: &[f32],
+        folded: usize,
+    ) -> Result<()> {
+        let state = self.slot(layer, slot)?;
+        if values.len() != state.values.len() {
+            return Err(Error::InvalidBatch(format!(
+                "a state of {} values for slots of {}",
+                values.len(),
+                state.values.len()
+            )));
+        }
+        state.values.copy_from_slice(values);
+        *state.folded = folded;
+        Ok(())
+    }
+
     /// Bytes one sequence's states take, over every layer.
     pub(super) fn bytes_per_sequence(&self) -> usize {
         self.layers.iter().map(|s| s.size * 4).sum()

@@ -56,4 +56,3 @@ impl KvValue for f16 {
         _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
     }
 }
-

@@ -83,15 +83,27 @@ impl DeltaNetConsts {
         kv.write_rows(layer, &slots, &kept)?;
         out.clear();
         out.resize(rows * s.value_width(), 0.0);
-        for seq in &batch.seqs {
+        for (i, seq) in batch.seqs.iter().enumerate() {
             let outs = &mut out[seq.rows.start * s.value_width()..seq.rows.end * s.value_width()];
-            self.run_seq(seq, &row_slots, layer, eps, kv, outs)?;
+            let saves: Vec<(usize, usize)> = batch
+                .state_saves
+                .iter()
+                .filter(|save| save.seq == i)
+                .map(|save| (save.folded, save.slot))
+                .collect();
+            let kept = self.run_seq(seq, &row_slots, layer, eps, kv, &saves, outs)?;
+            for (slot, values, folded) in kept {
+                kv.set_state(layer, slot, &values, folded)?;
+            }
         }
         self.gated_norm(x.z, eps, out);
         Ok(())
     }
 
     /// One sequence's rows: their recurrence outputs into `out` (`[rows][value width]`).
+    /// Returns the snapshots `saves` asks for (`(folded, slot)`: the state once it has folded
+    /// that many positions, for that slot) as `(slot, state, folded)`.
+    #[allow(clippy::too_many_arguments)]
     fn run_seq(
         &self,
         seq: &SeqEntry,
@@ -99,9 +111,31 @@ impl DeltaNetConsts {
         layer: usize,
         eps: f32,
         kv: &mut PagedKvStore,
+        saves: &[(usize, usize)],
         out: &mut [f32],
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, Vec<f32>, usize)>> {
         let s = self.shape;
+        if let Some(st) = seq.state {
+            if let Some(from) = st.resume {
+                // A cached prefix's end: its snapshot becomes the sequence's state.
+                kv.copy_state(layer, from, st.slot)?;
+                let folded = *kv.rows_and_state(layer, st.slot)?.1.folded;
+                if folded != seq.context_len {
+                    return Err(Error::InvalidBatch(format!(
+                        "a snapshot of {folded} positions resumed for a context of {}",
+                        seq.context_len
+                    )));
+                }
+            }
+        }
+        let mut kept = Vec::new();
+        let mut keep = |state: &[f32], folded: usize| {
+            for &(at, slot) in saves {
+                if at == folded {
+                    kept.push((slot, state.to_vec(), folded));
+                }
+            }
+        };
         let (first, context): (usize, &[usize]) = match &seq.window_context {
             Some(held) => (held.first, &held.slots),
             None => (0, &seq.context_slots),
@@ -157,6 +191,7 @@ impl DeltaNetConsts {
                 }
                 self.token(&path, (stored, width), eps)
                     .step_all(self, state, &mut discard);
+                keep(state, p + 1);
             }
             *folded = n;
         }
@@ -179,8 +214,9 @@ impl DeltaNetConsts {
         }
         match (seq.mask.is_chain(), seq.state) {
             (true, Some(st)) if st.commits => {
-                for (t, o) in tokens.iter().zip(out.chunks_exact_mut(vw)) {
+                for (i, (t, o)) in tokens.iter().zip(out.chunks_exact_mut(vw)).enumerate() {
                     t.step_all(self, state, o);
+                    keep(state, n + i + 1);
                 }
                 if let Some(folded) = folded {
                     *folded = n + rows;
@@ -197,7 +233,7 @@ impl DeltaNetConsts {
                 self.tree(state, &tokens, &parents, out);
             }
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// The token whose convolution path is `path` (slots, newest first: its own, then the
