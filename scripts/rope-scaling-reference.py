@@ -12,7 +12,12 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
 - `qwen35`: tests/data/qwen35_llamacpp.json, the tiny dense Qwen3.5 hybrid of
   `tests/model/qwen35.rs` (Gated DeltaNet and gated attention), with a context of 256;
 - `qwen35moe`: tests/data/qwen35moe_llamacpp.json, the same hybrid with routed experts and a
-  gated shared expert, with a context of 256.
+  gated shared expert, with a context of 256;
+- `qwen3next`: tests/data/qwen3next_llamacpp.json, the tiny Qwen3-Next of
+  `tests/model/qwen3next.rs` (value heads grouped by key head, `ssm_ba`, plain RoPE), with a
+  context of 256;
+- `qwen3next_ssm_in`: tests/data/qwen3next_ssm_in_llamacpp.json, the same model with the
+  DeltaNet input fused in `ssm_in` as the first converter wrote it, with a context of 256.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -26,7 +31,7 @@ For each case the script has thicket's test suite write the tiny GGUF (`write_th
 an ignored test), compiles `scripts/llamacpp-greedy-logits.cpp` against the library, and runs it
 for 33 steps (the prompt, then 32 greedy tokens) in each context, with f32 K/V. llama.cpp's
 CPU flash attention (on unless turned off) casts K and V to f16 before attending; the Qwen3.5
-cases turn it off, so their logits are llama.cpp's f32 arithmetic throughout.
+and Qwen3-Next cases turn it off, so their logits are llama.cpp's f32 arithmetic throughout.
 """
 
 import argparse
@@ -53,6 +58,10 @@ CASES = {
                "tests/data/qwen35_llamacpp.json", False),
     "qwen35moe": ("model::qwen35::write_the_moe_reference_gguf", [256],
                   "tests/data/qwen35moe_llamacpp.json", False),
+    "qwen3next": ("model::qwen3next::write_the_reference_gguf", [256],
+                  "tests/data/qwen3next_llamacpp.json", False),
+    "qwen3next_ssm_in": ("model::qwen3next::write_the_ssm_in_reference_gguf", [256],
+                         "tests/data/qwen3next_ssm_in_llamacpp.json", False),
 }
 
 

@@ -18,5 +18,6 @@ pub(crate) mod moe;
 mod prepared_experts;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;
+pub(crate) mod qwen3next;
 mod tokenizer;
 mod yarn;

@@ -16,7 +16,7 @@ mod qwen35;
 
 pub use gguf::write_tiny_gguf;
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
-pub use qwen35::{write_tiny_qwen35_gguf, TinyQwen35};
+pub use qwen35::{write_tiny_qwen35_gguf, Qwen35Family, TinyQwen35};
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]

@@ -7,6 +7,13 @@
 //! layer attending. Norms are stored with Qwen's one already added (the converter's `+ 1`),
 //! except `ssm_norm`, a plain weight; `ssm_a` is `-exp(A_log)`. No tokenizer (`no_vocab`).
 //! These files are the ones checked against llama.cpp's recorded runs.
+//!
+//! The same drawn model can also be written as `qwen3next` (Qwen3-Next, [`Qwen35Family`]):
+//! its value heads grouped by key head instead of tiled, beta and alpha fused per key head
+//! (`ssm_ba`), either as today's converter splits the DeltaNet input projection (`attn_qkv`,
+//! `attn_gate`) or fused per key head as the first converter left it (`ssm_in`), plain NeoX
+//! RoPE (no sections). The rearrangement is exact: llama.cpp gives the same logits for a
+//! `qwen35moe` and a `qwen3next` written from one spec.
 
 use std::path::Path;
 
@@ -16,6 +23,34 @@ use candle_core::{Device, Tensor};
 
 use super::{SplitMix, TinyExperts};
 use crate::{Error, Result};
+
+/// The llama.cpp architecture a tiny Qwen3.5-like model is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Qwen35Family {
+    /// `qwen35` without experts, `qwen35moe` with: value heads tiled over the key heads
+    /// (value head `j` reads key head `j % key_heads`), `ssm_beta` and `ssm_alpha` apart,
+    /// multimodal RoPE sections.
+    #[default]
+    Qwen35,
+    /// `qwen3next` (experts required) as llama.cpp's converter writes it now: value heads
+    /// grouped by key head (value head `j` reads key head `j / (value_heads / key_heads)`),
+    /// `attn_qkv` and `attn_gate` as for `qwen35`, `ssm_ba` holding for each key head its
+    /// value heads' beta rows then their alpha rows, plain RoPE.
+    Qwen3Next,
+    /// `qwen3next` as llama.cpp's first converter for it wrote it (the files published
+    /// then): the DeltaNet input one matrix `ssm_in` (for each key head: its query, its key,
+    /// its value heads' values, their gates z) and, like files older than that key, no
+    /// `attention.recurrent_layers` (the layers follow `full_attention_interval`); otherwise
+    /// as [`Qwen35Family::Qwen3Next`].
+    Qwen3NextSsmIn,
+}
+
+impl Qwen35Family {
+    /// Whether the file is a `qwen3next`.
+    pub fn is_next(self) -> bool {
+        self != Self::Qwen35
+    }
+}
 
 /// Shape of a tiny Qwen3.5.
 #[derive(Debug, Clone)]
@@ -60,6 +95,8 @@ pub struct TinyQwen35 {
     /// `None`: `qwen35`, a dense MLP in every layer. `Some`: `qwen35moe`, experts in every
     /// layer (normalized top-k) and a shared expert (`shared_width` required).
     pub experts: Option<TinyExperts>,
+    /// The architecture the file is written as (`qwen35`/`qwen35moe` unless told).
+    pub family: Qwen35Family,
     /// Seed of the weight generator.
     pub seed: u64,
 }
@@ -85,6 +122,7 @@ impl Default for TinyQwen35 {
             linear_key_head_dim: 16,
             linear_value_head_dim: 16,
             experts: None,
+            family: Qwen35Family::Qwen35,
             seed: 35,
         }
     }
@@ -96,11 +134,13 @@ impl TinyQwen35 {
         (i + 1).is_multiple_of(self.full_attention_interval)
     }
 
-    /// The GGUF architecture: `qwen35moe` with experts, `qwen35` without.
+    /// The GGUF architecture: `qwen3next` for that family, else `qwen35moe` with experts,
+    /// `qwen35` without.
     pub fn architecture(&self) -> &'static str {
-        match self.experts {
-            Some(_) => "qwen35moe",
-            None => "qwen35",
+        match (self.family.is_next(), &self.experts) {
+            (true, _) => "qwen3next",
+            (false, Some(_)) => "qwen35moe",
+            (false, None) => "qwen35",
         }
     }
 
@@ -136,8 +176,12 @@ impl TinyQwen35 {
         if self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
             return bad("rotary_dim must be even and at most head_dim");
         }
-        if 2 * self.rope_sections.iter().sum::<usize>() != self.rotary_dim {
+        if !self.family.is_next() && 2 * self.rope_sections.iter().sum::<usize>() != self.rotary_dim
+        {
             return bad("rope sections must sum to rotary_dim / 2");
+        }
+        if self.family.is_next() && self.experts.is_none() {
+            return bad("qwen3next needs experts");
         }
         if let Some(moe) = &self.experts {
             if moe.used == 0 || moe.used > moe.count {
@@ -295,13 +339,127 @@ fn draw_experts(d: &mut Drawer, spec: &TinyQwen35, moe: &TinyExperts, i: usize) 
     Ok(())
 }
 
-/// Writes `spec` as a `qwen35` (or, with experts, `qwen35moe`) GGUF at `path`: projections,
-/// the embedding and the head in `dtype`; norms, convolution taps, `ssm_dt.bias`, `ssm_a`,
-/// the router and the shared expert's gate in f32; no tokenizer (`no_vocab`).
+/// Indices of `value_heads` blocks of `block` rows (or columns) in `qwen3next`'s order,
+/// grouped by key head, into `qwen35`'s, tiled: grouped head `k * r + i` (`r` value heads per
+/// key head) is tiled head `i * key_heads + k`.
+fn grouped_from_tiled(spec: &TinyQwen35, block: usize) -> Vec<u32> {
+    let nk = spec.linear_key_heads;
+    let r = spec.linear_value_heads / nk;
+    (0..nk * r)
+        .flat_map(|g| {
+            let tiled = (g % r) * nk + g / r;
+            (tiled * block..(tiled + 1) * block).map(|x| x as u32)
+        })
+        .collect()
+}
+
+/// `values` with its entries along `dim` taken at `index`.
+fn pick(values: &Tensor, index: Vec<u32>, dim: usize) -> Result<Tensor> {
+    let n = index.len();
+    let index = Tensor::from_vec(index, n, &Device::Cpu)?;
+    Ok(values.index_select(&index, dim)?)
+}
+
+/// `all`, drawn as for `qwen35moe`, laid out as `qwen3next` holds the same model: every
+/// value-head dimension reordered from tiled to grouped, `ssm_beta` and `ssm_alpha` fused
+/// into `ssm_ba` (for each key head: its value heads' beta rows, then their alpha rows) and,
+/// for [`Qwen35Family::Qwen3NextSsmIn`], `attn_qkv` and `attn_gate` into `ssm_in` (for each
+/// key head: its query rows, its key rows, its value heads' value rows, their z rows).
+fn relayout_next(spec: &TinyQwen35, all: Vec<Named>) -> Result<Vec<Named>> {
+    let (nk, hk, hv) = (
+        spec.linear_key_heads,
+        spec.linear_key_head_dim,
+        spec.linear_value_head_dim,
+    );
+    let nv = spec.linear_value_heads;
+    let r = nv / nk;
+    let qk = 2 * nk * hk;
+    let heads = grouped_from_tiled(spec, hv);
+    let channels: Vec<u32> = (0..qk as u32)
+        .chain(heads.iter().map(|&x| x + qk as u32))
+        .collect();
+    let ba: Vec<u32> = (0..nk)
+        .flat_map(|k| {
+            let beta = (0..r).map(move |i| (i * nk + k) as u32);
+            let alpha = (0..r).map(move |i| (nv + i * nk + k) as u32);
+            beta.chain(alpha)
+        })
+        .collect();
+    let fused: Vec<u32> = (0..nk)
+        .flat_map(|k| {
+            let rows = |start: usize, n: usize| (start..start + n).map(|x| x as u32);
+            rows(k * hk, hk)
+                .chain(rows(nk * hk + k * hk, hk))
+                .chain(rows(qk + k * r * hv, r * hv))
+                .chain(rows(qk + nv * hv + k * r * hv, r * hv))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(all.len());
+    let mut held: Option<Tensor> = None;
+    for t in all {
+        // `blk.N.role`: the layer's prefix and the role.
+        let role = match t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+            Some((_, role)) => role.to_string(),
+            None => String::new(),
+        };
+        let prefix = &t.name[..t.name.len() - role.len()];
+        let renamed = |role: &str| format!("{prefix}{role}");
+        let values = match role.as_str() {
+            "attn_qkv.weight" => pick(&t.values, channels.clone(), 0)?,
+            "attn_gate.weight" => pick(&t.values, heads.clone(), 0)?,
+            "ssm_conv1d.weight" => pick(&t.values, channels.clone(), 0)?,
+            "ssm_dt.bias" | "ssm_a" => pick(&t.values, grouped_from_tiled(spec, 1), 0)?,
+            "ssm_out.weight" => pick(&t.values, heads.clone(), 1)?,
+            "ssm_beta.weight" => {
+                held = Some(t.values);
+                continue;
+            }
+            "ssm_alpha.weight" => {
+                let beta = held.take().expect("ssm_beta is drawn before ssm_alpha");
+                let both = Tensor::cat(&[beta, t.values], 0)?;
+                out.push(Named {
+                    name: renamed("ssm_ba.weight"),
+                    values: pick(&both, ba.clone(), 0)?,
+                    f32: t.f32,
+                });
+                continue;
+            }
+            _ => t.values,
+        };
+        let ssm_in = spec.family == Qwen35Family::Qwen3NextSsmIn;
+        match role.as_str() {
+            "attn_qkv.weight" if ssm_in => held = Some(values),
+            "attn_gate.weight" if ssm_in => {
+                let qkv = held.take().expect("attn_qkv is drawn before attn_gate");
+                let both = Tensor::cat(&[qkv, values], 0)?;
+                out.push(Named {
+                    name: renamed("ssm_in.weight"),
+                    values: pick(&both, fused.clone(), 0)?,
+                    f32: t.f32,
+                });
+            }
+            _ => out.push(Named {
+                name: t.name,
+                values,
+                f32: t.f32,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `spec` as a `qwen35` (or, with experts, `qwen35moe`; or, as its family says,
+/// `qwen3next`) GGUF at `path`: projections, the embedding and the head in `dtype`; norms,
+/// convolution taps, `ssm_dt.bias`, `ssm_a`, the router and the shared expert's gate in f32;
+/// no tokenizer (`no_vocab`).
 pub fn write_tiny_qwen35_gguf(path: &Path, spec: &TinyQwen35, dtype: GgmlDType) -> Result<()> {
     spec.check()?;
+    let mut drawn = draw(spec)?;
+    if spec.family.is_next() {
+        drawn = relayout_next(spec, drawn)?;
+    }
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    for t in draw(spec)? {
+    for t in drawn {
         let dt = if t.f32 { GgmlDType::F32 } else { dtype };
         tensors.push((t.name, QTensor::quantize(&t.values, dt)?));
     }
@@ -400,6 +558,22 @@ pub fn write_tiny_qwen35_gguf(path: &Path, spec: &TinyQwen35, dtype: GgmlDType) 
             metadata.push((
                 format!("{name}.expert_shared_feed_forward_length"),
                 u32_of(moe.shared_width.unwrap_or(spec.intermediate_size)),
+            ));
+        }
+    }
+    match spec.family {
+        Qwen35Family::Qwen35 => {}
+        family => {
+            // Plain NeoX RoPE; the first converter wrote no `recurrent_layers`. Like the
+            // converter, the dense width (`intermediate_size`, used by no layer) as well.
+            let sections = format!("{name}.rope.dimension_sections");
+            let recurrent = format!("{name}.attention.recurrent_layers");
+            metadata.retain(|(key, _)| {
+                *key != sections && (*key != recurrent || family != Qwen35Family::Qwen3NextSsmIn)
+            });
+            metadata.push((
+                format!("{name}.feed_forward_length"),
+                u32_of(spec.intermediate_size),
             ));
         }
     }
