@@ -56,7 +56,7 @@ fn write_the_moe_reference_gguf() {
 
 /// `spec` (f32) against llama.cpp's recorded run on the same file (`reference`), and the
 /// prompt prefilled in chunks of 1, 2 and 4 against llama.cpp's first logits.
-fn matches_llama_cpp(spec: &TinyQwen35, reference: &str, tolerance: f32) {
+pub(crate) fn matches_llama_cpp(spec: &TinyQwen35, reference: &str, tolerance: f32) {
     use candle_core::{DType, Device};
     use engine::cpu::kv_store::KvDtype;
     use engine::Model;

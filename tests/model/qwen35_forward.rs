@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use super::families::{KEPT, VERIFIED};
 use super::forward::{prompt_then_tree_bits, random_tree, tree_vs_chains};
 use super::qwen35::{tiny_qwen35, tiny_qwen35moe};
+use super::qwen3next::tiny_qwen3next;
 use crate::support::fixtures::one_sequence;
 
 /// The tiny mixture with a shared expert wide enough for Q8_0's blocks of 32 (the f32
@@ -89,7 +90,7 @@ fn the_declaration_makes_every_other_layer_a_gated_delta_net() {
 
 #[test]
 fn qwen35_fused_pass_gives_the_candle_ops_bits() {
-    for spec in [tiny_qwen35(), tiny_qwen35moe_q8()] {
+    for spec in [tiny_qwen35(), tiny_qwen35moe_q8(), tiny_qwen3next()] {
         let (_dir, model) = qwen35_model(&spec, GgmlDType::Q8_0, false);
         assert!(model.is_fused());
         let reference = model.clone().without_fused_pass();
@@ -136,7 +137,7 @@ fn qwen35_prefill_in_chunks_gives_the_token_by_token_logits() {
 
 #[test]
 fn qwen35_tree_nodes_match_their_root_paths() {
-    for spec in [tiny_qwen35(), tiny_qwen35moe_q8()] {
+    for spec in [tiny_qwen35(), tiny_qwen35moe_q8(), tiny_qwen3next()] {
         let (_dir, model) = qwen35_model(&spec, GgmlDType::Q8_0, false);
         let mut rng = StdRng::seed_from_u64(4);
         let prefix: Vec<u32> = (0..11).map(|_| rng.random_range(0..300)).collect();

@@ -65,3 +65,38 @@ fn write_the_ssm_in_reference_gguf() {
     )
     .unwrap();
 }
+
+#[test]
+fn qwen3next_matches_llama_cpp() {
+    // llama.cpp's greedy tokens and logits on the same file (f32 weights, K/V and states,
+    // attention in f32), recorded by scripts/rope-scaling-reference.py.
+    super::qwen35::matches_llama_cpp(
+        &tiny_qwen3next(),
+        include_str!("../data/qwen3next_llamacpp.json"),
+        1e-4,
+    );
+}
+
+#[test]
+fn qwen3next_with_the_first_converters_ssm_in_matches_llama_cpp() {
+    super::qwen35::matches_llama_cpp(
+        &tiny_qwen3next_ssm_in(),
+        include_str!("../data/qwen3next_ssm_in_llamacpp.json"),
+        1e-4,
+    );
+}
+
+#[test]
+fn qwen3next_value_heads_are_grouped_and_its_mtp_free_layers_load() {
+    use engine::model::config::{KeyHeadsOfValues, LayerMixer};
+    for spec in [tiny_qwen3next(), tiny_qwen3next_ssm_in()] {
+        let (_dir, model) = super::qwen35_forward::qwen35_model(&spec, GgmlDType::Q8_0, false);
+        let cfg = model.config();
+        let LayerMixer::DeltaNet(shape) = cfg.layer_mixer(0) else {
+            panic!("layer 0 is a Gated DeltaNet layer")
+        };
+        assert_eq!(shape.key_heads_of_values, KeyHeadsOfValues::Grouped);
+        assert_eq!(cfg.layer_mixer(1), LayerMixer::Attention);
+        assert!(cfg.variant.gated_attention && cfg.variant.moe.is_some());
+    }
+}

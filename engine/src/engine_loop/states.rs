@@ -9,9 +9,9 @@
 //!   the block that ends there, so a prompt whose cached prefix ends there starts from it
 //!   (the block manager lets a prefix end only at such a boundary: its resume points).
 //!   A sequence keeps a snapshot at every `interval`-th boundary it passes, at the last one
-//!   of its prompt (where a repeat of the prompt resumes) and at the latest one (where a
-//!   conversation's next turn resumes); at most `capacity` are kept, the least recently
-//!   used going first.
+//!   of its prompt (where a repeat of the prompt resumes) and at its latest few (where a
+//!   conversation's next turn resumes, its answer re-sent); at most `capacity` are kept,
+//!   the least recently used going first.
 //!
 //! Which boundaries a step passes is known before it runs: a chain the sequence keeps
 //! moves its state to the chain's end, and a draft path accepted at the previous step is
@@ -41,8 +41,8 @@ struct SeqSlot {
     folded: Option<usize>,
     /// The hashes of its blocks, as far as computed.
     chain: Vec<BlockHash>,
-    /// Its latest snapshot.
-    latest: Option<BlockHash>,
+    /// Its latest snapshots, oldest first (at most `RECENT`).
+    recent: Vec<BlockHash>,
     /// The last boundary a repeat of its prompt can resume from.
     prompt_end: usize,
 }
@@ -198,9 +198,11 @@ impl StateSlots {
             }
             self.snapshots.insert(hash, Snapshot { slot, used: clock });
             changes.added.push(hash);
-            // The previous latest stays only on the interval or at the prompt's end (where
-            // a repeat of the prompt resumes).
-            if let Some(previous) = entry.latest.replace(hash) {
+            // One that is no longer among the latest few stays only on the interval or at
+            // the prompt's end (where a repeat of the prompt resumes).
+            entry.recent.push(hash);
+            if entry.recent.len() > RECENT {
+                let previous = entry.recent.remove(0);
                 let kept = entry
                     .chain
                     .iter()
@@ -209,7 +211,7 @@ impl StateSlots {
                         (i + 1) % self.interval == 0
                             || (i + 1) * self.block_size == entry.prompt_end
                     });
-                if !kept && previous != hash {
+                if !kept {
                     dropped.push(previous);
                 }
             }
@@ -259,6 +261,10 @@ impl StateSlots {
 
 /// Every this many blocks a sequence's snapshot is kept when it moves past it.
 pub(super) const SNAPSHOT_INTERVAL: usize = 8;
+
+/// A sequence's latest snapshots kept whatever their boundary: a conversation's next turn
+/// re-sends the answer, whose last tokens may come back tokenized otherwise.
+pub(super) const RECENT: usize = 4;
 
 /// Bytes the snapshots of recurrent states may take.
 pub(super) const SNAPSHOT_BYTES: usize = 1 << 30;
@@ -343,8 +349,7 @@ mod tests {
         assert_eq!(at, [4, 8]);
         let changes = slots.ran(SeqId(1), p);
         assert_eq!(changes.added.len(), 2);
-        // Boundary 4 is not on the interval: it goes once 8 is the latest.
-        assert_eq!(changes.removed.len(), 1);
+        assert!(changes.removed.is_empty(), "both among the latest few");
         // A verified tree keeps nothing new; the next step folds the accepted path in.
         let p = slots
             .plan(SeqId(1), &step(&tokens, 10, 5, false))
@@ -366,6 +371,28 @@ mod tests {
             .unwrap();
         assert!(p.state.resume.is_some());
         assert!(p.saves.is_empty(), "12 is kept already; 15 is no boundary");
+        // Far on: the latest four stay, and the interval's (32: the 8th block) and the
+        // prompt's last (8), not the others.
+        let p = slots
+            .plan(SeqId(1), &step(&tokens, 14, 40, true))
+            .unwrap()
+            .unwrap();
+        let changes = slots.ran(SeqId(1), p);
+        assert_eq!(changes.added.len(), 10, "16 to 52");
+        fn kept(slots: &mut StateSlots, tokens: &[u32], at: usize) -> bool {
+            let ok = slots.plan(SeqId(9), &step(tokens, at, 1, true)).is_ok();
+            slots.release(SeqId(9));
+            ok
+        }
+        for (at, want) in [(4, false), (8, true), (12, false), (20, false), (32, true)] {
+            assert_eq!(kept(&mut slots, &tokens, at), want, "boundary {at}");
+        }
+        for at in [40, 44, 48, 52] {
+            assert!(
+                kept(&mut slots, &tokens, at),
+                "boundary {at}, among the latest"
+            );
+        }
         // Past an unkept boundary: a clear error.
         let err = slots
             .plan(SeqId(3), &step(&tokens, 4, 1, true))

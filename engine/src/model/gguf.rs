@@ -26,8 +26,8 @@ use crate::model::linear::Linear;
 use crate::model::shapes::{deal_quantized, split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{
-    AttentionWeights, DeltaNetParts, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp,
-    ModelWeights, ShortConvWeights, TokenMixer,
+    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights,
+    ShortConvWeights, TokenMixer,
 };
 use crate::{Error, Result};
 
@@ -117,7 +117,22 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
             .map(Vec::len)
             .ok_or_else(|| Error::Metadata("missing vocabulary size".into()))?,
     };
-    let num_layers = usize_of("block_count")?;
+    // Qwen3.5's and Qwen3-Next's converters append their multi-token-prediction blocks.
+    let block_count = usize_of("block_count")?;
+    let mtp = optional_usize("nextn_predict_layers")?.unwrap_or(0);
+    if mtp >= block_count {
+        return Err(Error::Metadata(format!(
+            "{} = {mtp} of {block_count} blocks leaves no decoder",
+            key("nextn_predict_layers")
+        )));
+    }
+    if mtp > 0 {
+        tracing::info!(
+            "skipping the file's {mtp} multi-token-prediction block(s) (not used as a draft \
+             source yet)"
+        );
+    }
+    let num_layers = block_count - mtp;
     let facts = FileFacts {
         num_layers,
         hidden_size,
@@ -416,31 +431,9 @@ fn weights_from(
                     output_gate,
                 })
             } else if let LayerMixer::DeltaNet(shape) = config.layer_mixer(i) {
-                let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-                    let t = dense(tensor(&format!("{p}.{name}"))?)?.flatten_all()?;
-                    let values = t.to_vec1::<f32>()?;
-                    if values.len() != len {
-                        return Err(Error::Metadata(format!(
-                            "tensor {p}.{name} has {} values, {len} expected",
-                            values.len()
-                        )));
-                    }
-                    Ok(values)
-                };
-                let heads = shape.value_heads;
                 Box::new(DeltaNetWeights::new(
                     shape,
-                    DeltaNetParts {
-                        qkv: proj("attn_qkv", Role::DeltaQkv, false)?,
-                        gate: proj("attn_gate", Role::DeltaGate, false)?,
-                        beta: proj("ssm_beta", Role::DeltaHeads, false)?,
-                        alpha: proj("ssm_alpha", Role::DeltaHeads, false)?,
-                        conv: dense(tensor(&format!("{p}.ssm_conv1d.weight"))?)?,
-                        dt_bias: vector("ssm_dt.bias", heads)?,
-                        decay: vector("ssm_a", heads)?,
-                        norm: vector("ssm_norm.weight", shape.value_dim)?,
-                        out: proj("ssm_out", Role::DeltaOut, false)?,
-                    },
+                    expert_tensors.delta_net(&p, shape, &shapes)?,
                 )?)
             } else {
                 let conv = dense(tensor(&format!("{p}.shortconv.conv.weight"))?)?;

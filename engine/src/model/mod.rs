@@ -32,6 +32,7 @@ pub mod fetch;
 pub(crate) mod fused_pass;
 mod fused_rows;
 pub mod gguf;
+mod gguf_delta_net;
 mod gguf_keys;
 pub(crate) mod hf;
 mod hf_hybrid;

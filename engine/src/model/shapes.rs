@@ -1,8 +1,9 @@
 //! The shape each weight of a layer must have for a config (`[out, in]` for projections), so
 //! that a file whose tensors contradict its own metadata or the family's declaration is refused
 //! at load with the tensor's name, instead of failing (or computing garbage) in a forward; and
-//! the split of fused projections (Phi-3's `qkv` and `gate_up`) into their parts, by rows, for
-//! dense tensors and for GGUF's quantized blocks alike (a row's blocks are its own).
+//! the split of fused projections (Phi-3's `qkv` and `gate_up`; a gated attention's query and
+//! gate; Qwen3-Next's fused DeltaNet inputs) into their parts, by rows, for dense tensors and
+//! for GGUF's quantized blocks alike (a row's blocks are its own).
 
 use std::borrow::Cow;
 
@@ -189,6 +190,32 @@ pub fn deal_quantized(q: &QTensor, run: usize) -> Result<[QTensor; 2]> {
         Ok(QTensor::new(storage, (rows / 2, cols))?)
     };
     Ok([make(a)?, make(b)?])
+}
+
+/// The rows `ranges` of `q` (`[rows, in]`, any GGUF type), in that order, as one tensor
+/// (each row keeps its blocks' bytes as they are).
+pub fn gather_quantized(q: &QTensor, ranges: &[std::ops::Range<usize>]) -> Result<QTensor> {
+    let dims = q.shape().dims().to_vec();
+    let [rows, cols] = dims[..] else {
+        return Err(Error::Metadata(format!(
+            "a projection of shape {dims:?} is not a matrix"
+        )));
+    };
+    let dtype = q.dtype();
+    let row_bytes = cols / dtype.block_size() * dtype.type_size();
+    let data = q.data()?;
+    if let Some(bad) = ranges.iter().find(|r| r.start > r.end || r.end > rows) {
+        return Err(Error::Metadata(format!(
+            "rows {bad:?} of a projection of {rows} rows"
+        )));
+    }
+    let mut bytes = Vec::new();
+    for r in ranges {
+        bytes.extend_from_slice(&data[r.start * row_bytes..r.end * row_bytes]);
+    }
+    let taken = ranges.iter().map(|r| r.len()).sum::<usize>();
+    let storage = QStorage::from_data(Cow::Owned(bytes), &q.device(), dtype)?;
+    Ok(QTensor::new(storage, (taken, cols))?)
 }
 
 /// The parts of a split `qkv` and `gate_up` as `(q, k, v, gate, up)`.

@@ -20,6 +20,7 @@ mod qwen3;
 mod qwen35;
 mod qwen35moe;
 mod qwen3moe;
+mod qwen3next;
 
 use crate::model::config::{
     Activation, DeltaNetShape, KeyHeadsOfValues, LayerAttention, Moe, RopeScaling, RopeStyle,
@@ -58,6 +59,8 @@ pub enum Architecture {
     Qwen35,
     /// Qwen3.5 / Qwen3.6 mixtures of experts.
     Qwen35Moe,
+    /// Qwen3-Next.
+    Qwen3Next,
 }
 
 /// Every family, for lookups and error messages.
@@ -75,6 +78,7 @@ const FAMILIES: &[&Family] = &[
     &lfm2::FAMILY,
     &qwen35::FAMILY,
     &qwen35moe::FAMILY,
+    &qwen3next::FAMILY,
 ];
 
 impl Architecture {

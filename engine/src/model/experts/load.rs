@@ -81,13 +81,13 @@ pub(crate) struct GgufTensors<'a> {
 }
 
 impl GgufTensors<'_> {
-    fn dense(&self, name: &str) -> Result<Tensor> {
+    pub(crate) fn dense(&self, name: &str) -> Result<Tensor> {
         Ok((self.read)(name)?
             .dequantize(self.device)?
             .to_dtype(DType::F32)?)
     }
 
-    fn linear(&self, q: QTensor) -> Result<Linear> {
+    pub(crate) fn linear(&self, q: QTensor) -> Result<Linear> {
         Linear::from_qtensor(q, None, self.dtype)
     }
 

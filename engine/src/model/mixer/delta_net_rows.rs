@@ -14,6 +14,7 @@
 
 use crate::cpu::delta_rule::{self, HeadDims, Inputs, TreeTokens};
 use crate::cpu::kv_store::PagedKvStore;
+use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
 use crate::tree_batch::{SeqEntry, TreeBatch};
 use crate::{Error, Result};
@@ -128,14 +129,6 @@ impl DeltaNetConsts {
                 }
             }
         }
-        let mut kept = Vec::new();
-        let mut keep = |state: &[f32], folded: usize| {
-            for &(at, slot) in saves {
-                if at == folded {
-                    kept.push((slot, state.to_vec(), folded));
-                }
-            }
-        };
         let (first, context): (usize, &[usize]) = match &seq.window_context {
             Some(held) => (held.first, &held.slots),
             None => (0, &seq.context_slots),
@@ -170,7 +163,6 @@ impl DeltaNetConsts {
             }
         };
         let mut path = Vec::with_capacity(s.kernel);
-        let vw = s.value_width();
         if let Some(folded) = folded.as_deref_mut() {
             if n == 0 {
                 state.fill(0.0);
@@ -182,18 +174,16 @@ impl DeltaNetConsts {
                     *folded
                 )));
             }
-            // Positions accepted since the state was last moved: folded in from their inputs.
-            let mut discard = vec![0f32; vw];
-            for p in *folded..n {
-                path.clear();
-                for back in 0..s.kernel.min(p + 1) {
-                    path.push(at(p - back)?);
-                }
-                self.token(&path, (stored, width), eps)
-                    .step_all(self, state, &mut discard);
-                keep(state, p + 1);
+        }
+        let start = folded.as_deref().copied().unwrap_or(0);
+        // Positions accepted since the state was last moved: folded in from their inputs.
+        let mut fold = Vec::with_capacity(n - start);
+        for p in start..n {
+            path.clear();
+            for back in 0..s.kernel.min(p + 1) {
+                path.push(at(p - back)?);
             }
-            *folded = n;
+            fold.push(self.token(&path, (stored, width), eps));
         }
         // Each row's convolution: itself, its ancestors, then the context, newest first.
         let rows = seq.rows.len();
@@ -212,28 +202,94 @@ impl DeltaNetConsts {
             }
             tokens.push(self.token(&path, (stored, width), eps));
         }
-        match (seq.mask.is_chain(), seq.state) {
+        // The snapshots asked for, taken as the state passes them.
+        let keep_at: Vec<(usize, usize)> = saves
+            .iter()
+            .filter(|&&(at, _)| at > start)
+            .map(|&(at, slot)| (at - start, slot))
+            .collect();
+        let kept = match (seq.mask.is_chain(), seq.state) {
             (true, Some(st)) if st.commits => {
-                for (i, (t, o)) in tokens.iter().zip(out.chunks_exact_mut(vw)).enumerate() {
-                    t.step_all(self, state, o);
-                    keep(state, n + i + 1);
-                }
+                let end = n + rows;
+                fold.extend(tokens);
+                let kept = self.run_heads(state, &fold, Some((n - start, out)), &keep_at);
                 if let Some(folded) = folded {
-                    *folded = n + rows;
+                    *folded = end;
                 }
+                kept
             }
             (true, _) => {
-                let mut copy = state.to_vec();
-                for (t, o) in tokens.iter().zip(out.chunks_exact_mut(vw)) {
-                    t.step_all(self, &mut copy, o);
+                let kept = self.run_heads(state, &fold, None, &keep_at);
+                if let Some(folded) = folded {
+                    *folded = n;
                 }
+                let mut copy = state.to_vec();
+                self.run_heads(&mut copy, &tokens, Some((0, out)), &[]);
+                kept
             }
             (false, _) => {
+                let kept = self.run_heads(state, &fold, None, &keep_at);
+                if let Some(folded) = folded {
+                    *folded = n;
+                }
                 let parents: Vec<Option<usize>> = (0..rows).map(|i| seq.mask.parent(i)).collect();
                 self.tree(state, &tokens, &parents, out);
+                kept
             }
-        }
-        Ok(kept)
+        };
+        Ok(kept
+            .into_iter()
+            .map(|(count, slot, values)| (slot, values, start + count))
+            .collect())
+    }
+
+    /// `tokens` through every value head's state (`[value heads][key dim][value dim]`), the
+    /// heads spread over the forward's team: token `i`'s outputs into row `i - skip` of
+    /// `out` (`[rows][value width]`) where given (the first `skip` tokens' are dropped), and
+    /// a copy of the state after the first `count` tokens for each `(count, slot)` of
+    /// `keep_at`, returned as `(count, slot, state)`.
+    fn run_heads(
+        &self,
+        state: &mut [f32],
+        tokens: &[Token],
+        out: Option<(usize, &mut [f32])>,
+        keep_at: &[(usize, usize)],
+    ) -> Vec<(usize, usize, Vec<f32>)> {
+        let s = self.shape;
+        let (dk, dv, vw) = (s.key_dim, s.value_dim, s.value_width());
+        let size = dk * dv;
+        let mut kept: Vec<(usize, usize, Vec<f32>)> = keep_at
+            .iter()
+            .map(|&(count, slot)| (count, slot, vec![0f32; state.len()]))
+            .collect();
+        let states = Disjoint::new(state);
+        let (skip, out) = match out {
+            Some((skip, out)) => (skip, Some(Disjoint::new(out))),
+            None => (usize::MAX, None),
+        };
+        let copies: Vec<(usize, Disjoint<f32>)> = kept
+            .iter_mut()
+            .map(|(count, _, values)| (*count, Disjoint::new(values)))
+            .collect();
+        team::for_each(s.value_heads, |j| {
+            // SAFETY: head `j` alone reaches run `j` of the state, of each copy and of each
+            // output row, all inside their buffers, which outlive the loop.
+            let head = unsafe { states.run(j * size, size) };
+            let mut discard = vec![0f32; dv];
+            for (i, token) in tokens.iter().enumerate() {
+                let o = match &out {
+                    Some(rows) if i >= skip => unsafe { rows.run((i - skip) * vw + j * dv, dv) },
+                    _ => &mut discard[..],
+                };
+                token.step_head(&s, j, head, o);
+                for (count, copy) in &copies {
+                    if *count == i + 1 {
+                        unsafe { copy.run(j * size, size) }.copy_from_slice(head);
+                    }
+                }
+            }
+        });
+        kept
     }
 
     /// The token whose convolution path is `path` (slots, newest first: its own, then the
@@ -277,15 +333,15 @@ impl DeltaNetConsts {
         }
     }
 
-    /// A tree's rows from `state` (left unchanged), each node from its parent's state.
+    /// A tree's rows from `state` (left unchanged), each node from its parent's state; the
+    /// heads spread over the forward's team.
     fn tree(&self, state: &[f32], tokens: &[Token], parents: &[Option<usize>], out: &mut [f32]) {
         let s = self.shape;
         let (dk, dv, vw) = (s.key_dim, s.value_dim, s.value_width());
         let dims = HeadDims { dk, dv };
         let rows = tokens.len();
-        let mut stack = Vec::new();
-        let mut head_out = vec![0f32; rows * dv];
-        for j in 0..s.value_heads {
+        let outs = Disjoint::new(out);
+        team::for_each(s.value_heads, |j| {
             let kh = s.key_head_of(j);
             let gather = |f: &dyn Fn(&Token) -> &[f32]| -> Vec<f32> {
                 tokens.iter().flat_map(|t| f(t).iter().copied()).collect()
@@ -305,12 +361,14 @@ impl DeltaNetConsts {
                     g: &g,
                 },
             };
+            let mut head_out = vec![0f32; rows * dv];
             let head_state = &state[j * dk * dv..(j + 1) * dk * dv];
-            delta_rule::tree(head_state, dims, &nodes, &mut stack, &mut head_out);
+            delta_rule::tree(head_state, dims, &nodes, &mut Vec::new(), &mut head_out);
             for (i, o) in head_out.chunks_exact(dv).enumerate() {
-                out[i * vw + j * dv..i * vw + (j + 1) * dv].copy_from_slice(o);
+                // SAFETY: head `j` alone writes its run of each row, inside `out`.
+                unsafe { outs.run(i * vw + j * dv, dv) }.copy_from_slice(o);
             }
-        }
+        });
     }
 
     /// Each value head's output RMS-normed, times the norm's weight and `silu(z)`.
@@ -341,25 +399,21 @@ struct Token {
 }
 
 impl Token {
-    /// The token through every value head's state (`[value heads][key dim][value dim]`),
-    /// the outputs into `out` (`[value heads][value dim]`).
-    fn step_all(&self, consts: &DeltaNetConsts, state: &mut [f32], out: &mut [f32]) {
-        let s = consts.shape;
+    /// The token through value head `j`'s state (`key dim x value dim`), its output into
+    /// `out` (`value dim`).
+    fn step_head(&self, s: &DeltaNetShape, j: usize, state: &mut [f32], out: &mut [f32]) {
         let (dk, dv) = (s.key_dim, s.value_dim);
-        let dims = HeadDims { dk, dv };
-        for j in 0..s.value_heads {
-            let kh = s.key_head_of(j);
-            delta_rule::step(
-                &mut state[j * dk * dv..(j + 1) * dk * dv],
-                dims,
-                &self.q[kh * dk..(kh + 1) * dk],
-                &self.k[kh * dk..(kh + 1) * dk],
-                &self.v[j * dv..(j + 1) * dv],
-                self.beta[j],
-                self.g[j],
-                &mut out[j * dv..(j + 1) * dv],
-            );
-        }
+        let kh = s.key_head_of(j);
+        delta_rule::step(
+            state,
+            HeadDims { dk, dv },
+            &self.q[kh * dk..(kh + 1) * dk],
+            &self.k[kh * dk..(kh + 1) * dk],
+            &self.v[j * dv..(j + 1) * dv],
+            self.beta[j],
+            self.g[j],
+            out,
+        );
     }
 }
 

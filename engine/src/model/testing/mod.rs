@@ -269,6 +269,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Lfm2 => ("Lfm2ForCausalLM", "lfm2"),
         Architecture::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
         Architecture::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+        Architecture::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
