@@ -18,6 +18,7 @@ pub(crate) mod moe;
 mod prepared_experts;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;
+mod qwen35_hf;
 pub(crate) mod qwen3next;
 mod tokenizer;
 mod yarn;

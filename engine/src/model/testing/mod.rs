@@ -13,10 +13,12 @@ use crate::{Error, Result};
 mod gguf;
 mod lfm2;
 mod qwen35;
+mod qwen35_hf;
 
 pub use gguf::write_tiny_gguf;
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 pub use qwen35::{write_tiny_qwen35_gguf, Qwen35Family, TinyQwen35};
+pub use qwen35_hf::write_tiny_qwen35_hf;
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]

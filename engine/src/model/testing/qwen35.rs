@@ -151,7 +151,7 @@ impl TinyQwen35 {
     }
 
     /// What llama.cpp would refuse, or this writer does not produce.
-    fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         let bad = |why: &str| Err(Error::Metadata(format!("tiny qwen35: {why}")));
         let counts = [
             self.full_attention_interval,
@@ -197,9 +197,9 @@ impl TinyQwen35 {
 
 /// One tensor: its GGUF name, its values (candle's row-major shape, the reverse of GGUF's
 /// `ne`), and whether it stays f32 whatever the projections' type.
-struct Named {
-    name: String,
-    values: Tensor,
+pub(super) struct Named {
+    pub(super) name: String,
+    pub(super) values: Tensor,
     f32: bool,
 }
 
@@ -240,7 +240,7 @@ impl Drawer {
 }
 
 /// Every tensor of `spec`, drawn from its seed.
-fn draw(spec: &TinyQwen35) -> Result<Vec<Named>> {
+pub(super) fn draw(spec: &TinyQwen35) -> Result<Vec<Named>> {
     let (h, v) = (spec.hidden_size, spec.vocab_size);
     let mut d = Drawer {
         rng: SplitMix(spec.seed),
@@ -342,7 +342,7 @@ fn draw_experts(d: &mut Drawer, spec: &TinyQwen35, moe: &TinyExperts, i: usize) 
 /// Indices of `value_heads` blocks of `block` rows (or columns) in `qwen3next`'s order,
 /// grouped by key head, into `qwen35`'s, tiled: grouped head `k * r + i` (`r` value heads per
 /// key head) is tiled head `i * key_heads + k`.
-fn grouped_from_tiled(spec: &TinyQwen35, block: usize) -> Vec<u32> {
+pub(super) fn grouped_from_tiled(spec: &TinyQwen35, block: usize) -> Vec<u32> {
     let nk = spec.linear_key_heads;
     let r = spec.linear_value_heads / nk;
     (0..nk * r)
@@ -354,7 +354,7 @@ fn grouped_from_tiled(spec: &TinyQwen35, block: usize) -> Vec<u32> {
 }
 
 /// `values` with its entries along `dim` taken at `index`.
-fn pick(values: &Tensor, index: Vec<u32>, dim: usize) -> Result<Tensor> {
+pub(super) fn pick(values: &Tensor, index: Vec<u32>, dim: usize) -> Result<Tensor> {
     let n = index.len();
     let index = Tensor::from_vec(index, n, &Device::Cpu)?;
     Ok(values.index_select(&index, dim)?)
