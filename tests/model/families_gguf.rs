@@ -48,6 +48,9 @@ pub(crate) fn as_reference(
         batch
             .push(pos, &table, &TokenTree::chain(&tokens), LogitRows::Last)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        batch
+            .set_state(0, super::families::KEPT)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         other
             .forward(&batch, &mut kv)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))

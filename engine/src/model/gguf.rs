@@ -154,6 +154,8 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         delta_net: delta_net_shape(md, &key)?,
         recurrent_layers: recurrent_layers(md, &key)?,
         full_attention_interval: optional_usize("full_attention_interval")?,
+        // The family's layout: llama.cpp's converters tile Qwen3.5's, keep Qwen3-Next's.
+        key_heads_of_values: None,
     };
     let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
         (_, Some(width)) => width,

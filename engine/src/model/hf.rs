@@ -12,15 +12,18 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::model::arch::FileFacts;
-use crate::model::config::LayerMixer;
-use crate::model::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
+use crate::model::config::{
+    Activation, Architecture, KeyHeadsOfValues, LayerMixer, ModelConfig, RopeScaling, RopeStyle,
+};
 use crate::model::experts;
+use crate::model::hf_delta_net::{deal_dense, delta_net_parts};
 use crate::model::hf_hybrid::HfHybrid;
+use crate::model::hf_text_config::text_model;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
 use crate::model::{
-    AttentionWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights, ShortConvWeights,
-    TokenMixer,
+    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights,
+    ShortConvWeights, TokenMixer,
 };
 use crate::{Error, Result};
 
@@ -32,6 +35,8 @@ struct HfConfig {
     model_type: Option<String>,
     vocab_size: usize,
     hidden_size: usize,
+    /// The dense MLP's width (absent where every layer is a mixture: Qwen3.5-MoE).
+    #[serde(default)]
     intermediate_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
@@ -108,8 +113,17 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         std::io::ErrorKind::NotFound => Error::MissingFile(config_path.clone()),
         _ => Error::io(format!("read {}", config_path.display()), e),
     })?;
-    let hf: HfConfig = serde_json::from_str(&text)
+    let raw: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Metadata(format!("{}: {e}", config_path.display())))?;
+    let (raw, vision) = text_model(raw);
+    let hf: HfConfig = serde_json::from_value(raw)
+        .map_err(|e| Error::Metadata(format!("{}: {e}", config_path.display())))?;
+    if vision {
+        tracing::info!(
+            "{}: the text model only (the vision tower's weights are not read)",
+            dir.display()
+        );
+    }
     let arch_name = hf
         .architectures
         .first()
@@ -149,11 +163,11 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 .iter()
                 .map(|k| match k.as_str() {
                     "sliding_attention" => Ok(true),
-                    // A convolution layer has no window (its width is its own).
-                    "full_attention" | "conv" => Ok(false),
+                    // A convolution or DeltaNet layer has no window (its reach is its own).
+                    "full_attention" | "conv" | "linear_attention" => Ok(false),
                     other => Err(Error::Metadata(format!(
                         "layer_types: '{other}' is not supported (sliding_attention, \
-                         full_attention, conv)"
+                         full_attention, conv, linear_attention)"
                     ))),
                 })
                 .collect::<Result<Vec<bool>>>()
@@ -184,13 +198,23 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
         )?,
         conv_kernel: hf.hybrid.conv_kernel(),
-        ..FileFacts::default()
+        delta_net: hf.hybrid.delta_net()?,
+        recurrent_layers: hf
+            .layer_types
+            .as_ref()
+            .filter(|kinds| kinds.iter().any(|k| k == "linear_attention"))
+            .map(|kinds| kinds.iter().map(|k| k == "linear_attention").collect()),
+        full_attention_interval: hf.hybrid.full_attention_interval(),
+        key_heads_of_values: Some(KeyHeadsOfValues::Grouped),
     };
     let config = ModelConfig {
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
-        intermediate_size: hf.hybrid.ffn_width(hf.intermediate_size),
+        intermediate_size: match (hf.intermediate_size, &facts.experts) {
+            (0, Some(experts)) => experts.width,
+            (width, _) => hf.hybrid.ffn_width(width),
+        },
         num_layers: hf.num_hidden_layers,
         num_heads: hf.num_attention_heads,
         num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
@@ -209,12 +233,21 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
     let files = safetensor_files(dir)?;
     // SAFETY: the files are mapped read-only and not modified while the model is loaded.
     let st = unsafe { MmapedSafetensors::multi(&files)? };
+    // A multimodal checkpoint keeps its text model under `model.language_model`.
+    let text_prefix = match st.get("model.language_model.embed_tokens.weight") {
+        Ok(_) => "model.language_model.",
+        Err(_) => "model.",
+    };
     // A tensor by llama's name, as the family names it.
     let load = |name: &str| -> Result<Tensor> {
         let name = family
             .hf_renames
             .iter()
             .fold(name.to_string(), |n, (llama, own)| n.replace(llama, own));
+        let name = match name.strip_prefix("model.") {
+            Some(rest) => format!("{text_prefix}{rest}"),
+            None => name,
+        };
         st.load(&name, device)
             .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))
     };
@@ -293,7 +326,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             let (q, k, v, gate, up) = unfused(qkv, gate_up)?;
             let down = proj(&format!("{p}.mlp.down_proj"), Role::Down, false)?;
             let mlp = Mlp::Dense(DenseMlp { gate, up, down });
-            (Some(q), Some(k), Some(v), mlp)
+            ((Some(q), None), Some(k), Some(v), mlp)
         } else {
             let mlp = match &config.variant.moe {
                 Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(experts::load::from_hf(
@@ -315,22 +348,44 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                     .then(|| proj(&format!("{p}.self_attn.{name}"), role, bias))
                     .transpose()
             };
+            let q = match config.variant.gated_attention && attends {
+                // Each head's query, then its gate.
+                true => {
+                    let name = format!("{p}.self_attn.q_proj.weight");
+                    let weight = load(&name)?;
+                    shapes.check(&name, Role::GatedQ, weight.dims())?;
+                    Some(deal_dense(&weight, config.head_dim)?)
+                }
+                false => None,
+            };
+            let (q, output_gate) = match q {
+                Some([q, gate]) => (
+                    Some(Linear::from_dense(q, None, dtype)?),
+                    Some(Linear::from_dense(gate, None, dtype)?),
+                ),
+                None => (attention("q_proj", Role::Q)?, None),
+            };
             (
-                attention("q_proj", Role::Q)?,
+                (q, output_gate),
                 attention("k_proj", Role::Kv)?,
                 attention("v_proj", Role::Kv)?,
                 mlp,
             )
         };
-        let mixer: Box<dyn TokenMixer> = match (q, k, v) {
-            (Some(q), Some(k), Some(v)) => Box::new(AttentionWeights {
+        let (q, output_gate) = q;
+        let mixer: Box<dyn TokenMixer> = match (q, k, v, config.layer_mixer(i)) {
+            (Some(q), Some(k), Some(v), _) => Box::new(AttentionWeights {
                 qk_norm,
                 q,
                 k,
                 v,
                 o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
-                output_gate: None,
+                output_gate,
             }),
+            (_, _, _, LayerMixer::DeltaNet(shape)) => Box::new(DeltaNetWeights::new(
+                shape,
+                delta_net_parts(&p, shape, &shapes, &load, dtype)?,
+            )?),
             _ => {
                 let conv = f32_of(&format!("{p}.conv.conv.weight"))?;
                 let in_proj = proj(&format!("{p}.conv.in_proj"), Role::ConvIn, false)?;

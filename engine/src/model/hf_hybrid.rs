@@ -3,9 +3,11 @@
 //! convolution is (`conv_L_cache`), and the MLP width LFM2 derives from `intermediate_size`
 //! (`block_auto_adjust_ff_dim`: two thirds of it, times `block_ffn_dim_multiplier`, rounded up
 //! to `block_multiple_of`, as transformers computes it). A convolution with a bias is refused.
+//! Qwen3.5's Gated DeltaNet layers: their shape (`linear_*`) and how often a layer attends.
 
 use serde::Deserialize;
 
+use crate::model::config::{DeltaNetShape, KeyHeadsOfValues};
 use crate::{Error, Result};
 
 /// The hybrid keys of `config.json`.
@@ -23,6 +25,18 @@ pub(crate) struct HfHybrid {
     block_ffn_dim_multiplier: Option<f64>,
     #[serde(default)]
     block_multiple_of: Option<usize>,
+    #[serde(default)]
+    linear_conv_kernel_dim: Option<usize>,
+    #[serde(default)]
+    linear_num_key_heads: Option<usize>,
+    #[serde(default)]
+    linear_num_value_heads: Option<usize>,
+    #[serde(default)]
+    linear_key_head_dim: Option<usize>,
+    #[serde(default)]
+    linear_value_head_dim: Option<usize>,
+    #[serde(default)]
+    full_attention_interval: Option<usize>,
 }
 
 impl HfHybrid {
@@ -59,6 +73,30 @@ impl HfHybrid {
                 .map(|a| if a { kv_heads } else { 0 })
                 .collect(),
         ))
+    }
+
+    /// A Gated DeltaNet layer's shape, where the config gives one (`linear_*`; transformers
+    /// groups the value heads by key head).
+    pub(crate) fn delta_net(&self) -> Result<Option<DeltaNetShape>> {
+        let Some(value_heads) = self.linear_num_value_heads else {
+            return Ok(None);
+        };
+        let need = |v: Option<usize>, key: &str| {
+            v.ok_or_else(|| Error::Metadata(format!("config.json: missing {key}")))
+        };
+        Ok(Some(DeltaNetShape {
+            kernel: need(self.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
+            key_heads: need(self.linear_num_key_heads, "linear_num_key_heads")?,
+            value_heads,
+            key_dim: need(self.linear_key_head_dim, "linear_key_head_dim")?,
+            value_dim: need(self.linear_value_head_dim, "linear_value_head_dim")?,
+            key_heads_of_values: KeyHeadsOfValues::Grouped,
+        }))
+    }
+
+    /// Every this many layers the last attends, where the config says.
+    pub(crate) fn full_attention_interval(&self) -> Option<usize> {
+        self.full_attention_interval
     }
 
     /// Positions a short convolution spans, where the config gives it.

@@ -56,7 +56,7 @@ impl Family {
                     ))
                 })?;
                 let shape = DeltaNetShape {
-                    key_heads_of_values,
+                    key_heads_of_values: facts.key_heads_of_values.unwrap_or(key_heads_of_values),
                     ..shape
                 };
                 let recurrent: Vec<bool> = match &facts.recurrent_layers {

@@ -258,6 +258,9 @@ pub struct FileFacts {
     pub recurrent_layers: Option<Vec<bool>>,
     /// Every this many layers the last attends, where the file says.
     pub full_attention_interval: Option<usize>,
+    /// Which key head each value head reads, where the file's layout says (an HF
+    /// checkpoint groups them; the family's GGUF layout otherwise).
+    pub key_heads_of_values: Option<KeyHeadsOfValues>,
 }
 
 impl Family {
