@@ -18,7 +18,7 @@ use engine::{
 };
 use kvcache::{ManagerConfig, WindowConfig};
 
-use super::speculation::run_all;
+use super::speculation::{replay, run_all};
 use scheduler::SchedulerConfig;
 
 const VOCAB: usize = 300;
@@ -185,27 +185,6 @@ fn a_repeated_prompt_on_a_hybrid_comes_from_the_prefix_cache() {
             prompt.len()
         );
     }
-}
-
-/// Each turn re-sends the history (prompt and answer so far) with a new user part; the
-/// answers, and the prompt tokens served from the cache over the turns.
-fn replay(handle: &EngineHandle, method: Option<SpecMethod>) -> (Vec<Vec<u32>>, usize) {
-    let turns: Vec<Vec<u32>> = vec![
-        (1..30).collect(),
-        vec![7, 8, 9, 7, 8, 9, 150, 151],
-        (60..75).chain(60..75).collect(),
-        vec![3, 1, 4, 1, 5, 9, 2, 6],
-    ];
-    let mut history: Vec<u32> = Vec::new();
-    let (mut answers, mut cached) = (Vec::new(), 0);
-    for turn in turns {
-        history.extend(turn);
-        let out = run_all(handle, vec![Request::greedy(history.clone(), 24, method)]);
-        cached += out[0].usage.cached_tokens;
-        history.extend(&out[0].token_ids);
-        answers.push(out[0].token_ids.clone());
-    }
-    (answers, cached)
 }
 
 #[test]

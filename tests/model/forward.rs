@@ -526,3 +526,20 @@ fn several_backends_each_get_every_size_of_the_curve() {
         assert_eq!(curve.parts.len(), sizes.len());
     }
 }
+
+/// Every position's logits for `prompt` prefilled in chunks of `chunk` tokens, one sequence
+/// (a recurrent layer's state in slot 0, kept from chunk to chunk).
+pub(crate) fn prefill_logits(model: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
+    let (table, mut kv) = one_sequence(model, prompt.len(), 4);
+    let mut all = Vec::new();
+    for (i, part) in prompt.chunks(chunk).enumerate() {
+        let mut batch = TreeBatch::new(4);
+        batch
+            .push(i * chunk, &table, &TokenTree::chain(part), LogitRows::All)
+            .unwrap();
+        batch.set_state(0, KEPT).unwrap();
+        let logits = model.forward(&batch, &mut kv).unwrap();
+        all.extend(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    }
+    all
+}

@@ -17,14 +17,13 @@ use engine::cpu::attention::AttentionKernel;
 use engine::cpu::kv_store::KvDtype;
 use engine::model::config::LayerMixer;
 use engine::model::testing::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
-use engine::{LogitRows, Model, QuantKernel, TokenTree, TreeBatch};
+use engine::{Model, QuantKernel};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::families::{assert_close, compare, compare_within, PROMPT};
-use super::forward::{prompt_then_tree_bits, random_tree, tree_vs_chains};
+use super::forward::{prefill_logits, prompt_then_tree_bits, random_tree, tree_vs_chains};
 use super::llamacpp_reference::{check_recorded, largest_difference};
-use crate::support::fixtures::one_sequence;
 
 /// The tiny LFM2 of these tests: four layers, the second and fourth attending.
 pub(crate) fn tiny_lfm2() -> TinyLfm2 {
@@ -157,21 +156,6 @@ fn lfm2_fused_pass_gives_the_candle_ops_bits() {
 fn last_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
     let all = prefill_logits(model, prompt, prompt.len());
     all[all.len() - model.config().vocab_size..].to_vec()
-}
-
-/// Every position's logits for `prompt` prefilled in chunks of `chunk` tokens.
-fn prefill_logits(model: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
-    let (table, mut kv) = one_sequence(model, prompt.len(), 4);
-    let mut all = Vec::new();
-    for (i, part) in prompt.chunks(chunk).enumerate() {
-        let mut batch = TreeBatch::new(4);
-        batch
-            .push(i * chunk, &table, &TokenTree::chain(part), LogitRows::All)
-            .unwrap();
-        let logits = model.forward(&batch, &mut kv).unwrap();
-        all.extend(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-    }
-    all
 }
 
 #[test]

@@ -62,8 +62,8 @@ pub(crate) fn matches_llama_cpp(spec: &TinyQwen35, reference: &str, tolerance: f
     use engine::Model;
 
     use super::families::PROMPT;
+    use super::forward::prefill_logits;
     use super::llamacpp_reference::{check_recorded, largest_difference};
-    use super::qwen35_forward::prefill_logits;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("qwen35.gguf");

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::families::{KEPT, VERIFIED};
-use super::forward::{prompt_then_tree_bits, random_tree, tree_vs_chains};
+use super::forward::{prefill_logits, prompt_then_tree_bits, random_tree, tree_vs_chains};
 use super::qwen35::{tiny_qwen35, tiny_qwen35moe};
 use super::qwen3next::tiny_qwen3next;
 use crate::support::fixtures::one_sequence;
@@ -101,23 +101,6 @@ fn qwen35_fused_pass_gives_the_candle_ops_bits() {
         let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
         assert_eq!(differ, 0, "{differ} of {} logits differ", fused.len());
     }
-}
-
-/// Every position's logits for `prompt` prefilled in chunks of `chunk` tokens, the state in
-/// slot 0 kept from chunk to chunk.
-pub(crate) fn prefill_logits(model: &Model, prompt: &[u32], chunk: usize) -> Vec<f32> {
-    let (table, mut kv) = one_sequence(model, prompt.len(), 4);
-    let mut all = Vec::new();
-    for (i, part) in prompt.chunks(chunk).enumerate() {
-        let mut batch = TreeBatch::new(4);
-        batch
-            .push(i * chunk, &table, &TokenTree::chain(part), LogitRows::All)
-            .unwrap();
-        batch.set_state(0, KEPT).unwrap();
-        let logits = model.forward(&batch, &mut kv).unwrap();
-        all.extend(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-    }
-    all
 }
 
 #[test]
