@@ -73,15 +73,13 @@ impl DeltaNetConsts {
                 (0..heads).map(|j| self.decay[j] * softplus(x.a[r * heads + j] + self.dt_bias[j])),
             );
         }
-        let row_slots: Vec<usize> = match batch.window_slots.is_empty() {
-            true => batch.slots.iter().map(|s| s.index()).collect(),
-            false => batch.window_slots.iter().map(|s| s.index()).collect(),
+        // The rows' slots in the layer's space (its own windowed one, where it has one).
+        let slots = match batch.window_slots.is_empty() {
+            true => &batch.slots,
+            false => &batch.window_slots,
         };
-        let slots: Vec<_> = match batch.window_slots.is_empty() {
-            true => batch.slots.clone(),
-            false => batch.window_slots.clone(),
-        };
-        kv.write_rows(layer, &slots, &kept)?;
+        kv.write_rows(layer, slots, &kept)?;
+        let row_slots: Vec<usize> = slots.iter().map(|s| s.index()).collect();
         out.clear();
         out.resize(rows * s.value_width(), 0.0);
         for (i, seq) in batch.seqs.iter().enumerate() {
