@@ -18,7 +18,7 @@ use engine::{
 };
 use kvcache::{ManagerConfig, WindowConfig};
 
-use super::speculation::{replay, run_all};
+use super::speculation::{full_length, replay, run_all};
 use scheduler::SchedulerConfig;
 
 const VOCAB: usize = 300;
@@ -113,7 +113,7 @@ fn speculation_is_lossless_on_a_hybrid_through_preemption() {
     let reference: Vec<Vec<u32>> = prompts()
         .iter()
         .map(|p| {
-            run_all(&plain, vec![Request::greedy(p.clone(), max_tokens, None)])[0]
+            run_all(&plain, vec![full_length(p.clone(), max_tokens, None)])[0]
                 .token_ids
                 .clone()
         })
@@ -134,7 +134,7 @@ fn speculation_is_lossless_on_a_hybrid_through_preemption() {
             &handle,
             prompts()
                 .into_iter()
-                .map(|p| Request::greedy(p, max_tokens, Some(method)))
+                .map(|p| full_length(p, max_tokens, Some(method)))
                 .collect(),
         );
         for (i, (out, want)) in outputs.iter().zip(&reference).enumerate() {
@@ -154,8 +154,7 @@ fn speculation_is_lossless_on_a_hybrid_through_preemption() {
     for (i, want) in reference.iter().enumerate() {
         for prediction in [want.clone(), want.iter().rev().copied().collect()] {
             let handle = start(256, Some(40), true);
-            let mut request =
-                Request::greedy(prompts()[i].clone(), max_tokens, Some(SpecMethod::Auto));
+            let mut request = full_length(prompts()[i].clone(), max_tokens, Some(SpecMethod::Auto));
             request.prediction = Some(prediction.into());
             let out = run_all(&handle, vec![request]);
             assert_eq!(&out[0].token_ids, want, "prediction, prompt {i}");

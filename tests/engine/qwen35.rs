@@ -23,7 +23,7 @@ use engine::{
 };
 use kvcache::{ManagerConfig, WindowConfig};
 
-use super::speculation::{replay, run_all};
+use super::speculation::{full_length, replay, run_all};
 use crate::model::qwen35::tiny_qwen35;
 use crate::model::qwen35_forward::tiny_qwen35moe_q8;
 use scheduler::SchedulerConfig;
@@ -146,7 +146,7 @@ fn lossless_through_preemption(moe: bool) {
     let reference: Vec<Vec<u32>> = prompts()
         .iter()
         .map(|p| {
-            run_all(&plain, vec![Request::greedy(p.clone(), max_tokens, None)])[0]
+            run_all(&plain, vec![full_length(p.clone(), max_tokens, None)])[0]
                 .token_ids
                 .clone()
         })
@@ -168,7 +168,7 @@ fn lossless_through_preemption(moe: bool) {
                 &handle,
                 prompts()
                     .into_iter()
-                    .map(|p| Request::greedy(p, max_tokens, Some(method)))
+                    .map(|p| full_length(p, max_tokens, Some(method)))
                     .collect(),
             );
             for (i, (out, want)) in outputs.iter().zip(&reference).enumerate() {
@@ -195,8 +195,7 @@ fn lossless_through_preemption(moe: bool) {
     for (i, want) in reference.iter().enumerate() {
         for prediction in [want.clone(), want.iter().rev().copied().collect()] {
             let handle = start(moe, 256, Some(120), true);
-            let mut request =
-                Request::greedy(prompts()[i].clone(), max_tokens, Some(SpecMethod::Auto));
+            let mut request = full_length(prompts()[i].clone(), max_tokens, Some(SpecMethod::Auto));
             request.prediction = Some(prediction.into());
             let out = run_all(&handle, vec![request]);
             assert_eq!(&out[0].token_ids, want, "prediction, prompt {i}");

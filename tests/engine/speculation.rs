@@ -89,6 +89,19 @@ pub(crate) fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> 
     Request::greedy(prompt.to_vec(), max_tokens, Some(method))
 }
 
+/// A greedy request that runs to `max_tokens` whatever it samples (EOS ignored): a tiny
+/// random model may sample its EOS anywhere, and on one machine's arithmetic but not
+/// another's, so a test that needs sequences of known length to fill a pool asks for this.
+pub(crate) fn full_length(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    method: Option<SpecMethod>,
+) -> Request {
+    let mut request = Request::greedy(prompt, max_tokens, method);
+    request.stop.ignore_eos = true;
+    request
+}
+
 /// Submits every request at once and waits for all.
 pub(crate) fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
     let streams: Vec<_> = requests
