@@ -6,7 +6,7 @@
 //! `cargo bench --bench delta_rule`; numbers in benches/README.md ("The gated delta rule").
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use engine::cpu::delta_rule::{chunked, step, tree, HeadDims, Inputs, TreeTokens};
+use engine::cpu::delta_rule::{chunked, step, tree, HeadDims, Inputs, Rule, TreeTokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -102,6 +102,7 @@ fn delta_rule(c: &mut Criterion) {
             beta: &beta[..16],
             g: &g[..16],
         },
+        rule: Rule::GatedDelta,
     };
     let committed = vec![0.01f32; size];
     let mut stack = Vec::new();

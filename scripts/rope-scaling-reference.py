@@ -17,7 +17,14 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
   `tests/model/qwen3next.rs` (value heads grouped by key head, `ssm_ba`, plain RoPE), with a
   context of 256;
 - `qwen3next_ssm_in`: tests/data/qwen3next_ssm_in_llamacpp.json, the same model with the
-  DeltaNet input fused in `ssm_in` as the first converter wrote it, with a context of 256.
+  DeltaNet input fused in `ssm_in` as the first converter wrote it, with a context of 256;
+- `granitehybrid`: tests/data/granitehybrid_llamacpp.json, the tiny Granite 4.0-H of
+  `tests/model/granite.rs` (Mamba-2 and attention without RoPE, µP scales), with a context
+  of 256;
+- `granitehybrid_moe`: tests/data/granitehybrid_moe_llamacpp.json, the same hybrid with routed
+  experts beside an ungated shared expert, with a context of 256;
+- `granitehybrid_rope`: tests/data/granitehybrid_rope_llamacpp.json, the same shape with RoPE
+  on (no `rope.scaling.finetuned` in the file), with a context of 256.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -30,8 +37,8 @@ llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
 For each case the script has thicket's test suite write the tiny GGUF (`write_the_reference_gguf`,
 an ignored test), compiles `scripts/llamacpp-greedy-logits.cpp` against the library, and runs it
 for 33 steps (the prompt, then 32 greedy tokens) in each context, with f32 K/V. llama.cpp's
-CPU flash attention (on unless turned off) casts K and V to f16 before attending; the Qwen3.5
-and Qwen3-Next cases turn it off, so their logits are llama.cpp's f32 arithmetic throughout.
+CPU flash attention (on unless turned off) casts K and V to f16 before attending; the Qwen3.5,
+Qwen3-Next and Granite cases turn it off, so their logits are llama.cpp's f32 arithmetic throughout.
 """
 
 import argparse
@@ -62,6 +69,12 @@ CASES = {
                   "tests/data/qwen3next_llamacpp.json", False),
     "qwen3next_ssm_in": ("model::qwen3next::write_the_ssm_in_reference_gguf", [256],
                          "tests/data/qwen3next_ssm_in_llamacpp.json", False),
+    "granitehybrid": ("model::granite::write_the_reference_gguf", [256],
+                      "tests/data/granitehybrid_llamacpp.json", False),
+    "granitehybrid_moe": ("model::granite::write_the_moe_reference_gguf", [256],
+                          "tests/data/granitehybrid_moe_llamacpp.json", False),
+    "granitehybrid_rope": ("model::granite::write_the_rope_reference_gguf", [256],
+                           "tests/data/granitehybrid_rope_llamacpp.json", False),
 }
 
 

@@ -1,5 +1,6 @@
-//! The engine on a Gated DeltaNet hybrid, Qwen3.5 (tiny random weights, four layers of which
-//! two carry a recurrent state per sequence): every speculation method (recycling, prompt
+//! The engine on the hybrids whose layers carry a matrix state per sequence: Qwen3.5 (Gated
+//! DeltaNet; tiny random weights, four layers of which two carry a recurrent state per
+//! sequence) and Granite 4.0-H (Mamba-2, three of four layers): every speculation method (recycling, prompt
 //! lookup, suffix, `auto`, a draft model, Predicted Outputs) gives plain decoding's tokens in
 //! pools small enough to preempt, with the DeltaNet layers' per-position inputs in a windowed
 //! space of their own or beside the attention's K/V, so a draft tree's nodes run from their
@@ -15,7 +16,8 @@ use std::sync::Arc;
 use candle_core::quantized::GgmlDType;
 use engine::handle::EngineHandle;
 use engine::model::testing::{
-    write_tiny_lfm2_gguf, write_tiny_qwen35_gguf, write_tiny_tokenizer, TinyLfm2,
+    write_tiny_granite_gguf, write_tiny_lfm2_gguf, write_tiny_qwen35_gguf, write_tiny_tokenizer,
+    TinyLfm2,
 };
 use engine::{
     CostCurve, DraftModelSetup, EngineConfig, Model, ModelTokenizer, Request, SpecMethod,
@@ -24,6 +26,7 @@ use engine::{
 use kvcache::{ManagerConfig, WindowConfig};
 
 use super::speculation::{full_length, replay, run_all};
+use crate::model::granite::tiny_granite_q8;
 use crate::model::qwen35::tiny_qwen35;
 use crate::model::qwen35_forward::tiny_qwen35moe_q8;
 use scheduler::SchedulerConfig;
@@ -31,25 +34,41 @@ use scheduler::SchedulerConfig;
 const VOCAB: usize = 300;
 const BLOCK: usize = 8;
 
-/// The tiny Qwen3.5 (`moe`: its mixture-of-experts variant) in Q8_0 on thicket's kernels,
-/// a word-level tokenizer, and a draft model of the same vocabulary (a tiny LFM2: a draft
-/// model may not itself carry recurrent state).
-fn model(moe: bool) -> &'static (Model, Arc<ModelTokenizer>, Model) {
-    static DENSE: std::sync::OnceLock<(Model, Arc<ModelTokenizer>, Model)> =
-        std::sync::OnceLock::new();
-    static MOE: std::sync::OnceLock<(Model, Arc<ModelTokenizer>, Model)> =
-        std::sync::OnceLock::new();
-    let cell = if moe { &MOE } else { &DENSE };
-    cell.get_or_init(|| {
+/// Which tiny hybrid an engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hybrid {
+    /// Qwen3.5, dense.
+    Qwen35,
+    /// Qwen3.5 with experts.
+    Qwen35Moe,
+    /// Granite 4.0-H.
+    Granite,
+}
+
+/// The tiny hybrid in Q8_0 on thicket's kernels, a word-level tokenizer, and a draft model of
+/// the same vocabulary (a tiny LFM2: a draft model may not itself carry recurrent state).
+fn model(kind: Hybrid) -> &'static (Model, Arc<ModelTokenizer>, Model) {
+    type Loaded = std::sync::OnceLock<(Model, Arc<ModelTokenizer>, Model)>;
+    static CELLS: [Loaded; 3] = [Loaded::new(), Loaded::new(), Loaded::new()];
+    CELLS[kind as usize].get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let spec = match moe {
-            true => tiny_qwen35moe_q8(),
-            false => tiny_qwen35(),
-        };
-        assert_eq!(spec.vocab_size, VOCAB);
         let cpu = candle_core::Device::Cpu;
-        let path = dir.path().join("qwen35.gguf");
-        write_tiny_qwen35_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
+        let path = dir.path().join("hybrid.gguf");
+        match kind {
+            Hybrid::Qwen35 | Hybrid::Qwen35Moe => {
+                let spec = match kind {
+                    Hybrid::Qwen35Moe => tiny_qwen35moe_q8(),
+                    _ => tiny_qwen35(),
+                };
+                assert_eq!(spec.vocab_size, VOCAB);
+                write_tiny_qwen35_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
+            }
+            Hybrid::Granite => {
+                let spec = tiny_granite_q8();
+                assert_eq!(spec.vocab_size, VOCAB);
+                write_tiny_granite_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
+            }
+        }
         let (config, weights) = engine::model::gguf::load_gguf_weights(&path, None, &cpu).unwrap();
         let model = Model::new(config, weights, cpu.clone()).unwrap();
         let draft_spec = TinyLfm2 {
@@ -74,13 +93,13 @@ fn model(moe: bool) -> &'static (Model, Arc<ModelTokenizer>, Model) {
 /// An engine with `num_blocks` blocks for the attending layers and, where `window_blocks`
 /// says, a space of that many for the DeltaNet layers' inputs (else one space for all).
 fn start(
-    moe: bool,
+    kind: Hybrid,
     num_blocks: usize,
     window_blocks: Option<usize>,
     prefix_caching: bool,
 ) -> EngineHandle {
-    let (model, tokenizer, _) = model(moe);
-    let config = config(moe, num_blocks, window_blocks, prefix_caching);
+    let (model, tokenizer, _) = model(kind);
+    let config = config(kind, num_blocks, window_blocks, prefix_caching);
     let (handle, _thread) =
         engine::spawn(model.clone(), tokenizer.clone(), Vec::new(), config).unwrap();
     handle
@@ -88,12 +107,12 @@ fn start(
 
 /// The configuration `start` runs.
 fn config(
-    moe: bool,
+    kind: Hybrid,
     num_blocks: usize,
     window_blocks: Option<usize>,
     prefix_caching: bool,
 ) -> EngineConfig {
-    let (model, _, draft) = model(moe);
+    let (model, _, draft) = model(kind);
     let window = model.kv_window().expect("a hybrid's layers read a window");
     EngineConfig {
         scheduler: SchedulerConfig {
@@ -140,9 +159,9 @@ fn prompts() -> Vec<Vec<u32>> {
     ]
 }
 
-fn lossless_through_preemption(moe: bool) {
+fn lossless_through_preemption(kind: Hybrid) {
     let max_tokens = 40;
-    let plain = start(moe, 256, None, false);
+    let plain = start(kind, 256, None, false);
     let reference: Vec<Vec<u32>> = prompts()
         .iter()
         .map(|p| {
@@ -163,7 +182,7 @@ fn lossless_through_preemption(moe: bool) {
             // Fresh engines: nothing cached or learned from the plain runs. 24 blocks of 8
             // hold fewer than the three sequences' 300-odd positions: they preempt one
             // another.
-            let handle = start(moe, 24, window_blocks, true);
+            let handle = start(kind, 24, window_blocks, true);
             let outputs = run_all(
                 &handle,
                 prompts()
@@ -194,7 +213,7 @@ fn lossless_through_preemption(moe: bool) {
     // Predicted Outputs: the plain output itself as the prediction, and a wrong one.
     for (i, want) in reference.iter().enumerate() {
         for prediction in [want.clone(), want.iter().rev().copied().collect()] {
-            let handle = start(moe, 256, Some(120), true);
+            let handle = start(kind, 256, Some(120), true);
             let mut request = full_length(prompts()[i].clone(), max_tokens, Some(SpecMethod::Auto));
             request.prediction = Some(prediction.into());
             let out = run_all(&handle, vec![request]);
@@ -210,17 +229,31 @@ fn lossless_through_preemption(moe: bool) {
 
 #[test]
 fn speculation_is_lossless_on_qwen35_through_preemption() {
-    lossless_through_preemption(false);
+    lossless_through_preemption(Hybrid::Qwen35);
+}
+
+#[test]
+fn speculation_is_lossless_on_granite_through_preemption() {
+    lossless_through_preemption(Hybrid::Granite);
 }
 
 #[test]
 fn speculation_is_lossless_on_qwen35moe_through_preemption() {
-    lossless_through_preemption(true);
+    lossless_through_preemption(Hybrid::Qwen35Moe);
 }
 
 #[test]
 fn a_multi_turn_replay_on_qwen35_is_the_same_with_cache_and_speculation_on_or_off() {
-    let (reference, none_cached) = replay(&start(false, 256, None, false), None);
+    multi_turn_replay(Hybrid::Qwen35);
+}
+
+#[test]
+fn a_multi_turn_replay_on_granite_is_the_same_with_cache_and_speculation_on_or_off() {
+    multi_turn_replay(Hybrid::Granite);
+}
+
+fn multi_turn_replay(kind: Hybrid) {
+    let (reference, none_cached) = replay(&start(kind, 256, None, false), None);
     assert_eq!(none_cached, 0);
     for (cache, method) in [
         (true, None),
@@ -229,7 +262,7 @@ fn a_multi_turn_replay_on_qwen35_is_the_same_with_cache_and_speculation_on_or_of
         (true, Some(SpecMethod::PromptLookup)),
     ] {
         for window_blocks in [None, Some(120)] {
-            let handle = start(false, 256, window_blocks, cache);
+            let handle = start(kind, 256, window_blocks, cache);
             let (answers, cached) = replay(&handle, method);
             assert_eq!(
                 answers, reference,
@@ -271,7 +304,7 @@ fn dense_reuse() -> usize {
 #[test]
 fn a_repeated_prompt_on_qwen35_resumes_from_its_kept_state_under_its_own_salt() {
     let prompt = &prompts()[0];
-    let handle = start(false, 256, Some(120), true);
+    let handle = start(Hybrid::Qwen35, 256, Some(120), true);
     let once = |salt: Option<&str>| {
         let mut request = Request::greedy(prompt.clone(), 8, None);
         request.cache_salt = salt.map(Arc::from);
@@ -300,8 +333,8 @@ fn a_repeated_prompt_on_qwen35_resumes_from_its_kept_state_under_its_own_salt() 
 
 #[test]
 fn a_draft_model_with_recurrent_layers_is_refused_by_name() {
-    let (model, tokenizer, _) = model(false);
-    let mut config = config(false, 64, None, false);
+    let (model, tokenizer, _) = model(Hybrid::Granite);
+    let mut config = config(Hybrid::Granite, 64, None, false);
     if let Some(draft) = &mut config.speculation.draft_model {
         draft.model = model.clone();
     }

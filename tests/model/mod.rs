@@ -9,6 +9,7 @@ pub(crate) mod families;
 pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
+pub(crate) mod granite;
 mod kv_cache;
 pub(crate) mod lfm2;
 pub(crate) mod llamacpp_reference;

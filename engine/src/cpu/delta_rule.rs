@@ -18,6 +18,43 @@
 //! rounding (tested, chunk boundaries anywhere); every exponent is of a non-positive number.
 //! As its loops stand the parallel form costs more per token than stepping (benches/README.md,
 //! "The gated delta rule"): it pays once it runs on matrix products.
+//!
+//! Mamba-2's selective state space (Granite 4.0-H) is the same shape of recurrence with
+//! another update (`Rule::Ssd`): with `q` its `C`, `k` its `B`, `v` its `x`, `beta` its step
+//! `dt` and `g = dt A`, `S <- exp(g) S + k (dt v)^T;  o = S^T q + D v`. `tree` runs either.
+
+/// Which update a head's state takes per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// The gated delta rule (`step`).
+    GatedDelta,
+    /// Mamba-2's selective state space (`ssd_step`), with the head's skip factor `D`.
+    Ssd {
+        /// The factor on the input added to the output.
+        skip: f32,
+    },
+}
+
+impl Rule {
+    /// One token through the recurrence under this rule.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        self,
+        state: &mut [f32],
+        dims: HeadDims,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        beta: f32,
+        g: f32,
+        out: &mut [f32],
+    ) {
+        match self {
+            Rule::GatedDelta => step(state, dims, q, k, v, beta, g, out),
+            Rule::Ssd { skip } => ssd_step(state, dims, q, k, v, beta, g, skip, out),
+        }
+    }
+}
 
 /// A head's shape: key and value dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +101,38 @@ pub fn step(
     state_t_times(state, dims, q, out);
 }
 
+/// One token through Mamba-2's selective state space: `state` (`dk x dv`, `dk` the state
+/// size) decays by `exp(g)` and takes `k (dt v)^T`; the output is `S^T q + skip v`.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_step(
+    state: &mut [f32],
+    dims: HeadDims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dt: f32,
+    g: f32,
+    skip: f32,
+    out: &mut [f32],
+) {
+    let HeadDims { dk, dv } = dims;
+    let decay = g.exp();
+    let out = &mut out[..dv];
+    // The input times its step, in `out` until the output overwrites it.
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = x * dt;
+    }
+    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
+        for (s, xdt) in row.iter_mut().zip(out.iter()) {
+            *s = *s * decay + ki * xdt;
+        }
+    }
+    state_t_times(state, dims, q, out);
+    for (o, x) in out.iter_mut().zip(v) {
+        *o += x * skip;
+    }
+}
+
 /// Some tokens' inputs to one head, laid out row by row.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
@@ -102,12 +171,12 @@ impl<'a> Inputs<'a> {
         }
     }
 
-    /// `step` for token `i`.
-    fn step(&self, state: &mut [f32], dims: HeadDims, i: usize, out: &mut [f32]) {
+    /// `rule`'s step for token `i`.
+    fn step(&self, rule: Rule, state: &mut [f32], dims: HeadDims, i: usize, out: &mut [f32]) {
         let (a, b) = (i * dims.dk, i * dims.dv);
         let (q, k) = (&self.q[a..a + dims.dk], &self.k[a..a + dims.dk]);
         let v = &self.v[b..b + dims.dv];
-        step(state, dims, q, k, v, self.beta[i], self.g[i], out);
+        rule.step(state, dims, q, k, v, self.beta[i], self.g[i], out);
     }
 }
 
@@ -131,6 +200,8 @@ pub struct TreeTokens<'a> {
     pub parents: &'a [Option<usize>],
     /// Each node's inputs, in node order.
     pub inputs: Inputs<'a>,
+    /// The update each node's state takes.
+    pub rule: Rule,
 }
 
 /// A draft tree from a committed `state` (left unchanged): each node's output (`out`, `nodes
@@ -204,7 +275,7 @@ fn advance(
     let entry = &mut after[0];
     entry.0 = node;
     entry.1[..size].copy_from_slice(&from[..size]);
-    nodes.inputs.step(&mut entry.1, dims, node, out);
+    nodes.inputs.step(nodes.rule, &mut entry.1, dims, node, out);
 }
 
 /// `dot(a, b)`.
@@ -395,6 +466,7 @@ mod tests {
             let mut out = vec![0f32; t * dims.dv];
             for i in 0..t {
                 x.inputs().step(
+                    Rule::GatedDelta,
                     &mut state,
                     dims,
                     i,
@@ -421,6 +493,12 @@ mod tests {
 
     #[test]
     fn a_tree_node_gives_its_root_path_bit_for_bit() {
+        for rule in [Rule::GatedDelta, Rule::Ssd { skip: 0.7 }] {
+            tree_node_gives_its_root_path(rule);
+        }
+    }
+
+    fn tree_node_gives_its_root_path(rule: Rule) {
         let dims = HeadDims { dk: 8, dv: 12 };
         // 0 -> 1 -> 2, 0 -> 3 -> 4, 1 -> 5, and 6 beside the root: siblings, depth 3.
         let parents = [None, Some(0), Some(1), Some(0), Some(3), Some(1), None];
@@ -432,6 +510,7 @@ mod tests {
         let nodes = TreeTokens {
             parents: &parents,
             inputs: x.inputs(),
+            rule,
         };
         tree(&start, dims, &nodes, &mut stack, &mut out);
         assert!(
@@ -448,9 +527,13 @@ mod tests {
             let mut state = start.clone();
             let mut o = vec![0f32; dims.dv];
             for &n in &path {
-                x.inputs().step(&mut state, dims, n, &mut o);
+                x.inputs().step(rule, &mut state, dims, n, &mut o);
             }
-            assert_eq!(o, out[node * dims.dv..(node + 1) * dims.dv], "node {node}");
+            assert_eq!(
+                o,
+                out[node * dims.dv..(node + 1) * dims.dv],
+                "{rule:?}, node {node}"
+            );
         }
     }
 
@@ -470,5 +553,53 @@ mod tests {
         };
         chunked(&mut state, dims, &undecayed, 4, &mut out);
         assert!(worst(&out, &want) > 1e-3);
+    }
+
+    #[test]
+    fn the_ssd_step_is_mamba2s_recurrence() {
+        // S[n][p] <- exp(dt A) S[n][p] + B[n] dt x[p];  y[p] = sum_n C[n] S[n][p] + D x[p],
+        // in f64 from its definition, over 40 tokens from a carried-in state.
+        let dims = HeadDims { dk: 16, dv: 8 };
+        let x = tokens(40, dims, 23);
+        let skip = 0.37f32;
+        let mut r = Values(41);
+        let start: Vec<f32> = (0..dims.dk * dims.dv).map(|_| 0.3 * r.next()).collect();
+        let mut want_state: Vec<f64> = start.iter().map(|&a| a as f64).collect();
+        let mut state = start.clone();
+        let mut o = vec![0f32; dims.dv];
+        let mut last = 0f64;
+        for t in 0..40 {
+            let (dt, g) = (x.beta[t] as f64, x.g[t] as f64);
+            let b = &x.k[t * dims.dk..(t + 1) * dims.dk];
+            let c = &x.q[t * dims.dk..(t + 1) * dims.dk];
+            let v = &x.v[t * dims.dv..(t + 1) * dims.dv];
+            for n in 0..dims.dk {
+                for p in 0..dims.dv {
+                    let s = &mut want_state[n * dims.dv + p];
+                    *s = *s * g.exp() + b[n] as f64 * dt * v[p] as f64;
+                }
+            }
+            let want: Vec<f64> = (0..dims.dv)
+                .map(|p| {
+                    (0..dims.dk)
+                        .map(|n| c[n] as f64 * want_state[n * dims.dv + p])
+                        .sum::<f64>()
+                        + skip as f64 * v[p] as f64
+                })
+                .collect();
+            x.inputs()
+                .step(Rule::Ssd { skip }, &mut state, dims, t, &mut o);
+            assert!(worst(&o, &want) < 1e-5, "token {t}");
+            last = want.iter().fold(last, |m, a| m.max(a.abs()));
+        }
+        assert!(worst(&state, &want_state) < 1e-5);
+        assert!(last > 0.05, "outputs of {last} say nothing");
+        // The gated delta rule on the same inputs is another recurrence.
+        let mut other = start.clone();
+        for t in 0..40 {
+            x.inputs()
+                .step(Rule::GatedDelta, &mut other, dims, t, &mut o);
+        }
+        assert!(worst(&other, &want_state) > 1e-3);
     }
 }

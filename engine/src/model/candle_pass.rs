@@ -55,6 +55,9 @@ impl Model {
             if let Some((post_attn, _)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_attn, eps)?;
             }
+            if let Some(scale) = variant.residual_scale {
+                out = (out * f64::from(scale))?;
+            }
             x = (out + x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
@@ -66,6 +69,9 @@ impl Model {
             if let Some((_, post_mlp)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_mlp, eps)?;
             }
+            if let Some(scale) = variant.residual_scale {
+                out = (out * f64::from(scale))?;
+            }
             x = (out + x)?;
         }
         if batch.logit_rows.is_empty() {
@@ -75,7 +81,11 @@ impl Model {
         let wanted = Tensor::new(wanted.as_slice(), device)?;
         let x = x.index_select(&wanted, 0)?;
         let x = candle_nn::ops::rms_norm(&x, &weights.final_norm, eps)?;
-        let logits = weights.lm_head.forward(&x)?;
+        let mut logits = weights.lm_head.forward(&x)?;
+        if let Some(scale) = variant.logit_scale {
+            // As llama.cpp scales: times the f32 reciprocal.
+            logits = (logits * f64::from(1.0 / scale))?;
+        }
         match variant.final_softcap {
             Some(cap) => {
                 let (n, vocab) = logits.dims2()?;

@@ -148,6 +148,11 @@ pub enum LayerMixer {
     /// recurrent state per value head, a gated RMSNorm of its output and the output
     /// projection.
     DeltaNet(DeltaNetShape),
+    /// Mamba-2 (Granite 4.0-H): the same convolution over the projected `x, B, C`, then the
+    /// selective state space with a state per head (`B` and `C` per group, in the shape's
+    /// key heads; the state size as the key width), its skip, the gate `silu(z)` and an
+    /// RMSNorm per group before the output projection.
+    Mamba2(DeltaNetShape),
 }
 
 /// Positions a Gated DeltaNet layer keeps the inputs of, beyond its convolution's window: a
@@ -155,7 +160,8 @@ pub enum LayerMixer {
 /// next forward, so they bound the tokens one verification can accept.
 pub const UNFOLDED_POSITIONS: usize = 96;
 
-/// The heads of a Gated DeltaNet layer.
+/// The heads of a Gated DeltaNet layer, or of a Mamba-2 one (whose groups are its key heads,
+/// state size its key width, heads its value heads and head width its value width).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DeltaNetShape {
     /// Positions the convolution spans, the row's own included.
@@ -225,6 +231,10 @@ pub struct Variant {
     pub attention_softcap: Option<f32>,
     /// `cap * tanh(logit / cap)` on the final logits (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// Factor on each mixer's and MLP's output before its residual add (Granite).
+    pub residual_scale: Option<f32>,
+    /// Divisor of the final logits (Granite's `logits_scaling`).
+    pub logit_scale: Option<f32>,
     /// Per layer, bottom first; empty means every layer attends fully with the global table.
     pub layers: Vec<LayerAttention>,
     /// RoPE base of the layers marked `local_rope` (Gemma 3's windowed layers).
@@ -305,7 +315,9 @@ impl ModelConfig {
         match self.layer_mixer(index) {
             LayerMixer::Attention => self.layer_attention(index).window,
             LayerMixer::ShortConv { kernel } => Some(kernel),
-            LayerMixer::DeltaNet(shape) => Some(shape.kernel + UNFOLDED_POSITIONS),
+            LayerMixer::DeltaNet(shape) | LayerMixer::Mamba2(shape) => {
+                Some(shape.kernel + UNFOLDED_POSITIONS)
+            }
         }
     }
 
@@ -348,7 +360,7 @@ impl ModelConfig {
             return bad("a short convolution must span at least one position");
         }
         for m in &v.mixers {
-            if let LayerMixer::DeltaNet(d) = m {
+            if let LayerMixer::DeltaNet(d) | LayerMixer::Mamba2(d) = m {
                 if d.kernel == 0
                     || d.key_heads == 0
                     || d.key_dim == 0
@@ -357,8 +369,8 @@ impl ModelConfig {
                     || !d.value_heads.is_multiple_of(d.key_heads)
                 {
                     return bad(&format!(
-                        "a Gated DeltaNet layer of {} key heads and {} value heads of {}x{} \
-                         with a convolution of {}: every size must be positive and value \
+                        "a recurrent layer of {} key heads (groups) and {} value heads of \
+                         {}x{} with a convolution of {}: every size must be positive and value \
                          heads a multiple of key heads",
                         d.key_heads, d.value_heads, d.key_dim, d.value_dim, d.kernel
                     ));
@@ -386,9 +398,11 @@ impl ModelConfig {
         for (name, cap) in [
             ("attention soft-cap", v.attention_softcap),
             ("final logit soft-cap", v.final_softcap),
+            ("residual scale", v.residual_scale),
+            ("logit scale", v.logit_scale),
         ] {
             if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
-                return bad(&format!("{name} must be a positive number"));
+                return bad(&format!("the {name} must be a positive number"));
             }
         }
         Ok(())

@@ -246,6 +246,7 @@ impl FusedWeights {
             layer
                 .mixer
                 .run(&at, &w.h, kv, mixer, acts, &mut clock, &mut w.out)?;
+            scale_residual(cfg, &mut w.out);
             if let Some((post_attn, _)) = &layer.post_norms {
                 rms_norm(&w.out, post_attn, eps, &mut w.h);
                 add_into(&w.h, &mut w.x);
@@ -259,6 +260,7 @@ impl FusedWeights {
             layer
                 .mlp
                 .run(&w.h, rows, act, &mut w.mlp, &mut w.rows, &mut w.out)?;
+            scale_residual(cfg, &mut w.out);
             clock.lap(|p| &mut p.matmul);
             if let Some((_, post_mlp)) = &layer.post_norms {
                 rms_norm(&w.out, post_mlp, eps, &mut w.h);
@@ -290,6 +292,12 @@ impl FusedWeights {
             &mut [(&self.lm_head, &mut logits)],
             &mut w.rows,
         )?;
+        if let Some(scale) = cfg.variant.logit_scale {
+            let inverse = 1.0 / scale;
+            for v in &mut logits {
+                *v *= inverse;
+            }
+        }
         if let Some(cap) = cfg.variant.final_softcap {
             for v in &mut logits {
                 *v = softcap(*v, cap);
@@ -334,6 +342,15 @@ impl Drop for Clock {
             if let Some(total) = total.as_mut() {
                 total.add(&mine);
             }
+        }
+    }
+}
+
+/// A mixer's or MLP's output times the family's residual scale, where it has one (Granite).
+fn scale_residual(cfg: &ModelConfig, out: &mut [f32]) {
+    if let Some(scale) = cfg.variant.residual_scale {
+        for v in out {
+            *v *= scale;
         }
     }
 }

@@ -26,8 +26,8 @@ use crate::model::linear::Linear;
 use crate::model::shapes::{deal_quantized, split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::{
-    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights,
-    ShortConvWeights, TokenMixer,
+    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mamba2Weights, Mlp,
+    ModelWeights, ShortConvWeights, TokenMixer,
 };
 use crate::{Error, Result};
 
@@ -69,6 +69,8 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     let optional_f32 = |k: &str| -> Result<Option<f32>> {
         md.get(&key(k)).map(|v| as_f32(v, &key(k))).transpose()
     };
+    // Granite's µP factors: 0 or absent means none.
+    let scale = |k: &str| -> Result<Option<f32>> { Ok(optional_f32(k)?.filter(|&x| x != 0.0)) };
     let hidden_size = usize_of("embedding_length")?;
     let num_heads = usize_of("attention.head_count")?;
     let kv_heads_per_layer = match md.get(&key("attention.head_count_kv")) {
@@ -143,7 +145,8 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         attention_scale: family
             .gguf_residual_query_scale_at
             .contains(&num_layers)
-            .then(|| (1.0 / ((hidden_size / num_heads.max(1)) as f64).sqrt()) as f32),
+            .then(|| (1.0 / ((hidden_size / num_heads.max(1)) as f64).sqrt()) as f32)
+            .or(scale("attention.scale")?),
         attention_softcap: optional_f32("attn_logit_softcapping")?,
         final_softcap: optional_f32("final_logit_softcapping")?,
         rope_scaling: rope_scaling(md, &key)?,
@@ -156,6 +159,14 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         full_attention_interval: optional_usize("full_attention_interval")?,
         // The family's layout: llama.cpp's converters tile Qwen3.5's, keep Qwen3-Next's.
         key_heads_of_values: None,
+        no_rope: family.gguf_rope_switch
+            && matches!(
+                md.get(&key("rope.scaling.finetuned")),
+                Some(Value::Bool(false))
+            ),
+        embedding_scale: scale("embedding_scale")?,
+        residual_scale: scale("residual_scale")?,
+        logit_scale: scale("logit_scale")?,
     };
     let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
         (_, Some(width)) => width,
@@ -436,6 +447,11 @@ fn weights_from(
                 Box::new(DeltaNetWeights::new(
                     shape,
                     expert_tensors.delta_net(&p, shape, &shapes)?,
+                )?)
+            } else if let LayerMixer::Mamba2(shape) = config.layer_mixer(i) {
+                Box::new(Mamba2Weights::new(
+                    shape,
+                    expert_tensors.mamba2(&p, shape, &shapes)?,
                 )?)
             } else {
                 let conv = dense(tensor(&format!("{p}.shortconv.conv.weight"))?)?;

@@ -28,19 +28,7 @@ impl GgufTensors<'_> {
             shapes.check(&full, role, weight.shape().dims())?;
             self.linear(weight)
         };
-        let vector = |n: &str, len: usize| -> Result<Vec<f32>> {
-            let values = self
-                .dense(&format!("{p}.{n}"))?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            if values.len() != len {
-                return Err(Error::Metadata(format!(
-                    "tensor {p}.{n} has {} values, {len} expected",
-                    values.len()
-                )));
-            }
-            Ok(values)
-        };
+        let vector = |n: &str, len: usize| self.vector(&format!("{p}.{n}"), len);
         let heads = shape.value_heads;
         let per_key = heads / shape.key_heads.max(1);
         let (beta, alpha) = match (self.has)(&name("ssm_ba")) {
@@ -72,6 +60,18 @@ impl GgufTensors<'_> {
             norm: vector("ssm_norm.weight", shape.value_dim)?,
             out: checked("ssm_out", Role::DeltaOut)?,
         })
+    }
+
+    /// Tensor `full` as `len` f32 values, whatever its shape.
+    pub(crate) fn vector(&self, full: &str, len: usize) -> Result<Vec<f32>> {
+        let values = self.dense(full)?.flatten_all()?.to_vec1::<f32>()?;
+        if values.len() != len {
+            return Err(Error::Metadata(format!(
+                "tensor {full} has {} values, {len} expected",
+                values.len()
+            )));
+        }
+        Ok(values)
     }
 
     /// `ssm_in` dealt into the queries, keys and values (each group's, in key-head order)

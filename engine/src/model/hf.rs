@@ -206,6 +206,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             .map(|kinds| kinds.iter().map(|k| k == "linear_attention").collect()),
         full_attention_interval: hf.hybrid.full_attention_interval(),
         key_heads_of_values: Some(KeyHeadsOfValues::Grouped),
+        ..FileFacts::default()
     };
     let config = ModelConfig {
         architecture,

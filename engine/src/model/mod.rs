@@ -34,6 +34,7 @@ mod fused_rows;
 pub mod gguf;
 mod gguf_delta_net;
 mod gguf_keys;
+mod gguf_mamba2;
 pub(crate) mod hf;
 mod hf_delta_net;
 mod hf_hybrid;
@@ -60,7 +61,9 @@ pub use crate::model::experts::{DenseMlp, Mlp};
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 pub(crate) use crate::model::mixer::TokenMixer;
-pub use crate::model::mixer::{AttentionWeights, DeltaNetParts, DeltaNetWeights, ShortConvWeights};
+pub use crate::model::mixer::{
+    AttentionWeights, DeltaNetParts, DeltaNetWeights, Mamba2Parts, Mamba2Weights, ShortConvWeights,
+};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 use kvcache::KvGroup;
@@ -450,6 +453,10 @@ impl Model {
         };
         if rot == d {
             return turn(&x);
+        }
+        if rot == 0 {
+            // No positional rotation (Granite 4.0-H's attention).
+            return Ok(x);
         }
         // Partial rotary: the leading dimensions turn, the rest pass through.
         let turned = turn(&x.narrow(3, 0, rot)?.contiguous()?)?;

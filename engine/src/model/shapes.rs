@@ -48,6 +48,9 @@ pub enum Role {
     DeltaHeads,
     /// A Gated DeltaNet layer's output projection.
     DeltaOut,
+    /// A Mamba-2 layer's input projection: the gate, the convolution's channels, a step
+    /// per head.
+    Mamba2In,
 }
 
 /// The expected shapes of one config's layer weights.
@@ -72,7 +75,7 @@ impl Shapes {
             head: cfg.head_dim,
             delta: (0..cfg.num_layers)
                 .find_map(|i| match cfg.layer_mixer(i) {
-                    LayerMixer::DeltaNet(shape) => Some(shape),
+                    LayerMixer::DeltaNet(shape) | LayerMixer::Mamba2(shape) => Some(shape),
                     _ => None,
                 })
                 .unwrap_or_default(),
@@ -98,6 +101,10 @@ impl Shapes {
             Role::DeltaGate => vec![self.delta.value_width(), self.hidden],
             Role::DeltaHeads => vec![self.delta.value_heads, self.hidden],
             Role::DeltaOut => vec![self.hidden, self.delta.value_width()],
+            Role::Mamba2In => vec![
+                self.delta.value_width() + self.delta.conv_channels() + self.delta.value_heads,
+                self.hidden,
+            ],
         }
     }
 

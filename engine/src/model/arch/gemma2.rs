@@ -23,6 +23,7 @@ pub const FAMILY: Family = Family {
     windows: Windows::AllButEvery(2),
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[46],
+    gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::Attention,
     hf_renames: &[],

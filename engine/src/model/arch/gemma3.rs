@@ -23,6 +23,7 @@ pub const FAMILY: Family = Family {
     windows: Windows::AllButEvery(6),
     local_rope_theta: Some(10_000.0),
     gguf_residual_query_scale_at: &[62],
+    gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::Attention,
     hf_renames: &[],

@@ -26,6 +26,7 @@ pub const FAMILY: Family = Family {
     windows: Windows::WhereSet,
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
+    gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::ShortConvWhereNoKv,
     hf_renames: &[

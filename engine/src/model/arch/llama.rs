@@ -22,6 +22,7 @@ pub const FAMILY: Family = Family {
     windows: Windows::WhereSet,
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
+    gguf_rope_switch: false,
     // Mixtral's GGUF files are `llama` with `llama.expert_count`; llama.cpp divides the chosen
     // probabilities by their sum, as transformers' Mixtral does.
     experts: Some(Experts {

@@ -1,11 +1,12 @@
 //! Which token mixer each layer of a family has, from what the file says (`Family::mixers`
 //! resolved against `FileFacts`): every layer attends; LFM2's layers without KV heads
 //! convolve; Qwen3.5's and Qwen3-Next's layers are Gated DeltaNet but every `interval`-th (or
-//! those the file lists as not recurrent). A key the declaration needs and the file lacks is
+//! those the file lists as not recurrent); Granite 4.0-H's layers without KV heads are
+//! Mamba-2. A key the declaration needs and the file lacks is
 //! an error naming it.
 
 use super::{Family, FileFacts, Mixers};
-use crate::model::config::{DeltaNetShape, LayerMixer};
+use crate::model::config::{DeltaNetShape, KeyHeadsOfValues, LayerMixer};
 use crate::{Error, Result};
 
 impl Family {
@@ -38,6 +39,28 @@ impl Family {
                     .iter()
                     .map(|&h| match h {
                         0 => LayerMixer::ShortConv { kernel },
+                        _ => LayerMixer::Attention,
+                    })
+                    .collect())
+            }
+            (Mixers::Mamba2WhereNoKv, None) => Err(Error::Metadata(format!(
+                "{name}: missing the per-layer KV head counts that say which layers are Mamba-2"
+            ))),
+            (Mixers::Mamba2WhereNoKv, Some(heads)) => {
+                let shape = facts.delta_net.ok_or_else(|| {
+                    Error::Metadata(format!(
+                        "{name}: missing the Mamba-2 layers' shape (ssm.conv_kernel, \
+                         ssm.group_count, ssm.time_step_rank, ssm.state_size, ssm.inner_size)"
+                    ))
+                })?;
+                let shape = DeltaNetShape {
+                    key_heads_of_values: KeyHeadsOfValues::Grouped,
+                    ..shape
+                };
+                Ok(heads
+                    .iter()
+                    .map(|&h| match h {
+                        0 => LayerMixer::Mamba2(shape),
                         _ => LayerMixer::Attention,
                     })
                     .collect())

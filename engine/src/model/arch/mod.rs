@@ -8,6 +8,7 @@
 
 mod gemma2;
 mod gemma3;
+mod granitehybrid;
 mod lfm2;
 mod llama;
 mod mistral;
@@ -61,6 +62,8 @@ pub enum Architecture {
     Qwen35Moe,
     /// Qwen3-Next.
     Qwen3Next,
+    /// Granite 4.0-H: Mamba-2 layers and attention without RoPE, µP scales.
+    GraniteHybrid,
 }
 
 /// Every family, for lookups and error messages.
@@ -79,6 +82,7 @@ const FAMILIES: &[&Family] = &[
     &qwen35::FAMILY,
     &qwen35moe::FAMILY,
     &qwen3next::FAMILY,
+    &granitehybrid::FAMILY,
 ];
 
 impl Architecture {
@@ -140,6 +144,9 @@ pub enum Mixers {
         /// How value heads share key heads.
         key_heads_of_values: KeyHeadsOfValues,
     },
+    /// A layer the file gives no KV heads is Mamba-2 in the file's shape (`ssm.*`), its
+    /// consecutive heads sharing a group (Granite 4.0-H); the others attend.
+    Mamba2WhereNoKv,
 }
 
 /// How one family departs from the llama baseline.
@@ -176,6 +183,9 @@ pub struct Family {
     /// rather than `1/sqrt(head_dim)`: Gemma's 27B models, whose `query_pre_attn_scalar`
     /// GGUF does not carry (llama.cpp recognises them by their layer count the same way).
     pub gguf_residual_query_scale_at: &'static [usize],
+    /// Whether a GGUF file's `rope.scaling.finetuned` switches the attending layers' RoPE
+    /// (false: no rotation; absent: rotation), as llama.cpp reads Granite 4.0-H's.
+    pub gguf_rope_switch: bool,
     /// Whether the MLP may be a mixture of experts, and how (`None`: never).
     pub experts: Option<Experts>,
     /// Which layers attend and which mix positions otherwise.
@@ -261,6 +271,14 @@ pub struct FileFacts {
     /// Which key head each value head reads, where the file's layout says (an HF
     /// checkpoint groups them; the family's GGUF layout otherwise).
     pub key_heads_of_values: Option<KeyHeadsOfValues>,
+    /// The attending layers do not rotate (Granite 4.0-H's files turn RoPE off).
+    pub no_rope: bool,
+    /// Factor on the embedding rows, where the file gives one.
+    pub embedding_scale: Option<f32>,
+    /// Factor on each mixer's and MLP's output before its residual add.
+    pub residual_scale: Option<f32>,
+    /// Divisor of the final logits.
+    pub logit_scale: Option<f32>,
 }
 
 impl Family {
@@ -315,9 +333,11 @@ impl Family {
             qk_norm: self.qk_norm,
             post_norms: self.post_norms,
             activation: self.activation,
-            embedding_scale: self
+            embedding_scale: facts.embedding_scale.or(self
                 .scaled_embedding
-                .then(|| (facts.hidden_size as f32).sqrt()),
+                .then(|| (facts.hidden_size as f32).sqrt())),
+            residual_scale: facts.residual_scale,
+            logit_scale: facts.logit_scale,
             attention_scale: facts.attention_scale,
             attention_softcap: facts.attention_softcap,
             final_softcap: facts.final_softcap,
@@ -328,7 +348,10 @@ impl Family {
                 .flatten(),
             layers,
             rope_scaling: facts.rope_scaling.clone(),
-            rotary_dim: facts.rotary_dim,
+            rotary_dim: match facts.no_rope {
+                true => Some(0),
+                false => facts.rotary_dim,
+            },
             moe: self.moe(facts)?,
             mixers: self.mixers(facts)?,
             gated_attention: matches!(self.mixers, Mixers::DeltaNet { .. }),

@@ -20,6 +20,7 @@ pub const FAMILY: Family = Family {
     windows: Windows::Never,
     local_rope_theta: None,
     gguf_residual_query_scale_at: &[],
+    gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::Attention,
     hf_renames: &[],

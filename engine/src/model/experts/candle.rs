@@ -50,7 +50,7 @@ impl ExpertMlp {
             let y = mlp(&shared.mlp, h, activate)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
-            add_shared(&host, &y, &shared.gate, &mut out);
+            add_shared(&host, &y, shared.gate.as_deref(), &mut out);
         }
         Ok(Tensor::from_vec(out, (rows, hidden), h.device())?)
     }

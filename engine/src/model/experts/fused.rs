@@ -220,7 +220,7 @@ impl FusedExperts {
         combine(&routes, &b.chosen, hidden, out);
         if let (Some(mlp), Some(shared)) = (&self.shared, &self.moe.shared) {
             mlp.run(h, rows, act, &mut b.mlp, acts, &mut b.y)?;
-            add_shared(h, &b.y, &shared.gate, out);
+            add_shared(h, &b.y, shared.gate.as_deref(), out);
         }
         Ok(())
     }

@@ -147,15 +147,22 @@ impl GgufTensors<'_> {
                     check(&full, q.shape().dims(), &dims)?;
                     self.linear(q)
                 };
+                // Granite 4.0-H's shared expert has no gate.
                 let gate_name = format!("{p}.ffn_gate_inp_shexp.weight");
-                let gate = self.dense(&gate_name)?;
+                let gate = match (self.has)(&gate_name) {
+                    true => {
+                        let gate = self.dense(&gate_name)?;
+                        Some(f32_values(&gate_name, &gate, &[&[hidden], &[1, hidden]])?)
+                    }
+                    false => None,
+                };
                 Some(SharedExpert {
                     mlp: DenseMlp {
                         gate: proj("ffn_gate_shexp", [width, hidden])?,
                         up: proj("ffn_up_shexp", [width, hidden])?,
                         down: proj("ffn_down_shexp", [hidden, width])?,
                     },
-                    gate: f32_values(&gate_name, &gate, &[&[hidden], &[1, hidden]])?,
+                    gate,
                 })
             }
         };
@@ -239,7 +246,7 @@ pub(crate) fn from_hf(
                     up: proj(&at("up_proj"), [width, hidden])?,
                     down: proj(&at("down_proj"), [hidden, width])?,
                 },
-                gate: f32_values(&gate_name, &load(&gate_name)?, &[&[1, hidden]])?,
+                gate: Some(f32_values(&gate_name, &load(&gate_name)?, &[&[1, hidden]])?),
             })
         }
     };

@@ -15,6 +15,7 @@ pub mod prepared;
 
 pub(crate) use candle::mlp as candle_mlp;
 
+use crate::model::fused_rows::add_into;
 use crate::model::linear::Linear;
 
 /// A gated MLP: `down(act(gate(x)) * up(x))`.
@@ -45,13 +46,14 @@ impl DenseMlp {
     }
 }
 
-/// The shared expert every row runs (Qwen2-MoE), scaled by `sigmoid(gate . x)`.
+/// The shared expert every row runs: scaled by `sigmoid(gate . x)` (Qwen2-MoE, Qwen3.5), or
+/// added as it is where the family has no gate (Granite 4.0-H).
 #[derive(Debug, Clone)]
 pub struct SharedExpert {
     /// Its MLP.
     pub mlp: DenseMlp,
-    /// The gate's one row, `[hidden]`.
-    pub gate: Vec<f32>,
+    /// The gate's one row, `[hidden]`, where it has one.
+    pub gate: Option<Vec<f32>>,
 }
 
 /// A mixture of experts.
@@ -112,7 +114,8 @@ impl Mlp {
             Self::Experts(moe) => {
                 let all: usize = moe.experts.iter().map(DenseMlp::weight_bytes).sum();
                 let shared = moe.shared.as_ref().map_or(0, |s| {
-                    s.mlp.weight_bytes() + s.gate.len() * std::mem::size_of::<f32>()
+                    s.mlp.weight_bytes()
+                        + s.gate.as_ref().map_or(0, Vec::len) * std::mem::size_of::<f32>()
                 });
                 moe.router.len() * std::mem::size_of::<f32>()
                     + all * moe.top_k / moe.experts.len().max(1)
@@ -236,8 +239,13 @@ pub fn combine(routes: &Routes, chosen: &[f32], hidden: usize, out: &mut Vec<f32
     }
 }
 
-/// `out[r] += sigmoid(gate . h[r]) * y[r]`: the shared expert's output `y` added, scaled.
-pub fn add_shared(h: &[f32], y: &[f32], gate: &[f32], out: &mut [f32]) {
+/// `out[r] += sigmoid(gate . h[r]) * y[r]`: the shared expert's output `y` added, scaled
+/// (`y[r]` as it is where there is no gate).
+pub fn add_shared(h: &[f32], y: &[f32], gate: Option<&[f32]>, out: &mut [f32]) {
+    let Some(gate) = gate else {
+        add_into(y, out);
+        return;
+    };
     let hidden = gate.len();
     for ((x, y), o) in h
         .chunks_exact(hidden)

@@ -103,9 +103,13 @@ fn outputs_are_summed_in_each_rows_order_of_choices() {
 #[test]
 fn the_shared_expert_is_scaled_by_the_sigmoid_of_its_gate() {
     let mut out = vec![1.0, 1.0];
-    add_shared(&[2.0, -1.0], &[4.0, -2.0], &[0.5, 1.0], &mut out);
+    add_shared(&[2.0, -1.0], &[4.0, -2.0], Some(&[0.5, 1.0]), &mut out);
     // gate . h = 0: the sigmoid is one half.
     assert_eq!(out, [3.0, 0.0]);
+    // Without a gate (Granite 4.0-H) the output is added as it is.
+    let mut out = vec![1.0, 1.0];
+    add_shared(&[2.0, -1.0], &[4.0, -2.0], None, &mut out);
+    assert_eq!(out, [5.0, -1.0]);
     assert!((sigmoid(3.0) - 1.0 / (1.0 + (-3.0f32).exp())).abs() < 1e-7);
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::delta_net_rows::{DeltaNetConsts, Projected};
+use super::delta_net_rows::{DeltaNetConsts, Projected, Recurrence};
 use super::{CandleAt, FusedAt, FusedMixer, MixerBuffers, TokenMixer};
 use crate::cpu::kv_store::{LayerStorage, PagedKvStore};
 use crate::cpu::qgemm::Activations;
@@ -91,6 +91,7 @@ impl DeltaNetWeights {
                 dt_bias: parts.dt_bias,
                 decay: parts.decay,
                 norm: parts.norm,
+                recurrence: Recurrence::GatedDelta,
             }),
         })
     }

@@ -1,6 +1,7 @@
-//! The host half of a Gated DeltaNet layer, shared by the candle-ops form and the fused one
-//! (which therefore agree bit for bit): from the rows' projections to the gated, normed
-//! output of every value head. Each row's inputs (`[qkv | beta | g]`, `row_width` floats) are
+//! The host half of a Gated DeltaNet layer or a Mamba-2 one (`Recurrence`: the same
+//! convolution and per-head matrix state, another update, skip and norm), shared by the
+//! candle-ops form and the fused one (which therefore agree bit for bit): from the rows'
+//! projections to the gated, normed output of every value head. Each row's inputs (`[qkv | beta | g]`, `row_width` floats) are
 //! kept at its slot in the paged store; a row convolves its own and its path's last
 //! `kernel` inputs (its ancestors', then the context's, newest first), and the recurrence
 //! runs from the sequence's state at the context's end:
@@ -12,7 +13,7 @@
 //!   ends at the chain's last row; any other chain or tree runs on a copy, each node from its
 //!   parent's state (`delta_rule::tree`), never a sibling's.
 
-use crate::cpu::delta_rule::{self, HeadDims, Inputs, TreeTokens};
+use crate::cpu::delta_rule::{self, HeadDims, Inputs, Rule, TreeTokens};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
@@ -30,17 +31,36 @@ pub(crate) struct DeltaNetConsts {
     pub dt_bias: Vec<f32>,
     /// Per value head, the (negative) factor of the softplus: `g = decay * softplus(..)`.
     pub decay: Vec<f32>,
-    /// The output norm's weight, one per value dimension.
+    /// The output norm's weight: one per value dimension (Gated DeltaNet), or per value
+    /// channel (Mamba-2, whose norm runs over groups of channels).
     pub norm: Vec<f32>,
+    /// The recurrence.
+    pub recurrence: Recurrence,
 }
 
+/// Which recurrence a layer runs, with what only it needs.
+#[derive(Debug, Clone)]
+pub(crate) enum Recurrence {
+    /// The gated delta rule: `beta` is its own projection's sigmoid, queries and keys are
+    /// L2-normalised, each head's output is RMS-normed and then gated.
+    GatedDelta,
+    /// Mamba-2's selective state space: `beta` is the step `dt` (the softplus `g` is made
+    /// of), the convolution's channels are `x, B, C` with a bias, each head adds `D x`, and
+    /// the output is gated and then RMS-normed per group of heads.
+    Mamba2 {
+        /// Per value head, `D`.
+        skip: Vec<f32>,
+        /// Per convolution channel.
+        conv_bias: Vec<f32>,
+    },
+}
 /// The rows' projections, row-major.
 pub(crate) struct Projected<'a> {
     /// `[rows][channels]`: queries, keys and values before the convolution.
     pub qkv: &'a [f32],
     /// `[rows][value heads * value dim]`: the output gate.
     pub z: &'a [f32],
-    /// `[rows][value heads]`: `beta` before its sigmoid.
+    /// `[rows][value heads]`: `beta` before its sigmoid (empty for Mamba-2).
     pub b: &'a [f32],
     /// `[rows][value heads]`: `alpha` before the bias and softplus.
     pub a: &'a [f32],
@@ -66,12 +86,16 @@ impl DeltaNetConsts {
         let (rows, channels, heads) = (batch.num_rows(), s.conv_channels(), s.value_heads);
         let width = self.row_width();
         let mut kept = Vec::with_capacity(rows * width);
+        let step = |r: usize, j: usize| softplus(x.a[r * heads + j] + self.dt_bias[j]);
         for r in 0..rows {
             kept.extend_from_slice(&x.qkv[r * channels..(r + 1) * channels]);
-            kept.extend(x.b[r * heads..(r + 1) * heads].iter().map(|&b| sigmoid(b)));
-            kept.extend(
-                (0..heads).map(|j| self.decay[j] * softplus(x.a[r * heads + j] + self.dt_bias[j])),
-            );
+            match self.recurrence {
+                Recurrence::GatedDelta => {
+                    kept.extend(x.b[r * heads..(r + 1) * heads].iter().map(|&b| sigmoid(b)))
+                }
+                Recurrence::Mamba2 { .. } => kept.extend((0..heads).map(|j| step(r, j))),
+            }
+            kept.extend((0..heads).map(|j| self.decay[j] * step(r, j)));
         }
         // The rows' slots in the layer's space (its own windowed one, where it has one).
         let slots = match batch.window_slots.is_empty() {
@@ -279,7 +303,7 @@ impl DeltaNetConsts {
                     Some(rows) if i >= skip => unsafe { rows.run((i - skip) * vw + j * dv, dv) },
                     _ => &mut discard[..],
                 };
-                token.step_head(&s, j, head, o);
+                token.step_head(&s, self.rule(j), j, head, o);
                 for (count, copy) in &copies {
                     if *count == i + 1 {
                         unsafe { copy.run(j * size, size) }.copy_from_slice(head);
@@ -290,9 +314,18 @@ impl DeltaNetConsts {
         kept
     }
 
+    /// Value head `j`'s update.
+    fn rule(&self, j: usize) -> Rule {
+        match &self.recurrence {
+            Recurrence::GatedDelta => Rule::GatedDelta,
+            Recurrence::Mamba2 { skip, .. } => Rule::Ssd { skip: skip[j] },
+        }
+    }
+
     /// The token whose convolution path is `path` (slots, newest first: its own, then the
-    /// positions before it): the convolution and its SiLU, queries and keys L2-normalised
-    /// (the queries then scaled by `1/sqrt(key_dim)`), and its kept `beta` and `g`.
+    /// positions before it): the convolution (with its bias, where it has one) and its SiLU;
+    /// for the gated delta rule queries and keys L2-normalised (the queries then scaled by
+    /// `1/sqrt(key_dim)`); and its kept `beta` and `g`.
     fn token(&self, path: &[usize], (stored, width): (&[f32], usize), eps: f32) -> Token {
         let s = self.shape;
         let (channels, kernel) = (s.conv_channels(), s.kernel);
@@ -304,10 +337,29 @@ impl DeltaNetConsts {
                 *d += self.taps[c * kernel + tap] * *x;
             }
         }
+        if let Recurrence::Mamba2 { conv_bias, .. } = &self.recurrence {
+            for (x, b) in conv.iter_mut().zip(conv_bias) {
+                *x += b;
+            }
+        }
         for x in &mut conv {
             *x *= sigmoid(*x);
         }
         let kw = s.key_heads * s.key_dim;
+        let own = &stored[path[0] * width + channels..path[0] * width + width];
+        let (beta, g) = own.split_at(s.value_heads);
+        if let Recurrence::Mamba2 { .. } = self.recurrence {
+            // `x`, then `B` (the keys), then `C` (the queries).
+            let q = conv.split_off(s.value_width() + kw);
+            let k = conv.split_off(s.value_width());
+            return Token {
+                q,
+                k,
+                v: conv,
+                beta: beta.to_vec(),
+                g: g.to_vec(),
+            };
+        }
         let v = conv.split_off(2 * kw);
         let k = conv.split_off(kw);
         let mut q = conv;
@@ -320,8 +372,6 @@ impl DeltaNetConsts {
             l2_normalize(qh, eps, scale);
             l2_normalize(kh, eps, 1.0);
         }
-        let own = &stored[path[0] * width + channels..path[0] * width + width];
-        let (beta, g) = own.split_at(s.value_heads);
         Token {
             q,
             k,
@@ -350,6 +400,7 @@ impl DeltaNetConsts {
             let beta: Vec<f32> = tokens.iter().map(|t| t.beta[j]).collect();
             let g: Vec<f32> = tokens.iter().map(|t| t.g[j]).collect();
             let nodes = TreeTokens {
+                rule: self.rule(j),
                 parents,
                 inputs: Inputs {
                     q: &q,
@@ -369,8 +420,28 @@ impl DeltaNetConsts {
         });
     }
 
-    /// Each value head's output RMS-normed, times the norm's weight and `silu(z)`.
+    /// Each value head's output RMS-normed, times the norm's weight and `silu(z)`; for
+    /// Mamba-2 times `silu(z)` first, then RMS-normed per group and times the weight.
     fn gated_norm(&self, z: &[f32], eps: f32, out: &mut [f32]) {
+        if let Recurrence::Mamba2 { .. } = self.recurrence {
+            for (x, z) in out.iter_mut().zip(z) {
+                *x *= z * sigmoid(*z);
+            }
+            let (vw, groups) = (self.shape.value_width(), self.shape.key_heads.max(1));
+            for row in out.chunks_exact_mut(vw) {
+                for (group, w) in row
+                    .chunks_exact_mut(vw / groups)
+                    .zip(self.norm.chunks_exact(vw / groups))
+                {
+                    let mean = group.iter().map(|v| v * v).sum::<f32>() / group.len() as f32;
+                    let r = 1.0 / (mean + eps).sqrt();
+                    for (x, w) in group.iter_mut().zip(w) {
+                        *x *= r * w;
+                    }
+                }
+            }
+            return;
+        }
         let dv = self.shape.value_dim;
         for (x, z) in out.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
             let mean = x.iter().map(|v| v * v).sum::<f32>() / dv as f32;
@@ -397,12 +468,19 @@ struct Token {
 }
 
 impl Token {
-    /// The token through value head `j`'s state (`key dim x value dim`), its output into
-    /// `out` (`value dim`).
-    fn step_head(&self, s: &DeltaNetShape, j: usize, state: &mut [f32], out: &mut [f32]) {
+    /// The token through value head `j`'s state (`key dim x value dim`) under `rule`, its
+    /// output into `out` (`value dim`).
+    fn step_head(
+        &self,
+        s: &DeltaNetShape,
+        rule: Rule,
+        j: usize,
+        state: &mut [f32],
+        out: &mut [f32],
+    ) {
         let (dk, dv) = (s.key_dim, s.value_dim);
         let kh = s.key_head_of(j);
-        delta_rule::step(
+        rule.step(
             state,
             HeadDims { dk, dv },
             &self.q[kh * dk..(kh + 1) * dk],

@@ -8,13 +8,15 @@
 //! compaction of an accepted path and preemption treat every kind alike: a sequence's state is
 //! its rows, and a draft node's state follows from its ancestors' rows. Gated DeltaNet
 //! (`delta_net`) keeps its convolution's inputs the same way and, per sequence, a recurrent
-//! state in a slot of its own that each forward moves to the context's end. The family's
+//! state in a slot of its own that each forward moves to the context's end; Mamba-2
+//! (`mamba2`) is the same with another recurrence. The family's
 //! declaration (`ModelConfig::layer_mixer`) says which layer is which; the forwards never ask
 //! which family they run.
 
 pub(crate) mod attention;
 pub(crate) mod delta_net;
 mod delta_net_rows;
+pub(crate) mod mamba2;
 pub(crate) mod short_conv;
 
 use std::fmt::Debug;
@@ -34,6 +36,7 @@ use crate::Result;
 
 pub use attention::AttentionWeights;
 pub use delta_net::{DeltaNetParts, DeltaNetWeights};
+pub use mamba2::{Mamba2Parts, Mamba2Weights};
 pub use short_conv::ShortConvWeights;
 
 /// One layer's token mixer, as loaded.

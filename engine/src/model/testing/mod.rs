@@ -11,11 +11,13 @@ use crate::model::config::Architecture;
 use crate::{Error, Result};
 
 mod gguf;
+mod granite;
 mod lfm2;
 mod qwen35;
 mod qwen35_hf;
 
 pub use gguf::write_tiny_gguf;
+pub use granite::{write_tiny_granite_gguf, TinyGranite};
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 pub use qwen35::{write_tiny_qwen35_gguf, Qwen35Family, TinyQwen35};
 pub use qwen35_hf::write_tiny_qwen35_hf;
@@ -272,6 +274,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
         Architecture::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
         Architecture::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+        Architecture::GraniteHybrid => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],

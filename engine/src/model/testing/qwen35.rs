@@ -200,18 +200,18 @@ impl TinyQwen35 {
 pub(super) struct Named {
     pub(super) name: String,
     pub(super) values: Tensor,
-    f32: bool,
+    pub(super) f32: bool,
 }
 
 /// Draws tensors from one seeded stream, in the order they are asked for.
-struct Drawer {
-    rng: SplitMix,
-    all: Vec<Named>,
+pub(super) struct Drawer {
+    pub(super) rng: SplitMix,
+    pub(super) all: Vec<Named>,
 }
 
 impl Drawer {
     /// `offset + scale * u`, `u` uniform in [-1, 1), shaped `shape`.
-    fn put(
+    pub(super) fn put(
         &mut self,
         name: String,
         shape: &[usize],
@@ -229,12 +229,12 @@ impl Drawer {
     }
 
     /// A projection in the file's type: `[rows, cols]`, scaled by `gain / sqrt(cols)`.
-    fn proj(&mut self, name: String, rows: usize, cols: usize, gain: f32) -> Result<()> {
+    pub(super) fn proj(&mut self, name: String, rows: usize, cols: usize, gain: f32) -> Result<()> {
         self.put(name, &[rows, cols], gain / (cols as f32).sqrt(), 0.0, false)
     }
 
     /// A norm weight around one, in f32.
-    fn norm(&mut self, name: String, width: usize) -> Result<()> {
+    pub(super) fn norm(&mut self, name: String, width: usize) -> Result<()> {
         self.put(name, &[width], 0.2, 1.0, true)
     }
 }
