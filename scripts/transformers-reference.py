@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
-"""Writes the references of thicket's checks against Hugging Face transformers on Qwen3.5 HF
-checkpoints: transformers' greedy tokens and every step's logits on a tiny random model, for
-each case:
+"""Writes the references of thicket's checks against Hugging Face transformers on Qwen3.5 and
+Granite 4.0-H HF checkpoints: transformers' greedy tokens and every step's logits on a tiny
+random model, for each case:
 
 - `qwen35`: tests/data/qwen35_transformers.json, the tiny dense Qwen3.5 of
   `tests/model/qwen35.rs` written as a `Qwen3_5ForConditionalGeneration` checkpoint;
 - `qwen35moe`: tests/data/qwen35moe_transformers.json, the tiny Qwen3.5 mixture written as a
-  `Qwen3_5MoeForConditionalGeneration` checkpoint (packed experts).
+  `Qwen3_5MoeForConditionalGeneration` checkpoint (packed experts);
+- `granitehybrid`: tests/data/granitehybrid_transformers.json, the tiny Granite 4.0-H of
+  `tests/model/granite.rs` written as a `GraniteMoeHybridForCausalLM` checkpoint;
+- `granitehybrid_moe`: tests/data/granitehybrid_moe_transformers.json, its mixture.
 
-Both are the models of `tests/data/qwen35_llamacpp.json` and `qwen35moe_llamacpp.json` (the
-same drawn weights, laid out as HF checkpoints by `write_tiny_qwen35_hf`), so transformers'
+Each is the model of a llama.cpp record (`tests/data/<case>_llamacpp.json`: the same drawn
+weights, laid out as HF checkpoints by `write_tiny_qwen35_hf` / `write_tiny_granite_hf`), so transformers'
 greedy tokens equal llama.cpp's and its logits agree with them (checked here).
 
 The files of record were produced on the CPU with Python 3.11 and
 
     pip install torch==2.15.0 transformers==5.23.0
 
-(the script installs nothing; no `fla` or `causal-conv1d`, so transformers' own torch Gated
-DeltaNet and convolution run). For each case the script has thicket's test suite write the
+(the script installs nothing; no `fla`, `causal-conv1d` or `mamba-ssm`, so transformers' own
+torch Gated DeltaNet, Mamba-2 and convolution run). For each case the script has thicket's test suite write the
 checkpoint (`write_the_hf_reference`, an ignored test), loads it with the model's own class
 (no text weight missing or unexpected, nor any other: the tiny vision tower is complete),
 and runs the protocol of scripts/llamacpp-greedy-logits.cpp in float32 with eager attention:
@@ -49,6 +52,14 @@ CASES = {
                   "Qwen3_5MoeForConditionalGeneration",
                   "tests/data/qwen35moe_transformers.json",
                   "tests/data/qwen35moe_llamacpp.json"),
+    "granitehybrid": ("model::granite_hf::write_the_hf_reference",
+                      "GraniteMoeHybridForCausalLM",
+                      "tests/data/granitehybrid_transformers.json",
+                      "tests/data/granitehybrid_llamacpp.json"),
+    "granitehybrid_moe": ("model::granite_hf::write_the_moe_hf_reference",
+                          "GraniteMoeHybridForCausalLM",
+                          "tests/data/granitehybrid_moe_transformers.json",
+                          "tests/data/granitehybrid_moe_llamacpp.json"),
 }
 
 
@@ -112,7 +123,7 @@ def write_case(test, class_name, out, llamacpp):
         record = {
             "made_by": "scripts/transformers-reference.py",
             "transformers": f"{transformers.__version__} (torch {torch.__version__}), CPU, "
-                            "float32, eager attention, torch Gated DeltaNet",
+                            "float32, eager attention, torch recurrences",
             "safetensors_sha256": hashlib.sha256(
                 (directory / "model.safetensors").read_bytes()).hexdigest(),
             "prompt": PROMPT,

@@ -10,6 +10,7 @@ pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
 pub(crate) mod granite;
+mod granite_hf;
 mod kv_cache;
 pub(crate) mod lfm2;
 pub(crate) mod llamacpp_reference;

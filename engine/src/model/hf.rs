@@ -17,13 +17,14 @@ use crate::model::config::{
 };
 use crate::model::experts;
 use crate::model::hf_delta_net::{deal_dense, delta_net_parts};
-use crate::model::hf_hybrid::HfHybrid;
+use crate::model::hf_granite::HfGranite;
+use crate::model::hf_hybrid::{windowed_layers, HfHybrid};
 use crate::model::hf_text_config::text_model;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
 use crate::model::{
-    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mlp, ModelWeights,
-    ShortConvWeights, TokenMixer,
+    AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mamba2Weights, Mlp,
+    ModelWeights, ShortConvWeights, TokenMixer,
 };
 use crate::{Error, Result};
 
@@ -84,6 +85,8 @@ struct HfConfig {
     experts: experts::load::HfExperts,
     #[serde(flatten)]
     hybrid: HfHybrid,
+    #[serde(flatten)]
+    granite: HfGranite,
 }
 
 fn default_rope_theta() -> f64 {
@@ -155,25 +158,10 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         Some(false) => None,
         _ => hf.sliding_window,
     };
-    let windowed_layers = hf
-        .layer_types
-        .as_ref()
-        .map(|kinds| {
-            kinds
-                .iter()
-                .map(|k| match k.as_str() {
-                    "sliding_attention" => Ok(true),
-                    // A convolution or DeltaNet layer has no window (its reach is its own).
-                    "full_attention" | "conv" | "linear_attention" => Ok(false),
-                    other => Err(Error::Metadata(format!(
-                        "layer_types: '{other}' is not supported (sliding_attention, \
-                         full_attention, conv, linear_attention)"
-                    ))),
-                })
-                .collect::<Result<Vec<bool>>>()
-        })
-        .transpose()?;
-    let facts = FileFacts {
+    let windowed_layers = windowed_layers(hf.layer_types.as_deref())?;
+    let granite = architecture == Architecture::GraniteHybrid;
+    let kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
+    let mut facts = FileFacts {
         num_layers: hf.num_hidden_layers,
         hidden_size: hf.hidden_size,
         window,
@@ -195,7 +183,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         kv_heads_per_layer: hf.hybrid.kv_heads_per_layer(
             hf.layer_types.as_deref(),
             hf.num_hidden_layers,
-            hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            kv_heads,
         )?,
         conv_kernel: hf.hybrid.conv_kernel(),
         delta_net: hf.hybrid.delta_net()?,
@@ -208,12 +196,17 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         key_heads_of_values: Some(KeyHeadsOfValues::Grouped),
         ..FileFacts::default()
     };
+    if granite {
+        hf.granite
+            .apply(hf.layer_types.as_deref(), kv_heads, &mut facts)?;
+    }
     let config = ModelConfig {
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
         intermediate_size: match (hf.intermediate_size, &facts.experts) {
             (0, Some(experts)) => experts.width,
+            (_, None) if granite => hf.granite.dense_width().unwrap_or(hf.intermediate_size),
             (width, _) => hf.hybrid.ffn_width(width),
         },
         num_layers: hf.num_hidden_layers,
@@ -329,7 +322,9 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             let mlp = Mlp::Dense(DenseMlp { gate, up, down });
             ((Some(q), None), Some(k), Some(v), mlp)
         } else {
+            let widths = (config.hidden_size, config.intermediate_size);
             let mlp = match &config.variant.moe {
+                moe if granite => hf.granite.mlp(&p, moe.as_ref(), widths, &load, dtype)?,
                 Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(experts::load::from_hf(
                     &p,
                     architecture,
@@ -386,6 +381,10 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             (_, _, _, LayerMixer::DeltaNet(shape)) => Box::new(DeltaNetWeights::new(
                 shape,
                 delta_net_parts(&p, shape, &shapes, &load, dtype)?,
+            )?),
+            (_, _, _, LayerMixer::Mamba2(shape)) => Box::new(Mamba2Weights::new(
+                shape,
+                (hf.granite).mamba2_parts(&p, shape, config.hidden_size, &load, dtype)?,
             )?),
             _ => {
                 let conv = f32_of(&format!("{p}.conv.conv.weight"))?;

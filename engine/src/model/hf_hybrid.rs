@@ -4,6 +4,7 @@
 //! (`block_auto_adjust_ff_dim`: two thirds of it, times `block_ffn_dim_multiplier`, rounded up
 //! to `block_multiple_of`, as transformers computes it). A convolution with a bias is refused.
 //! Qwen3.5's Gated DeltaNet layers: their shape (`linear_*`) and how often a layer attends.
+//! Which layers attend through a sliding window (`layer_types`).
 
 use serde::Deserialize;
 
@@ -116,6 +117,30 @@ impl HfHybrid {
         let multiple = self.block_multiple_of.unwrap_or(1).max(1);
         width.div_ceil(multiple) * multiple
     }
+}
+
+/// Per layer whether it attends through a sliding window, where `layer_types` lists the
+/// layers: the kinds transformers names, any other refused by name.
+pub(crate) fn windowed_layers(layer_types: Option<&[String]>) -> Result<Option<Vec<bool>>> {
+    layer_types
+        .map(|kinds| {
+            kinds
+                .iter()
+                .map(|k| match k.as_str() {
+                    "sliding_attention" => Ok(true),
+                    // A convolution, DeltaNet or Mamba-2 layer has no window (its reach is
+                    // its own); Granite's older names.
+                    "full_attention" | "conv" | "linear_attention" | "mamba" | "attention" => {
+                        Ok(false)
+                    }
+                    other => Err(Error::Metadata(format!(
+                        "layer_types: '{other}' is not supported (sliding_attention, \
+                         full_attention, conv, linear_attention, mamba, attention)"
+                    ))),
+                })
+                .collect::<Result<Vec<bool>>>()
+        })
+        .transpose()
 }
 
 #[cfg(test)]

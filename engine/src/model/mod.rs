@@ -37,6 +37,7 @@ mod gguf_keys;
 mod gguf_mamba2;
 pub(crate) mod hf;
 mod hf_delta_net;
+mod hf_granite;
 mod hf_hybrid;
 mod hf_text_config;
 pub(crate) mod linear;

@@ -16,7 +16,7 @@ use crate::model::config::{Activation, RopeStyle};
 pub const FAMILY: Family = Family {
     architecture: Architecture::GraniteHybrid,
     gguf: "granitehybrid",
-    hf: &[],
+    hf: &["GraniteMoeHybridForCausalLM", "granitemoehybrid"],
     attention_bias: false,
     qk_norm: false,
     fused_projections: false,

@@ -89,7 +89,7 @@ impl TinyGranite {
 }
 
 /// Every tensor of `spec`, drawn from its seed.
-fn draw(spec: &TinyGranite) -> Result<Vec<super::qwen35::Named>> {
+pub(super) fn draw(spec: &TinyGranite) -> Result<Vec<super::qwen35::Named>> {
     let (h, v) = (spec.hidden_size, spec.vocab_size);
     let mut d = Drawer {
         rng: SplitMix(spec.seed),
