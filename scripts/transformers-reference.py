@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Writes the references of thicket's checks against Hugging Face transformers on Qwen3.5 and
-Granite 4.0-H HF checkpoints: transformers' greedy tokens and every step's logits on a tiny
+"""Writes the references of thicket's checks against Hugging Face transformers on Qwen3.5,
+Qwen3-Next and Granite 4.0-H HF checkpoints: transformers' greedy tokens and every step's logits on a tiny
 random model, for each case:
 
 - `qwen35`: tests/data/qwen35_transformers.json, the tiny dense Qwen3.5 of
   `tests/model/qwen35.rs` written as a `Qwen3_5ForConditionalGeneration` checkpoint;
 - `qwen35moe`: tests/data/qwen35moe_transformers.json, the tiny Qwen3.5 mixture written as a
   `Qwen3_5MoeForConditionalGeneration` checkpoint (packed experts);
+- `qwen3next`: tests/data/qwen3next_transformers.json, the tiny Qwen3-Next of
+  `tests/model/qwen3next.rs` written as a `Qwen3NextForCausalLM` checkpoint (fused
+  `in_proj_qkvz` and `in_proj_ba`);
 - `granitehybrid`: tests/data/granitehybrid_transformers.json, the tiny Granite 4.0-H of
   `tests/model/granite.rs` written as a `GraniteMoeHybridForCausalLM` checkpoint;
 - `granitehybrid_moe`: tests/data/granitehybrid_moe_transformers.json, its mixture.
 
 Each is the model of a llama.cpp record (`tests/data/<case>_llamacpp.json`: the same drawn
-weights, laid out as HF checkpoints by `write_tiny_qwen35_hf` / `write_tiny_granite_hf`), so transformers'
+weights, laid out as HF checkpoints by `write_tiny_qwen35_hf`, `write_tiny_qwen3next_hf` or
+`write_tiny_granite_hf`), so transformers'
 greedy tokens equal llama.cpp's and its logits agree with them (checked here).
 
 The files of record were produced on the CPU with Python 3.11 and
@@ -52,6 +56,9 @@ CASES = {
                   "Qwen3_5MoeForConditionalGeneration",
                   "tests/data/qwen35moe_transformers.json",
                   "tests/data/qwen35moe_llamacpp.json"),
+    "qwen3next": ("model::qwen3next_hf::write_the_hf_reference", "Qwen3NextForCausalLM",
+                  "tests/data/qwen3next_transformers.json",
+                  "tests/data/qwen3next_llamacpp.json"),
     "granitehybrid": ("model::granite_hf::write_the_hf_reference",
                       "GraniteMoeHybridForCausalLM",
                       "tests/data/granitehybrid_transformers.json",

@@ -52,6 +52,8 @@ fn matches_transformers(spec: &TinyGranite, reference: &str) {
     let (dir, model) = hf_model(spec);
     let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
     assert!(model.is_recurrent());
+    // Measured: 1.4e-6 (dense) and 1.7e-6 (mixture) against logits up to 1.9; greedy tokens
+    // identical for 32 steps.
     super::llamacpp_reference::check_recorded(reference, &bytes, |_| model.clone(), 1e-4);
 }
 

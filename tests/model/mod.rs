@@ -22,5 +22,6 @@ pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;
 mod qwen35_hf;
 pub(crate) mod qwen3next;
+mod qwen3next_hf;
 mod tokenizer;
 mod yarn;

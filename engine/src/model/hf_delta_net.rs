@@ -1,9 +1,10 @@
 //! A Gated DeltaNet layer's tensors from an HF checkpoint as transformers names them
 //! (Qwen3.5 / Qwen3.6: `linear_attn.in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`,
 //! `conv1d`, `dt_bias`, `A_log`, `norm`, `out_proj`), its value heads grouped by key head as
-//! transformers has them; and a gated attention's query projection dealt into the queries and
-//! their gates. Qwen3-Next's fused HF projections (`in_proj_qkvz`, `in_proj_ba`) are refused by
-//! name.
+//! transformers has them; Qwen3-Next's fused projections dealt into the same four
+//! (`in_proj_qkvz`: per key head its query, its key, its value heads' values and their gates;
+//! `in_proj_ba`: per key head its value heads' `beta` rows, then their `alpha` rows); and a
+//! gated attention's query projection dealt into the queries and their gates.
 
 use candle_core::{DType, Tensor};
 
@@ -22,15 +23,24 @@ pub(crate) fn delta_net_parts(
     dtype: Option<DType>,
 ) -> Result<DeltaNetParts> {
     let a = format!("{p}.linear_attn");
-    if load(&format!("{a}.in_proj_qkvz.weight")).is_ok() {
-        return Err(Error::Metadata(format!(
-            "{a}.in_proj_qkvz: Qwen3-Next's fused projections are not supported from an HF \
-             checkpoint (its GGUF files are)"
-        )));
-    }
+    let fused = match load(&format!("{a}.in_proj_qkvz.weight")) {
+        Ok(qkvz) => Some(dealt(
+            &a,
+            shape,
+            &qkvz,
+            &load(&format!("{a}.in_proj_ba.weight"))?,
+        )?),
+        Err(_) => None,
+    };
     let proj = |name: &str, role: Role| -> Result<Linear> {
         let full = format!("{a}.{name}.weight");
-        let w = load(&full)?;
+        let w = match (&fused, name) {
+            (Some(f), "in_proj_qkv") => f[0].clone(),
+            (Some(f), "in_proj_z") => f[1].clone(),
+            (Some(f), "in_proj_b") => f[2].clone(),
+            (Some(f), "in_proj_a") => f[3].clone(),
+            _ => load(&full)?,
+        };
         shapes.check(&full, role, w.dims())?;
         Linear::from_dense(w, None, dtype)
     };
@@ -65,6 +75,36 @@ pub(crate) fn delta_net_parts(
         norm: vector("norm.weight", shape.value_dim)?,
         out: proj("out_proj", Role::DeltaOut)?,
     })
+}
+
+/// Qwen3-Next's `in_proj_qkvz` and `in_proj_ba` (of layer `a`) dealt into the queries, keys
+/// and values (all queries, then all keys, then the values grouped by key head), the gates,
+/// `beta` and `alpha`.
+fn dealt(a: &str, shape: DeltaNetShape, qkvz: &Tensor, ba: &Tensor) -> Result<[Tensor; 4]> {
+    let (nk, dk, dv) = (shape.key_heads, shape.key_dim, shape.value_dim);
+    let r = shape.value_heads / nk.max(1);
+    let group = 2 * dk + 2 * r * dv;
+    let (rows, _) = qkvz.dims2()?;
+    let (ba_rows, _) = ba.dims2()?;
+    if rows != nk * group || ba_rows != 2 * shape.value_heads {
+        return Err(Error::Metadata(format!(
+            "{a}: in_proj_qkvz of {rows} rows and in_proj_ba of {ba_rows} for {nk} key heads \
+             of {dk} and {} value heads of {dv}",
+            shape.value_heads
+        )));
+    }
+    let pick = |t: &Tensor, of: &dyn Fn(usize) -> std::ops::Range<usize>| -> Result<Tensor> {
+        let index: Vec<u32> = (0..nk).flat_map(of).map(|x| x as u32).collect();
+        let index = Tensor::new(index.as_slice(), t.device())?;
+        Ok(t.index_select(&index, 0)?.contiguous()?)
+    };
+    let q = pick(qkvz, &|k| k * group..k * group + dk)?;
+    let key = pick(qkvz, &|k| k * group + dk..k * group + 2 * dk)?;
+    let v = pick(qkvz, &|k| k * group + 2 * dk..k * group + 2 * dk + r * dv)?;
+    let z = pick(qkvz, &|k| k * group + 2 * dk + r * dv..(k + 1) * group)?;
+    let b = pick(ba, &|k| 2 * r * k..2 * r * k + r)?;
+    let alpha = pick(ba, &|k| 2 * r * k + r..2 * r * (k + 1))?;
+    Ok([Tensor::cat(&[q, key, v], 0)?, z, b, alpha])
 }
 
 /// A gated attention's query projection (`[heads * 2 * head_dim, hidden]`: each head's query

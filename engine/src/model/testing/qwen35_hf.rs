@@ -29,7 +29,7 @@ use super::{SplitMix, TinyQwen35};
 use crate::{Error, Result};
 
 /// Prefix of the text model's weights in a Qwen3.5 checkpoint.
-const TEXT: &str = "model.language_model";
+pub(super) const TEXT: &str = "model.language_model";
 
 /// Width of the tiny vision tower's residual.
 const VISION_WIDTH: usize = 16;
@@ -66,7 +66,7 @@ fn less_one(values: Tensor) -> Result<Tensor> {
 }
 
 /// The text model's tensors under their HF names, from `drawn` (GGUF names and layout).
-fn text_tensors(spec: &TinyQwen35, drawn: Vec<Named>) -> Result<Vec<(String, Tensor)>> {
+pub(super) fn text_tensors(spec: &TinyQwen35, drawn: Vec<Named>) -> Result<Vec<(String, Tensor)>> {
     let qk = 2 * spec.linear_key_heads * spec.linear_key_head_dim;
     // Grouped from tiled: value rows (or columns) and single per-head entries.
     let heads = grouped_from_tiled(spec, spec.linear_value_head_dim);
@@ -206,7 +206,7 @@ fn vision_tensors(spec: &TinyQwen35) -> Result<Vec<(String, Tensor)>> {
 }
 
 /// `x` as the f64 its shortest decimal form reads as (`1e-6`, not `9.99999997e-7`).
-fn shortest(x: f32) -> f64 {
+pub(super) fn shortest(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(f64::from(x))
 }
 
