@@ -1,12 +1,14 @@
-//! Criterion bench of the gated delta rule (`engine::cpu::delta_rule`), one head of Qwen3.5 /
-//! Qwen3-Next's shape (keys and values of 128): a decoding token (`step`), a prefill chunk of
-//! 64 tokens in the parallel form (`chunked`) against the same tokens one by one, and a draft
-//! tree of 16 nodes from a committed state (`tree`). A layer runs this per value head (32 in
+//! Criterion bench of the gated delta rule (`engine::cpu::delta_rule`, `delta_step`), one head
+//! of Qwen3.5 / Qwen3-Next's shape (keys and values of 128): a decoding token (`step`), a
+//! prefill chunk of 64 tokens one by one, as a `Chain` (one walk over the state per token) and
+//! in the parallel form (`chunked`), against the three-walk step the layers ran before
+//! (`three_walk_step`, kept here as the baseline), and a draft tree of 16 nodes from a
+//! committed state (`tree`). A layer runs this per value head (32 in
 //! Qwen3.6-35B-A3B, whose 30 DeltaNet layers make 960 head-steps per decoded token).
 //! `cargo bench --bench delta_rule`; numbers in benches/README.md ("The gated delta rule").
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use engine::cpu::delta_rule::{chunked, step, tree, HeadDims, Inputs, Rule, TreeTokens};
+use engine::cpu::delta_rule::{chunked, step, tree, Chain, HeadDims, Inputs, Rule, TreeTokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -42,6 +44,44 @@ fn inputs(t: usize) -> Owned {
     let beta = (0..t).map(|_| rng.random_range(0.1..0.9)).collect();
     let g = (0..t).map(|_| rng.random_range(-1.0..0.0)).collect();
     Owned { q, k, v, beta, g }
+}
+
+/// The step as the layers ran it before `delta_step`: three walks over the state per token
+/// (decay and read `u`, update, read the output).
+#[allow(clippy::too_many_arguments)]
+fn three_walk_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    beta: f32,
+    g: f32,
+    out: &mut [f32],
+) {
+    let (dk, dv) = (DIMS.dk, DIMS.dv);
+    let decay = g.exp();
+    let out = &mut out[..dv];
+    out.fill(0.0);
+    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
+        for (o, s) in out.iter_mut().zip(row.iter_mut()) {
+            *s *= decay;
+            *o += *s * ki;
+        }
+    }
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = beta * (*x - *o);
+    }
+    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
+        for (s, d) in row.iter_mut().zip(out.iter()) {
+            *s += ki * *d;
+        }
+    }
+    out.fill(0.0);
+    for (row, &qi) in state.chunks_exact(dv).take(dk).zip(q) {
+        for (o, s) in out.iter_mut().zip(row) {
+            *o += s * qi;
+        }
+    }
 }
 
 fn delta_rule(c: &mut Criterion) {
@@ -83,6 +123,39 @@ fn delta_rule(c: &mut Criterion) {
                     &v[o..o + 128],
                     beta[i],
                     g[i],
+                    &mut out[o..o + 128],
+                );
+            }
+        })
+    });
+    group.bench_function("64 tokens one by one, three walks each (before)", |b| {
+        b.iter(|| {
+            for i in 0..64 {
+                let (a, o) = (i * DIMS.dk, i * DIMS.dv);
+                three_walk_step(
+                    &mut state,
+                    &q[a..a + 128],
+                    &k[a..a + 128],
+                    &v[o..o + 128],
+                    beta[i],
+                    g[i],
+                    &mut out[o..o + 128],
+                );
+            }
+        })
+    });
+    group.bench_function("64 tokens as a chain", |b| {
+        b.iter(|| {
+            let mut chain = Chain::new(Rule::GatedDelta, DIMS);
+            for i in 0..64 {
+                let (a, o) = (i * DIMS.dk, i * DIMS.dv);
+                let next = (i < 63).then(|| &k[a + 128..a + 256]);
+                chain.step(
+                    &mut state,
+                    [&q[a..a + 128], &k[a..a + 128], &v[o..o + 128]],
+                    beta[i],
+                    g[i],
+                    next,
                     &mut out[o..o + 128],
                 );
             }

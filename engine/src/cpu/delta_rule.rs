@@ -7,8 +7,8 @@
 //!   S <- exp(g) S;   delta = beta (v - S^T k);   S <- S + k delta^T;   o = S^T q
 //! ```
 //!
-//! `step` is the recurrent form, one token (decoding, and a draft node from its parent's
-//! state); `tree` runs a draft tree from a committed state, each node from its parent's.
+//! `step` (`delta_step`) is the recurrent form, one token (decoding, and a draft node from
+//! its parent's state), and `Chain` the same over a run of known tokens; `tree` runs a draft tree from a committed state, each node from its parent's.
 //! `chunked` is the parallel form a prefill chunk takes: over `c` tokens with
 //! cumulative log-decays `G_t`, the corrections `delta` solve the unit lower-triangular system
 //! `delta_s + beta_s sum_{r<s} exp(G_s - G_r) (k_s . k_r) delta_r = beta_s (v_s - exp(G_s)
@@ -23,38 +23,7 @@
 //! another update (`Rule::Ssd`): with `q` its `C`, `k` its `B`, `v` its `x`, `beta` its step
 //! `dt` and `g = dt A`, `S <- exp(g) S + k (dt v)^T;  o = S^T q + D v`. `tree` runs either.
 
-/// Which update a head's state takes per token.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rule {
-    /// The gated delta rule (`step`).
-    GatedDelta,
-    /// Mamba-2's selective state space (`ssd_step`), with the head's skip factor `D`.
-    Ssd {
-        /// The factor on the input added to the output.
-        skip: f32,
-    },
-}
-
-impl Rule {
-    /// One token through the recurrence under this rule.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step(
-        self,
-        state: &mut [f32],
-        dims: HeadDims,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        beta: f32,
-        g: f32,
-        out: &mut [f32],
-    ) {
-        match self {
-            Rule::GatedDelta => step(state, dims, q, k, v, beta, g, out),
-            Rule::Ssd { skip } => ssd_step(state, dims, q, k, v, beta, g, skip, out),
-        }
-    }
-}
+pub use super::delta_step::{ssd_step, step, Chain, Rule};
 
 /// A head's shape: key and value dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,74 +32,6 @@ pub struct HeadDims {
     pub dk: usize,
     /// Value dimensions.
     pub dv: usize,
-}
-
-/// One token through the recurrence: `state` (`dk x dv`) updated in place, the output (`dv`)
-/// written to `out`.
-#[allow(clippy::too_many_arguments)]
-pub fn step(
-    state: &mut [f32],
-    dims: HeadDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: f32,
-    g: f32,
-    out: &mut [f32],
-) {
-    let HeadDims { dk, dv } = dims;
-    let decay = g.exp();
-    let out = &mut out[..dv];
-    // u = (exp(g) S)^T k, the decay applied to the state as it is read; then the correction
-    // delta = beta (v - u), both in `out` (no allocation per token).
-    out.fill(0.0);
-    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
-        for (o, s) in out.iter_mut().zip(row.iter_mut()) {
-            *s *= decay;
-            *o += *s * ki;
-        }
-    }
-    for (o, x) in out.iter_mut().zip(v) {
-        *o = beta * (*x - *o);
-    }
-    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
-        for (s, d) in row.iter_mut().zip(out.iter()) {
-            *s += ki * *d;
-        }
-    }
-    state_t_times(state, dims, q, out);
-}
-
-/// One token through Mamba-2's selective state space: `state` (`dk x dv`, `dk` the state
-/// size) decays by `exp(g)` and takes `k (dt v)^T`; the output is `S^T q + skip v`.
-#[allow(clippy::too_many_arguments)]
-pub fn ssd_step(
-    state: &mut [f32],
-    dims: HeadDims,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    dt: f32,
-    g: f32,
-    skip: f32,
-    out: &mut [f32],
-) {
-    let HeadDims { dk, dv } = dims;
-    let decay = g.exp();
-    let out = &mut out[..dv];
-    // The input times its step, in `out` until the output overwrites it.
-    for (o, x) in out.iter_mut().zip(v) {
-        *o = x * dt;
-    }
-    for (row, &ki) in state.chunks_exact_mut(dv).take(dk).zip(k) {
-        for (s, xdt) in row.iter_mut().zip(out.iter()) {
-            *s = *s * decay + ki * xdt;
-        }
-    }
-    state_t_times(state, dims, q, out);
-    for (o, x) in out.iter_mut().zip(v) {
-        *o += x * skip;
-    }
 }
 
 /// Some tokens' inputs to one head, laid out row by row.

@@ -13,7 +13,7 @@
 //!   ends at the chain's last row; any other chain or tree runs on a copy, each node from its
 //!   parent's state (`delta_rule::tree`), never a sibling's.
 
-use crate::cpu::delta_rule::{self, HeadDims, Inputs, Rule, TreeTokens};
+use crate::cpu::delta_rule::{self, Chain, HeadDims, Inputs, Rule, TreeTokens};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
@@ -298,12 +298,27 @@ impl DeltaNetConsts {
             // output row, all inside their buffers, which outlive the loop.
             let head = unsafe { states.run(j * size, size) };
             let mut discard = vec![0f32; dv];
+            let kh = s.key_head_of(j);
+            let keys = kh * dk..(kh + 1) * dk;
+            let mut chain = Chain::new(self.rule(j), HeadDims { dk, dv });
             for (i, token) in tokens.iter().enumerate() {
                 let o = match &out {
                     Some(rows) if i >= skip => unsafe { rows.run((i - skip) * vw + j * dv, dv) },
                     _ => &mut discard[..],
                 };
-                token.step_head(&s, self.rule(j), j, head, o);
+                let next_k = tokens.get(i + 1).map(|t| &t.k[keys.clone()]);
+                chain.step(
+                    head,
+                    [
+                        &token.q[keys.clone()],
+                        &token.k[keys.clone()],
+                        &token.v[j * dv..(j + 1) * dv],
+                    ],
+                    token.beta[j],
+                    token.g[j],
+                    next_k,
+                    o,
+                );
                 for (count, copy) in &copies {
                     if *count == i + 1 {
                         unsafe { copy.run(j * size, size) }.copy_from_slice(head);
@@ -465,32 +480,6 @@ struct Token {
     beta: Vec<f32>,
     /// Per value head, the log-decay.
     g: Vec<f32>,
-}
-
-impl Token {
-    /// The token through value head `j`'s state (`key dim x value dim`) under `rule`, its
-    /// output into `out` (`value dim`).
-    fn step_head(
-        &self,
-        s: &DeltaNetShape,
-        rule: Rule,
-        j: usize,
-        state: &mut [f32],
-        out: &mut [f32],
-    ) {
-        let (dk, dv) = (s.key_dim, s.value_dim);
-        let kh = s.key_head_of(j);
-        rule.step(
-            state,
-            HeadDims { dk, dv },
-            &self.q[kh * dk..(kh + 1) * dk],
-            &self.k[kh * dk..(kh + 1) * dk],
-            &self.v[j * dv..(j + 1) * dv],
-            self.beta[j],
-            self.g[j],
-            out,
-        );
-    }
 }
 
 /// `x / sqrt(sum x^2 + eps)`, times `scale` (as Gated DeltaNet's reference normalises).
