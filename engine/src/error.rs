@@ -52,6 +52,9 @@ pub enum Error {
     /// further (llguidance's limits on one token's mask).
     #[error("the output format could not be followed: {0}")]
     FormatFailed(String),
+    /// An engine setting that cannot work (the message names the flag to change).
+    #[error("engine configuration: {0}")]
+    Config(String),
     /// A batch that breaks the `TreeBatch` invariants (a programming error upstream).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

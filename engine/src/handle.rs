@@ -14,8 +14,8 @@ use scheduler::{Scheduler, SchedulerConfig};
 
 use crate::backend::{self, Backend};
 use crate::constraint::Grammars;
-pub use crate::engine_loop::EngineStats;
 use crate::engine_loop::{Command, Engine, EngineParts, Submission};
+pub use crate::engine_loop::{EngineStats, StateSnapshotConfig, StateStats};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::Model;
 use crate::request::Usage;
@@ -38,6 +38,9 @@ pub struct EngineConfig {
     /// draft model's pool with it, so that no request pays the OS's first touch of their
     /// pages (start-up takes longer, and the whole pools are resident from the start).
     pub kv_prefault: bool,
+    /// Where and how many snapshots of recurrent states are kept for the prefix cache (a
+    /// model with recurrent layers: Gated DeltaNet, Mamba-2).
+    pub state_snapshots: StateSnapshotConfig,
 }
 
 impl EngineConfig {
@@ -120,6 +123,7 @@ pub fn spawn(
     eos_ids: Vec<u32>,
     config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
+    config.state_snapshots.validate()?;
     // The longest sequence this engine serves decides a LongRoPE model's factors.
     let model = model.for_context(config.scheduler.max_model_len)?;
     let kv = config.scheduler.kv;
@@ -147,7 +151,7 @@ pub fn spawn(
             state / 1024,
             state * config.scheduler.max_num_seqs / (1 << 20),
             config.scheduler.max_num_seqs,
-            crate::engine_loop::snapshot_bytes() >> 20
+            config.state_snapshots.max_bytes >> 20
         );
     }
     let backend = backend::for_model_spaces(model, num_slots, window_slots)?;
@@ -162,6 +166,7 @@ pub fn spawn_with_backend(
     eos_ids: Vec<u32>,
     mut config: EngineConfig,
 ) -> Result<(EngineHandle, JoinHandle<()>)> {
+    config.state_snapshots.validate()?;
     let unfolded = crate::model::config::UNFOLDED_POSITIONS - 1;
     if backend.recurrent() && config.speculation.max_draft_tokens > unfolded {
         // An accepted path is folded into the recurrent state from the inputs the store
@@ -221,6 +226,7 @@ pub fn spawn_with_backend(
         spec,
         inbox,
         pending: Arc::clone(&pending),
+        state_snapshots: config.state_snapshots,
     });
     let thread = std::thread::Builder::new()
         .name("thicket-engine".into())

@@ -57,7 +57,8 @@ pub use backend::{Backend, CpuBackend, MockBackend};
 pub use cpu::kv_store::PagedKvStore;
 pub use error::{Error, Result};
 pub use handle::{
-    spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput, SubmitError,
+    spawn, spawn_with_backend, EngineConfig, EngineHandle, RequestStream, SampleOutput,
+    StateSnapshotConfig, StateStats, SubmitError,
 };
 pub use kvcache::{ManagerConfig, WindowConfig};
 pub use model::config::{Architecture, ModelConfig};

@@ -1,9 +1,11 @@
 //! Names and descriptions of every metric thicket publishes (through the `metrics` facade;
 //! the server installs the Prometheus exporter): the engine's step and request metrics here,
-//! then the KV cache's ([`kv`]), speculation's ([`spec`]) and the HTTP server's ([`http`]).
-//! Units are part of every name.
+//! then the KV cache's ([`kv`]), the recurrent states' ([`state`]), speculation's ([`spec`])
+//! and the HTTP server's ([`http`]). Units are part of every name.
 
 use kvcache::CacheStats;
+
+use crate::engine_loop::StateStats;
 
 /// Counter: engine steps run.
 pub const STEPS: &str = "thicket_engine_steps_total";
@@ -87,6 +89,21 @@ pub mod kv {
     pub const PREFIX_HIT_TOKENS: &str = "thicket_prefix_cache_hit_tokens_total";
 }
 
+/// Recurrent-state metrics (a model whose layers carry a state per sequence: Gated
+/// DeltaNet, Mamba-2; not published for others).
+pub mod state {
+    /// Gauge: state slots for running sequences (one per sequence running at once).
+    pub const SLOTS_TOTAL: &str = "thicket_state_slots_total";
+    /// Gauge: state slots held by running sequences.
+    pub const SLOTS_IN_USE: &str = "thicket_state_slots_in_use";
+    /// Gauge: snapshots of states kept at block boundaries for the prefix cache.
+    pub const SNAPSHOTS: &str = "thicket_state_snapshots";
+    /// Gauge: bytes those snapshots take (within `--state-snapshot-mib`).
+    pub const SNAPSHOT_BYTES: &str = "thicket_state_snapshot_bytes";
+    /// Counter: sequences that started from a kept snapshot (past a cached prefix).
+    pub const SNAPSHOT_RESUMES: &str = "thicket_state_snapshot_resumes_total";
+}
+
 /// HTTP server metrics.
 pub mod http {
     /// Counter `{method, path, status}`: requests answered.
@@ -108,6 +125,16 @@ pub fn publish_kv(stats: &CacheStats) {
     }
     metrics::counter!(PREFIX_QUERIES).absolute(stats.prefix_query_tokens);
     metrics::counter!(PREFIX_HIT_TOKENS).absolute(stats.prefix_hit_tokens);
+}
+
+/// Publishes recurrent-state slot and snapshot counts to the installed `metrics` recorder.
+pub fn publish_states(stats: &StateStats) {
+    use state::*;
+    metrics::gauge!(SLOTS_TOTAL).set(stats.slots_total as f64);
+    metrics::gauge!(SLOTS_IN_USE).set(stats.slots_in_use as f64);
+    metrics::gauge!(SNAPSHOTS).set(stats.snapshots as f64);
+    metrics::gauge!(SNAPSHOT_BYTES).set(stats.snapshot_bytes as f64);
+    metrics::counter!(SNAPSHOT_RESUMES).absolute(stats.resumes);
 }
 
 /// Registers descriptions of every metric with the installed recorder.
@@ -172,6 +199,25 @@ pub fn describe() {
     describe_counter!(
         PREFIX_HIT_TOKENS,
         "Prompt tokens served from the prefix cache"
+    );
+    use state::*;
+    describe_gauge!(SLOTS_TOTAL, "Recurrent-state slots for running sequences");
+    describe_gauge!(
+        SLOTS_IN_USE,
+        "Recurrent-state slots held by running sequences"
+    );
+    describe_gauge!(
+        SNAPSHOTS,
+        "Snapshots of recurrent states kept for the prefix cache"
+    );
+    describe_gauge!(
+        SNAPSHOT_BYTES,
+        Unit::Bytes,
+        "Bytes the kept recurrent-state snapshots take"
+    );
+    describe_counter!(
+        SNAPSHOT_RESUMES,
+        "Sequences that started from a kept recurrent-state snapshot"
     );
     use spec::*;
     describe_counter!(DRAFT_TOKENS, "Draft tokens verified, by method");

@@ -210,6 +210,7 @@ fn engine(tokenizer: &ModelTokenizer, rule: RankedTokens, ends: Vec<u32>) -> Eng
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let backend = MockBackend::ranked(vocab, kv.num_blocks * kv.block_size, rule);
     engine::spawn_with_backend(Box::new(backend), tokenizer, ends, config)

@@ -55,6 +55,7 @@ fn start(num_blocks: usize, window_blocks: Option<usize>) -> EngineHandle {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let (handle, _thread) = engine::spawn(
         loaded.model.clone(),

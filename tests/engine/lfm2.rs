@@ -88,6 +88,7 @@ fn start(num_blocks: usize, window_blocks: Option<usize>, prefix_caching: bool) 
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let (handle, _thread) =
         engine::spawn(model.clone(), tokenizer.clone(), Vec::new(), config).unwrap();

@@ -47,6 +47,7 @@ fn engine() -> EngineHandle {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     })
 }
 

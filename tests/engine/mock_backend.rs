@@ -42,6 +42,7 @@ fn sixty_four_mixed_requests_on_the_mock_backend_are_exact() {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let backend = Box::new(MockBackend::new(VOCAB, kv.num_blocks * kv.block_size));
     let (handle, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();
@@ -110,6 +111,7 @@ fn accepted_prediction_tokens_never_exceed_the_tokens_returned() {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let backend = Box::new(MockBackend::new(VOCAB, kv.num_blocks * kv.block_size));
     let (handle, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();

@@ -32,11 +32,11 @@ use crate::model::qwen35_forward::tiny_qwen35moe_q8;
 use scheduler::SchedulerConfig;
 
 const VOCAB: usize = 300;
-const BLOCK: usize = 8;
+pub(super) const BLOCK: usize = 8;
 
 /// Which tiny hybrid an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hybrid {
+pub(super) enum Hybrid {
     /// Qwen3.5, dense.
     Qwen35,
     /// Qwen3.5 with experts.
@@ -47,7 +47,7 @@ enum Hybrid {
 
 /// The tiny hybrid in Q8_0 on thicket's kernels, a word-level tokenizer, and a draft model of
 /// the same vocabulary (a tiny LFM2: a draft model may not itself carry recurrent state).
-fn model(kind: Hybrid) -> &'static (Model, Arc<ModelTokenizer>, Model) {
+pub(super) fn model(kind: Hybrid) -> &'static (Model, Arc<ModelTokenizer>, Model) {
     type Loaded = std::sync::OnceLock<(Model, Arc<ModelTokenizer>, Model)>;
     static CELLS: [Loaded; 3] = [Loaded::new(), Loaded::new(), Loaded::new()];
     CELLS[kind as usize].get_or_init(|| {
@@ -106,7 +106,7 @@ fn start(
 }
 
 /// The configuration `start` runs.
-fn config(
+pub(super) fn config(
     kind: Hybrid,
     num_blocks: usize,
     window_blocks: Option<usize>,
@@ -144,11 +144,12 @@ fn config(
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     }
 }
 
 /// Prompts with repeated stretches for the drafters to find.
-fn prompts() -> Vec<Vec<u32>> {
+pub(super) fn prompts() -> Vec<Vec<u32>> {
     let cycle = |from: u32, len: u32, times: usize| -> Vec<u32> {
         (0..times).flat_map(|_| from..from + len).collect()
     };

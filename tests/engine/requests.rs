@@ -32,6 +32,7 @@ fn config(num_blocks: usize, max_num_seqs: usize) -> EngineConfig {
         speculation: SpeculationConfig::default(),
         // The engine must behave the same with its pool mapped up front.
         kv_prefault: true,
+        state_snapshots: Default::default(),
     }
 }
 

@@ -75,6 +75,7 @@ pub(crate) fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHa
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     engine::spawn(
         loaded.model.clone(),

@@ -162,6 +162,7 @@ fn config(speculators: Vec<SpeculatorFactory>) -> EngineConfig {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     }
 }
 

@@ -44,6 +44,7 @@ pub(crate) fn start_with(speculation: SpeculationConfig) -> EngineHandle {
         max_pending: 64,
         speculation,
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     spawn_smollm2(config)
 }

@@ -115,6 +115,7 @@ pub(crate) fn mock_server(
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let backend = backend(MockBackend::new(VOCAB, kv.num_blocks * kv.block_size));
     let (engine, _) = engine::spawn_with_backend(backend, tokenizer, Vec::new(), config).unwrap();

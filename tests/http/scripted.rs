@@ -107,6 +107,7 @@ fn ranked_server(
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let backend = MockBackend::ranked(vocab, kv.num_blocks * kv.block_size, rule);
     let eos = tokenizer.eos_ids().to_vec();

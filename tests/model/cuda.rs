@@ -399,6 +399,7 @@ fn cuda_every_method_is_lossless_on_smollm2() {
             ..SpeculationConfig::default()
         },
         kv_prefault: false,
+        state_snapshots: Default::default(),
     };
     let (handle, _thread) = engine::spawn(
         gpu.model.clone(),

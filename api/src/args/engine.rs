@@ -11,7 +11,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use engine::{
     CostCurve, DraftModelSetup, EngineConfig, EngineHandle, LoadOptions, LoadedModel,
-    ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig, WeightDType,
+    ManagerConfig, Model, SchedulerConfig, SpecMethod, SpecRequest, SpeculationConfig,
+    StateSnapshotConfig, WeightDType,
 };
 
 use super::model::parse_dtype;
@@ -30,6 +31,34 @@ pub struct KvArgs {
     /// whole cache resident from the start. `bench spec` and `bench engine` always do.
     #[arg(long)]
     pub kv_prefault: bool,
+    /// A model whose layers carry a recurrent state (Gated DeltaNet, Mamba-2) resumes a
+    /// cached prefix only from a snapshot of that state: keep one at every this many block
+    /// boundaries a sequence passes, besides its prompt's last and its latest few (0: only
+    /// those).
+    #[arg(long, default_value_t = StateSnapshotConfig::default().interval)]
+    pub state_snapshot_interval: usize,
+    /// Memory for those snapshots, in MiB; past it the least recently used go (at least four
+    /// are kept, whatever their size).
+    #[arg(
+        long,
+        default_value_t = StateSnapshotConfig::default().max_bytes >> 20,
+        value_parser = parse_snapshot_mib
+    )]
+    pub state_snapshot_mib: usize,
+}
+
+/// `--state-snapshot-mib`: a whole number of MiB, at least 1, that fits in an address.
+fn parse_snapshot_mib(s: &str) -> Result<usize, String> {
+    let mib: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number of MiB"))?;
+    if mib == 0 {
+        return Err("the snapshots need some memory: 1 MiB or more".into());
+    }
+    if mib.checked_mul(1 << 20).is_none() {
+        return Err(format!("{mib} MiB is more memory than can be addressed"));
+    }
+    Ok(mib)
 }
 
 /// Scheduler and KV pool flags.
@@ -210,10 +239,15 @@ impl EngineArgs {
             max_pending: self.max_queue + self.max_num_seqs,
             speculation: self.spec.config(model)?,
             kv_prefault: self.kv.kv_prefault,
+            state_snapshots: StateSnapshotConfig {
+                interval: self.kv.state_snapshot_interval,
+                max_bytes: self.kv.state_snapshot_mib.saturating_mul(1 << 20),
+            },
         };
         if let Err(e) = config.scheduler.validate() {
             bail!("{e}");
         }
+        config.state_snapshots.validate()?;
         Ok(config)
     }
 }

@@ -51,12 +51,7 @@ mod step_output;
 
 use record::SeqRecord;
 use states::StateSlots;
-
-/// Bytes the snapshots of recurrent states may take (the prefix cache of a model with
-/// recurrent layers).
-pub(crate) fn snapshot_bytes() -> usize {
-    states::SNAPSHOT_BYTES
-}
+pub use states::{StateSnapshotConfig, StateStats};
 
 use crate::backend::Backend;
 use crate::constraint::{Constraint, TokenMask};
@@ -89,6 +84,9 @@ pub struct EngineStats {
     pub requests: usize,
     /// Token positions per KV block.
     pub block_size: usize,
+    /// Recurrent-state slots and their snapshots (`None`: the model has no recurrent
+    /// layers).
+    pub states: Option<StateStats>,
 }
 
 /// A validated request and where its events go.
@@ -147,6 +145,8 @@ pub(crate) struct EngineParts {
     pub(crate) inbox: flume::Receiver<Command>,
     /// Requests submitted and not yet finished (shared with the handles).
     pub(crate) pending: Arc<AtomicUsize>,
+    /// How snapshots of recurrent states are kept.
+    pub(crate) state_snapshots: StateSnapshotConfig,
 }
 
 impl Engine {
@@ -159,6 +159,7 @@ impl Engine {
             spec,
             inbox,
             pending,
+            state_snapshots,
         } = parts;
         if backend.recurrent() {
             // A cached prefix resumes only where a snapshot of the recurrent state was kept.
@@ -168,7 +169,8 @@ impl Engine {
             states: StateSlots::new(
                 backend.recurrent(),
                 scheduler.blocks().block_size(),
-                states::snapshot_capacity(backend.state_bytes_per_sequence()),
+                backend.state_bytes_per_sequence(),
+                state_snapshots,
             ),
             backend,
             tokenizer,
@@ -232,6 +234,7 @@ impl Engine {
                     cache: self.scheduler.cache_stats(),
                     requests: self.requests.len(),
                     block_size: self.scheduler.blocks().block_size(),
+                    states: self.state_stats(),
                 });
                 return;
             }
@@ -290,6 +293,14 @@ impl Engine {
         }
         // With nothing left to run no step follows: publish the freed blocks now.
         names::publish_kv(&self.scheduler.cache_stats());
+        if let Some(stats) = self.state_stats() {
+            names::publish_states(&stats);
+        }
+    }
+
+    /// What the recurrent-state slots hold (`None`: the model has no recurrent layers).
+    fn state_stats(&self) -> Option<StateStats> {
+        self.states.stats(self.scheduler.config().max_num_seqs)
     }
 
     fn remove_request(&mut self, id: u64) {
@@ -380,6 +391,9 @@ impl Engine {
         metrics::gauge!(names::SEQS_RUNNING).set(stats.running as f64);
         metrics::gauge!(names::SEQS_WAITING).set(stats.waiting as f64);
         names::publish_kv(&self.scheduler.cache_stats());
+        if let Some(stats) = self.state_stats() {
+            names::publish_states(&stats);
+        }
     }
 
     /// Nothing could be scheduled although work is queued: with nothing running, the head

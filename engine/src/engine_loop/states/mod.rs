@@ -11,7 +11,10 @@
 //!   A sequence keeps a snapshot at every `interval`-th boundary it passes, at the last one
 //!   of its prompt (where a repeat of the prompt resumes) and at its latest few (where a
 //!   conversation's next turn resumes, its answer re-sent); at most `capacity` are kept,
-//!   the least recently used going first.
+//!   the least recently used going first. Both come from [`StateSnapshotConfig`]
+//!   (`--state-snapshot-interval`, `--state-snapshot-mib`).
+//!
+//! [`StateStats`] counts what the slots hold, for `EngineStats` and `/metrics`.
 //!
 //! Which boundaries a step passes is known before it runs: a chain the sequence keeps
 //! moves its state to the chain's end, and a draft path accepted at the previous step is
@@ -82,6 +85,58 @@ pub(super) struct Step<'a> {
     pub(super) prompt_len: usize,
 }
 
+/// How the snapshots of recurrent states are kept (a model with recurrent layers; ignored
+/// otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSnapshotConfig {
+    /// A sequence's snapshot stays, once it is no longer among the sequence's latest few, at
+    /// every this many block boundaries (0: only at its prompt's last boundary).
+    pub interval: usize,
+    /// Bytes the kept snapshots may take (at least four are kept, whatever their size).
+    pub max_bytes: usize,
+}
+
+impl Default for StateSnapshotConfig {
+    /// Every 8th boundary, within 1 GiB.
+    fn default() -> Self {
+        Self {
+            interval: SNAPSHOT_INTERVAL,
+            max_bytes: SNAPSHOT_BYTES,
+        }
+    }
+}
+
+impl StateSnapshotConfig {
+    /// Errors on settings the engine cannot run with: a bound of no bytes.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_bytes == 0 {
+            return Err(Error::Config(
+                "the snapshots of recurrent states need a memory bound above 0 \
+                 (--state-snapshot-mib: 1 or more)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the state slots of a model with recurrent layers hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Sequences that may hold a slot at once (`max_num_seqs`: the states the KV memory
+    /// was sized for).
+    pub slots_total: usize,
+    /// Sequences holding a slot now.
+    pub slots_in_use: usize,
+    /// Snapshots kept.
+    pub snapshots: usize,
+    /// Bytes those snapshots take.
+    pub snapshot_bytes: usize,
+    /// Sequences that started from a kept snapshot (past a cached prefix: a repeated
+    /// prompt, a conversation's next turn, a preempted sequence coming back) since start.
+    pub resumes: u64,
+}
+
 /// Which sequence or snapshot holds which state slot.
 #[derive(Debug, Default)]
 pub(super) struct StateSlots {
@@ -92,23 +147,46 @@ pub(super) struct StateSlots {
     snapshots: HashMap<BlockHash, Snapshot>,
     /// Snapshots kept at most.
     capacity: usize,
-    /// Every this many blocks a snapshot stays when the sequence moves on.
+    /// Every this many blocks a snapshot stays when the sequence moves on (0: none).
     interval: usize,
     block_size: usize,
+    /// Bytes of one state (one sequence's, or one snapshot's).
+    state_bytes: usize,
+    /// Steps run that started from a snapshot.
+    resumes: u64,
     clock: u64,
 }
 
 impl StateSlots {
-    /// The slots of a model that has recurrent layers (`recurrent`) over blocks of
-    /// `block_size`, keeping at most `capacity` snapshots, or of one that has none.
-    pub(super) fn new(recurrent: bool, block_size: usize, capacity: usize) -> Self {
+    /// The slots of a model that has recurrent layers (`recurrent`), with states of
+    /// `state_bytes`, over blocks of `block_size`, keeping snapshots as `config` says, or of
+    /// one that has none.
+    pub(super) fn new(
+        recurrent: bool,
+        block_size: usize,
+        state_bytes: usize,
+        config: StateSnapshotConfig,
+    ) -> Self {
         Self {
             recurrent,
-            capacity,
-            interval: SNAPSHOT_INTERVAL,
+            capacity: snapshot_capacity(config.max_bytes, state_bytes),
+            interval: config.interval,
             block_size: block_size.max(1),
+            state_bytes,
             ..Self::default()
         }
+    }
+
+    /// What the slots hold now (`None` for a model without recurrent layers), of
+    /// `slots_total` for sequences.
+    pub(super) fn stats(&self, slots_total: usize) -> Option<StateStats> {
+        self.recurrent.then(|| StateStats {
+            slots_total,
+            slots_in_use: self.seqs.len(),
+            snapshots: self.snapshots.len(),
+            snapshot_bytes: self.snapshots.len() * self.state_bytes,
+            resumes: self.resumes,
+        })
     }
 
     /// `seq`'s state for a step (`None` for a model without recurrent layers): its slot,
@@ -189,6 +267,9 @@ impl StateSlots {
             return changes;
         };
         entry.folded = Some(planned.end);
+        if planned.state.resume.is_some() {
+            self.resumes += 1;
+        }
         let mut dropped = Vec::new();
         for (_, slot, hash) in planned.saves {
             if self.snapshots.contains_key(&hash) {
@@ -208,7 +289,7 @@ impl StateSlots {
                     .iter()
                     .position(|h| *h == previous)
                     .is_some_and(|i| {
-                        (i + 1) % self.interval == 0
+                        (i + 1).checked_rem(self.interval) == Some(0)
                             || (i + 1) * self.block_size == entry.prompt_end
                     });
                 if !kept {
@@ -259,19 +340,20 @@ impl StateSlots {
     }
 }
 
-/// Every this many blocks a sequence's snapshot is kept when it moves past it.
+/// Every this many blocks a sequence's snapshot is kept when it moves past it (by default).
 pub(super) const SNAPSHOT_INTERVAL: usize = 8;
 
 /// A sequence's latest snapshots kept whatever their boundary: a conversation's next turn
 /// re-sends the answer, whose last tokens may come back tokenized otherwise.
 pub(super) const RECENT: usize = 4;
 
-/// Bytes the snapshots of recurrent states may take.
+/// Bytes the snapshots of recurrent states may take (by default).
 pub(super) const SNAPSHOT_BYTES: usize = 1 << 30;
 
-/// Snapshots kept at most, for states of `state_bytes` (at least a few, whatever their size).
-pub(super) fn snapshot_capacity(state_bytes: usize) -> usize {
-    (SNAPSHOT_BYTES / state_bytes.max(1)).max(4)
+/// Snapshots kept at most within `max_bytes`, for states of `state_bytes` (at least a few,
+/// whatever their size).
+pub(super) fn snapshot_capacity(max_bytes: usize, state_bytes: usize) -> usize {
+    (max_bytes / state_bytes.max(1)).max(4)
 }
 
 /// Resume points a step added and removed.
@@ -300,118 +382,4 @@ fn extend_chain(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn step(tokens: &[u32], num_computed: usize, rows: usize, commits: bool) -> Step<'_> {
-        Step {
-            tokens,
-            scope: None,
-            num_computed,
-            rows,
-            commits,
-            prompt_len: 10,
-        }
-    }
-
-    #[test]
-    fn slots_are_reused_once_given_back_and_never_shared() {
-        let mut slots = StateSlots::new(true, 4, 8);
-        let tokens: Vec<u32> = (0..32).collect();
-        let a = slots.plan(SeqId(1), &step(&tokens, 0, 2, true)).unwrap();
-        let b = slots.plan(SeqId(2), &step(&tokens, 0, 2, true)).unwrap();
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert_ne!(a.state.slot, b.state.slot);
-        slots.ran(SeqId(1), a.clone());
-        slots.release(SeqId(1));
-        let c = slots.plan(SeqId(3), &step(&tokens, 0, 2, true)).unwrap();
-        assert_eq!(
-            c.unwrap().state.slot,
-            a.state.slot,
-            "a freed slot is taken again"
-        );
-        assert!(StateSlots::new(false, 4, 8)
-            .plan(SeqId(4), &step(&tokens, 0, 1, true))
-            .unwrap()
-            .is_none());
-    }
-
-    #[test]
-    fn a_step_saves_the_boundaries_it_passes_and_keeps_the_interval_and_the_latest() {
-        let mut slots = StateSlots::new(true, 4, 64);
-        let tokens: Vec<u32> = (0..100).collect();
-        // A prefill of 10 positions passes boundaries 4 and 8.
-        let p = slots
-            .plan(SeqId(1), &step(&tokens, 0, 10, true))
-            .unwrap()
-            .unwrap();
-        let at: Vec<usize> = p.saves.iter().map(|s| s.0).collect();
-        assert_eq!(at, [4, 8]);
-        let changes = slots.ran(SeqId(1), p);
-        assert_eq!(changes.added.len(), 2);
-        assert!(changes.removed.is_empty(), "both among the latest few");
-        // A verified tree keeps nothing new; the next step folds the accepted path in.
-        let p = slots
-            .plan(SeqId(1), &step(&tokens, 10, 5, false))
-            .unwrap()
-            .unwrap();
-        assert!(p.saves.is_empty() && !p.state.commits);
-        slots.ran(SeqId(1), p);
-        let p = slots
-            .plan(SeqId(1), &step(&tokens, 13, 1, true))
-            .unwrap()
-            .unwrap();
-        let at: Vec<usize> = p.saves.iter().map(|s| s.0).collect();
-        assert_eq!(at, [12], "folded from 10 to 13, then one row kept");
-        slots.ran(SeqId(1), p);
-        // Another sequence admitted past 12 cached positions resumes from that snapshot.
-        let p = slots
-            .plan(SeqId(2), &step(&tokens, 12, 3, true))
-            .unwrap()
-            .unwrap();
-        assert!(p.state.resume.is_some());
-        assert!(p.saves.is_empty(), "12 is kept already; 15 is no boundary");
-        // Far on: the latest four stay, and the interval's (32: the 8th block) and the
-        // prompt's last (8), not the others.
-        let p = slots
-            .plan(SeqId(1), &step(&tokens, 14, 40, true))
-            .unwrap()
-            .unwrap();
-        let changes = slots.ran(SeqId(1), p);
-        assert_eq!(changes.added.len(), 10, "16 to 52");
-        fn kept(slots: &mut StateSlots, tokens: &[u32], at: usize) -> bool {
-            let ok = slots.plan(SeqId(9), &step(tokens, at, 1, true)).is_ok();
-            slots.release(SeqId(9));
-            ok
-        }
-        for (at, want) in [(4, false), (8, true), (12, false), (20, false), (32, true)] {
-            assert_eq!(kept(&mut slots, &tokens, at), want, "boundary {at}");
-        }
-        for at in [40, 44, 48, 52] {
-            assert!(
-                kept(&mut slots, &tokens, at),
-                "boundary {at}, among the latest"
-            );
-        }
-        // Past an unkept boundary: a clear error.
-        let err = slots
-            .plan(SeqId(3), &step(&tokens, 4, 1, true))
-            .unwrap_err();
-        assert!(err.to_string().contains("no state kept"), "{err}");
-    }
-
-    #[test]
-    fn snapshots_beyond_the_capacity_go_least_recently_used_first() {
-        let mut slots = StateSlots::new(true, 4, 2);
-        let tokens: Vec<u32> = (0..200).collect();
-        let mut removed = 0;
-        for (i, seq) in (0..4).map(SeqId).enumerate() {
-            let tokens = &tokens[i * 40..];
-            let p = slots.plan(seq, &step(tokens, 0, 4, true)).unwrap().unwrap();
-            removed += slots.ran(seq, p).removed.len();
-            slots.release(seq);
-        }
-        assert_eq!(removed, 2);
-        assert_eq!(slots.held(), 2, "two snapshots, no sequence");
-    }
-}
+mod tests;
