@@ -187,8 +187,7 @@ pub fn spawn_with_backend(
             ));
         }
     }
-    let scheduler = Scheduler::new(config.scheduler)
-        .map_err(|e| Error::InvalidBatch(format!("engine configuration: {e}")))?;
+    let scheduler = Scheduler::new(config.scheduler).map_err(|e| Error::Config(e.to_string()))?;
     let vocab_size = backend.vocab_size();
     if let Some(draft) = &config.speculation.draft_model {
         if draft.model.config().vocab_size != vocab_size {

@@ -127,6 +127,34 @@ fn a_smaller_snapshot_interval_keeps_more_and_the_memory_bound_caps_them() {
 }
 
 #[test]
+fn without_a_prefix_cache_no_snapshot_is_taken() {
+    let (model, tokenizer, _) = model(Hybrid::Qwen35);
+    let handle = |caching: bool| {
+        let (handle, _thread) = engine::spawn(
+            model.clone(),
+            tokenizer.clone(),
+            Vec::new(),
+            config(Hybrid::Qwen35, 256, Some(120), caching),
+        )
+        .unwrap();
+        handle
+    };
+    let (cached, uncached) = (handle(true), handle(false));
+    let (a, b) = (once(&cached, 8), once(&uncached, 8));
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(states(&cached).snapshots, 4);
+    // Nothing could resume from one: none is copied or held.
+    let stats = states(&uncached);
+    assert_eq!((stats.snapshots, stats.snapshot_bytes), (0, 0), "{stats:?}");
+    let again = once(&uncached, 8);
+    assert_eq!(again.token_ids, a.token_ids);
+    assert_eq!(
+        (again.usage.cached_tokens, states(&uncached).resumes),
+        (0, 0)
+    );
+}
+
+#[test]
 fn a_zero_snapshot_bound_is_refused_at_start() {
     let err = engine::spawn(
         model(Hybrid::Qwen35).0.clone(),

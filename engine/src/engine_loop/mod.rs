@@ -171,7 +171,9 @@ impl Engine {
                 scheduler.blocks().block_size(),
                 backend.state_bytes_per_sequence(),
                 state_snapshots,
-            ),
+            )
+            // Without a prefix cache nothing resumes from a snapshot: none is taken.
+            .with_snapshots(scheduler.blocks().prefix_caching()),
             backend,
             tokenizer,
             eos_ids,

@@ -154,6 +154,8 @@ pub(super) struct StateSlots {
     state_bytes: usize,
     /// Steps run that started from a snapshot.
     resumes: u64,
+    /// Whether snapshots are taken at all (not without a prefix cache to resume them).
+    taking: bool,
     clock: u64,
 }
 
@@ -173,8 +175,15 @@ impl StateSlots {
             interval: config.interval,
             block_size: block_size.max(1),
             state_bytes,
+            taking: true,
             ..Self::default()
         }
+    }
+
+    /// The same slots, taking snapshots only where `taking` (a prefix cache can resume
+    /// from them).
+    pub(super) fn with_snapshots(self, taking: bool) -> Self {
+        Self { taking, ..self }
     }
 
     /// What the slots hold now (`None` for a model without recurrent layers), of
@@ -237,7 +246,7 @@ impl StateSlots {
             .map(|b| (b * bs, entry.chain[b - 1]))
             .collect();
         let mut saves = Vec::new();
-        for (at, hash) in boundaries {
+        for (at, hash) in boundaries.into_iter().filter(|_| self.taking) {
             if let Some(snap) = self.snapshots.get_mut(&hash) {
                 snap.used = clock;
                 continue;
