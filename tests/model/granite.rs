@@ -14,6 +14,10 @@ use engine::model::config::LayerMixer;
 use engine::model::testing::{write_tiny_granite_gguf, TinyExperts, TinyGranite};
 use engine::Model;
 
+use super::hybrid_checks::{
+    chunked_prefill_gives_token_by_token, fused_gives_candle_bits, tree_nodes_give_root_paths,
+};
+
 /// The tiny Granite 4.0-H of these tests: four layers, the third attending (four query
 /// heads on two KV heads), Mamba-2 with eight heads in two groups, a state of 16, a
 /// convolution of 4, scales on the embeddings, residual branches, queries and logits.
@@ -93,27 +97,12 @@ fn write_the_rope_reference_gguf() {
 /// `spec` (f32) against llama.cpp's recorded run on the same file, and the prompt prefilled
 /// in chunks of 1, 2 and 4 against llama.cpp's first logits.
 fn matches_llama_cpp(spec: &TinyGranite, reference: &str, tolerance: f32) {
-    use super::families::PROMPT;
-    use super::forward::prefill_logits;
-    use super::llamacpp_reference::{check_recorded, largest_difference};
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("granite.gguf");
     write_tiny_granite_gguf(&path, spec, GgmlDType::F32).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let model = granite_model(spec, GgmlDType::F32);
-    let runs = check_recorded(reference, &bytes, |_| model.clone(), tolerance);
-    let vocab = spec.vocab_size;
-    for chunk in [1, 2, 4] {
-        let all = prefill_logits(&model, &PROMPT, chunk);
-        let last = &all[all.len() - vocab..];
-        let apart = largest_difference(last, &runs[0][0]);
-        let scale = runs[0][0].iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(
-            apart <= tolerance * scale,
-            "chunks of {chunk}: {apart} of {scale}"
-        );
-    }
+    super::hybrid_checks::matches_llama_cpp_in_chunks(&model, &bytes, reference, tolerance);
 }
 
 #[test]
@@ -194,7 +183,6 @@ pub(crate) fn tiny_granite_q8() -> TinyGranite {
 
 #[test]
 fn granitehybrid_fused_pass_gives_the_candle_ops_bits() {
-    use super::forward::prompt_then_tree_bits;
     for spec in [
         tiny_granite_q8(),
         TinyGranite {
@@ -203,51 +191,17 @@ fn granitehybrid_fused_pass_gives_the_candle_ops_bits() {
         },
         tiny_granite_moe(),
     ] {
-        let model = granite_model(&spec, GgmlDType::Q8_0);
-        assert!(model.is_fused());
-        let reference = model.clone().without_fused_pass();
-        let (fused, candle) = (
-            prompt_then_tree_bits(&model),
-            prompt_then_tree_bits(&reference),
-        );
-        let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
-        assert_eq!(differ, 0, "{differ} of {} logits differ", fused.len());
+        fused_gives_candle_bits(&granite_model(&spec, GgmlDType::Q8_0));
     }
 }
 
 #[test]
 fn granitehybrid_prefill_in_chunks_gives_the_token_by_token_logits() {
-    use super::forward::prefill_logits;
-    use rand::{rngs::StdRng, Rng, SeedableRng};
-    let model = granite_model(&tiny_granite_q8(), GgmlDType::Q8_0);
-    let mut rng = StdRng::seed_from_u64(19);
-    let prompt: Vec<u32> = (0..23).map(|_| rng.random_range(0..300)).collect();
-    let one_by_one = prefill_logits(&model, &prompt, 1);
     // Chunk boundaries at every offset inside the four-position convolution, and one chunk.
-    for chunk in [2, 3, 4, 5, 7, 23] {
-        assert_eq!(
-            prefill_logits(&model, &prompt, chunk),
-            one_by_one,
-            "chunks of {chunk}"
-        );
-    }
+    chunked_prefill_gives_token_by_token(&granite_model(&tiny_granite_q8(), GgmlDType::Q8_0), 19);
 }
 
 #[test]
 fn granitehybrid_tree_nodes_match_their_root_paths() {
-    use super::forward::{random_tree, tree_vs_chains};
-    use rand::{rngs::StdRng, Rng, SeedableRng};
-    let model = granite_model(&tiny_granite_q8(), GgmlDType::Q8_0);
-    let mut rng = StdRng::seed_from_u64(14);
-    let prefix: Vec<u32> = (0..11).map(|_| rng.random_range(0..300)).collect();
-    for nodes in [1, 2, 6, 20] {
-        let tree = random_tree(&mut rng, nodes, 300);
-        let worst = tree_vs_chains(&model, &prefix, &tree);
-        assert_eq!(
-            worst, 0.0,
-            "a tree of {nodes}: nodes differ from chains by {worst}"
-        );
-    }
-    let tree = random_tree(&mut rng, 8, 300);
-    assert_eq!(tree_vs_chains(&model, &prefix[..1], &tree), 0.0);
+    tree_nodes_give_root_paths(&granite_model(&tiny_granite_q8(), GgmlDType::Q8_0), 14);
 }

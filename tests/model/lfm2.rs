@@ -22,8 +22,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::families::{assert_close, compare, compare_within, PROMPT};
-use super::forward::{prefill_logits, prompt_then_tree_bits, random_tree, tree_vs_chains};
-use super::llamacpp_reference::{check_recorded, largest_difference};
+use super::forward::prefill_logits;
+use super::hybrid_checks::{
+    chunked_prefill_gives_token_by_token, fused_gives_candle_bits, matches_llama_cpp_in_chunks,
+    tree_nodes_give_root_paths,
+};
+use super::llamacpp_reference::largest_difference;
 
 /// The tiny LFM2 of these tests: four layers, the second and fourth attending.
 pub(crate) fn tiny_lfm2() -> TinyLfm2 {
@@ -142,14 +146,7 @@ fn tiny_lfm2_hf_matches_candle_lfm2() {
 #[test]
 fn lfm2_fused_pass_gives_the_candle_ops_bits() {
     let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
-    assert!(model.is_fused());
-    let reference = model.clone().without_fused_pass();
-    let (fused, candle) = (
-        prompt_then_tree_bits(&model),
-        prompt_then_tree_bits(&reference),
-    );
-    let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 0, "{differ} of {} logits differ", fused.len());
+    fused_gives_candle_bits(&model);
 }
 
 /// The last position's logits for `prompt` prefilled in one chunk.
@@ -160,34 +157,15 @@ fn last_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
 
 #[test]
 fn lfm2_prefill_in_chunks_gives_the_token_by_token_logits() {
-    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
-    let mut rng = StdRng::seed_from_u64(9);
-    let prompt: Vec<u32> = (0..23).map(|_| rng.random_range(0..300)).collect();
-    let one_by_one = prefill_logits(&model, &prompt, 1);
     // Chunk boundaries at every offset inside the three-position window, and one chunk.
-    for chunk in [2, 3, 4, 5, 7, 23] {
-        let chunked = prefill_logits(&model, &prompt, chunk);
-        // thicket's kernels give a row the same bits whatever else is in the batch.
-        assert_eq!(chunked, one_by_one, "chunks of {chunk}");
-    }
+    let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
+    chunked_prefill_gives_token_by_token(&model, 9);
 }
 
 #[test]
 fn lfm2_tree_nodes_match_their_root_paths() {
     let (_dir, model) = lfm2_model(&tiny_lfm2(), GgmlDType::Q8_0, false);
-    let mut rng = StdRng::seed_from_u64(4);
-    let prefix: Vec<u32> = (0..11).map(|_| rng.random_range(0..300)).collect();
-    for nodes in [1, 2, 6, 20] {
-        let tree = random_tree(&mut rng, nodes, 300);
-        let worst = tree_vs_chains(&model, &prefix, &tree);
-        assert_eq!(
-            worst, 0.0,
-            "a tree of {nodes}: nodes differ from chains by {worst}"
-        );
-    }
-    // At the very start of a sequence too (the window reaches before position 0).
-    let tree = random_tree(&mut rng, 8, 300);
-    assert_eq!(tree_vs_chains(&model, &prefix[..1], &tree), 0.0);
+    tree_nodes_give_root_paths(&model, 4);
 }
 
 #[test]
@@ -242,25 +220,15 @@ fn lfm2_matches_llama_cpp() {
     let model = Model::new(config, weights, Device::Cpu)
         .unwrap()
         .with_kv_dtype(KvDtype::F32);
-    let runs = check_recorded(
-        include_str!("../data/lfm2_llamacpp.json"),
+    // Measured: 0.0021 against logits up to 5.4 (ggml's f32 products and norms sum in another
+    // order); greedy tokens identical for 32 steps; the prompt prefilled in chunks of 1, 2
+    // and 4 ends on llama.cpp's first logits too.
+    matches_llama_cpp_in_chunks(
+        &model,
         &bytes,
-        |_| model.clone(),
-        // Measured: 0.0021 against logits up to 5.4 (ggml's f32 products and norms sum in
-        // another order); greedy tokens identical for 32 steps.
+        include_str!("../data/lfm2_llamacpp.json"),
         1e-3,
     );
-    // The prompt prefilled in chunks of 1, 2 and 4 ends on llama.cpp's first logits too.
-    for chunk in [1, 2, 4] {
-        let all = prefill_logits(&model, &PROMPT, chunk);
-        let last = &all[all.len() - 300..];
-        let apart = largest_difference(last, &runs[0][0]);
-        let scale = runs[0][0].iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(
-            apart <= 1e-3 * scale,
-            "chunks of {chunk}: {apart} of {scale}"
-        );
-    }
 }
 
 /// Writes the tiny LFM2 of `lfm2_matches_llama_cpp` (f32) where `THICKET_REFERENCE_GGUF` says,

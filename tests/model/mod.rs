@@ -11,6 +11,7 @@ pub(crate) mod forward;
 mod gemma3_real;
 pub(crate) mod granite;
 mod granite_hf;
+mod hybrid_checks;
 mod kv_cache;
 pub(crate) mod lfm2;
 pub(crate) mod llamacpp_reference;

@@ -61,10 +61,6 @@ pub(crate) fn matches_llama_cpp(spec: &TinyQwen35, reference: &str, tolerance: f
     use engine::cpu::kv_store::KvDtype;
     use engine::Model;
 
-    use super::families::PROMPT;
-    use super::forward::prefill_logits;
-    use super::llamacpp_reference::{check_recorded, largest_difference};
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("qwen35.gguf");
     write_tiny_qwen35_gguf(&path, spec, GgmlDType::F32).unwrap();
@@ -74,18 +70,7 @@ pub(crate) fn matches_llama_cpp(spec: &TinyQwen35, reference: &str, tolerance: f
     let model = Model::new(config, weights, Device::Cpu)
         .unwrap()
         .with_kv_dtype(KvDtype::F32);
-    let runs = check_recorded(reference, &bytes, |_| model.clone(), tolerance);
-    let vocab = spec.vocab_size;
-    for chunk in [1, 2, 4] {
-        let all = prefill_logits(&model, &PROMPT, chunk);
-        let last = &all[all.len() - vocab..];
-        let apart = largest_difference(last, &runs[0][0]);
-        let scale = runs[0][0].iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(
-            apart <= tolerance * scale,
-            "chunks of {chunk}: {apart} of {scale}"
-        );
-    }
+    super::hybrid_checks::matches_llama_cpp_in_chunks(&model, &bytes, reference, tolerance);
 }
 
 #[test]

@@ -18,7 +18,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::families::{KEPT, VERIFIED};
-use super::forward::{prefill_logits, prompt_then_tree_bits, random_tree, tree_vs_chains};
+use super::hybrid_checks::{
+    chunked_prefill_gives_token_by_token, fused_gives_candle_bits, tree_nodes_give_root_paths,
+};
 use super::qwen35::{tiny_qwen35, tiny_qwen35moe};
 use super::qwen3next::tiny_qwen3next;
 use crate::support::fixtures::one_sequence;
@@ -92,49 +94,22 @@ fn the_declaration_makes_every_other_layer_a_gated_delta_net() {
 fn qwen35_fused_pass_gives_the_candle_ops_bits() {
     for spec in [tiny_qwen35(), tiny_qwen35moe_q8(), tiny_qwen3next()] {
         let (_dir, model) = qwen35_model(&spec, GgmlDType::Q8_0, false);
-        assert!(model.is_fused());
-        let reference = model.clone().without_fused_pass();
-        let (fused, candle) = (
-            prompt_then_tree_bits(&model),
-            prompt_then_tree_bits(&reference),
-        );
-        let differ = fused.iter().zip(&candle).filter(|(a, b)| a != b).count();
-        assert_eq!(differ, 0, "{differ} of {} logits differ", fused.len());
+        fused_gives_candle_bits(&model);
     }
 }
 
 #[test]
 fn qwen35_prefill_in_chunks_gives_the_token_by_token_logits() {
-    let (_dir, model) = qwen35_model(&tiny_qwen35(), GgmlDType::Q8_0, false);
-    let mut rng = StdRng::seed_from_u64(9);
-    let prompt: Vec<u32> = (0..23).map(|_| rng.random_range(0..300)).collect();
-    let one_by_one = prefill_logits(&model, &prompt, 1);
     // Chunk boundaries at every offset inside the four-position convolution, and one chunk.
-    for chunk in [2, 3, 4, 5, 7, 23] {
-        let chunked = prefill_logits(&model, &prompt, chunk);
-        // thicket's kernels give a row the same bits whatever else is in the batch, and the
-        // recurrence steps the same tokens in the same order.
-        assert_eq!(chunked, one_by_one, "chunks of {chunk}");
-    }
+    let (_dir, model) = qwen35_model(&tiny_qwen35(), GgmlDType::Q8_0, false);
+    chunked_prefill_gives_token_by_token(&model, 9);
 }
 
 #[test]
 fn qwen35_tree_nodes_match_their_root_paths() {
     for spec in [tiny_qwen35(), tiny_qwen35moe_q8(), tiny_qwen3next()] {
         let (_dir, model) = qwen35_model(&spec, GgmlDType::Q8_0, false);
-        let mut rng = StdRng::seed_from_u64(4);
-        let prefix: Vec<u32> = (0..11).map(|_| rng.random_range(0..300)).collect();
-        for nodes in [1, 2, 6, 20] {
-            let tree = random_tree(&mut rng, nodes, 300);
-            let worst = tree_vs_chains(&model, &prefix, &tree);
-            assert_eq!(
-                worst, 0.0,
-                "a tree of {nodes}: nodes differ from chains by {worst}"
-            );
-        }
-        // At the very start of a sequence too (the convolution reaches before position 0).
-        let tree = random_tree(&mut rng, 8, 300);
-        assert_eq!(tree_vs_chains(&model, &prefix[..1], &tree), 0.0);
+        tree_nodes_give_root_paths(&model, 4);
     }
 }
 

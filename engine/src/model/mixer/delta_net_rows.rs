@@ -14,7 +14,11 @@
 //!   parent's state (`delta_rule::tree`), never a sibling's.
 
 use crate::cpu::delta_rule::{self, Chain, HeadDims, Inputs, Rule, TreeTokens};
+use candle_core::{Device, Tensor};
+
+use super::CandleAt;
 use crate::cpu::kv_store::PagedKvStore;
+use crate::model::linear::Linear;
 use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
 use crate::tree_batch::{SeqEntry, TreeBatch};
@@ -67,9 +71,35 @@ pub(crate) struct Projected<'a> {
 }
 
 impl DeltaNetConsts {
+    /// `l` over the rows `h`, as host f32 values row by row.
+    pub fn host(l: &Linear, h: &Tensor) -> Result<Vec<f32>> {
+        Ok(l.forward(h)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    }
+
     /// Floats kept per position: the convolution's inputs, then `beta` and `g` per head.
     pub fn row_width(&self) -> usize {
         self.shape.conv_channels() + 2 * self.shape.value_heads
+    }
+
+    /// The candle-ops form's end: the rows of `at` through the layer from their projections
+    /// `x`, then `out` (the output projection) over the result, on `device`.
+    pub fn run_candle(
+        &self,
+        at: &CandleAt<'_>,
+        kv: &mut PagedKvStore,
+        x: &Projected<'_>,
+        out: &Linear,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let eps = at.model.config().rms_norm_eps as f32;
+        let mut mixed = Vec::new();
+        self.run(at.batch, at.index, eps, kv, x, &mut mixed)?;
+        let rows = at.batch.num_rows();
+        let mixed = Tensor::from_vec(mixed, (rows, self.shape.value_width()), device)?;
+        out.forward(&mixed)
     }
 
     /// Every row of `batch` through layer `layer`: `out` gets `[rows][value width]`.

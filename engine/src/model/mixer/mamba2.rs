@@ -147,15 +147,8 @@ impl TokenMixer for Mamba2Weights {
         h: &Tensor,
         kv: &mut PagedKvStore,
     ) -> Result<Tensor> {
-        let host = |l: &Linear| -> Result<Vec<f32>> {
-            Ok(l.forward(h)?
-                .to_device(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1::<f32>()?)
-        };
+        let host = |l: &Linear| DeltaNetConsts::host(l, h);
         let (xbc, z, dt) = (host(&self.xbc)?, host(&self.gate)?, host(&self.dt)?);
-        let eps = at.model.config().rms_norm_eps as f32;
-        let mut mixed = Vec::new();
         let x = Projected {
             qkv: &xbc,
             z: &z,
@@ -163,10 +156,7 @@ impl TokenMixer for Mamba2Weights {
             a: &dt,
         };
         self.consts
-            .run(at.batch, at.index, eps, kv, &x, &mut mixed)?;
-        let rows = at.batch.num_rows();
-        let mixed = Tensor::from_vec(mixed, (rows, self.consts.shape.value_width()), h.device())?;
-        self.out.forward(&mixed)
+            .run_candle(at, kv, &x, &self.out, h.device())
     }
 
     fn fused(&self) -> Result<Arc<dyn FusedMixer>> {
