@@ -18,8 +18,6 @@ use engine::cpu::kv_store::KvDtype;
 use engine::model::config::LayerMixer;
 use engine::model::testing::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 use engine::{Model, QuantKernel};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use super::families::{assert_close, compare, compare_within, PROMPT};
 use super::forward::prefill_logits;

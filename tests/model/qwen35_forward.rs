@@ -14,8 +14,6 @@ use engine::model::config::LayerMixer;
 use engine::model::testing::{write_tiny_qwen35_gguf, TinyQwen35};
 use engine::{LogitRows, Model, SeqState, TokenTree, TreeBatch};
 use kvcache::{KvGroup, KvMove};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use super::families::{KEPT, VERIFIED};
 use super::hybrid_checks::{

@@ -138,8 +138,7 @@ impl TokenMixer for DeltaNetWeights {
             b: &b,
             a: &a,
         };
-        self.consts
-            .run_candle(at, kv, &x, &self.out, h.device())
+        self.consts.run_candle(at, kv, &x, &self.out, h.device())
     }
 
     fn fused(&self) -> Result<Arc<dyn FusedMixer>> {

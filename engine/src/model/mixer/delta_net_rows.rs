@@ -18,9 +18,9 @@ use candle_core::{Device, Tensor};
 
 use super::CandleAt;
 use crate::cpu::kv_store::PagedKvStore;
-use crate::model::linear::Linear;
 use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
+use crate::model::linear::Linear;
 use crate::tree_batch::{SeqEntry, TreeBatch};
 use crate::{Error, Result};
 

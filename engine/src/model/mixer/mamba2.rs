@@ -155,8 +155,7 @@ impl TokenMixer for Mamba2Weights {
             b: &[],
             a: &dt,
         };
-        self.consts
-            .run_candle(at, kv, &x, &self.out, h.device())
+        self.consts.run_candle(at, kv, &x, &self.out, h.device())
     }
 
     fn fused(&self) -> Result<Arc<dyn FusedMixer>> {
