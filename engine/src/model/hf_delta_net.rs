@@ -44,20 +44,7 @@ pub(crate) fn delta_net_parts(
         shapes.check(&full, role, w.dims())?;
         Linear::from_dense(w, None, dtype)
     };
-    let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-        let full = format!("{a}.{name}");
-        let values = load(&full)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        if values.len() != len {
-            return Err(Error::Metadata(format!(
-                "tensor {full} has {} values, {len} expected",
-                values.len()
-            )));
-        }
-        Ok(values)
-    };
+    let vector = |name: &str, len: usize| f32_vector(load, &format!("{a}.{name}"), len);
     let heads = shape.value_heads;
     // transformers keeps `A_log`; the decay factor is `-exp(A_log)`.
     let decay = vector("A_log", heads)?
@@ -75,6 +62,25 @@ pub(crate) fn delta_net_parts(
         norm: vector("norm.weight", shape.value_dim)?,
         out: proj("out_proj", Role::DeltaOut)?,
     })
+}
+
+/// Tensor `full` from `load` as `len` f32 values, whatever its shape.
+pub(crate) fn f32_vector(
+    load: &dyn Fn(&str) -> Result<Tensor>,
+    full: &str,
+    len: usize,
+) -> Result<Vec<f32>> {
+    let values = load(full)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    if values.len() != len {
+        return Err(Error::Metadata(format!(
+            "tensor {full} has {} values, {len} expected",
+            values.len()
+        )));
+    }
+    Ok(values)
 }
 
 /// Qwen3-Next's `in_proj_qkvz` and `in_proj_ba` (of layer `a`) dealt into the queries, keys

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use crate::model::arch::FileFacts;
 use crate::model::config::{DeltaNetShape, KeyHeadsOfValues, Moe};
 use crate::model::experts::{DenseMlp, ExpertMlp, Mlp, SharedExpert};
+use crate::model::hf_delta_net::f32_vector;
 use crate::model::linear::Linear;
 use crate::model::mixer::Mamba2Parts;
 use crate::model::shapes::split_dense;
@@ -160,31 +161,9 @@ impl HfGranite {
             shape.conv_channels(),
             shape.value_heads,
         );
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let full = format!("{m}.{name}");
-            let values = load(&full)?
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            if values.len() != len {
-                return Err(Error::Metadata(format!(
-                    "tensor {full} has {} values, {len} expected",
-                    values.len()
-                )));
-            }
-            Ok(values)
-        };
-        let matrix = |name: &str, dims: [usize; 2]| -> Result<Tensor> {
-            let full = format!("{m}.{name}.weight");
-            let w = load(&full)?;
-            if w.dims() != dims {
-                return Err(Error::Metadata(format!(
-                    "tensor {full} has shape {:?}, but the config implies {dims:?}",
-                    w.dims()
-                )));
-            }
-            Ok(w)
-        };
+        let vector = |name: &str, len: usize| f32_vector(load, &format!("{m}.{name}"), len);
+        let matrix =
+            |name: &str, dims: [usize; 2]| shaped(load, &format!("{m}.{name}.weight"), &dims);
         let input = matrix("in_proj", [width + channels + heads, hidden])?;
         let [gate, xbc, dt] =
             <[Tensor; 3]>::try_from(split_dense(&input, &[width, channels, heads])?)
@@ -222,16 +201,7 @@ impl HfGranite {
         dtype: Option<DType>,
     ) -> Result<Mlp> {
         let linear = |t: Tensor| Linear::from_dense(t.contiguous()?, None, dtype);
-        let checked = |name: &str, dims: &[usize]| -> Result<Tensor> {
-            let w = load(name)?;
-            if w.dims() != dims {
-                return Err(Error::Metadata(format!(
-                    "tensor {name} has shape {:?}, but the config implies {dims:?}",
-                    w.dims()
-                )));
-            }
-            Ok(w)
-        };
+        let checked = |name: &str, dims: &[usize]| shaped(load, name, dims);
         let shared_width = moe.and_then(|m| m.shared_width).unwrap_or(width);
         let s = format!("{p}.shared_mlp");
         let both = checked(
@@ -278,4 +248,16 @@ impl HfGranite {
             normalize: moe.normalize,
         })))
     }
+}
+
+/// Tensor `name` from `load`, an error naming it unless it is `dims`.
+fn shaped(load: &dyn Fn(&str) -> Result<Tensor>, name: &str, dims: &[usize]) -> Result<Tensor> {
+    let w = load(name)?;
+    if w.dims() != dims {
+        return Err(Error::Metadata(format!(
+            "tensor {name} has shape {:?}, but the config implies {dims:?}",
+            w.dims()
+        )));
+    }
+    Ok(w)
 }

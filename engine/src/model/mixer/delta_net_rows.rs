@@ -16,11 +16,14 @@
 use crate::cpu::delta_rule::{self, Chain, HeadDims, Inputs, Rule, TreeTokens};
 use candle_core::{Device, Tensor};
 
-use super::CandleAt;
+use super::{CandleAt, FusedAt};
 use crate::cpu::kv_store::PagedKvStore;
+use crate::cpu::qgemm::Activations;
 use crate::cpu::team::{self, Disjoint};
 use crate::model::config::DeltaNetShape;
+use crate::model::fused_pass::Clock;
 use crate::model::linear::Linear;
+use crate::model::projection::{project, Projection};
 use crate::tree_batch::{SeqEntry, TreeBatch};
 use crate::{Error, Result};
 
@@ -100,6 +103,27 @@ impl DeltaNetConsts {
         let rows = at.batch.num_rows();
         let mixed = Tensor::from_vec(mixed, (rows, self.shape.value_width()), device)?;
         out.forward(&mixed)
+    }
+
+    /// The fused pass's end: the rows of `at` through the layer from their projections `x`
+    /// (into `mixed`), then the output projection `out_proj` into `out`, each part timed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_fused(
+        &self,
+        at: &FusedAt<'_>,
+        kv: &mut PagedKvStore,
+        x: &Projected<'_>,
+        mixed: &mut Vec<f32>,
+        (out_proj, out): (&Projection, &mut Vec<f32>),
+        acts: &mut Activations,
+        clock: &mut Clock,
+    ) -> Result<()> {
+        let eps = at.cfg.rms_norm_eps as f32;
+        self.run(at.batch, at.index, eps, kv, x, mixed)?;
+        clock.lap(|p| &mut p.attention);
+        project(mixed, at.batch.num_rows(), &mut [(out_proj, out)], acts)?;
+        clock.lap(|p| &mut p.matmul);
+        Ok(())
     }
 
     /// Every row of `batch` through layer `layer`: `out` gets `[rows][value width]`.

@@ -217,12 +217,7 @@ impl FusedMixer for FusedMamba2 {
             b: &[],
             a: &w.normed,
         };
-        let eps = at.cfg.rms_norm_eps as f32;
         self.consts
-            .run(at.batch, at.index, eps, kv, &x, &mut w.mixed)?;
-        clock.lap(|p| &mut p.attention);
-        project(&w.mixed, rows, &mut [(&self.out, out)], acts)?;
-        clock.lap(|p| &mut p.matmul);
-        Ok(())
+            .run_fused(at, kv, &x, &mut w.mixed, (&self.out, out), acts, clock)
     }
 }
