@@ -35,8 +35,9 @@ pub struct EngineConfig {
     /// Speculative decoding.
     pub speculation: SpeculationConfig,
     /// Whether the KV pool's memory is written at start ([`Backend::prefault_kv`]), and a
-    /// draft model's pool with it, so that no request pays the OS's first touch of their
-    /// pages (start-up takes longer, and the whole pools are resident from the start).
+    /// draft model's pool with it, and a hybrid model's recurrent state slots (its running
+    /// sequences' and its snapshots' at most), so that no request pays the OS's first touch
+    /// of their pages (start-up takes longer, and all of it is resident from the start).
     pub kv_prefault: bool,
     /// Where and how many snapshots of recurrent states are kept for the prefix cache (a
     /// model with recurrent layers: Gated DeltaNet, Mamba-2).
@@ -215,6 +216,16 @@ pub fn spawn_with_backend(
     };
     if config.kv_prefault {
         backend.prefault_kv();
+        if backend.recurrent() {
+            // Every running sequence's state, and every snapshot the prefix cache may keep.
+            let snapshots = match config.scheduler.kv.prefix_caching {
+                true => config
+                    .state_snapshots
+                    .capacity(backend.state_bytes_per_sequence()),
+                false => 0,
+            };
+            backend.prefault_states(config.scheduler.max_num_seqs + snapshots);
+        }
         spec.prefault_kv();
     }
     let engine = Engine::new(EngineParts {

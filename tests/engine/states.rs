@@ -3,7 +3,8 @@
 //! snapshots kept and their bytes, and the sequences that resumed from one; the snapshot
 //! interval and memory bound (`--state-snapshot-interval`, `--state-snapshot-mib`) decide how
 //! many stay, from the command line to the engine's configuration, and never change the
-//! tokens; `/metrics` publishes the same numbers as `thicket_state_*`.
+//! tokens, nor does mapping the states at start (`--kv-prefault`); `/metrics` publishes the
+//! same numbers as `thicket_state_*`.
 
 use api::server::{router, AppState, Choice, ServerConfig};
 use axum::body::Body;
@@ -269,4 +270,22 @@ async fn metrics_publish_the_state_slots_of_a_hybrid() {
     ] {
         assert!(text.contains(line), "{line} missing from /metrics:\n{text}");
     }
+}
+
+#[test]
+fn a_prefaulted_hybrid_gives_the_same_tokens_and_still_resumes() {
+    let (model, tokenizer, _) = model(Hybrid::Qwen35);
+    let plain = once(&start(StateSnapshotConfig::default()), 16);
+    let config = EngineConfig {
+        kv_prefault: true,
+        ..config(Hybrid::Qwen35, 256, Some(120), true)
+    };
+    let (handle, _thread) =
+        engine::spawn(model.clone(), tokenizer.clone(), Vec::new(), config).unwrap();
+    let first = once(&handle, 16);
+    assert_eq!(first.token_ids, plain.token_ids);
+    let again = once(&handle, 16);
+    assert_eq!(again.token_ids, plain.token_ids);
+    assert_eq!(again.usage.cached_tokens, (63 - 1) / BLOCK * BLOCK);
+    assert_eq!(states(&handle).resumes, 1);
 }

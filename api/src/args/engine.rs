@@ -27,8 +27,9 @@ pub struct KvArgs {
     #[arg(long)]
     pub no_prefix_cache: bool,
     /// Have the OS map the whole KV cache at start rather than page by page as requests
-    /// first reach it: no request pays for that, at the cost of a slower start and the
-    /// whole cache resident from the start. `bench spec` and `bench engine` always do.
+    /// first reach it (and, for a hybrid model, the recurrent states of `--max-num-seqs`
+    /// sequences and of the snapshots `--state-snapshot-mib` allows): no request pays for
+    /// that, at the cost of a slower start and all of it resident from the start. `bench spec` and `bench engine` always do.
     #[arg(long)]
     pub kv_prefault: bool,
     /// A model whose layers carry a recurrent state (Gated DeltaNet, Mamba-2) resumes a

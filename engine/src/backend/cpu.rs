@@ -89,4 +89,8 @@ impl Backend for CpuBackend {
     fn prefault_kv(&mut self) {
         self.store.prefault();
     }
+
+    fn prefault_states(&mut self, slots: usize) {
+        self.store.prefault_states(slots);
+    }
 }

@@ -58,6 +58,11 @@ pub trait Backend: Send + 'static {
     /// allocated lazily (host memory); a backend whose pool is resident from allocation does
     /// nothing.
     fn prefault_kv(&mut self) {}
+
+    /// Has the OS map the first `slots` recurrent state slots now (a model with recurrent
+    /// layers whose states live in host memory; nothing otherwise): the running sequences'
+    /// and the snapshots', which would otherwise be mapped as the first steps reach them.
+    fn prefault_states(&mut self, _slots: usize) {}
 }
 
 /// The backend for `model` on the device its weights were loaded to, with `num_slots` KV

@@ -386,6 +386,12 @@ impl Engine {
                 self.fail_request(id, &format!("internal error: {e}"));
             }
         }
+        tracing::trace!(
+            rows = plan.num_batched_tokens,
+            sequences = plan.scheduled.len(),
+            seconds = started.elapsed().as_secs_f64(),
+            "step"
+        );
         let stats = self.scheduler.stats();
         metrics::counter!(names::STEPS).increment(1);
         metrics::histogram!(names::STEP_DURATION).record(started.elapsed().as_secs_f64());

@@ -403,47 +403,6 @@ impl PagedKvStore {
             + self.states.bytes()
     }
 
-    /// Bytes one sequence's recurrent states take (0 for a model with none).
-    pub fn state_bytes_per_sequence(&self) -> usize {
-        self.states.bytes_per_sequence()
-    }
-
-    /// Layer `layer`'s recurrent state in `from` copied into `to` (a snapshot kept, or
-    /// resumed from).
-    pub fn copy_state(&mut self, layer: usize, from: usize, to: usize) -> Result<()> {
-        self.states.copy(layer, from, to)
-    }
-
-    /// Layer `layer`'s recurrent state in `slot` set to `values`, having folded `folded`
-    /// positions.
-    pub fn set_state(
-        &mut self,
-        layer: usize,
-        slot: usize,
-        values: &[f32],
-        folded: usize,
-    ) -> Result<()> {
-        self.states.set(layer, slot, values, folded)
-    }
-
-    /// Layer `layer`'s rows (as `rows` gives them) and its recurrent state in `slot` (zero,
-    /// with nothing folded, the first time the slot is asked for).
-    pub fn rows_and_state(
-        &mut self,
-        layer: usize,
-        slot: usize,
-    ) -> Result<((&[f32], usize), StateMut<'_>)> {
-        let rows = match self.layers.get(layer).map(|(_, d)| d) {
-            Some(LayerData::Rows { width, values }) => (values.as_slice(), *width),
-            _ => {
-                return Err(Error::InvalidBatch(format!(
-                    "layer {layer} keeps no rows of its own"
-                )))
-            }
-        };
-        Ok((rows, self.states.slot(layer, slot)?))
-    }
-
     /// One layer's keys and values (none for a layer that keeps rows).
     pub fn layer(&self, layer: usize) -> LayerView<'_> {
         let (group, data) = &self.layers[layer];
@@ -470,12 +429,34 @@ impl PagedKvStore {
     /// Writes `values` (`slots.len()` rows of the layer's width) into a layer that keeps
     /// rows, at `slots` (of the layer's space).
     pub fn write_rows(&mut self, layer: usize, slots: &[Slot], values: &[f32]) -> Result<()> {
+        let width = self.rows(layer)?.1;
+        if values.len() != slots.len() * width {
+            return Err(Error::InvalidBatch(format!(
+                "a write of {} rows with {} values (row width {width})",
+                slots.len(),
+                values.len()
+            )));
+        }
+        self.fill_rows(layer, slots, width, |i, row| {
+            row.copy_from_slice(&values[i * width..(i + 1) * width])
+        })
+    }
+
+    /// Has `fill(i, row)` write the `i`th of `slots`' rows of `layer` (of `width` values) in
+    /// place, with no copy of the rows in between.
+    pub fn fill_rows(
+        &mut self,
+        layer: usize,
+        slots: &[Slot],
+        width: usize,
+        mut fill: impl FnMut(usize, &mut [f32]),
+    ) -> Result<()> {
         let group = self.group(layer);
         self.check_slots_in(group, slots.iter().copied())?;
         let Some((
             _,
             LayerData::Rows {
-                width,
+                width: held,
                 values: store,
             },
         )) = self.layers.get_mut(layer)
@@ -484,17 +465,15 @@ impl PagedKvStore {
                 "layer {layer} keeps no rows of its own"
             )));
         };
-        let w = *width;
-        if values.len() != slots.len() * w {
+        let w = *held;
+        if w != width {
             return Err(Error::InvalidBatch(format!(
-                "a write of {} rows with {} values (row width {w})",
-                slots.len(),
-                values.len()
+                "rows of {width} values written to layer {layer}, whose rows hold {w}"
             )));
         }
-        for (row, slot) in values.chunks_exact(w.max(1)).zip(slots) {
+        for (i, slot) in slots.iter().enumerate() {
             let at = slot.index() * w;
-            store[at..at + w].copy_from_slice(row);
+            fill(i, &mut store[at..at + w]);
         }
         Ok(())
     }

@@ -181,3 +181,54 @@ fn a_layer_that_keeps_rows_writes_moves_and_counts_them() {
     // The attending layer still reads its keys and values; the other shows none.
     assert!(store.layer(1).to_f32().0.is_empty());
 }
+
+#[test]
+fn recurrent_slots_stay_put_as_more_are_asked_for_and_copy_both_ways() {
+    let mut states = states::RecurrentStates::new([0, 3].into_iter());
+    assert!(states.slot(0, 0).is_err(), "layer 0 keeps no state");
+    let first = states.slot(1, 1).unwrap();
+    assert_eq!(first.values, &[0.0; 3]);
+    first.values.copy_from_slice(&[1.0, 2.0, 3.0]);
+    *first.folded = 7;
+    // A far slot is made without touching slot 1, and starts at zero.
+    assert_eq!(states.slot(1, 9).unwrap().values, &[0.0; 3]);
+    assert_eq!(states.slot(1, 1).unwrap().values, &[1.0, 2.0, 3.0]);
+    // Slots 2..8 were never asked for: they hold nothing yet.
+    assert_eq!(states.bytes(), 2 * 3 * 4);
+    states.copy(1, 1, 9).unwrap();
+    assert_eq!(states.slot(1, 9).unwrap().values, &[1.0, 2.0, 3.0]);
+    assert_eq!(*states.slot(1, 9).unwrap().folded, 7);
+    states.set(1, 0, &[4.0, 5.0, 6.0], 2).unwrap();
+    states.copy(1, 0, 1).unwrap();
+    assert_eq!(states.slot(1, 1).unwrap().values, &[4.0, 5.0, 6.0]);
+    assert_eq!(*states.slot(1, 1).unwrap().folded, 2);
+    states.copy(1, 1, 1).unwrap();
+    assert_eq!(states.slot(1, 1).unwrap().values, &[4.0, 5.0, 6.0]);
+    assert!(states.set(1, 0, &[1.0], 0).is_err());
+    assert_eq!(states.bytes_per_sequence(), 12);
+    // Several at once, each once; the same slot twice is refused.
+    let (main, others) = states.slots(1, 1, &[0, 9, 4]).unwrap();
+    assert_eq!(main.values, &[4.0, 5.0, 6.0]);
+    let got: Vec<Vec<f32>> = others.iter().map(|s| s.values.to_vec()).collect();
+    assert_eq!(
+        got,
+        [vec![4.0, 5.0, 6.0], vec![1.0, 2.0, 3.0], vec![0.0; 3]]
+    );
+    assert!(states.slots(1, 1, &[1]).is_err());
+    assert!(states.slots(1, 2, &[3, 3]).is_err());
+}
+
+#[test]
+fn prefaulted_state_slots_are_allocated_and_keep_what_they_hold() {
+    let mut states = states::RecurrentStates::new([2048, 0, 1].into_iter());
+    states.set(0, 1, &[7.0; 2048], 3).unwrap();
+    states.prefault(4);
+    assert_eq!(
+        states.bytes(),
+        4 * 2048 * 4 + 4 * 4,
+        "four slots of both layers"
+    );
+    assert_eq!(states.slot(0, 1).unwrap().values, &[7.0; 2048][..]);
+    assert_eq!(*states.slot(0, 1).unwrap().folded, 3);
+    assert!(states.slot(0, 3).unwrap().values.iter().all(|&v| v == 0.0));
+}

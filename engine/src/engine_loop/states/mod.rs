@@ -107,6 +107,12 @@ impl Default for StateSnapshotConfig {
 }
 
 impl StateSnapshotConfig {
+    /// Snapshots kept at most for states of `state_bytes`: as many as the memory bound
+    /// buys, and at least four.
+    pub fn capacity(&self, state_bytes: usize) -> usize {
+        (self.max_bytes / state_bytes.max(1)).max(4)
+    }
+
     /// Errors on settings the engine cannot run with: a bound of no bytes.
     pub fn validate(&self) -> Result<()> {
         if self.max_bytes == 0 {
@@ -362,7 +368,11 @@ pub(super) const SNAPSHOT_BYTES: usize = 1 << 30;
 /// Snapshots kept at most within `max_bytes`, for states of `state_bytes` (at least a few,
 /// whatever their size).
 pub(super) fn snapshot_capacity(max_bytes: usize, state_bytes: usize) -> usize {
-    (max_bytes / state_bytes.max(1)).max(4)
+    StateSnapshotConfig {
+        interval: 0,
+        max_bytes,
+    }
+    .capacity(state_bytes)
 }
 
 /// Resume points a step added and removed.

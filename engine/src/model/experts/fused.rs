@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{add_shared, combine, DenseMlp, ExpertMlp, Routes};
 use crate::cpu::qgemm::{matmul_quantized_all, matmul_quantized_each, Activations, QuantMatrix};
+use crate::cpu::team::{self, Disjoint};
 use crate::model::config::Activation;
 use crate::model::projection::{add_bias, project, Projection};
 use crate::Result;
@@ -255,19 +256,22 @@ fn side_by_side(
         b.each.resize_with(active.len(), ExpertRun::default);
     }
     let runs = &mut b.each[..active.len()];
-    for (run, &e) in runs.iter_mut().zip(&active) {
+    // Each expert's rows gathered and quantized, the experts spread over the team.
+    each_run(runs, |i, run| {
+        let e = active[i];
         run.x.clear();
         for &(r, _) in &groups[e] {
             run.x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
         }
         packed[e][0].quantize(&run.x, &mut run.acts);
-    }
+    });
     matmul_quantized_each(runs.iter_mut().zip(&active).flat_map(|(run, &e)| {
         let ExpertRun { acts, gate, up, .. } = run;
         let acts = &*acts;
         [(acts, &*packed[e][0], gate), (acts, &*packed[e][1], up)]
     }))?;
-    for (run, &e) in runs.iter_mut().zip(&active) {
+    each_run(runs, |i, run| {
+        let e = active[i];
         let down = &packed[e][2];
         let ExpertRun { acts, gate, up, .. } = run;
         let k = down.cols();
@@ -275,14 +279,31 @@ fn side_by_side(
             let at = r * k..(r + 1) * k;
             crate::cpu::silu::gated_into(act, &gate[at.clone()], &up[at], row)
         });
-    }
+    });
     matmul_quantized_each(
         runs.iter_mut()
             .zip(&active)
             .map(|(run, &e)| (&run.acts, &*packed[e][2], &mut run.y)),
     )?;
-    for (run, &e) in runs.iter().zip(&active) {
-        scatter(&groups[e], &run.y, hidden, top_k, &mut b.chosen);
-    }
+    // Each expert's outputs to their rows' places: every `(row, choice)` is one expert's.
+    let chosen = Disjoint::new(&mut b.chosen);
+    each_run(runs, |i, run| {
+        for (j, &(r, choice)) in groups[active[i]].iter().enumerate() {
+            // SAFETY: `(r, choice)` names one place, routed to one expert alone, inside
+            // `chosen` (sized for every row's choices), which outlives the loop.
+            let place = unsafe { chosen.run((r * top_k + choice) * hidden, hidden) };
+            place.copy_from_slice(&run.y[j * hidden..(j + 1) * hidden]);
+        }
+    });
     Ok(())
+}
+
+/// `f(i, run)` for each of `runs`, spread over the forward's team.
+fn each_run(runs: &mut [ExpertRun], f: impl Fn(usize, &mut ExpertRun) + Sync) {
+    let count = runs.len();
+    let all = Disjoint::new(runs);
+    team::for_each(count, |i| {
+        // SAFETY: task `i` alone reaches run `i`, inside `runs`, which outlives the loop.
+        f(i, &mut unsafe { all.run(i, 1) }[0])
+    });
 }

@@ -15,6 +15,7 @@ pub mod prepared;
 
 pub(crate) use candle::mlp as candle_mlp;
 
+use crate::cpu::team::{self, Disjoint};
 use crate::model::fused_rows::add_into;
 use crate::model::linear::Linear;
 
@@ -182,45 +183,72 @@ impl ExpertMlp {
         self.router.len() / self.experts.len().max(1)
     }
 
-    /// Routes each of the rows of `h` (`[rows][hidden]`).
+    /// Routes each of the rows of `h` (`[rows][hidden]`). Blocks of [`ROUTE_ROWS`] rows are
+    /// spread over the forward's team, and a block reads each expert's router row once for
+    /// all of its rows; every value is what routing the row alone gives.
     pub fn route(&self, h: &[f32]) -> Routes {
         let hidden = self.hidden();
-        let n = self.experts.len();
-        let k = self.top_k;
+        let (n, k) = (self.experts.len(), self.top_k.min(self.experts.len()));
         let rows = h.len() / hidden.max(1);
         let mut routes = Routes {
             top_k: k,
-            experts: Vec::with_capacity(rows * k),
-            weights: Vec::with_capacity(rows * k),
+            experts: vec![0; rows * k],
+            weights: vec![0.0; rows * k],
         };
-        let mut probs = vec![0f32; n];
-        let mut order: Vec<u32> = Vec::with_capacity(n);
-        for x in h.chunks_exact(hidden) {
-            for (p, w) in probs.iter_mut().zip(self.router.chunks_exact(hidden)) {
-                *p = dot(x, w);
-            }
-            softmax(&mut probs);
-            order.clear();
-            order.extend(0..n as u32);
-            // Most probable first; equal probabilities keep the lower index first.
-            order.sort_by(|&a, &b| {
-                probs[b as usize]
-                    .total_cmp(&probs[a as usize])
-                    .then(a.cmp(&b))
-            });
-            let chosen = &order[..k];
-            let sum: f32 = chosen.iter().map(|&e| probs[e as usize]).sum();
-            for &e in chosen {
-                let p = probs[e as usize];
-                routes.experts.push(e);
-                routes
-                    .weights
-                    .push(if self.normalize { p / sum } else { p });
-            }
+        if rows == 0 || n == 0 || hidden == 0 {
+            return routes;
         }
+        let experts = Disjoint::new(&mut routes.experts);
+        let weights = Disjoint::new(&mut routes.weights);
+        team::for_each(rows.div_ceil(ROUTE_ROWS), |block| {
+            let first = block * ROUTE_ROWS;
+            let count = ROUTE_ROWS.min(rows - first);
+            let x = &h[first * hidden..(first + count) * hidden];
+            let mut probs = vec![0f32; count * n];
+            for (e, w) in self.router.chunks_exact(hidden).enumerate() {
+                for (r, x) in x.chunks_exact(hidden).enumerate() {
+                    probs[r * n + e] = dot(x, w);
+                }
+            }
+            // SAFETY: block `block` alone reaches its rows' runs, inside buffers sized for
+            // every row, which outlive the loop.
+            let (experts, weights) = unsafe {
+                (
+                    experts.run(first * k, count * k),
+                    weights.run(first * k, count * k),
+                )
+            };
+            let mut order: Vec<u32> = Vec::with_capacity(n);
+            for r in 0..count {
+                let probs = &mut probs[r * n..(r + 1) * n];
+                softmax(probs);
+                order.clear();
+                order.extend(0..n as u32);
+                // Most probable first; equal probabilities keep the lower index first.
+                let rank = |a: &u32, b: &u32| {
+                    probs[*b as usize]
+                        .total_cmp(&probs[*a as usize])
+                        .then(a.cmp(b))
+                };
+                if k < n {
+                    order.select_nth_unstable_by(k, rank);
+                }
+                let chosen = &mut order[..k];
+                chosen.sort_unstable_by(rank);
+                let sum: f32 = chosen.iter().map(|&e| probs[e as usize]).sum();
+                for (j, &e) in chosen.iter().enumerate() {
+                    let p = probs[e as usize];
+                    experts[r * k + j] = e;
+                    weights[r * k + j] = if self.normalize { p / sum } else { p };
+                }
+            }
+        });
         routes
     }
 }
+
+/// Rows routed together: each expert's router row is read once for this many rows.
+const ROUTE_ROWS: usize = 8;
 
 /// `out[r] = sum_j weight[r][j] * chosen[r][j]`, each row's choices added in their order
 /// (`chosen`: `[rows][top_k][hidden]`).
@@ -228,15 +256,24 @@ pub fn combine(routes: &Routes, chosen: &[f32], hidden: usize, out: &mut Vec<f32
     let rows = routes.rows();
     out.clear();
     out.resize(rows * hidden, 0.0);
-    for (r, o) in out.chunks_exact_mut(hidden).enumerate() {
-        for j in 0..routes.top_k {
-            let w = routes.weights[r * routes.top_k + j];
-            let y = &chosen[(r * routes.top_k + j) * hidden..][..hidden];
-            for (o, y) in o.iter_mut().zip(y) {
-                *o += w * y;
+    let k = routes.top_k;
+    let outs = Disjoint::new(out);
+    team::for_each(rows.div_ceil(ROUTE_ROWS), |block| {
+        let first = block * ROUTE_ROWS;
+        let count = ROUTE_ROWS.min(rows - first);
+        // SAFETY: block `block` alone reaches its rows of `out`, which outlives the loop.
+        let o = unsafe { outs.run(first * hidden, count * hidden) };
+        for (i, o) in o.chunks_exact_mut(hidden).enumerate() {
+            let r = first + i;
+            for j in 0..k {
+                let w = routes.weights[r * k + j];
+                let y = &chosen[(r * k + j) * hidden..][..hidden];
+                for (o, y) in o.iter_mut().zip(y) {
+                    *o += w * y;
+                }
             }
         }
-    }
+    });
 }
 
 /// `out[r] += sigmoid(gate . h[r]) * y[r]`: the shared expert's output `y` added, scaled

@@ -139,24 +139,32 @@ impl DeltaNetConsts {
         let s = self.shape;
         let (rows, channels, heads) = (batch.num_rows(), s.conv_channels(), s.value_heads);
         let width = self.row_width();
-        let mut kept = Vec::with_capacity(rows * width);
         let step = |r: usize, j: usize| softplus(x.a[r * heads + j] + self.dt_bias[j]);
-        for r in 0..rows {
-            kept.extend_from_slice(&x.qkv[r * channels..(r + 1) * channels]);
-            match self.recurrence {
-                Recurrence::GatedDelta => {
-                    kept.extend(x.b[r * heads..(r + 1) * heads].iter().map(|&b| sigmoid(b)))
-                }
-                Recurrence::Mamba2 { .. } => kept.extend((0..heads).map(|j| step(r, j))),
-            }
-            kept.extend((0..heads).map(|j| self.decay[j] * step(r, j)));
-        }
         // The rows' slots in the layer's space (its own windowed one, where it has one).
         let slots = match batch.window_slots.is_empty() {
             true => &batch.slots,
             false => &batch.window_slots,
         };
-        kv.write_rows(layer, slots, &kept)?;
+        if slots.len() != rows {
+            return Err(Error::InvalidBatch(format!(
+                "{} slots for {rows} rows",
+                slots.len()
+            )));
+        }
+        // Each row's inputs, written where the store keeps them: the convolution's, then per
+        // head the update's weight and the decay.
+        kv.fill_rows(layer, slots, width, |r, row| {
+            let (conv, rest) = row.split_at_mut(channels);
+            conv.copy_from_slice(&x.qkv[r * channels..(r + 1) * channels]);
+            let (weights, decays) = rest.split_at_mut(heads);
+            for (j, (w, d)) in weights.iter_mut().zip(decays).enumerate() {
+                *w = match self.recurrence {
+                    Recurrence::GatedDelta => sigmoid(x.b[r * heads + j]),
+                    Recurrence::Mamba2 { .. } => step(r, j),
+                };
+                *d = self.decay[j] * step(r, j);
+            }
+        })?;
         let row_slots: Vec<usize> = slots.iter().map(|s| s.index()).collect();
         out.clear();
         out.resize(rows * s.value_width(), 0.0);
@@ -168,18 +176,15 @@ impl DeltaNetConsts {
                 .filter(|save| save.seq == i)
                 .map(|save| (save.folded, save.slot))
                 .collect();
-            let kept = self.run_seq(seq, &row_slots, layer, eps, kv, &saves, outs)?;
-            for (slot, values, folded) in kept {
-                kv.set_state(layer, slot, &values, folded)?;
-            }
+            self.run_seq(seq, &row_slots, layer, eps, kv, &saves, outs)?;
         }
         self.gated_norm(x.z, eps, out);
         Ok(())
     }
 
-    /// One sequence's rows: their recurrence outputs into `out` (`[rows][value width]`).
-    /// Returns the snapshots `saves` asks for (`(folded, slot)`: the state once it has folded
-    /// that many positions, for that slot) as `(slot, state, folded)`.
+    /// One sequence's rows: their recurrence outputs into `out` (`[rows][value width]`), and
+    /// the snapshots `saves` asks for (`(folded, slot)`: the state once it has folded that
+    /// many positions, copied into that slot).
     #[allow(clippy::too_many_arguments)]
     fn run_seq(
         &self,
@@ -190,7 +195,7 @@ impl DeltaNetConsts {
         kv: &mut PagedKvStore,
         saves: &[(usize, usize)],
         out: &mut [f32],
-    ) -> Result<Vec<(usize, Vec<f32>, usize)>> {
+    ) -> Result<()> {
         let s = self.shape;
         if let Some(st) = seq.state {
             if let Some(from) = st.resume {
@@ -222,15 +227,17 @@ impl DeltaNetConsts {
                 })
         };
         let mut scratch = Vec::new();
-        let (stored, width, state, mut folded) = match seq.state {
+        let save_slots: Vec<usize> = saves.iter().map(|&(_, slot)| slot).collect();
+        let (stored, width, state, mut folded, mut copies) = match seq.state {
             Some(st) => {
-                let ((stored, width), state) = kv.rows_and_state(layer, st.slot)?;
-                (stored, width, state.values, Some(state.folded))
+                let ((stored, width), state, copies) =
+                    kv.rows_and_states(layer, st.slot, &save_slots)?;
+                (stored, width, state.values, Some(state.folded), copies)
             }
-            None if n == 0 => {
+            None if n == 0 && saves.is_empty() => {
                 scratch.resize(s.state_len(), 0.0);
                 let (stored, width) = kv.rows(layer)?;
-                (stored, width, &mut scratch[..], None)
+                (stored, width, &mut scratch[..], None, Vec::new())
             }
             None => {
                 return Err(Error::InvalidBatch(
@@ -278,74 +285,70 @@ impl DeltaNetConsts {
             }
             tokens.push(self.token(&path, (stored, width), eps));
         }
-        // The snapshots asked for, taken as the state passes them.
-        let keep_at: Vec<(usize, usize)> = saves
-            .iter()
-            .filter(|&&(at, _)| at > start)
-            .map(|&(at, slot)| (at - start, slot))
-            .collect();
-        let kept = match (seq.mask.is_chain(), seq.state) {
+        // The snapshots asked for, copied as the state passes them.
+        let mut keep_at: Vec<(usize, &mut [f32])> = Vec::with_capacity(saves.len());
+        for (&(at, _), copy) in saves.iter().zip(&mut copies) {
+            if at <= start || at > n + rows {
+                return Err(Error::InvalidBatch(format!(
+                    "a snapshot after {at} positions, outside the {start}..{} the step folds",
+                    n + rows
+                )));
+            }
+            *copy.folded = at;
+            keep_at.push((at - start, &mut *copy.values));
+        }
+        match (seq.mask.is_chain(), seq.state) {
             (true, Some(st)) if st.commits => {
                 let end = n + rows;
                 fold.extend(tokens);
-                let kept = self.run_heads(state, &fold, Some((n - start, out)), &keep_at);
+                self.run_heads(state, &fold, Some((n - start, out)), &mut keep_at);
                 if let Some(folded) = folded {
                     *folded = end;
                 }
-                kept
             }
             (true, _) => {
-                let kept = self.run_heads(state, &fold, None, &keep_at);
+                self.run_heads(state, &fold, None, &mut keep_at);
                 if let Some(folded) = folded {
                     *folded = n;
                 }
                 let mut copy = state.to_vec();
-                self.run_heads(&mut copy, &tokens, Some((0, out)), &[]);
-                kept
+                self.run_heads(&mut copy, &tokens, Some((0, out)), &mut []);
             }
             (false, _) => {
-                let kept = self.run_heads(state, &fold, None, &keep_at);
+                self.run_heads(state, &fold, None, &mut keep_at);
                 if let Some(folded) = folded {
                     *folded = n;
                 }
                 let parents: Vec<Option<usize>> = (0..rows).map(|i| seq.mask.parent(i)).collect();
                 self.tree(state, &tokens, &parents, out);
-                kept
             }
-        };
-        Ok(kept
-            .into_iter()
-            .map(|(count, slot, values)| (slot, values, start + count))
-            .collect())
+        }
+        Ok(())
     }
 
     /// `tokens` through every value head's state (`[value heads][key dim][value dim]`), the
     /// heads spread over the forward's team: token `i`'s outputs into row `i - skip` of
     /// `out` (`[rows][value width]`) where given (the first `skip` tokens' are dropped), and
-    /// a copy of the state after the first `count` tokens for each `(count, slot)` of
-    /// `keep_at`, returned as `(count, slot, state)`.
+    /// the state after the first `count` tokens copied into `copy` for each `(count, copy)`
+    /// of `keep_at`.
     fn run_heads(
         &self,
         state: &mut [f32],
         tokens: &[Token],
         out: Option<(usize, &mut [f32])>,
-        keep_at: &[(usize, usize)],
-    ) -> Vec<(usize, usize, Vec<f32>)> {
+        keep_at: &mut [(usize, &mut [f32])],
+    ) {
         let s = self.shape;
         let (dk, dv, vw) = (s.key_dim, s.value_dim, s.value_width());
         let size = dk * dv;
-        let mut kept: Vec<(usize, usize, Vec<f32>)> = keep_at
-            .iter()
-            .map(|&(count, slot)| (count, slot, vec![0f32; state.len()]))
-            .collect();
         let states = Disjoint::new(state);
         let (skip, out) = match out {
             Some((skip, out)) => (skip, Some(Disjoint::new(out))),
             None => (usize::MAX, None),
         };
-        let copies: Vec<(usize, Disjoint<f32>)> = kept
+        let copies: Vec<(usize, Disjoint<f32>)> = keep_at
             .iter_mut()
-            .map(|(count, _, values)| (*count, Disjoint::new(values)))
+            .map(|(count, values)| (*count, Disjoint::new(values)))
             .collect();
         team::for_each(s.value_heads, |j| {
             // SAFETY: head `j` alone reaches run `j` of the state, of each copy and of each
@@ -380,7 +383,6 @@ impl DeltaNetConsts {
                 }
             }
         });
-        kept
     }
 
     /// Value head `j`'s update.
