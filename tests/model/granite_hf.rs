@@ -33,18 +33,7 @@ fn write_the_moe_hf_reference() {
 
 /// `spec` written as an HF checkpoint and loaded in f32.
 fn hf_model(spec: &TinyGranite) -> (tempfile::TempDir, engine::Model) {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_granite_hf(dir.path(), spec).unwrap();
-    let (model, _) = engine::model::load::load_hf_model(
-        dir.path(),
-        engine::WeightDType::F32,
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    (
-        dir,
-        model.with_kv_dtype(engine::cpu::kv_store::KvDtype::F32),
-    )
+    super::hybrid_checks::hf_in_f32(|dir| write_tiny_granite_hf(dir, spec).unwrap())
 }
 
 /// `spec` as an HF checkpoint against transformers' recorded run on the same files.

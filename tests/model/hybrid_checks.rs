@@ -3,7 +3,8 @@
 //! prompt prefilled in chunks whose boundaries fall anywhere in the layers' windows gives the
 //! token-by-token logits; every node of a draft tree gives what its root path gives run as a
 //! chain, at the start of a sequence too; and the same against llama.cpp's recorded run,
-//! with the prompt prefilled in chunks against its first logits.
+//! with the prompt prefilled in chunks against its first logits. Also the loading of a tiny
+//! HF checkpoint in f32, and the HF-against-GGUF check of the Gated DeltaNet families.
 
 use engine::{Model, TokenTree};
 use rand::rngs::StdRng;
@@ -82,4 +83,40 @@ pub(crate) fn matches_llama_cpp_in_chunks(
             "chunks of {chunk}: {apart} of {scale}"
         );
     }
+}
+
+/// The HF checkpoint `write` puts in a fresh directory, loaded in f32 with an f32 KV cache
+/// (the directory lives as long as the model is read).
+pub(crate) fn hf_in_f32(
+    write: impl FnOnce(&std::path::Path),
+) -> (tempfile::TempDir, engine::Model) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let (model, _) = engine::model::load::load_hf_model(
+        dir.path(),
+        engine::WeightDType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    (
+        dir,
+        model.with_kv_dtype(engine::cpu::kv_store::KvDtype::F32),
+    )
+}
+
+/// A Gated DeltaNet family loaded from HF (`hf`) and from GGUF (`gguf`): its first layer is
+/// a Gated DeltaNet layer whose value heads are grouped by key head, and both give the same
+/// logits.
+pub(crate) fn deltanet_hf_matches_gguf(name: &str, hf: &Model, gguf: &Model) {
+    use engine::model::config::{KeyHeadsOfValues, LayerMixer};
+    let LayerMixer::DeltaNet(shape) = hf.config().layer_mixer(0) else {
+        panic!("layer 0 is a Gated DeltaNet layer")
+    };
+    assert_eq!(shape.key_heads_of_values, KeyHeadsOfValues::Grouped);
+    let found = super::families::compare(
+        hf,
+        &super::families::PROMPT,
+        super::families_gguf::as_reference(gguf),
+    );
+    super::families::assert_close(name, &found);
 }

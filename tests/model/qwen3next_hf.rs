@@ -5,7 +5,6 @@
 //! `scripts/transformers-reference.py` in `tests/data/qwen3next_transformers.json`.
 
 use candle_core::quantized::GgmlDType;
-use engine::model::config::{KeyHeadsOfValues, LayerMixer};
 use engine::model::testing::write_tiny_qwen3next_hf;
 
 use super::qwen3next::tiny_qwen3next;
@@ -21,18 +20,7 @@ fn write_the_hf_reference() {
 
 /// The tiny Qwen3-Next as an HF checkpoint, loaded in f32.
 fn hf_model() -> (tempfile::TempDir, engine::Model) {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_qwen3next_hf(dir.path(), &tiny_qwen3next()).unwrap();
-    let (model, _) = engine::model::load::load_hf_model(
-        dir.path(),
-        engine::WeightDType::F32,
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    (
-        dir,
-        model.with_kv_dtype(engine::cpu::kv_store::KvDtype::F32),
-    )
+    super::hybrid_checks::hf_in_f32(|dir| write_tiny_qwen3next_hf(dir, &tiny_qwen3next()).unwrap())
 }
 
 #[test]
@@ -59,14 +47,5 @@ fn qwen3next_loads_the_same_model_from_gguf_and_hf() {
         (a.rotary_dim(), a.head_dim, a.variant.gated_attention),
         (b.rotary_dim(), b.head_dim, b.variant.gated_attention)
     );
-    let LayerMixer::DeltaNet(shape) = b.layer_mixer(0) else {
-        panic!("layer 0 is a Gated DeltaNet layer")
-    };
-    assert_eq!(shape.key_heads_of_values, KeyHeadsOfValues::Grouped);
-    let found = super::families::compare(
-        &hf,
-        &super::families::PROMPT,
-        super::families_gguf::as_reference(&gguf),
-    );
-    super::families::assert_close("qwen3next HF vs GGUF", &found);
+    super::hybrid_checks::deltanet_hf_matches_gguf("qwen3next HF vs GGUF", &hf, &gguf);
 }
