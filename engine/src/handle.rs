@@ -19,10 +19,9 @@ pub use crate::engine_loop::{EngineStats, StateSnapshotConfig, StateStats};
 use crate::model::tokenizer::ModelTokenizer;
 use crate::model::Model;
 use crate::request::Usage;
-use crate::request::{
-    invalid_field, Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob,
-};
+use crate::request::{Event, FinishReason, InvalidRequest, Request, RequestLimits, TokenLogprob};
 use crate::spec::coordinator::{Speculation, SpeculationConfig};
+use crate::validation::invalid;
 use crate::{Error, Result};
 
 /// How the engine is set up.
@@ -268,7 +267,7 @@ impl EngineHandle {
             Some(spec) => Some(
                 self.grammars
                     .compile(spec)
-                    .map_err(|e| invalid_field("response_format", e.to_string()))?,
+                    .map_err(|e| invalid("response_format", e.to_string()))?,
             ),
             None => None,
         };
@@ -276,7 +275,7 @@ impl EngineHandle {
             constraint = Some(
                 self.grammars
                     .thinking(thinking, constraint)
-                    .map_err(|e| invalid_field("thinking", e.to_string()))?,
+                    .map_err(|e| invalid("thinking", e.to_string()))?,
             );
         }
         let before = self.pending.fetch_add(1, Ordering::SeqCst);

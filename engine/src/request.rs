@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use crate::constraint::{ConstraintSpec, ThinkingSpec, MAX_THINKING_MARKER_BYTES};
 use crate::sampler::SamplingParams;
+pub use crate::sampler::TokenLogprob;
 use crate::spec::coordinator::SourceTotals;
 use crate::spec::{SpecMethod, SpecRequest};
+use crate::validation::invalid;
+pub use crate::validation::InvalidRequest;
 
 /// Most draft tokens a request may ask for per step.
 pub const MAX_DRAFT_TOKENS: usize = 256;
@@ -102,17 +105,6 @@ impl FinishReason {
             _ => "stop",
         }
     }
-}
-
-/// Log-probability of one chosen token and the most likely alternatives.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    /// The chosen token.
-    pub token_id: u32,
-    /// Its log-probability under the model (before sampling adjustments).
-    pub logprob: f32,
-    /// The `top_logprobs` most likely tokens, most likely first.
-    pub top: Vec<(u32, f32)>,
 }
 
 /// Token counts of a finished sample.
@@ -219,16 +211,6 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// A request the engine refuses before queueing it; the message names the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct InvalidRequest {
-    /// The offending field, as the OpenAI API names it.
-    pub field: &'static str,
-    /// What is wrong with it.
-    pub message: String,
-}
-
 /// Limits a request is validated against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestLimits {
@@ -240,13 +222,6 @@ pub struct RequestLimits {
     pub max_n: usize,
     /// The speculation methods the engine can draft with (besides `none`).
     pub methods: Vec<SpecMethod>,
-}
-
-fn invalid(field: &'static str, message: impl Into<String>) -> InvalidRequest {
-    InvalidRequest {
-        field,
-        message: message.into(),
-    }
 }
 
 /// An error naming `field` unless every one of `ids` is a token of a vocabulary of `vocab`.
@@ -402,11 +377,6 @@ impl Request {
         }
         self.sampling.validate(limits.vocab_size)
     }
-}
-
-/// Shorthand used by the sampler's validation.
-pub(crate) fn invalid_field(field: &'static str, message: impl Into<String>) -> InvalidRequest {
-    invalid(field, message)
 }
 
 #[cfg(test)]

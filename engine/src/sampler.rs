@@ -10,7 +10,18 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::request::{invalid_field, InvalidRequest, TokenLogprob};
+use crate::validation::{invalid, InvalidRequest};
+
+/// Log-probability of one chosen token and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The chosen token.
+    pub token_id: u32,
+    /// Its log-probability under the model (before sampling adjustments).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
 
 /// Most `top_logprobs` a request may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -77,10 +88,7 @@ impl SamplingParams {
             if x.is_finite() && (lo..=hi).contains(&x) {
                 Ok(())
             } else {
-                Err(invalid_field(
-                    field,
-                    format!("must be between {lo} and {hi}"),
-                ))
+                Err(invalid(field, format!("must be between {lo} and {hi}")))
             }
         };
         in_range("temperature", self.temperature, 0.0, 2.0)?;
@@ -89,17 +97,14 @@ impl SamplingParams {
         in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
         in_range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)?;
         if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(invalid_field("top_p", "must be in (0, 1]"));
+            return Err(invalid("top_p", "must be in (0, 1]"));
         }
         if self.top_k == Some(0) {
-            return Err(invalid_field(
-                "top_k",
-                "must be at least 1 (omit it to disable)",
-            ));
+            return Err(invalid("top_k", "must be at least 1 (omit it to disable)"));
         }
         for &(token, bias) in &self.logit_bias {
             if token as usize >= vocab_size {
-                return Err(invalid_field(
+                return Err(invalid(
                     "logit_bias",
                     format!("token id {token} outside the vocabulary of {vocab_size}"),
                 ));
@@ -107,7 +112,7 @@ impl SamplingParams {
             in_range("logit_bias", bias, -100.0, 100.0)?;
         }
         if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-            return Err(invalid_field(
+            return Err(invalid(
                 "top_logprobs",
                 format!("at most {MAX_TOP_LOGPROBS}"),
             ));

@@ -201,9 +201,9 @@ async fn a_forced_call_cut_by_the_token_limit_says_length_in_every_format() {
         match format {
             // Typed parameters: those that closed.
             "qwen3_coder" => assert_eq!(arguments(partial), json!({"path": "a.py"})),
-            // JSON: the arguments' text as far as it got.
+            // JSON: the arguments' text as far as it got, without the blanks between tokens.
             _ => assert!(
-                partial.starts_with(r#"{"path": "a.py", "content": "x = 1"#),
+                partial.starts_with(r#"{"path":"a.py","content":"x = 1"#),
                 "{format}: {partial}"
             ),
         }

@@ -1,5 +1,6 @@
 //! Each tool-call format read by every API on a scripted "model" (`scripted`) that answers
-//! in that format's syntax: chat completions' `tool_calls` (whole and streamed), the
+//! in that format's syntax: chat completions' `tool_calls` (whole and streamed, a `hermes`
+//! call's arguments in fragments that join to the whole call's), the
 //! Responses API's `function_call` items and the Messages API's `tool_use` blocks all carry
 //! the same call; with a reasoning parser, a call written inside the thinking is not one
 //! while the call in the answer is; special tokens stay in the text on request, and for a
@@ -61,7 +62,12 @@ async fn every_api_reads_each_format() {
             "{format}: {whole}"
         );
 
+        let whole_args = calls[0]["function"]["arguments"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let (mut name, mut args, mut text) = (String::new(), String::new(), String::new());
+        let mut fragments = 0;
         for (_, data) in streamed(app, "/v1/chat/completions", chat_body()).await {
             let Some(delta) = data["choices"].get(0).map(|c| &c["delta"]) else {
                 continue;
@@ -70,10 +76,22 @@ async fn every_api_reads_each_format() {
             for call in delta["tool_calls"].as_array().into_iter().flatten() {
                 assert_eq!(call["index"], 0, "{format}: one call");
                 name.push_str(call["function"]["name"].as_str().unwrap_or(""));
-                args.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+                let fragment = call["function"]["arguments"].as_str().unwrap_or("");
+                args.push_str(fragment);
+                fragments += usize::from(!fragment.is_empty());
             }
         }
         assert_eq!(name, "get_weather", "{format}");
+        assert_eq!(
+            args, whole_args,
+            "{format}: the fragments join to the whole arguments"
+        );
+        if *format == "hermes" {
+            assert!(
+                fragments > 3,
+                "{format}: arguments stream ({fragments} fragments)"
+            );
+        }
         assert_eq!(arguments(&args), want, "{format}");
         assert_eq!(text.trim(), content, "{format}");
 

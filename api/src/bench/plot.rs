@@ -1,6 +1,6 @@
 //! Charts of benchmark results, drawn with plotters as SVG or PNG (by the file's extension)
 //! with an embedded DejaVu Sans, so they look the same on every machine: line charts of
-//! labelled series (sweeps, speculation), and latency distributions of one load run.
+//! labelled series (sweeps, speculation, latency distributions) and bar charts.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -8,8 +8,6 @@ use std::sync::OnceLock;
 use anyhow::{anyhow, bail};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-
-use super::serve::BenchReport;
 
 /// Series colours, distinguishable in print.
 const COLORS: [RGBColor; 6] = [
@@ -225,43 +223,6 @@ impl Chart for BarChart {
         root.present().map_err(fail)?;
         Ok(())
     }
-}
-
-/// The share of requests (y, %) done within x milliseconds, for TTFT and end-to-end latency.
-pub fn latency_cdf(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
-    let ok: Vec<_> = report.requests.iter().filter(|r| r.success).collect();
-    if ok.is_empty() {
-        bail!("no request completed; nothing to chart");
-    }
-    let cdf = |mut ms: Vec<f64>| {
-        ms.sort_by(f64::total_cmp);
-        let n = ms.len() as f64;
-        ms.into_iter()
-            .enumerate()
-            .map(|(i, v)| (v, 100.0 * (i + 1) as f64 / n))
-            .collect::<Vec<_>>()
-    };
-    LineChart {
-        title: format!(
-            "{} requests to {} ({:.1} output tok/s)",
-            report.completed, report.model, report.output_throughput
-        ),
-        x_label: "latency (ms)".into(),
-        y_label: "requests done (%)".into(),
-        log2_x: false,
-        legend_right: false,
-        series: vec![
-            (
-                "time to first token".into(),
-                cdf(ok.iter().map(|r| r.ttft * 1000.0).collect()),
-            ),
-            (
-                "end-to-end".into(),
-                cdf(ok.iter().map(|r| r.e2el * 1000.0).collect()),
-            ),
-        ],
-    }
-    .draw(path)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! The sweep and tree-of-thought benchmarks (`super::sweep`, `super::tot`) build on the same
 //! pieces.
 
+mod chart;
 pub mod client;
 pub mod dataset;
 pub mod stats;
@@ -453,7 +454,7 @@ pub fn run(args: &ServeBenchArgs) -> anyhow::Result<()> {
             eprintln!("report: {}", path.display());
         }
         if let Some(path) = &args.plot {
-            super::plot::latency_cdf(path, &report)?;
+            chart::latency_cdf(path, &report)?;
             eprintln!("chart: {}", path.display());
         }
         Ok(())

@@ -114,7 +114,11 @@ impl Answer {
                         self.ready.push_back(Part::Text(text));
                     }
                 }
-                Piece::Call(call) => self.ready.push_back(Part::Call(call)),
+                // These front ends take each call whole: a streamed one when it ends.
+                Piece::Call(call) | Piece::CallEnd { call, .. } => {
+                    self.ready.push_back(Part::Call(call))
+                }
+                Piece::CallStart { .. } | Piece::Arguments { .. } => {}
             }
         }
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::call_json::{call_so_far, compact_json, CallSoFar};
 use super::partial_json::json_prefix;
 use super::{hermes::Hermes, llama3::Llama3Json, mistral::Mistral, qwen3_coder::Qwen3Coder};
 use super::{ParsedCall, Tool};
@@ -38,6 +39,12 @@ pub trait ToolFormat: Send + Sync + std::fmt::Debug {
     /// well-formed call of an `offered` function; `finished` says the answer ended there
     /// (a call cut off by the token limit may then count, as far as it got).
     fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>>;
+    /// The call a block (from its opener on) holds as far as it is written, where the format
+    /// streams its calls' arguments (blocks of one JSON call object); `None` otherwise. The
+    /// block's call, once whole, has exactly the arguments this gives.
+    fn call_so_far(&self, _block: &str) -> Option<CallSoFar> {
+        None
+    }
     /// A Lark grammar whose sentences are one call of one of `allowed` (several, separated
     /// as the format separates them, when `several`), arguments valid against the schema;
     /// its markers written as `markers` says.
@@ -131,9 +138,10 @@ pub fn lark_string(text: &str) -> String {
 }
 
 /// A call object's name and arguments (under `arguments`, or `parameters`, which some
-/// models write; arguments written as a JSON string are taken as they are); with `offered`
-/// (a call without the format's marker), only when it names one of them.
-pub fn call_of(value: &Value, offered: Option<&[Tool]>) -> Option<ParsedCall> {
+/// models write; arguments written as a JSON string are taken as they are, others as the
+/// model wrote them in `text`, compact: what a stream of them gives); with `offered` (a call
+/// without the format's marker), only when it names one of them. `value` is `text` parsed.
+pub fn call_of(text: &str, value: &Value, offered: Option<&[Tool]>) -> Option<ParsedCall> {
     let name = value.get("name")?.as_str()?;
     if offered.is_some_and(|tools| !tools.iter().any(|t| t.name == name)) {
         return None;
@@ -143,9 +151,13 @@ pub fn call_of(value: &Value, offered: Option<&[Tool]>) -> Option<ParsedCall> {
         .or_else(|| value.get("parameters"))
         .cloned()
         .unwrap_or_else(|| json!({}));
-    let arguments = match arguments {
-        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
-        other => other.to_string(),
+    let written = call_so_far(text).filter(|c| c.closed && !c.quoted && !c.arguments.is_empty());
+    let arguments = match (arguments, written) {
+        (Value::String(s), _) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => {
+            s
+        }
+        (_, Some(written)) => written.arguments,
+        (other, None) => other.to_string(),
     };
     Some(ParsedCall {
         name: name.to_string(),
@@ -155,7 +167,8 @@ pub fn call_of(value: &Value, offered: Option<&[Tool]>) -> Option<ParsedCall> {
 
 /// A call cut off inside its arguments (`{"name": "f", "arguments": {"a": "...`, or
 /// `"parameters"`): the name, if it is one of `offered`, and the arguments as far as they go
-/// (as OpenAI returns a call whose arguments ran out of tokens). `None` unless the text
+/// (as OpenAI returns a call whose arguments ran out of tokens), compact as a streamed call's
+/// are ([`compact_json`]). `None` unless the text
 /// could still have become a whole call.
 pub fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
     if !json_prefix(body) {
@@ -176,20 +189,20 @@ pub fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
         .strip_prefix(':')?;
     offered.iter().any(|t| t.name == name).then(|| ParsedCall {
         name: name.to_string(),
-        arguments: rest.trim().to_string(),
+        arguments: compact_json(rest),
     })
 }
 
-/// The whole JSON values of `text`, separated by blanks and `separator`, and the text of the
-/// last one where the token limit cut it off (`""` when none is); `None` when anything else
-/// is there.
-pub fn json_values(text: &str, separator: char) -> Option<(Vec<Value>, &str)> {
+/// The whole JSON values of `text` (each with its text), separated by blanks and
+/// `separator`, and the text of the last one where the token limit cut it off (`""` when
+/// none is); `None` when anything else is there.
+pub fn json_values(text: &str, separator: char) -> Option<(Vec<(Value, &str)>, &str)> {
     let mut out = Vec::new();
     let mut rest = text.trim_start();
     while !rest.is_empty() {
         let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
         match stream.next()? {
-            Ok(value) => out.push(value),
+            Ok(value) => out.push((value, &rest[..stream.byte_offset()])),
             Err(e) if e.is_eof() => return Some((out, rest)),
             Err(_) => return None,
         }

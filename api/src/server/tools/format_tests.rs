@@ -64,21 +64,64 @@ fn stream_pieces(calls: &Calls, text: &str, step: usize) -> (Vec<Piece>, usize) 
     (pieces, reader.calls)
 }
 
+/// The text of streamed pieces.
+pub(super) fn text_of(pieces: &[Piece]) -> String {
+    pieces
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The (name, arguments) calls of streamed pieces, in order of their indexes. A streamed
+/// call starts once, its fragments joined are exactly the arguments it ends with, and
+/// nothing of it comes after its end.
+fn calls_of(pieces: Vec<Piece>) -> Vec<(String, String)> {
+    let mut calls: Vec<(String, String, bool)> = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(_) => {}
+            Piece::Call(c) => calls.push((c.function.name, c.function.arguments, true)),
+            Piece::CallStart { index, name, .. } => {
+                assert_eq!(index, calls.len(), "calls start in order");
+                calls.push((name, String::new(), false));
+            }
+            Piece::Arguments { index, text } => {
+                assert!(!calls[index].2, "a fragment after the call's end");
+                calls[index].1.push_str(&text);
+            }
+            Piece::CallEnd { index, call } => {
+                let (name, streamed, ended) = &mut calls[index];
+                assert!(!*ended, "a call ends once");
+                assert_eq!(*name, call.function.name);
+                assert_eq!(
+                    *streamed, call.function.arguments,
+                    "fragments join to the arguments"
+                );
+                *ended = true;
+            }
+        }
+    }
+    calls
+        .into_iter()
+        .map(|(name, args, ended)| {
+            assert!(ended, "every started call ends");
+            (name, args)
+        })
+        .collect()
+}
+
 /// The same read streamed in pieces of `step` characters (content trimmed as whole reads
 /// trim it).
 fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(String, Value)>) {
     let (pieces, counted) = stream_pieces(calls, text, step);
-    let mut content = String::new();
-    let mut found = Vec::new();
-    for piece in pieces {
-        match piece {
-            Piece::Text(t) => content.push_str(&t),
-            Piece::Call(c) => found.push((
-                c.function.name,
-                serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
-            )),
-        }
-    }
+    let content = text_of(&pieces);
+    let found: Vec<(String, Value)> = calls_of(pieces)
+        .into_iter()
+        .map(|(name, args)| (name, serde_json::from_str(&args).unwrap_or(Value::Null)))
+        .collect();
     assert_eq!(counted, found.len());
     let content = content.trim().to_string();
     (
@@ -235,14 +278,7 @@ fn check_raw(calls: &Calls, text: &str, want: &[(&str, &str)]) {
         .collect();
     assert_eq!(whole, want, "{} whole: {text:?}", calls.format.name());
     for step in 1..=text.chars().count() {
-        let got: Vec<(String, String)> = stream_pieces(calls, text, step)
-            .0
-            .into_iter()
-            .filter_map(|p| match p {
-                Piece::Call(c) => Some((c.function.name, c.function.arguments)),
-                Piece::Text(_) => None,
-            })
-            .collect();
+        let got = calls_of(stream_pieces(calls, text, step).0);
         assert_eq!(got, want, "{} every {step}: {text:?}", calls.format.name());
     }
 }
@@ -267,31 +303,32 @@ fn a_close_marker_inside_a_string_is_text() {
 
 #[test]
 fn a_call_cut_off_counts_as_far_as_its_arguments_got() {
+    // As far as they got, compact: what a stream of them gave.
     check_raw(
         &calls(Hermes),
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os",
-        &[("get_weather", "{\"city\": \"Os")],
+        &[("get_weather", "{\"city\":\"Os")],
     );
     // Cut inside a string after a close marker written in it.
     check_raw(
         &calls(Hermes),
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\\n</tool_call> and",
-        &[("get_weather", "{\"city\": \"x\\n</tool_call> and")],
+        &[("get_weather", "{\"city\":\"x\\n</tool_call> and")],
     );
     check_raw(
         &calls(Llama3Json),
         "<|python_tag|>{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Li",
-        &[("now", "{}"), ("get_weather", "{\"city\": \"Li")],
+        &[("now", "{}"), ("get_weather", "{\"city\":\"Li")],
     );
     check_raw(
         &calls(Mistral),
         "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {\"days\": 1",
-        &[("now", "{}"), ("get_weather", "{\"days\": 1")],
+        &[("now", "{}"), ("get_weather", "{\"days\":1")],
     );
     check_raw(
         &calls(Mistral),
         "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Ro",
-        &[("get_weather", "{\"city\": \"Ro")],
+        &[("get_weather", "{\"city\":\"Ro")],
     );
     // A cut that could not have become a call is text.
     check_raw(
@@ -344,4 +381,54 @@ fn grammars_are_written_in_each_syntax() {
         .starts_with("start: <[7]> \"[\""));
     let hermes = Hermes.grammar(one, false, &own);
     assert!(hermes.contains("<[7]>") && hermes.contains("\"</tool_call>\""));
+}
+
+#[test]
+fn hermes_arguments_stream_as_they_are_written() {
+    let c = calls(Hermes);
+    let lines: String = (0..40)
+        .map(|i| format!("line {i}: \\\"quoted\\\" é\\n"))
+        .collect();
+    let text = format!(
+        "Writing.\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"where\": {{\"lat\": 1.50}}, \"city\": \"{lines}\"}}}}\n</tool_call>\n<tool_call>\n{{\"arguments\": {{}}, \"name\": \"now\"}}\n</tool_call>"
+    );
+    for step in [1, 2, 5, 16] {
+        let (pieces, counted) = stream_pieces(&c, &text, step);
+        assert_eq!(counted, 2);
+        let fragments = pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::Arguments { index: 0, .. }))
+            .count();
+        assert!(
+            fragments * step >= lines.len() / 2,
+            "every {step}: {fragments} fragments"
+        );
+        let first_call = pieces.iter().find(|p| !matches!(p, Piece::Text(_)));
+        assert!(
+            matches!(first_call, Some(Piece::CallStart { index: 0, name, .. }) if name == "get_weather"),
+            "{first_call:?}"
+        );
+        let text = text_of(&pieces);
+        assert_eq!(text.trim(), "Writing.", "no marker leaks");
+        let got = calls_of(pieces);
+        // The model's key order and number text are kept.
+        assert!(got[0]
+            .1
+            .starts_with("{\"where\":{\"lat\":1.50},\"city\":\"line 0: "));
+        assert_eq!(got[1], ("now".to_string(), "{}".to_string()));
+    }
+    // Whole, the same arguments.
+    let (_, whole) = parse_calls(&text, &c).unwrap();
+    let (pieces, _) = stream_pieces(&c, &text, 3);
+    let streamed = calls_of(pieces);
+    assert_eq!(whole[0].function.arguments, streamed[0].1);
+}
+
+#[test]
+fn a_call_cut_by_the_token_limit_ends_as_far_as_it_streamed() {
+    let c = calls(Hermes);
+    let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os";
+    // Forced to be calls, as unforced (a_call_cut_off_counts_as_far_as_its_arguments_got).
+    let forced = c.forced(true);
+    check_raw(&forced, text, &[("get_weather", "{\"city\":\"Os")]);
 }

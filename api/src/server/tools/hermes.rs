@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use super::call_json::{call_so_far, CallSoFar};
 use super::format::{any_call_schema, call_of, partial_call, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
@@ -36,8 +37,7 @@ impl ToolFormat for Hermes {
     fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>> {
         let trimmed = text.trim();
         if trimmed.starts_with('{') {
-            let value: Value = serde_json::from_str(trimmed).ok()?;
-            return call_of(&value, Some(offered)).map(|call| vec![call]);
+            return whole_call(trimmed, Some(offered)).map(|call| vec![call]);
         }
         let mut calls = Vec::new();
         let mut rest = text;
@@ -46,7 +46,8 @@ impl ToolFormat for Hermes {
             // The block closes at the first close marker before which it holds a whole call:
             // one inside a JSON string is text.
             let closed = body.match_indices(TOOL_CALL_CLOSE).find_map(|(end, _)| {
-                whole_call(&body[..end]).map(|call| (call, &body[end + TOOL_CALL_CLOSE.len()..]))
+                whole_call(&body[..end], None)
+                    .map(|call| (call, &body[end + TOOL_CALL_CLOSE.len()..]))
             });
             match closed {
                 Some((call, next)) => {
@@ -56,13 +57,17 @@ impl ToolFormat for Hermes {
                 None if finished => {
                     // Unclosed at the end: a whole call, or what a call cut off by the token
                     // limit holds (as OpenAI returns a call whose arguments ran out).
-                    calls.extend(whole_call(body).or_else(|| partial_call(body, offered)));
+                    calls.extend(whole_call(body, None).or_else(|| partial_call(body, offered)));
                     break;
                 }
                 None => return None,
             }
         }
         (!calls.is_empty()).then_some(calls)
+    }
+
+    fn call_so_far(&self, block: &str) -> Option<CallSoFar> {
+        call_so_far(block.strip_prefix(TOOL_CALL_OPEN)?)
     }
 
     fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {
@@ -76,9 +81,9 @@ impl ToolFormat for Hermes {
     }
 }
 
-/// The call one block's body holds, when it is a whole call object.
-fn whole_call(body: &str) -> Option<ParsedCall> {
-    serde_json::from_str::<Value>(body.trim())
-        .ok()
-        .and_then(|v| call_of(&v, None))
+/// The call one block's body holds, when it is a whole call object (with `offered`, of one
+/// of them).
+fn whole_call(body: &str, offered: Option<&[Tool]>) -> Option<ParsedCall> {
+    let value = serde_json::from_str::<Value>(body.trim()).ok()?;
+    call_of(body, &value, offered)
 }

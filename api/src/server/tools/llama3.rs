@@ -42,7 +42,7 @@ impl ToolFormat for Llama3Json {
         let (whole, cut) = json_values(body, ';')?;
         let mut calls: Vec<ParsedCall> = whole
             .iter()
-            .map(|value| call_of(value, check))
+            .map(|(value, text)| call_of(text, value, check))
             .collect::<Option<_>>()?;
         if !cut.is_empty() {
             // A last call cut off by the token limit counts as far as it got.

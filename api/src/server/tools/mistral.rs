@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use super::call_json::compact_json;
 use super::format::{any_call_schema, call_of, json_values, partial_call, Markers, ToolFormat};
 use super::partial_json::json_prefix;
 use super::{ParsedCall, Tool};
@@ -25,11 +26,24 @@ pub struct Mistral;
 fn named_call(text: &str) -> Option<ParsedCall> {
     let (head, arguments) = text.split_once(ARGS)?;
     let name = head.split(CALL_ID).next()?.trim();
-    let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
-    (!name.is_empty() && arguments.is_object()).then(|| ParsedCall {
+    let value: Value = serde_json::from_str(arguments.trim()).ok()?;
+    (!name.is_empty() && value.is_object()).then(|| ParsedCall {
         name: name.to_string(),
-        arguments: arguments.to_string(),
+        arguments: compact_json(arguments),
     })
+}
+
+/// The calls of a whole JSON list.
+fn whole_list(body: &str) -> Option<Vec<ParsedCall>> {
+    let inner = body.strip_prefix('[')?.strip_suffix(']')?;
+    let (values, cut) = json_values(inner, ',')?;
+    if !cut.is_empty() {
+        return None;
+    }
+    values
+        .iter()
+        .map(|(value, text)| call_of(text, value, None))
+        .collect()
 }
 
 /// A list of calls cut off by the token limit (`[{...}, {"name": "f", "arguments": {...`):
@@ -38,7 +52,7 @@ fn cut_list(body: &str, offered: &[Tool]) -> Option<Vec<ParsedCall>> {
     let (whole, cut) = json_values(body.strip_prefix('[')?, ',')?;
     let mut calls: Vec<ParsedCall> = whole
         .iter()
-        .map(|value| call_of(value, None))
+        .map(|(value, text)| call_of(text, value, None))
         .collect::<Option<_>>()?;
     if !cut.is_empty() {
         calls.push(partial_call(cut, offered)?);
@@ -47,14 +61,14 @@ fn cut_list(body: &str, offered: &[Tool]) -> Option<Vec<ParsedCall>> {
 }
 
 /// A `name[ARGS]{...` call cut off inside its arguments: the name and the arguments as far
-/// as they got.
+/// as they got, compact (as [`partial_call`] gives them).
 fn cut_named(text: &str) -> Option<ParsedCall> {
     let (head, arguments) = text.split_once(ARGS)?;
     let name = head.split(CALL_ID).next()?.trim();
     let arguments = arguments.trim();
     (!name.is_empty() && arguments.starts_with('{') && json_prefix(arguments)).then(|| ParsedCall {
         name: name.to_string(),
-        arguments: arguments.to_string(),
+        arguments: compact_json(arguments),
     })
 }
 
@@ -75,7 +89,7 @@ impl ToolFormat for Mistral {
         let body = text.trim_start().strip_prefix(TOOL_CALLS)?.trim();
         let calls: Option<Vec<ParsedCall>> = if body.starts_with('[') {
             match serde_json::from_str::<Vec<Value>>(body) {
-                Ok(list) => list.iter().map(|value| call_of(value, None)).collect(),
+                Ok(_) => whole_list(body),
                 Err(e) if e.is_eof() && finished => cut_list(body, offered),
                 Err(_) => None,
             }

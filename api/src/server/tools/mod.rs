@@ -5,6 +5,7 @@
 //! model's tool-call format ([`format`]); and the model's answer read back into `tool_calls`
 //! (whole, or as stream deltas while it is generated: [`reader`]).
 
+pub mod call_json;
 pub mod format;
 #[cfg(test)]
 mod format_tests;
@@ -353,7 +354,7 @@ mod tests {
         let short = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa";
         let (_, calls) = parse_calls(short, &offered).unwrap();
         assert_eq!(calls[0].function.name, "get_weather");
-        assert_eq!(calls[0].function.arguments, "{\"city\": \"Pa");
+        assert_eq!(calls[0].function.arguments, "{\"city\":\"Pa");
         assert!(parse_calls(&short.replace("get_weather", "rm"), &offered).is_none());
         assert!(parse_calls("It is sunny.", &offered).is_none());
         // A whole call then one cut off by the token limit: the whole one.
@@ -379,18 +380,14 @@ mod tests {
                 pieces.extend(reader.push(&chunk.iter().collect::<String>()));
             }
             pieces.extend(reader.finish());
-            let texts: String = pieces
-                .iter()
-                .filter_map(|p| match p {
-                    Piece::Text(t) => Some(t.as_str()),
-                    Piece::Call(_) => None,
-                })
-                .collect();
+            let texts = super::format_tests::text_of(&pieces);
             let names: Vec<&str> = pieces
                 .iter()
                 .filter_map(|p| match p {
-                    Piece::Call(c) => Some(c.function.name.as_str()),
-                    Piece::Text(_) => None,
+                    Piece::Call(call) | Piece::CallEnd { call, .. } => {
+                        Some(call.function.name.as_str())
+                    }
+                    _ => None,
                 })
                 .collect();
             assert_eq!(texts.trim(), "Sure.", "split every {step}");

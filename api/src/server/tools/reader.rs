@@ -1,15 +1,18 @@
 //! Reading answers for tool calls in any [`ToolFormat`]: a whole answer ([`parse_calls`]), or
 //! a streamed one as it comes ([`CallReader`]). Text before the first call passes through as
-//! it comes, except a tail that may still become the format's opener; calls that come in
-//! blocks are given as each block closes (at a close marker after a whole call, not at one
-//! inside a string), others at the end of the answer; what does not parse goes out as text.
-//! An answer that opens with `{`, in a format that allows calls without an opener, is held
-//! to the end, where it may turn out to be calls.
+//! it comes, except a tail that may still become the format's opener. A call in a block of
+//! one JSON call object streams: it starts once its name (of an offered function) is whole
+//! and its arguments have begun, its arguments follow in fragments as they are written
+//! (compact: [`super::call_json`]), and it ends as its block closes, its arguments the
+//! fragments joined. Other calls that come in blocks are given whole as each block closes (at
+//! a close marker after a whole call, not at one inside a string), the rest at the end of the
+//! answer; what does not parse goes out as text. An answer that opens with `{`, in a format
+//! that allows calls without an opener, is held to the end, where it may turn out to be calls.
 
 use std::sync::Arc;
 
 use super::format::ToolFormat;
-use super::{call_out, ParsedCall, Tool};
+use super::{call_id, call_out, ParsedCall, Tool};
 use crate::server::openai::chat::response::ToolCallOut;
 
 /// How one request's answers are read for calls: the format and the offered functions.
@@ -84,8 +87,41 @@ fn parse_some(text: &str, calls: &Calls) -> Option<(Option<String>, Vec<ToolCall
 pub enum Piece {
     /// Plain text.
     Text(String),
-    /// A whole call (sent as a delta naming it, then one with its arguments).
+    /// A whole call, read at once (sent as a delta naming it, then one with its arguments).
     Call(ToolCallOut),
+    /// A call being written: its id and name, as soon as the name is whole.
+    CallStart {
+        /// The call's index among the answer's calls.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The function's name.
+        name: String,
+    },
+    /// The next fragment of a started call's arguments.
+    Arguments {
+        /// The call's index.
+        index: usize,
+        /// The fragment (the fragments joined are the call's arguments).
+        text: String,
+    },
+    /// A started call is whole: the call, its arguments the fragments joined.
+    CallEnd {
+        /// The call's index.
+        index: usize,
+        /// The call.
+        call: ToolCallOut,
+    },
+}
+
+/// The call a reader is streaming.
+#[derive(Debug)]
+struct Streaming {
+    index: usize,
+    id: String,
+    name: String,
+    /// The arguments sent so far.
+    sent: String,
 }
 
 /// Reads a streamed answer for tool calls.
@@ -96,8 +132,10 @@ pub struct CallReader {
     in_calls: bool,
     /// The answer so far is blank or opened with `{` (in a format with bare calls).
     maybe_bare: bool,
-    /// Calls given so far.
+    /// Calls given (or started) so far.
     pub calls: usize,
+    /// The call of the open block, once it streams.
+    streaming: Option<Streaming>,
 }
 
 impl CallReader {
@@ -110,6 +148,7 @@ impl CallReader {
             in_calls: false,
             maybe_bare,
             calls: 0,
+            streaming: None,
         }
     }
 
@@ -136,11 +175,11 @@ impl CallReader {
                     self.calls_of.parse(block, false).map(|calls| (end, calls))
                 });
                 let Some((end, calls)) = closed else {
+                    self.stream(&mut out);
                     break;
                 };
                 self.held.drain(..end + close.len());
-                self.calls += calls.len();
-                out.extend(calls.into_iter().map(|c| Piece::Call(call_out(c))));
+                self.settle(calls, &mut out);
                 self.in_calls = false;
                 continue;
             }
@@ -196,15 +235,104 @@ impl CallReader {
     }
 
     /// The calls of `block` (from an opener on, or a bare answer), or the block as text
-    /// when it holds none.
+    /// when it holds none (a call that started streaming then ends as far as it was sent).
     fn block(&mut self, block: String, finished: bool, out: &mut Vec<Piece>) {
         match self.calls_of.parse(&block, finished) {
-            Some(calls) => {
-                self.calls += calls.len();
-                out.extend(calls.into_iter().map(|c| Piece::Call(call_out(c))));
+            Some(calls) => self.settle(calls, out),
+            None => {
+                if let Some(started) = self.streaming.take() {
+                    let call = ParsedCall {
+                        name: started.name.clone(),
+                        arguments: started.sent.clone(),
+                    };
+                    out.push(end_of(started, call));
+                } else if !self.calls_of.forced {
+                    out.push(Piece::Text(block));
+                }
             }
-            None if self.calls_of.forced => {}
-            None => out.push(Piece::Text(block)),
         }
+    }
+
+    /// The calls a block gave: its first ends the call being streamed, if one is.
+    fn settle(&mut self, calls: Vec<ParsedCall>, out: &mut Vec<Piece>) {
+        let mut calls = calls.into_iter();
+        if let Some(started) = self.streaming.take() {
+            if let Some(call) = calls.next() {
+                match call.arguments.strip_prefix(started.sent.as_str()) {
+                    Some(rest) if !rest.is_empty() => out.push(Piece::Arguments {
+                        index: started.index,
+                        text: rest.to_string(),
+                    }),
+                    Some(_) => {}
+                    None => tracing::warn!(
+                        sent = started.sent,
+                        whole = call.arguments,
+                        "a streamed call's arguments differ from the call read whole"
+                    ),
+                }
+                out.push(end_of(started, call));
+            }
+        }
+        for call in calls {
+            self.calls += 1;
+            out.push(Piece::Call(call_out(call)));
+        }
+    }
+
+    /// Streams the open block's call as far as it is written: its start once its name is
+    /// whole, then each new stretch of its arguments.
+    fn stream(&mut self, out: &mut Vec<Piece>) {
+        let Some(so_far) = self.calls_of.format.call_so_far(&self.held) else {
+            return;
+        };
+        // A call is taken as one (and can no longer turn out to be text) once its name is
+        // whole and its arguments have begun.
+        if so_far.quoted || so_far.arguments.is_empty() && self.streaming.is_none() {
+            return;
+        }
+        let Some(name) = so_far.name else {
+            return;
+        };
+        if !self.calls_of.tools.iter().any(|t| t.name == name) {
+            return;
+        }
+        if self.streaming.is_none() {
+            let index = self.calls;
+            self.calls += 1;
+            let id = call_id();
+            out.push(Piece::CallStart {
+                index,
+                id: id.clone(),
+                name: name.clone(),
+            });
+            self.streaming = Some(Streaming {
+                index,
+                id,
+                name,
+                sent: String::new(),
+            });
+        }
+        let Some(started) = self.streaming.as_mut() else {
+            return;
+        };
+        if so_far.arguments.len() > started.sent.len()
+            && so_far.arguments.starts_with(started.sent.as_str())
+        {
+            out.push(Piece::Arguments {
+                index: started.index,
+                text: so_far.arguments[started.sent.len()..].to_string(),
+            });
+            started.sent = so_far.arguments;
+        }
+    }
+}
+
+/// The end of a streamed call, as `call` (read whole) has it, under the id it started with.
+fn end_of(started: Streaming, call: ParsedCall) -> Piece {
+    let mut out = call_out(call);
+    out.id = started.id;
+    Piece::CallEnd {
+        index: started.index,
+        call: out,
     }
 }

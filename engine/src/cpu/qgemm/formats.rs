@@ -4,7 +4,8 @@
 //! (or, for Q8_0, signed) integers with a float scale and a float offset per block; a
 //! `Super256` row is 256-value super-blocks of unsigned integers with an integer scale per 16
 //! values, a float scale per super-block and a float offset per 16 values. In both shapes
-//! `w = scale * q + offset` holds exactly for every value the format stores.
+//! `w = scale * q + offset` holds exactly for every value the format stores. Decoded rows come
+//! to the kernels [`TILE`] at a time ([`Block32Tile`], [`Super256Tile`]).
 
 use candle_core::quantized::GgmlDType;
 
@@ -274,6 +275,49 @@ pub(super) fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
     }
+}
+
+/// Weight rows per kernel call.
+pub const TILE: usize = 4;
+
+/// Where one weight row is decoded to.
+pub enum DecodedRow<'a> {
+    /// A `Block32` format's row.
+    Block32(Block32Row<'a>),
+    /// A `Super256` format's row.
+    Super256(Super256Row<'a>),
+}
+
+/// Decodes one weight row with the portable code.
+#[inline(always)]
+pub(super) fn decode(format: QuantFormat, raw: &[u8], row: DecodedRow<'_>) {
+    match row {
+        DecodedRow::Block32(row) => decode_block32(format, raw, row),
+        DecodedRow::Super256(row) => decode_super256(format, raw, row),
+    }
+}
+
+/// A tile of four decoded `Block32` rows: `q` is `[4][k]`, `scale` is `[4][k / 32]`.
+#[derive(Clone, Copy)]
+pub struct Block32Tile<'a> {
+    /// Values.
+    pub q: &'a [u8],
+    /// Block scales.
+    pub scale: &'a [f32],
+    /// Whether values are signed.
+    pub signed: bool,
+}
+
+/// A tile of four decoded `Super256` rows: `q` is `[4][k]`, `sub_pairs` is `[4][k / 2]`,
+/// `d` is `[4][k / 256]`.
+#[derive(Clone, Copy)]
+pub struct Super256Tile<'a> {
+    /// Values.
+    pub q: &'a [u8],
+    /// Sub-scales repeated per value pair.
+    pub sub_pairs: &'a [i16],
+    /// Super-block scales.
+    pub d: &'a [f32],
 }
 
 #[cfg(test)]

@@ -6,10 +6,7 @@
 
 use std::sync::OnceLock;
 
-use super::formats::{decode_block32, decode_super256, Block32Row, QuantFormat, Super256Row};
-
-/// Weight rows per kernel call.
-pub const TILE: usize = 4;
+use super::formats::{decode, Block32Tile, DecodedRow, QuantFormat, Super256Tile, TILE};
 
 /// Instruction sets the kernels come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,14 +92,6 @@ impl Isa {
     }
 }
 
-/// Where one weight row is decoded to.
-pub enum DecodedRow<'a> {
-    /// A `Block32` format's row.
-    Block32(Block32Row<'a>),
-    /// A `Super256` format's row.
-    Super256(Super256Row<'a>),
-}
-
 /// Decodes one weight row with code compiled for `isa`.
 pub fn decode_row(isa: Isa, format: QuantFormat, raw: &[u8], row: DecodedRow<'_>) {
     match isa {
@@ -114,37 +103,6 @@ pub fn decode_row(isa: Isa, format: QuantFormat, raw: &[u8], row: DecodedRow<'_>
         Isa::Avx512 | Isa::Amx => unsafe { super::x86::decode_avx512(format, raw, row) },
         _ => decode(format, raw, row),
     }
-}
-
-#[inline(always)]
-pub(super) fn decode(format: QuantFormat, raw: &[u8], row: DecodedRow<'_>) {
-    match row {
-        DecodedRow::Block32(row) => decode_block32(format, raw, row),
-        DecodedRow::Super256(row) => decode_super256(format, raw, row),
-    }
-}
-
-/// A tile of four decoded `Block32` rows: `q` is `[4][k]`, `scale` is `[4][k / 32]`.
-#[derive(Clone, Copy)]
-pub struct Block32Tile<'a> {
-    /// Values.
-    pub q: &'a [u8],
-    /// Block scales.
-    pub scale: &'a [f32],
-    /// Whether values are signed.
-    pub signed: bool,
-}
-
-/// A tile of four decoded `Super256` rows: `q` is `[4][k]`, `sub_pairs` is `[4][k / 2]`,
-/// `d` is `[4][k / 256]`.
-#[derive(Clone, Copy)]
-pub struct Super256Tile<'a> {
-    /// Values.
-    pub q: &'a [u8],
-    /// Sub-scales repeated per value pair.
-    pub sub_pairs: &'a [i16],
-    /// Super-block scales.
-    pub d: &'a [f32],
 }
 
 /// `sum_b scale[c][b] * xd[b] * dot(q[c] block b, xq block b)` for the four rows `c`.

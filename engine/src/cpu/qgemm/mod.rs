@@ -44,8 +44,8 @@ use crate::cpu::reduce;
 use crate::cpu::team::Disjoint;
 use crate::{Error, Result};
 use activations::QuantizedRows;
-use formats::{QuantFormat, Shape};
-use kernels::{Block32Tile, DecodedRow, Isa, Super256Tile};
+use formats::{Block32Tile, DecodedRow, QuantFormat, Shape, Super256Tile};
+use kernels::Isa;
 pub use storage::WeightBytes;
 
 /// Weight rows (output columns) decoded together.
@@ -418,7 +418,7 @@ impl QuantMatrix {
             };
             kernels::decode_row(isa, self.format, raw, row);
         }
-        let quarter = kernels::TILE;
+        let quarter = formats::TILE;
         for r in 0..m {
             let xq = rows.row_q(r);
             let xd = &rows.d[r * blocks..(r + 1) * blocks];

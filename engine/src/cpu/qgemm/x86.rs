@@ -5,8 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::formats::{Block32Row, QuantFormat};
-use super::kernels::{decode, Block32Tile, DecodedRow, Super256Tile, TILE};
+use super::formats::{
+    decode, Block32Row, Block32Tile, DecodedRow, QuantFormat, Super256Tile, TILE,
+};
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]

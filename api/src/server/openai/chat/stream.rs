@@ -1,6 +1,7 @@
 //! What `/v1/chat/completions` streams: each chunk's choice (the assistant role on a choice's
-//! first chunk, new text, tool-call pieces, the finish reason on its last) and how a whole
-//! tool call goes out: a delta naming it, then one with its arguments, as OpenAI sends one.
+//! first chunk, new text, tool-call pieces, the finish reason on its last) and how a tool
+//! call goes out: a delta naming it, then its arguments, in one delta when it was read whole
+//! or in one per fragment as it is written, as OpenAI sends them.
 //! The stream itself (merging prompts, usage, `[DONE]`) is `openai::stream`'s.
 
 use engine::ModelTokenizer;
@@ -95,8 +96,9 @@ pub fn chunk_choice(
 }
 
 /// The deltas (text, tool-call pieces) of what a call reader gave: text as content (blank
-/// text after a call dropped), each call (numbered from `first_call`) as a delta naming it
-/// and one with its arguments. With `logprobs` to send and nothing else, one empty delta
+/// text after a call dropped), each whole call (numbered from `first_call`) as a delta naming
+/// it and one with its arguments, a streamed call as a delta naming it when it starts and one
+/// per fragment of its arguments. With `logprobs` to send and nothing else, one empty delta
 /// carries them.
 pub fn deltas(
     pieces: Vec<Piece>,
@@ -110,32 +112,49 @@ pub fn deltas(
             Piece::Text(text) if call_index > 0 && text.trim().is_empty() => {}
             Piece::Text(text) => parts.push((text, None)),
             Piece::Call(call) => {
-                let named = ToolCallDelta {
-                    index: call_index,
-                    id: Some(call.id),
-                    kind: Some("function"),
-                    function: FunctionDelta {
-                        name: Some(call.function.name),
-                        arguments: String::new(),
-                    },
-                };
-                let arguments = ToolCallDelta {
-                    index: call_index,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: call.function.arguments,
-                    },
-                };
-                parts.push((String::new(), Some(vec![named])));
-                parts.push((String::new(), Some(vec![arguments])));
+                let index = call_index;
+                parts.push(named(index, call.id, call.function.name));
+                parts.push(arguments(index, call.function.arguments));
                 call_index += 1;
             }
+            Piece::CallStart { index, id, name } => {
+                parts.push(named(index, id, name));
+                call_index = index + 1;
+            }
+            Piece::Arguments { index, text } => parts.push(arguments(index, text)),
+            Piece::CallEnd { .. } => {}
         }
     }
     if parts.is_empty() && logprobs {
         parts.push((String::new(), None));
     }
     parts
+}
+
+/// The delta that opens call `index`: its id, type and name.
+fn named(index: usize, id: String, name: String) -> (String, Option<Vec<ToolCallDelta>>) {
+    let delta = ToolCallDelta {
+        index,
+        id: Some(id),
+        kind: Some("function"),
+        function: FunctionDelta {
+            name: Some(name),
+            arguments: String::new(),
+        },
+    };
+    (String::new(), Some(vec![delta]))
+}
+
+/// A delta of call `index`'s arguments.
+fn arguments(index: usize, text: String) -> (String, Option<Vec<ToolCallDelta>>) {
+    let delta = ToolCallDelta {
+        index,
+        id: None,
+        kind: None,
+        function: FunctionDelta {
+            name: None,
+            arguments: text,
+        },
+    };
+    (String::new(), Some(vec![delta]))
 }
