@@ -418,7 +418,7 @@ fn hermes_arguments_stream_as_they_are_written() {
         assert_eq!(got[1], ("now".to_string(), "{}".to_string()));
     }
     // Whole, the same arguments.
-    let (_, whole) = parse_calls(&text, &c).unwrap();
+    let (_, whole) = parse_calls(&text, &c).expect("the calls read whole");
     let (pieces, _) = stream_pieces(&c, &text, 3);
     let streamed = calls_of(pieces);
     assert_eq!(whole[0].function.arguments, streamed[0].1);
