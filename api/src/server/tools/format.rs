@@ -151,13 +151,11 @@ pub fn call_of(text: &str, value: &Value, offered: Option<&[Tool]>) -> Option<Pa
         .or_else(|| value.get("parameters"))
         .cloned()
         .unwrap_or_else(|| json!({}));
-    let written = call_so_far(text).filter(|c| c.closed && !c.quoted && !c.arguments.is_empty());
-    let arguments = match (arguments, written) {
-        (Value::String(s), _) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => {
-            s
-        }
-        (_, Some(written)) => written.arguments,
-        (other, None) => other.to_string(),
+    let arguments = match arguments {
+        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
+        other => call_so_far(text)
+            .filter(|c| c.closed && !c.quoted && !c.arguments.is_empty())
+            .map_or_else(|| other.to_string(), |written| written.arguments),
     };
     Some(ParsedCall {
         name: name.to_string(),

@@ -241,11 +241,7 @@ impl CallReader {
             Some(calls) => self.settle(calls, out),
             None => {
                 if let Some(started) = self.streaming.take() {
-                    let call = ParsedCall {
-                        name: started.name.clone(),
-                        arguments: started.sent.clone(),
-                    };
-                    out.push(end_of(started, call));
+                    out.push(end_as_sent(started));
                 } else if !self.calls_of.forced {
                     out.push(Piece::Text(block));
                 }
@@ -253,24 +249,32 @@ impl CallReader {
         }
     }
 
-    /// The calls a block gave: its first ends the call being streamed, if one is.
+    /// The calls a block gave: its first ends the call being streamed, if one is (as far as
+    /// it was sent, should the block read whole disagree with what was streamed).
     fn settle(&mut self, calls: Vec<ParsedCall>, out: &mut Vec<Piece>) {
         let mut calls = calls.into_iter();
         if let Some(started) = self.streaming.take() {
-            if let Some(call) = calls.next() {
-                match call.arguments.strip_prefix(started.sent.as_str()) {
-                    Some(rest) if !rest.is_empty() => out.push(Piece::Arguments {
-                        index: started.index,
-                        text: rest.to_string(),
-                    }),
-                    Some(_) => {}
-                    None => tracing::warn!(
-                        sent = started.sent,
-                        whole = call.arguments,
-                        "a streamed call's arguments differ from the call read whole"
-                    ),
-                }
-                out.push(end_of(started, call));
+            match calls.next() {
+                Some(call) => match call.arguments.strip_prefix(started.sent.as_str()) {
+                    Some(rest) => {
+                        if !rest.is_empty() {
+                            out.push(Piece::Arguments {
+                                index: started.index,
+                                text: rest.to_string(),
+                            });
+                        }
+                        out.push(end_of(started, call));
+                    }
+                    None => {
+                        tracing::warn!(
+                            sent = started.sent,
+                            whole = call.arguments,
+                            "a streamed call's arguments differ from the call read whole"
+                        );
+                        out.push(end_as_sent(started));
+                    }
+                },
+                None => out.push(end_as_sent(started)),
             }
         }
         for call in calls {
@@ -325,6 +329,15 @@ impl CallReader {
             started.sent = so_far.arguments;
         }
     }
+}
+
+/// The end of a streamed call with the arguments it sent.
+fn end_as_sent(started: Streaming) -> Piece {
+    let call = ParsedCall {
+        name: started.name.clone(),
+        arguments: started.sent.clone(),
+    };
+    end_of(started, call)
 }
 
 /// The end of a streamed call, as `call` (read whole) has it, under the id it started with.
