@@ -161,17 +161,22 @@ second = client.messages.create(
 answer = "".join(b.text for b in second.content if b.type == "text")
 check("31" in answer, f"the tool's result is in the answer: {answer!r}")
 
-# A streamed tool_use: its input arrives as input_json_delta.
-with client.messages.stream(
+# A streamed tool_use: its input arrives in input_json_delta fragments as it is written, and
+# the stream assembles the same tool_use as the whole message has.
+asked = dict(
     model=model, max_tokens=64, messages=ask, tools=tools,
     tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY,
-) as stream:
+)
+with client.messages.stream(**asked) as stream:
     deltas = [
         e for e in stream if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
     ]
     final = stream.get_final_message()
-check(deltas, "input_json_delta events")
-check(any(b.type == "tool_use" and "city" in b.input for b in final.content), f"{final.content}")
+check(len(deltas) >= 2, f"input_json_delta fragments: {deltas}")
+whole = client.messages.create(**asked)
+uses = lambda m: [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+check(uses(final) == uses(whole) and uses(whole), f"{uses(final)} != {uses(whole)}")
+check(json.loads("".join(d.delta.partial_json for d in deltas)) == uses(whole)[0][1], "joined")
 
 # Bad requests: 4xx in Anthropic's shape.
 for kwargs, error in [

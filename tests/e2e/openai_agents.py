@@ -6,6 +6,7 @@ actually called, and its result — a number the model cannot guess — in the f
 Usage: openai_agents.py BASE_URL API_KEY MODEL
 """
 
+import asyncio
 import sys
 
 from agents import (
@@ -21,7 +22,6 @@ from openai import AsyncOpenAI
 
 base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 set_tracing_disabled(True)
-client = AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
 called = []
 
 
@@ -32,15 +32,20 @@ def get_weather(city: str) -> str:
     return f"It is 31 degrees Celsius and sunny in {city}."
 
 
-agent = Agent(
-    name="weather",
-    instructions="You answer questions about the weather. Use the get_weather tool, then "
-    "answer in one sentence with the temperature it gave.",
-    tools=[get_weather],
-    model=OpenAIResponsesModel(model=model, openai_client=client),
-    model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=64),
-)
-result = Runner.run_sync(agent, "What is the weather in Paris right now?", max_turns=4)
+def weather_agent():
+    # A client of its own: each run below has its own event loop.
+    client = AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+    return Agent(
+        name="weather",
+        instructions="You answer questions about the weather. Use the get_weather tool, then "
+        "answer in one sentence with the temperature it gave.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model, openai_client=client),
+        model_settings=ModelSettings(temperature=0, tool_choice="required", max_tokens=64),
+    )
+
+
+result = Runner.run_sync(weather_agent(), "What is the weather in Paris right now?", max_turns=4)
 checks = 0
 
 
@@ -57,4 +62,20 @@ check(any(isinstance(i, ToolCallOutputItem) for i in result.new_items), "a tool 
 check(len(result.raw_responses) >= 2, f"two model turns: {len(result.raw_responses)}")
 answer = str(result.final_output)
 check("31" in answer, f"the tool's result is in the final answer: {answer!r}")
+
+# The same agent streamed: the SDK assembles the call from the streamed events and runs it.
+async def streamed():
+    run = Runner.run_streamed(weather_agent(), "What is the weather in Paris right now?", max_turns=4)
+    kinds = []
+    async for event in run.stream_events():
+        if event.type == "raw_response_event":
+            kinds.append(event.data.type)
+    return run, kinds
+
+
+called.clear()
+run, kinds = asyncio.run(streamed())
+check(called and "paris" in called[0].lower(), f"streamed: the tool was called: {called}")
+check("response.function_call_arguments.delta" in kinds, f"streamed arguments: {kinds}")
+check("31" in str(run.final_output), f"streamed: the tool's result: {run.final_output!r}")
 print(f"{checks} checks passed: {answer!r}")

@@ -169,22 +169,33 @@ for kind in (
 check(numbers == list(range(len(numbers))), "sequence numbers count up from 0")
 check(final.output_text == text and text, "the deltas add up to the final text")
 
-# A streamed function call.
+# A streamed function call: its arguments in fragments as they are written, the call the
+# stream assembles the same as the whole response's.
 kinds = []
-with client.responses.stream(
+fragments = []
+asked = dict(
     model=model,
     input="What is the weather in Oslo?",
     tools=tools,
     tool_choice={"type": "function", "name": "get_weather"},
     max_output_tokens=64,
     temperature=0,
-) as stream:
+)
+with client.responses.stream(**asked) as stream:
     for event in stream:
         kinds.append(event.type)
+        if event.type == "response.function_call_arguments.delta":
+            fragments.append(event.delta)
     final = stream.get_final_response()
-check("response.function_call_arguments.delta" in kinds, f"{kinds}")
 check("response.function_call_arguments.done" in kinds, f"{kinds}")
-check(any(i.type == "function_call" for i in final.output), f"{final.output}")
+check(len(fragments) >= 2, f"arguments in fragments: {fragments}")
+added = kinds.index("response.output_item.added")
+check(added < kinds.index("response.function_call_arguments.delta"), "the call opens first")
+streamed_calls = [(i.name, i.arguments) for i in final.output if i.type == "function_call"]
+whole = client.responses.create(**asked)
+whole_calls = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
+check(streamed_calls == whole_calls and whole_calls, f"{streamed_calls} != {whole_calls}")
+check("".join(fragments) == whole_calls[0][1], f"fragments join to {whole_calls[0][1]!r}")
 
 # Bad requests: 4xx in OpenAI's shape.
 for kwargs, status in [

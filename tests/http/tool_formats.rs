@@ -86,19 +86,14 @@ async fn every_api_reads_each_format() {
             args, whole_args,
             "{format}: the fragments join to the whole arguments"
         );
-        if *format == "hermes" {
-            assert!(
-                fragments > 3,
-                "{format}: arguments stream ({fragments} fragments)"
-            );
-        }
+        assert!(
+            fragments > 2,
+            "{format}: arguments stream ({fragments} fragments)"
+        );
         assert_eq!(arguments(&args), want, "{format}");
         assert_eq!(text.trim(), content, "{format}");
 
-        let responses = json!({"input": "Weather in Oslo?", "max_output_tokens": 120,
-                               "temperature": 0, "tools": [{"type": "function", "name": "get_weather",
-                               "parameters": weather()["parameters"]}]});
-        let (status, r) = call(app, "POST", "/v1/responses", Some(responses)).await;
+        let (status, r) = call(app, "POST", "/v1/responses", Some(responses_body())).await;
         assert_eq!(status, StatusCode::OK, "{r}");
         let item = r["output"]
             .as_array()
@@ -108,12 +103,26 @@ async fn every_api_reads_each_format() {
             .unwrap_or_else(|| panic!("{format}: {r}"));
         assert_eq!(item["name"], "get_weather");
         assert_eq!(arguments(item["arguments"].as_str().unwrap()), want);
+        let whole_item_args = item["arguments"].as_str().unwrap().to_string();
+        let (mut deltas, mut fragments, mut done) = (String::new(), 0, Value::Null);
+        for (kind, data) in streamed(app, "/v1/responses", responses_body()).await {
+            match kind.as_deref() {
+                Some("response.function_call_arguments.delta") => {
+                    deltas.push_str(data["delta"].as_str().unwrap());
+                    fragments += 1;
+                }
+                Some("response.output_item.done") if data["item"]["type"] == "function_call" => {
+                    done = data["item"].clone()
+                }
+                _ => {}
+            }
+        }
+        assert!(fragments > 2, "{format}: {fragments} fragments");
+        assert_eq!(deltas, whole_item_args, "{format}: Responses deltas join");
+        assert_eq!(done["arguments"], json!(whole_item_args), "{format}");
+        assert_eq!(done["status"], "completed", "{format}");
 
-        let messages = json!({"max_tokens": 120, "temperature": 0,
-                              "messages": [{"role": "user", "content": "Weather in Oslo?"}],
-                              "tools": [{"name": "get_weather",
-                                         "input_schema": weather()["parameters"]}]});
-        let (status, m) = call(app, "POST", "/v1/messages", Some(messages)).await;
+        let (status, m) = call(app, "POST", "/v1/messages", Some(messages_body())).await;
         assert_eq!(status, StatusCode::OK, "{m}");
         assert_eq!(m["stop_reason"], "tool_use", "{format}: {m}");
         let block = m["content"]
@@ -126,7 +135,38 @@ async fn every_api_reads_each_format() {
             (&block["name"], &block["input"]),
             (&json!("get_weather"), &want)
         );
+        let (mut partial, mut fragments, mut stop) = (String::new(), 0, None);
+        for (kind, data) in streamed(app, "/v1/messages", messages_body()).await {
+            let delta = &data["delta"];
+            if kind.as_deref() == Some("content_block_delta") && delta["type"] == "input_json_delta"
+            {
+                partial.push_str(delta["partial_json"].as_str().unwrap());
+                fragments += 1;
+            }
+            if data["delta"]["stop_reason"].is_string() {
+                stop = Some(data["delta"]["stop_reason"].clone());
+            }
+        }
+        assert!(fragments > 2, "{format}: {fragments} fragments");
+        assert_eq!(
+            arguments(&partial),
+            want,
+            "{format}: input_json_delta joins"
+        );
+        assert_eq!(stop, Some(json!("tool_use")), "{format}");
     }
+}
+
+fn responses_body() -> Value {
+    json!({"input": "Weather in Oslo?", "max_output_tokens": 120, "temperature": 0,
+           "tools": [{"type": "function", "name": "get_weather",
+                      "parameters": weather()["parameters"]}]})
+}
+
+fn messages_body() -> Value {
+    json!({"max_tokens": 120, "temperature": 0,
+           "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+           "tools": [{"name": "get_weather", "input_schema": weather()["parameters"]}]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

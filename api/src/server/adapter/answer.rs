@@ -1,11 +1,11 @@
-//! One generated answer read as parts — thinking, text, whole tool calls, and its end — for
-//! the front ends that answer one conversation with one message: the Responses API and
-//! Anthropic's Messages API. Both submit through the chat-completions path
-//! (`pipeline::start_chat`: template, tool grammar, validation); this reads that request's
-//! engine events the way the chat stream does (with a reasoning parser the thinking split off
-//! first by its [`Splitter`], so only the answer is read for calls; calls held until whole by
-//! [`CallReader`], blank text after a call dropped) and hands each front end the same parts,
-//! streamed ([`super::events`]) or collected.
+//! One generated answer read as parts — thinking, text, tool calls (whole, or started with
+//! their arguments following in fragments), and its end — for the front ends that answer one
+//! conversation with one message: the Responses API and Anthropic's Messages API. Both submit
+//! through the chat-completions path (`pipeline::start_chat`: template, tool grammar,
+//! validation); this reads that request's engine events the way the chat stream does (with a
+//! reasoning parser the thinking split off first by its [`Splitter`], so only the answer is
+//! read for calls; calls read by [`CallReader`], blank text after a call dropped) and hands
+//! each front end the same parts, streamed ([`super::events`]) or collected.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,6 +30,29 @@ pub enum Part {
     Text(String),
     /// A whole tool call.
     Call(ToolCallOut),
+    /// A tool call being written: its id and name, once the name is whole.
+    CallStart {
+        /// The call's index among the answer's calls.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// The function's name.
+        name: String,
+    },
+    /// The next fragment of a started call's arguments.
+    Arguments {
+        /// The call's index.
+        index: usize,
+        /// The fragment.
+        text: String,
+    },
+    /// A started call is whole: its arguments are its fragments joined.
+    CallEnd {
+        /// The call's index.
+        index: usize,
+        /// The call.
+        call: ToolCallOut,
+    },
     /// The answer ended.
     End(Ending),
 }
@@ -114,11 +137,16 @@ impl Answer {
                         self.ready.push_back(Part::Text(text));
                     }
                 }
-                // These front ends take each call whole: a streamed one when it ends.
-                Piece::Call(call) | Piece::CallEnd { call, .. } => {
-                    self.ready.push_back(Part::Call(call))
+                Piece::Call(call) => self.ready.push_back(Part::Call(call)),
+                Piece::CallStart { index, id, name } => {
+                    self.ready.push_back(Part::CallStart { index, id, name })
                 }
-                Piece::CallStart { .. } | Piece::Arguments { .. } => {}
+                Piece::Arguments { index, text } => {
+                    self.ready.push_back(Part::Arguments { index, text })
+                }
+                Piece::CallEnd { index, call } => {
+                    self.ready.push_back(Part::CallEnd { index, call })
+                }
             }
         }
     }
@@ -218,7 +246,8 @@ impl Answer {
             match part? {
                 Part::Thinking(t) => thinking.push_str(&t),
                 Part::Text(t) => text.push_str(&t),
-                Part::Call(call) => calls.push(call),
+                Part::Call(call) | Part::CallEnd { call, .. } => calls.push(call),
+                Part::CallStart { .. } | Part::Arguments { .. } => {}
                 Part::End(ending) => {
                     return Ok(Collected {
                         thinking,

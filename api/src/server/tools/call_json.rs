@@ -17,6 +17,8 @@ pub struct CallSoFar {
     pub quoted: bool,
     /// The object is closed.
     pub closed: bool,
+    /// Where the object ends in the text read (just past its `}`), once it is closed.
+    pub end: usize,
 }
 
 /// `text` (a JSON value, or the start of one) without the blanks outside its strings.
@@ -44,6 +46,7 @@ pub fn call_so_far(text: &str) -> Option<CallSoFar> {
             None => return Some(call),
             Some(b'}') => {
                 call.closed = true;
+                call.end = i + 1;
                 return Some(call);
             }
             Some(b',') => {
@@ -86,6 +89,30 @@ pub fn call_so_far(text: &str) -> Option<CallSoFar> {
         }
         i = end;
     }
+}
+
+/// The call objects of `text` as far as they are written, one after another with `separator`
+/// (and blanks) between them: each whole one, then the one being written.
+pub fn calls_so_far(text: &str, separator: char) -> Vec<CallSoFar> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(call) = call_so_far(rest) {
+        let next = call.closed.then(|| rest[call.end..].trim_start());
+        calls.push(call);
+        match next.and_then(|n| n.strip_prefix(separator)) {
+            Some(next) => rest = next,
+            None => break,
+        }
+    }
+    calls
+}
+
+/// `text` (the start of a JSON value, after blanks) compact as far as it is written, and
+/// whether the value is whole.
+pub fn json_so_far(text: &str) -> (String, bool) {
+    let mut out = String::with_capacity(text.len());
+    let (_, whole) = value(text.trim_start(), 0, Some(&mut out));
+    (out, whole)
 }
 
 fn skip_blanks(bytes: &[u8], mut i: usize) -> usize {

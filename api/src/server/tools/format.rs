@@ -39,11 +39,12 @@ pub trait ToolFormat: Send + Sync + std::fmt::Debug {
     /// well-formed call of an `offered` function; `finished` says the answer ended there
     /// (a call cut off by the token limit may then count, as far as it got).
     fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>>;
-    /// The call a block (from its opener on) holds as far as it is written, where the format
-    /// streams its calls' arguments (blocks of one JSON call object); `None` otherwise. The
-    /// block's call, once whole, has exactly the arguments this gives.
-    fn call_so_far(&self, _block: &str) -> Option<CallSoFar> {
-        None
+    /// The calls a block (from its opener on, or a bare answer) holds as far as they are
+    /// written, in order: each call's name once it is whole and its arguments (JSON) as far
+    /// as they go, a prefix of what the block read whole gives them. Empty where the
+    /// format's calls do not stream.
+    fn calls_so_far(&self, _block: &str, _offered: &[Tool]) -> Vec<CallSoFar> {
+        Vec::new()
     }
     /// A Lark grammar whose sentences are one call of one of `allowed` (several, separated
     /// as the format separates them, when `several`), arguments valid against the schema;
@@ -193,8 +194,13 @@ pub fn partial_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
 
 /// The whole JSON values of `text` (each with its text), separated by blanks and
 /// `separator`, and the text of the last one where the token limit cut it off (`""` when
-/// none is); `None` when anything else is there.
-pub fn json_values(text: &str, separator: char) -> Option<(Vec<(Value, &str)>, &str)> {
+/// none is); `None` when anything else is there, unless `leading` and some values came
+/// before it (then it is dropped).
+pub fn json_values(
+    text: &str,
+    separator: char,
+    leading: bool,
+) -> Option<(Vec<(Value, &str)>, &str)> {
     let mut out = Vec::new();
     let mut rest = text.trim_start();
     while !rest.is_empty() {
@@ -202,6 +208,7 @@ pub fn json_values(text: &str, separator: char) -> Option<(Vec<(Value, &str)>, &
         match stream.next()? {
             Ok(value) => out.push((value, &rest[..stream.byte_offset()])),
             Err(e) if e.is_eof() => return Some((out, rest)),
+            Err(_) if leading && !out.is_empty() => return Some((out, "")),
             Err(_) => return None,
         }
         rest = rest[stream.byte_offset()..].trim_start();

@@ -198,6 +198,13 @@ fn llama3_json_with_and_without_the_python_tag() {
     // A JSON answer that is not a call of an offered function stays content; so does a cut
     // off call and plain text.
     check(&c, "{\"name\": \"Ada\", \"age\": 36}", None, &[]);
+    // Whatever follows a whole call is dropped (a stream ended the call as its object closed).
+    check(
+        &c,
+        "{\"name\": \"now\", \"parameters\": {}} and more",
+        None,
+        &[("now", json!({}))],
+    );
     check(&c, "<|python_tag|>{\"name\": \"now\", \"param", None, &[]);
     check(&c, "It is sunny in Lima.", None, &[]);
 }
@@ -431,4 +438,115 @@ fn a_call_cut_by_the_token_limit_ends_as_far_as_it_streamed() {
     // Forced to be calls, as unforced (a_call_cut_off_counts_as_far_as_its_arguments_got).
     let forced = c.forced(true);
     check_raw(&forced, text, &[("get_weather", "{\"city\":\"Os")]);
+}
+
+/// Each format's answer with two calls, the first with a long string argument.
+fn two_calls() -> Vec<(Calls, String)> {
+    let long: String = (0..12)
+        .map(|i| format!("line {i} \\\"q\\\" é\\n"))
+        .collect();
+    let plain = long.replace("\\n", "\n").replace("\\\"", "\"");
+    vec![
+        (
+            calls(Hermes),
+            format!("Sure.\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{long}\", \"days\": 3}}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"now\", \"arguments\": {{}}}}\n</tool_call>"),
+        ),
+        (
+            calls(Llama3Json),
+            format!("<|python_tag|>{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"{long}\", \"days\": 3}}}}; {{\"name\": \"now\", \"parameters\": {{}}}}"),
+        ),
+        (
+            calls(Llama3Json),
+            format!("{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"{long}\"}}}}"),
+        ),
+        (
+            calls(Mistral),
+            format!("Sure.[TOOL_CALLS][{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{long}\", \"days\": 3}}}}, {{\"name\": \"now\", \"arguments\": {{}}}}]"),
+        ),
+        (
+            calls(Mistral),
+            format!("[TOOL_CALLS]get_weather[ARGS]{{\"city\": \"{long}\", \"days\": 3}}[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{{}}"),
+        ),
+        (
+            calls(Qwen3Coder),
+            format!("Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n{plain}\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>"),
+        ),
+    ]
+}
+
+/// The content and (name, arguments) calls of `text` read whole, as the chat API gives them.
+fn read_whole(calls: &Calls, text: &str) -> (String, Vec<(String, String)>) {
+    match parse_calls(text, calls) {
+        None => (text.to_string(), Vec::new()),
+        Some((content, found)) => (
+            content.unwrap_or_default(),
+            found
+                .into_iter()
+                .map(|c| (c.function.name, c.function.arguments))
+                .collect(),
+        ),
+    }
+}
+
+#[test]
+fn every_format_streams_arguments_as_they_are_written() {
+    for (c, text) in two_calls() {
+        let format = c.format.name();
+        let (_, want) = read_whole(&c, &text);
+        assert_eq!(
+            want.len(),
+            1 + usize::from(text.contains("now")),
+            "{format}: {text}"
+        );
+        let city = serde_json::from_str::<Value>(&want[0].1).expect("JSON arguments");
+        assert!(city["city"]
+            .as_str()
+            .is_some_and(|c| c.contains("line 11 \"q\" é\n")));
+        for step in [1, 3, 8] {
+            let (pieces, _) = stream_pieces(&c, &text, step);
+            let fragments = pieces
+                .iter()
+                .filter(|p| matches!(p, Piece::Arguments { index: 0, .. }))
+                .count();
+            assert!(
+                fragments * step > 100,
+                "{format} every {step}: {fragments} fragments"
+            );
+            // The call starts before its arguments are whole.
+            let start = pieces
+                .iter()
+                .position(|p| matches!(p, Piece::CallStart { .. }));
+            let end = pieces
+                .iter()
+                .position(|p| matches!(p, Piece::CallEnd { .. }));
+            assert!(start.is_some() && start < end, "{format}: {pieces:?}");
+            assert_eq!(calls_of(pieces), want, "{format} every {step}");
+        }
+    }
+}
+
+#[test]
+fn at_every_cut_streamed_and_whole_answers_agree() {
+    for (c, text) in two_calls() {
+        let format = c.format.name();
+        // A grammar that forces calls starts the answer with them.
+        let opens = !text.starts_with("Sure.");
+        for forced in [false, opens] {
+            let c = c.clone().forced(forced);
+            for (cut, _) in text.char_indices().skip(1) {
+                let text = &text[..cut];
+                let (content, want) = read_whole(&c, text);
+                for step in [1, 4] {
+                    let (pieces, _) = stream_pieces(&c, text, step);
+                    let streamed_text = text_of(&pieces);
+                    assert_eq!(calls_of(pieces), want, "{format} every {step}: {text:?}");
+                    assert_eq!(
+                        streamed_text.trim(),
+                        content.trim(),
+                        "{format} every {step}: {text:?}"
+                    );
+                }
+            }
+        }
+    }
 }

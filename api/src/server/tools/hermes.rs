@@ -37,7 +37,10 @@ impl ToolFormat for Hermes {
     fn parse(&self, text: &str, offered: &[Tool], finished: bool) -> Option<Vec<ParsedCall>> {
         let trimmed = text.trim();
         if trimmed.starts_with('{') {
-            return whole_call(trimmed, Some(offered)).map(|call| vec![call]);
+            // A bare call; cut off at the end, as far as its arguments got.
+            return whole_call(trimmed, Some(offered))
+                .or_else(|| partial_call(text.trim_start(), offered).filter(|_| finished))
+                .map(|call| vec![call]);
         }
         let mut calls = Vec::new();
         let mut rest = text;
@@ -55,9 +58,13 @@ impl ToolFormat for Hermes {
                     rest = next;
                 }
                 None if finished => {
-                    // Unclosed at the end: a whole call, or what a call cut off by the token
-                    // limit holds (as OpenAI returns a call whose arguments ran out).
-                    calls.extend(whole_call(body, None).or_else(|| partial_call(body, offered)));
+                    // Unclosed at the end: a whole call (its close marker cut off), or what a
+                    // call cut off by the token limit holds (as OpenAI returns a call whose
+                    // arguments ran out).
+                    let object = call_so_far(body)
+                        .filter(|c| c.closed)
+                        .map_or(body, |c| &body[..c.end]);
+                    calls.extend(whole_call(object, None).or_else(|| partial_call(body, offered)));
                     break;
                 }
                 None => return None,
@@ -66,8 +73,13 @@ impl ToolFormat for Hermes {
         (!calls.is_empty()).then_some(calls)
     }
 
-    fn call_so_far(&self, block: &str) -> Option<CallSoFar> {
-        call_so_far(block.strip_prefix(TOOL_CALL_OPEN)?)
+    fn calls_so_far(&self, block: &str, _offered: &[Tool]) -> Vec<CallSoFar> {
+        // A bare object (the tags left out) is a call only if it is the whole answer: it is
+        // held to the end.
+        let Some(body) = block.strip_prefix(TOOL_CALL_OPEN) else {
+            return Vec::new();
+        };
+        call_so_far(body).into_iter().collect()
     }
 
     fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {

@@ -2,13 +2,17 @@
 //! block holding `<function=NAME>` and one `<parameter=P>` element per argument, its value
 //! as plain text on the lines between. Values are typed by the function's parameter schema
 //! (a string stays text; integers, numbers and booleans are read as such; anything else as
-//! JSON where it parses); a block closes at the first `</tool_call>` right after its
-//! `</function>`, and one cut off at the end of the answer keeps the parameters that closed. The grammar writes each allowed function's parameters in its schema's order,
+//! JSON where it parses), the arguments written in the order of the parameters, and streamed
+//! as they are written (a string value as it grows, escaped; any other once its element
+//! closes); a block closes at the first `</tool_call>` right after its `</function>`, and one
+//! cut off at the end of the answer keeps the parameters that closed and a string value as
+//! far as it got. The grammar writes each allowed function's parameters in its schema's order,
 //! required ones always, optional ones where the model chooses, and a string value as text
 //! without `<` (within the schema's `minLength` and `maxLength`).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::call_json::CallSoFar;
 use super::format::{lark_string, Markers, ToolFormat};
 use super::{ParsedCall, Tool};
 use crate::chat::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
@@ -48,44 +52,130 @@ fn typed(raw: &str, schema: Option<&Value>) -> Value {
     }
 }
 
-/// The call in one block's body (after `<tool_call>`, up to its close or the end).
-fn block_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
-    let rest = &body[body.find(FUNCTION)? + FUNCTION.len()..];
-    let (name, mut rest) = rest.split_once('>')?;
+/// One block's call as far as it is written.
+#[derive(Debug, Default)]
+struct Written {
+    /// The function's name, once its tag closes.
+    name: Option<String>,
+    /// The arguments as JSON text so far: `{`, then each parameter in the order written
+    /// (a string as far as it goes, any other value once its element closes), then `}` once
+    /// the function closes.
+    arguments: String,
+    /// The text ends inside a string value.
+    open_string: bool,
+    /// `</function>` closed the call.
+    closed: bool,
+}
+
+impl Written {
+    /// The arguments of a block read whole: as written, closed where the block was cut off.
+    fn whole(self) -> Option<ParsedCall> {
+        let mut arguments = self.arguments;
+        if !self.closed {
+            if self.open_string {
+                arguments.push('"');
+            }
+            arguments.push('}');
+        }
+        Some(ParsedCall {
+            name: self.name?,
+            arguments,
+        })
+    }
+}
+
+/// `text` as the inside of a JSON string.
+fn escaped(text: &str) -> String {
+    let quoted = Value::String(text.to_string()).to_string();
+    quoted[1..quoted.len() - 1].to_string()
+}
+
+/// How much of the end of `value` (a string parameter's text so far) may still be the start
+/// of its close (`\n</parameter>`, the line break dropped with it).
+fn held_back(value: &str) -> usize {
+    let close = format!("\n{PARAMETER_CLOSE}");
+    (1..=value.len().min(close.len()))
+        .rev()
+        .find(|&n| {
+            value.is_char_boundary(value.len() - n)
+                && (close.starts_with(&value[value.len() - n..])
+                    || PARAMETER_CLOSE.starts_with(&value[value.len() - n..]))
+        })
+        .unwrap_or(0)
+}
+
+/// The call in one block's body (after `<tool_call>`, up to its close or the end) as far as
+/// it is written, its values typed by the parameter schemas of the function `offered` names.
+fn written(body: &str, offered: &[Tool]) -> Written {
+    let mut call = Written::default();
+    let Some(at) = body.find(FUNCTION) else {
+        return call;
+    };
+    let Some((name, mut rest)) = body[at + FUNCTION.len()..].split_once('>') else {
+        return call;
+    };
     let name = name.trim();
     if name.is_empty() {
-        return None;
+        return call;
     }
-    if let Some(end) = rest.rfind(FUNCTION_CLOSE) {
-        rest = &rest[..end];
-    }
+    call.name = Some(name.to_string());
+    call.arguments.push('{');
     let properties = offered
         .iter()
         .find(|t| t.name == name)
         .and_then(|t| t.parameters.get("properties"));
-    let mut arguments = Map::new();
-    while let Some(open) = rest.find(PARAMETER) {
+    let mut first = true;
+    loop {
+        let parameter = rest.find(PARAMETER);
+        if let Some(end) = rest.find(FUNCTION_CLOSE) {
+            if parameter.is_none_or(|p| end < p) {
+                call.arguments.push('}');
+                call.closed = true;
+                return call;
+            }
+        }
+        let Some(open) = parameter else {
+            return call;
+        };
         let after = &rest[open + PARAMETER.len()..];
         let Some((key, value)) = after.split_once('>') else {
-            break;
+            return call;
+        };
+        let key = key.trim();
+        let schema = properties.and_then(|p| p.get(key));
+        let member = |arguments: &mut String, first: bool| {
+            if !first {
+                arguments.push(',');
+            }
+            arguments.push_str(&Value::String(key.to_string()).to_string());
+            arguments.push(':');
         };
         let Some(end) = value.find(PARAMETER_CLOSE) else {
-            break;
+            // An open string value streams as it grows; any other waits for its close.
+            let text = schema.and_then(|s| s.get("type")).and_then(Value::as_str);
+            if text == Some("string") && !value.is_empty() {
+                let value = value.strip_prefix('\n').unwrap_or(value);
+                member(&mut call.arguments, first);
+                call.arguments.push('"');
+                let shown = &value[..value.len() - held_back(value)];
+                call.arguments.push_str(&escaped(shown));
+                call.open_string = true;
+            }
+            return call;
         };
         let raw = &value[..end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let key = key.trim();
-        arguments.insert(
-            key.to_string(),
-            typed(raw, properties.and_then(|p| p.get(key))),
-        );
+        member(&mut call.arguments, first);
+        call.arguments.push_str(&typed(raw, schema).to_string());
+        first = false;
         rest = &value[end + PARAMETER_CLOSE.len()..];
     }
-    Some(ParsedCall {
-        name: name.to_string(),
-        arguments: Value::Object(arguments).to_string(),
-    })
+}
+
+/// The call in one block's body (after `<tool_call>`, up to its close or the end).
+fn block_call(body: &str, offered: &[Tool]) -> Option<ParsedCall> {
+    written(body, offered).whole()
 }
 
 impl ToolFormat for Qwen3Coder {
@@ -117,10 +207,28 @@ impl ToolFormat for Qwen3Coder {
                 None if finished => (body, ""),
                 None => break,
             };
-            calls.push(block_call(body, offered)?);
+            match block_call(body, offered) {
+                Some(call) => calls.push(call),
+                // A last block cut off before its name is whole is dropped after whole ones.
+                None if next.is_empty() && !calls.is_empty() => {}
+                None => return None,
+            }
             rest = next;
         }
         (!calls.is_empty()).then_some(calls)
+    }
+
+    fn calls_so_far(&self, block: &str, offered: &[Tool]) -> Vec<CallSoFar> {
+        let Some(body) = block.strip_prefix(TOOL_CALL_OPEN) else {
+            return Vec::new();
+        };
+        let call = written(body, offered);
+        vec![CallSoFar {
+            name: call.name,
+            arguments: call.arguments,
+            closed: call.closed,
+            ..CallSoFar::default()
+        }]
     }
 
     fn grammar(&self, allowed: &[&Tool], several: bool, markers: &Markers<'_>) -> String {

@@ -1,13 +1,15 @@
 //! Reading answers for tool calls in any [`ToolFormat`]: a whole answer ([`parse_calls`]), or
 //! a streamed one as it comes ([`CallReader`]). Text before the first call passes through as
-//! it comes, except a tail that may still become the format's opener. A call in a block of
-//! one JSON call object streams: it starts once its name (of an offered function) is whole
-//! and its arguments have begun, its arguments follow in fragments as they are written
-//! (compact: [`super::call_json`]), and it ends as its block closes, its arguments the
-//! fragments joined. Other calls that come in blocks are given whole as each block closes (at
-//! a close marker after a whole call, not at one inside a string), the rest at the end of the
-//! answer; what does not parse goes out as text. An answer that opens with `{`, in a format
-//! that allows calls without an opener, is held to the end, where it may turn out to be calls.
+//! it comes, except a tail that may still become the format's opener; after the first call
+//! none does (the whole answer's content is what came before its calls). Calls stream as the
+//! format writes them ([`ToolFormat::calls_so_far`]): each starts once its name (of an
+//! offered function) is whole and its arguments have begun, its arguments follow in
+//! fragments as they are written, and it ends once its object (or element) closes, its
+//! arguments the fragments joined; a block read whole settles what did not stream (a call
+//! whose arguments are a JSON string comes whole). Blocks close at a close marker after a
+//! whole call, not at one inside a string; what does not parse goes out as text. An answer
+//! that opens with `{`, in a format that allows calls without an opener, is held until it
+//! streams as calls, or to the end, where it may turn out to be calls.
 
 use std::sync::Arc;
 
@@ -114,7 +116,7 @@ pub enum Piece {
     },
 }
 
-/// The call a reader is streaming.
+/// A call of the open block that streams.
 #[derive(Debug)]
 struct Streaming {
     index: usize,
@@ -122,6 +124,8 @@ struct Streaming {
     name: String,
     /// The arguments sent so far.
     sent: String,
+    /// Whether its end went out (once its object closed).
+    ended: bool,
 }
 
 /// Reads a streamed answer for tool calls.
@@ -134,8 +138,8 @@ pub struct CallReader {
     maybe_bare: bool,
     /// Calls given (or started) so far.
     pub calls: usize,
-    /// The call of the open block, once it streams.
-    streaming: Option<Streaming>,
+    /// The calls of the open block that stream, in order.
+    streaming: Vec<Streaming>,
 }
 
 impl CallReader {
@@ -148,23 +152,29 @@ impl CallReader {
             in_calls: false,
             maybe_bare,
             calls: 0,
-            streaming: None,
+            streaming: Vec::new(),
         }
     }
 
     /// The pieces `text` completes.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
+        let mut out = Vec::new();
         if self.maybe_bare {
             match self.held.trim_start().chars().next() {
-                None | Some('{') => return Vec::new(),
+                None => return out,
+                Some('{') => {
+                    self.stream(&mut out);
+                    return out;
+                }
                 Some(_) => self.maybe_bare = false,
             }
         }
-        let mut out = Vec::new();
         loop {
             if self.in_calls {
                 let Some(close) = self.calls_of.format.block_close() else {
+                    // The block runs to the end of the answer.
+                    self.stream(&mut out);
                     break;
                 };
                 // The block closes at the first close marker before which it holds whole
@@ -186,9 +196,7 @@ impl CallReader {
             match self.calls_of.first_opener(&self.held) {
                 Some(open) => {
                     let before: String = self.held.drain(..open).collect();
-                    if !before.is_empty() {
-                        out.push(Piece::Text(before));
-                    }
+                    self.text(before, &mut out);
                     self.in_calls = true;
                 }
                 None => {
@@ -206,9 +214,8 @@ impl CallReader {
                         .max()
                         .unwrap_or(0);
                     let cut = self.held.len() - keep;
-                    if cut > 0 {
-                        out.push(Piece::Text(self.held.drain(..cut).collect()));
-                    }
+                    let text = self.held.drain(..cut).collect();
+                    self.text(text, &mut out);
                     break;
                 }
             }
@@ -229,9 +236,17 @@ impl CallReader {
             self.in_calls = false;
             self.block(held, true, &mut out);
         } else if !self.calls_of.forced {
-            out.push(Piece::Text(held));
+            self.text(held, &mut out);
         }
         out
+    }
+
+    /// Text of the answer, as it goes out: none after its first call (as an answer read
+    /// whole has its content from before its calls).
+    fn text(&self, text: String, out: &mut Vec<Piece>) {
+        if self.calls == 0 && !text.is_empty() {
+            out.push(Piece::Text(text));
+        }
     }
 
     /// The calls of `block` (from an opener on, or a bare answer), or the block as text
@@ -239,42 +254,52 @@ impl CallReader {
     fn block(&mut self, block: String, finished: bool, out: &mut Vec<Piece>) {
         match self.calls_of.parse(&block, finished) {
             Some(calls) => self.settle(calls, out),
+            None if !self.streaming.is_empty() => self.settle(Vec::new(), out),
             None => {
-                if let Some(started) = self.streaming.take() {
-                    out.push(end_as_sent(started));
-                } else if !self.calls_of.forced {
-                    out.push(Piece::Text(block));
+                if !self.calls_of.forced {
+                    self.text(block, out);
                 }
             }
         }
     }
 
-    /// The calls a block gave: its first ends the call being streamed, if one is (as far as
-    /// it was sent, should the block read whole disagree with what was streamed).
+    /// The calls a block gave: the first end the calls that streamed (an ended one is passed
+    /// over; an open one ends with the rest of its arguments, or as far as it was sent should
+    /// the block read whole disagree with what was streamed), the rest go out whole.
     fn settle(&mut self, calls: Vec<ParsedCall>, out: &mut Vec<Piece>) {
         let mut calls = calls.into_iter();
-        if let Some(started) = self.streaming.take() {
-            match calls.next() {
-                Some(call) => match call.arguments.strip_prefix(started.sent.as_str()) {
-                    Some(rest) => {
-                        if !rest.is_empty() {
-                            out.push(Piece::Arguments {
-                                index: started.index,
-                                text: rest.to_string(),
-                            });
-                        }
-                        out.push(end_of(started, call));
+        for started in std::mem::take(&mut self.streaming) {
+            let call = calls.next();
+            if started.ended {
+                if call.as_ref().is_some_and(|c| c.arguments != started.sent) {
+                    tracing::warn!(sent = started.sent, "a streamed call read whole differs");
+                }
+                continue;
+            }
+            let rest = call
+                .as_ref()
+                .and_then(|c| c.arguments.strip_prefix(started.sent.as_str()))
+                .map(str::to_string);
+            match (rest, call) {
+                (Some(rest), Some(call)) => {
+                    if !rest.is_empty() {
+                        out.push(Piece::Arguments {
+                            index: started.index,
+                            text: rest,
+                        });
                     }
-                    None => {
+                    out.push(end_of(started, call));
+                }
+                (_, call) => {
+                    if let Some(call) = call {
                         tracing::warn!(
                             sent = started.sent,
                             whole = call.arguments,
                             "a streamed call's arguments differ from the call read whole"
                         );
-                        out.push(end_as_sent(started));
                     }
-                },
-                None => out.push(end_as_sent(started)),
+                    out.push(end_as_sent(started));
+                }
             }
         }
         for call in calls {
@@ -283,50 +308,67 @@ impl CallReader {
         }
     }
 
-    /// Streams the open block's call as far as it is written: its start once its name is
-    /// whole, then each new stretch of its arguments.
+    /// Streams the open block's calls as far as they are written: each starts once its name
+    /// (of an offered function) is whole and its arguments have begun, then each new stretch
+    /// of its arguments follows, and it ends once its object closes. A call whose arguments
+    /// cannot stream (written as a string) holds itself and the calls after it until the
+    /// block closes.
     fn stream(&mut self, out: &mut Vec<Piece>) {
-        let Some(so_far) = self.calls_of.format.call_so_far(&self.held) else {
-            return;
-        };
-        // A call is taken as one (and can no longer turn out to be text) once its name is
-        // whole and its arguments have begun.
-        if so_far.quoted || so_far.arguments.is_empty() && self.streaming.is_none() {
-            return;
-        }
-        let Some(name) = so_far.name else {
-            return;
-        };
-        if !self.calls_of.tools.iter().any(|t| t.name == name) {
-            return;
-        }
-        if self.streaming.is_none() {
-            let index = self.calls;
-            self.calls += 1;
-            let id = call_id();
-            out.push(Piece::CallStart {
-                index,
-                id: id.clone(),
-                name: name.clone(),
-            });
-            self.streaming = Some(Streaming {
-                index,
-                id,
-                name,
-                sent: String::new(),
-            });
-        }
-        let Some(started) = self.streaming.as_mut() else {
-            return;
-        };
-        if so_far.arguments.len() > started.sent.len()
-            && so_far.arguments.starts_with(started.sent.as_str())
-        {
-            out.push(Piece::Arguments {
-                index: started.index,
-                text: so_far.arguments[started.sent.len()..].to_string(),
-            });
-            started.sent = so_far.arguments;
+        let so_far = self
+            .calls_of
+            .format
+            .calls_so_far(&self.held, &self.calls_of.tools);
+        for (i, call) in so_far.into_iter().enumerate() {
+            if i == self.streaming.len() {
+                // A call is taken as one (and can no longer turn out to be text) once its
+                // name is whole and its arguments have begun.
+                let named = call
+                    .name
+                    .as_ref()
+                    .filter(|name| self.calls_of.tools.iter().any(|t| &t.name == *name));
+                let Some(name) = named.filter(|_| !call.quoted && !call.arguments.is_empty())
+                else {
+                    return;
+                };
+                let index = self.calls;
+                self.calls += 1;
+                let id = call_id();
+                out.push(Piece::CallStart {
+                    index,
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+                self.streaming.push(Streaming {
+                    index,
+                    id,
+                    name: name.clone(),
+                    sent: String::new(),
+                    ended: false,
+                });
+            }
+            let Some(started) = self.streaming.get_mut(i).filter(|s| !s.ended) else {
+                continue;
+            };
+            if call.arguments.len() > started.sent.len()
+                && call.arguments.starts_with(started.sent.as_str())
+            {
+                out.push(Piece::Arguments {
+                    index: started.index,
+                    text: call.arguments[started.sent.len()..].to_string(),
+                });
+                started.sent = call.arguments;
+            }
+            if call.closed {
+                started.ended = true;
+                let call = ParsedCall {
+                    name: started.name.clone(),
+                    arguments: started.sent.clone(),
+                };
+                out.push(Piece::CallEnd {
+                    index: started.index,
+                    call: ended(started, call),
+                });
+            }
         }
     }
 }
@@ -342,10 +384,15 @@ fn end_as_sent(started: Streaming) -> Piece {
 
 /// The end of a streamed call, as `call` (read whole) has it, under the id it started with.
 fn end_of(started: Streaming, call: ParsedCall) -> Piece {
-    let mut out = call_out(call);
-    out.id = started.id;
     Piece::CallEnd {
         index: started.index,
-        call: out,
+        call: ended(&started, call),
     }
+}
+
+/// `call` under the id `started` announced.
+fn ended(started: &Streaming, call: ParsedCall) -> ToolCallOut {
+    let mut out = call_out(call);
+    out.id.clone_from(&started.id);
+    out
 }

@@ -5,11 +5,12 @@
 //! `response.reasoning_text.done` and `response.content_part.done`, for a message
 //! `response.content_part.added`,
 //! `response.output_text.delta`s, `response.output_text.done` and
-//! `response.content_part.done`, for a function call `response.function_call_arguments.delta`
+//! `response.content_part.done`, for a function call `response.function_call_arguments.delta`s
+//! (its arguments as the model writes them, the call announced once its name is whole)
 //! and `.done`; `response.output_item.done`; and last `response.completed` (or
 //! `response.incomplete` when the output ran out of tokens) with the whole response. A
 //! failure ends the stream with an `error` event, then `response.failed` with the response as
-//! far as it got (`status: failed`, its `error`, an open message item `incomplete`). The
+//! far as it got (`status: failed`, its `error`, an open item `incomplete`). The
 //! finished response, or the failed one, is stored as a whole one would be, so the id the
 //! stream announced can be fetched.
 
@@ -26,7 +27,7 @@ use crate::server::adapter::answer::Part;
 use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
 use crate::server::error::ApiError;
-use crate::server::openai::chat::response::ToolCallOut;
+use crate::server::openai::chat::response::{FunctionCallOut, ToolCallOut};
 
 /// The kind of a streamed item with text: the model's thinking or its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +79,21 @@ struct OpenItem {
     text: String,
 }
 
+/// The function call being streamed: its item's id and index, and the call as far as it is
+/// written.
+struct OpenCall {
+    id: String,
+    index: usize,
+    call: ToolCallOut,
+}
+
+impl OpenCall {
+    /// Its item with `status`.
+    fn item(&self, status: &str) -> Value {
+        call_item(&self.id, &self.call, &self.call.function.arguments, status)
+    }
+}
+
 /// Where a streamed response stands.
 pub struct ResponseEvents {
     shell: Shell,
@@ -88,6 +104,8 @@ pub struct ResponseEvents {
     output: Vec<Value>,
     /// The reasoning or message item being streamed.
     open: Option<OpenItem>,
+    /// The function call being streamed.
+    open_call: Option<OpenCall>,
     text: String,
     calls: Vec<ToolCallOut>,
 }
@@ -101,6 +119,7 @@ impl ResponseEvents {
             conversation,
             output: Vec::new(),
             open: None,
+            open_call: None,
             text: String::new(),
             calls: Vec::new(),
         }
@@ -174,6 +193,71 @@ impl ResponseEvents {
         }
     }
 
+    /// A call announced: its item opens, arguments to follow.
+    fn call_start(&mut self, call_id: String, name: String, out: &mut Outbox) {
+        self.close("completed", out);
+        self.end_call(None, "completed", out);
+        let call = OpenCall {
+            id: new_id("fc", ID_DIGITS),
+            index: self.output.len(),
+            call: ToolCallOut {
+                id: call_id,
+                kind: "function",
+                function: FunctionCallOut {
+                    name,
+                    arguments: String::new(),
+                },
+            },
+        };
+        out.push(
+            "response.output_item.added",
+            json!({"output_index": call.index, "item": call.item("in_progress")}),
+        );
+        // A placeholder keeps the output's indices; replaced when the call ends.
+        self.output.push(Value::Null);
+        self.open_call = Some(call);
+    }
+
+    fn arguments(&mut self, delta: String, out: &mut Outbox) {
+        let Some(call) = self.open_call.as_mut() else {
+            return;
+        };
+        call.call.function.arguments.push_str(&delta);
+        out.push(
+            "response.function_call_arguments.delta",
+            json!({"item_id": call.id, "output_index": call.index, "delta": delta}),
+        );
+    }
+
+    /// Ends the streamed call (if one is open) as `whole` has it (else with the arguments it
+    /// streamed), with `status`.
+    fn end_call(&mut self, whole: Option<ToolCallOut>, status: &str, out: &mut Outbox) {
+        let Some(mut call) = self.open_call.take() else {
+            return;
+        };
+        if let Some(whole) = &whole {
+            call.call
+                .function
+                .arguments
+                .clone_from(&whole.function.arguments);
+        }
+        let function = &call.call.function;
+        out.push(
+            "response.function_call_arguments.done",
+            json!({"item_id": call.id, "output_index": call.index, "name": function.name,
+                   "arguments": function.arguments}),
+        );
+        let item = call.item(status);
+        out.push(
+            "response.output_item.done",
+            json!({"output_index": call.index, "item": item}),
+        );
+        if let Some(slot) = self.output.get_mut(call.index) {
+            *slot = item;
+        }
+        self.calls.extend(whole);
+    }
+
     fn call(&mut self, call: ToolCallOut, out: &mut Outbox) {
         self.close("completed", out);
         let id = new_id("fc", ID_DIGITS);
@@ -216,8 +300,12 @@ impl AnswerEvents for ResponseEvents {
             Part::Thinking(text) => self.delta(Kind::Reasoning, text, out),
             Part::Text(text) => self.delta(Kind::Message, text, out),
             Part::Call(call) => self.call(call, out),
+            Part::CallStart { id, name, .. } => self.call_start(id, name, out),
+            Part::Arguments { text, .. } => self.arguments(text, out),
+            Part::CallEnd { call, .. } => self.end_call(Some(call), "completed", out),
             Part::End(ending) => {
                 self.close("completed", out);
+                self.end_call(None, "completed", out);
                 let output = std::mem::take(&mut self.output);
                 let status = final_status(&ending);
                 let response = self.shell.object(status, output, Some(&ending));
@@ -241,6 +329,7 @@ impl AnswerEvents for ResponseEvents {
 
     fn failed(&mut self, e: ApiError, out: &mut Outbox) {
         self.close("incomplete", out);
+        self.end_call(None, "incomplete", out);
         let body = e.body();
         let error = &body["error"];
         let message = error["message"].clone();
