@@ -15,10 +15,10 @@ use engine::{Event, Failure, FinishReason, ModelTokenizer, Usage};
 
 use crate::server::error::ApiResult;
 use crate::server::openai::body::{totals, ChoiceState};
-use crate::server::openai::chat::response::ToolCallOut;
 use crate::server::openai::protocol::{ThicketBody, UsageBody};
 use crate::server::pipeline::engine_failure;
 use crate::server::reasoning::{Reasoning, Split, Splitter};
+use crate::server::tools::ToolCallOut;
 use crate::server::tools::{CallReader, Calls, Piece};
 
 /// A piece of an answer.

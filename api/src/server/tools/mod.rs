@@ -5,6 +5,7 @@
 //! model's tool-call format ([`format`]); and the model's answer read back into `tool_calls`
 //! (whole, or as stream deltas while it is generated: [`reader`]).
 
+pub mod call;
 pub mod call_json;
 pub mod format;
 #[cfg(test)]
@@ -21,10 +22,11 @@ use std::sync::Arc;
 use engine::constraint::ConstraintSpec;
 use serde_json::{json, Value};
 
+use self::call::call_out;
+pub use self::call::{call_id, FunctionCallOut, ParsedCall, ToolCallOut};
 pub use self::format::{default_for_template, tool_format, ToolFormat, TOOL_CALL_PARSERS};
 pub use self::reader::{parse_calls, CallReader, Calls, Piece};
 use super::error::{ApiError, ApiResult};
-use super::openai::chat::response::{FunctionCallOut, ToolCallOut};
 
 /// What `tool_choice` asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,31 +220,6 @@ impl ToolRequest {
     pub fn calls(&self, format: Arc<dyn ToolFormat>) -> Calls {
         let forced = matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_));
         Calls::new(format, self.tools.clone()).forced(forced)
-    }
-}
-
-/// One call read from an answer: the function's name and its arguments (JSON text).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedCall {
-    /// The function's name.
-    pub name: String,
-    /// Its arguments, as JSON text.
-    pub arguments: String,
-}
-
-/// A fresh call id.
-pub fn call_id() -> String {
-    format!("call_{:024x}", rand::random::<u128>() >> 32)
-}
-
-fn call_out(call: ParsedCall) -> ToolCallOut {
-    ToolCallOut {
-        id: call_id(),
-        kind: "function",
-        function: FunctionCallOut {
-            name: call.name,
-            arguments: call.arguments,
-        },
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::format::ToolFormat;
 use super::{call_id, call_out, ParsedCall, Tool};
-use crate::server::openai::chat::response::ToolCallOut;
+use super::call::ToolCallOut;
 
 /// How one request's answers are read for calls: the format and the offered functions.
 #[derive(Debug, Clone)]

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::server::adapter::answer::{Collected, Ending};
 use crate::server::adapter::new_id;
-use crate::server::openai::chat::response::ToolCallOut;
 use crate::server::tools::partial_json::close_json;
+use crate::server::tools::ToolCallOut;
 
 /// Hex digits of the API's ids after their prefix (`msg_`, `toolu_`).
 pub const ID_DIGITS: usize = 24;

@@ -1,7 +1,6 @@
 //! What `/v1/chat/completions` answers with when it does not stream: each choice's assistant
 //! message (its text, or the tool calls read from it, a `stop` finish then reported as
-//! `tool_calls`), its `logprobs` in the chat shape, and the tool-call objects the Responses
-//! and Messages APIs read too.
+//! `tool_calls`) and its `logprobs` in the chat shape.
 
 use engine::request::TokenLogprob;
 use engine::ModelTokenizer;
@@ -9,7 +8,7 @@ use serde::Serialize;
 
 use crate::server::openai::body::{finish_fields, token_text, ChoiceState};
 use crate::server::reasoning::{split_whole, Reasoning};
-use crate::server::tools::{parse_calls, Calls};
+use crate::server::tools::{parse_calls, Calls, ToolCallOut};
 
 /// One token's log-probability in the chat shape.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -52,27 +51,6 @@ pub struct ChatMessageOut {
     /// The same thinking under vLLM's newer name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
-}
-
-/// A tool call in a response.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ToolCallOut {
-    /// `call_...`, unique per call.
-    pub id: String,
-    /// Always `function`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The function and its arguments.
-    pub function: FunctionCallOut,
-}
-
-/// The function of a tool call in a response.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct FunctionCallOut {
-    /// Function name.
-    pub name: String,
-    /// Arguments, a JSON object as a string.
-    pub arguments: String,
 }
 
 /// A chat choice.

@@ -11,7 +11,7 @@ use engine::FinishReason;
 use super::request::ResponsesRequest;
 use crate::server::adapter::answer::{Collected, Ending};
 use crate::server::adapter::new_id;
-use crate::server::openai::chat::response::ToolCallOut;
+use crate::server::tools::ToolCallOut;
 use crate::server::unix_now;
 
 /// Hex digits of the API's ids after their prefix (`resp_`, `msg_`, `fc_`).

@@ -27,7 +27,7 @@ use crate::server::adapter::answer::Part;
 use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
 use crate::server::error::ApiError;
-use crate::server::openai::chat::response::{FunctionCallOut, ToolCallOut};
+use crate::server::tools::{FunctionCallOut, ToolCallOut};
 
 /// The kind of a streamed item with text: the model's thinking or its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
