@@ -7,8 +7,8 @@
 //! call), with and without speculation; and greedy BFCL calls on the AVX2 kernels are the
 //! same tokens under `auto` as under `none`.
 
-use api::server::openai::chat::request::ChatMessageIn;
 use api::server::pipeline::render_messages;
+use api::server::request::ChatMessageIn;
 use engine::ModelTokenizer;
 use serde_json::{json, Value};
 

@@ -23,11 +23,12 @@ use crate::args::spawn;
 use crate::server::body::generation_body;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::openai::body::Endpoint;
-use crate::server::openai::chat::request::ChatRequest;
 use crate::server::openai::completions::request::CompletionRequest;
 use crate::server::openai::completions::start_completion;
-use crate::server::openai::protocol::CommonFields;
+use crate::server::openai::respond;
 use crate::server::pipeline::{start_chat, Started};
+use crate::server::request::ChatRequest;
+use crate::server::settings::fields::CommonFields;
 use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
 use input::{parse_input, BatchLine, Work};
 use output::{result_line, OutputLog};
@@ -259,7 +260,7 @@ fn requested_method(body: &Value) -> Option<&str> {
 async fn run_line(state: &AppState, endpoint: Endpoint, body: &Value) -> ApiResult<Value> {
     loop {
         match start(state, endpoint, body) {
-            Ok(started) => return started.body().await,
+            Ok(started) => return respond::body(started, endpoint).await,
             Err(e) if e.status.as_u16() == 429 && state.engine()?.pending() > 0 => {
                 tokio::time::sleep(RETRY_DELAY).await;
             }

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use super::openai::protocol::HasCommonFields;
+use super::settings::fields::HasCommonFields;
 
 /// A request body parsed as `T`.
 pub struct JsonBody<T>(pub T);

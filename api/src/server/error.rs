@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::handle::SubmitError;
-use engine::InvalidRequest;
+use engine::{Failure, InvalidRequest};
 use serde::Serialize;
 
 /// Seconds a client told 429 should wait before retrying.
@@ -198,3 +198,15 @@ impl IntoResponse for ApiError {
 
 /// Result of a handler.
 pub type ApiResult<T> = Result<T, ApiError>;
+/// A request the engine could not finish: a 400 naming `format_field` when its output format
+/// failed it (another try would fail alike, so it is no 5xx a router would retry), else a
+/// 503 (the engine is shutting down, the request cannot fit, an internal error).
+pub fn engine_failure(failure: &Failure, format_field: &str) -> ApiError {
+    if failure.format {
+        return ApiError::invalid(format_field, failure.message.clone());
+    }
+    ApiError::unavailable(format!(
+        "the engine could not finish the request: {}",
+        failure.message
+    ))
+}

@@ -1,14 +1,17 @@
 //! The HTTP server: the state every handler sees (the engine once the model is loaded, the
 //! served name, the API key, the Prometheus recorder, the stored responses) and the route
 //! table. The routes live by protocol: [`openai`] (chat, completions, responses) and
-//! [`anthropic`] (messages, count_tokens), both over the one generation path in
-//! [`pipeline`] with the request settings of [`settings`]; the routes that generate nothing
+//! [`anthropic`] (messages, count_tokens), both over the one generation path, which knows no
+//! protocol: the typed [`request`], its setup and submission in [`pipeline`] with the request
+//! settings of [`settings`], and the answer read as parts in [`answer`] (tool calls by
+//! [`tools`], thinking by [`reasoning`]); the routes that generate nothing
 //! (health, models, tokenize, detokenize, metrics, load) are [`admin`]; what every route
 //! passes through (API key, body limit, HTTP metrics, JSON 404/405) is `layers`. The
 //! `serve` command that runs it is `crate::commands::serve`.
 
 pub mod adapter;
 pub mod admin;
+pub mod answer;
 pub mod anthropic;
 pub mod body;
 pub mod error;
@@ -16,6 +19,7 @@ mod layers;
 pub mod openai;
 pub mod pipeline;
 pub mod reasoning;
+pub mod request;
 pub mod settings;
 pub mod tools;
 

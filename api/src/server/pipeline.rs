@@ -3,30 +3,27 @@
 //! and Messages APIs once translated into one) is validated, its messages rendered with the
 //! model's template and its tools shown ([`start_chat`]); every prompt is submitted to the
 //! engine (its `n` samples share the prompt's KV) and comes back as a [`Started`] request,
-//! answered whole or as a stream in the OpenAI shapes of [`super::openai`], or read as parts
-//! by the adapters ([`super::adapter::answer`]). `/v1/completions` validates its own body
+//! answered whole or as a stream in the OpenAI shapes (`openai::respond`), or read as parts
+//! ([`super::answer`]) by the Responses and Messages APIs. Nothing here knows a protocol's
+//! shapes: the protocols' folders depend on this path, never the other way. `/v1/completions` validates its own body
 //! (`openai::completions::start_completion`) and submits through [`submit_all`]. Dropping a
 //! request's streams (a client that went away) cancels it.
 
 use std::sync::Arc;
 
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use engine::handle::{EngineHandle, RequestStream};
-use engine::{Event, Failure, ModelTokenizer};
+use engine::ModelTokenizer;
 
-use super::adapter::answer::Answer;
 use super::error::{ApiError, ApiResult};
-use super::openai::body::{full_response, ChoiceState, Endpoint, ResponseMeta};
-use super::openai::chat::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
-use super::openai::stream::sse_response;
-use super::reasoning::{thinking_budget, Reasoning};
+use super::reasoning::thinking_budget;
+use super::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
 use super::tools::format::Markers;
 use super::tools::{Calls, ToolRequest};
 use super::AppState;
 use crate::chat::{render_chat_with, ChatMessage};
+use crate::server::answer::Answer;
 use crate::server::settings::template::TemplateSetup;
 
 /// Roles a chat message may have.
@@ -54,7 +51,8 @@ pub async fn off_runtime<T: Send + 'static>(
 
 /// A generation request the engine accepted: everything its response needs.
 pub struct Started {
-    pub(crate) meta: ResponseMeta,
+    /// The served model's name.
+    pub(crate) model: String,
     pub(crate) tokenizer: Arc<ModelTokenizer>,
     pub(crate) options: ResponseOptions,
     pub(crate) submitted: Vec<Submitted>,
@@ -64,28 +62,6 @@ pub struct Started {
 }
 
 impl Started {
-    /// The whole (non-streamed) response body, once every choice has finished: exactly what
-    /// the endpoint answers with.
-    pub async fn body(self) -> ApiResult<serde_json::Value> {
-        let n = self.options.n;
-        let mut choices = Vec::with_capacity(self.submitted.len() * n);
-        let mut echoes = Vec::with_capacity(self.submitted.len());
-        for s in self.submitted {
-            let reasoning = self.options.reasoning.map(|r| (r, &*self.tokenizer));
-            let field = self.options.format_field;
-            choices.extend(collect(&s.stream, n, field, reasoning).await?);
-            echoes.push(s.echo);
-        }
-        Ok(full_response(
-            &self.meta,
-            &self.tokenizer,
-            &choices,
-            &echoes,
-            &self.options,
-            self.calls.as_ref(),
-        ))
-    }
-
     /// Its one answer (a chat request: one prompt), read as parts: the Responses and
     /// Messages front ends.
     pub fn into_answer(self) -> ApiResult<Answer> {
@@ -101,21 +77,6 @@ impl Started {
     /// (`thicket bench spec`).
     pub fn into_streams(self) -> Vec<RequestStream> {
         self.submitted.into_iter().map(|s| s.stream).collect()
-    }
-
-    /// The endpoint's answer: server-sent events when the request streams, else the whole
-    /// body.
-    pub async fn respond(self) -> ApiResult<Response> {
-        if self.options.stream {
-            return Ok(sse_response(
-                self.meta,
-                self.tokenizer,
-                self.options,
-                self.submitted,
-                self.calls,
-            ));
-        }
-        Ok(Json(self.body().await?).into_response())
     }
 }
 
@@ -187,7 +148,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     let prompt = encode_chat(tokenizer, &text)?;
     let submitted = submit_all(engine, &settings, std::iter::once((prompt, None)), None)?;
     Ok(Started {
-        meta: ResponseMeta::new(Endpoint::Chat, state.model_name()),
+        model: state.model_name().to_string(),
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,
@@ -421,59 +382,4 @@ pub fn submit_all(
         submitted.push(Submitted { stream, echo });
     }
     Ok(submitted)
-}
-
-/// Waits for all `n` choices of one request.
-async fn collect(
-    stream: &RequestStream,
-    n: usize,
-    format_field: &str,
-    reasoning: Option<(Reasoning, &ModelTokenizer)>,
-) -> ApiResult<Vec<ChoiceState>> {
-    let mut choices = vec![ChoiceState::default(); n];
-    let mut open = n;
-    while open > 0 {
-        match stream.recv_async().await {
-            Some(Event::Output {
-                index,
-                text,
-                logprobs,
-                token_ids,
-            }) => {
-                if let Some(c) = choices.get_mut(index) {
-                    c.text.push_str(&text);
-                    c.logprobs.extend(logprobs);
-                    if reasoning.is_some() {
-                        c.token_ids.extend(token_ids);
-                    }
-                }
-            }
-            Some(Event::Finished {
-                index,
-                reason,
-                usage,
-            }) => {
-                if let Some(c) = choices.get_mut(index) {
-                    c.finish(reason, usage, reasoning);
-                    open -= 1;
-                }
-            }
-            Some(Event::Error(failure)) => return Err(engine_failure(&failure, format_field)),
-            None => return Err(engine_failure(&Failure::engine("the engine stopped"), "")),
-        }
-    }
-    Ok(choices)
-}
-
-/// A request the engine could not finish: a 400 naming `format_field` when its output format
-/// failed it (another try would fail alike, so it is no 5xx a router would retry), else a
-/// 503 (the engine is shutting down, the request cannot fit, an internal error).
-pub fn engine_failure(failure: &Failure, format_field: &str) -> ApiError {
-    if failure.format {
-        return ApiError::invalid(format_field, failure.message.clone());
-    }
-    ApiError::unavailable(format!(
-        "the engine could not finish the request: {}",
-        failure.message
-    ))
 }

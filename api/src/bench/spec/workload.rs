@@ -24,10 +24,10 @@ use serde_json::{json, Value};
 use crate::chat::user_prompt;
 use crate::server::body::generation_body;
 use crate::server::openai::body::Endpoint;
-use crate::server::openai::chat::request::ChatRequest;
 use crate::server::openai::completions::request::CompletionRequest;
 use crate::server::openai::completions::start_completion;
 use crate::server::pipeline::start_chat;
+use crate::server::request::ChatRequest;
 use crate::server::AppState;
 
 /// What one question submits.

@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 
-use super::answer::{Answer, Part};
+use crate::server::answer::{Answer, Part};
 use crate::server::error::ApiError;
 
 /// The events a streamed answer has ready to send, and whether its stream has ended.

@@ -3,19 +3,18 @@
 //! a request's text parts ([`text_of`]), required string fields ([`string_field`]) and tools
 //! ([`chat_tools`]) and template variables ([`template_kwargs`]); starting the chat request off the runtime ([`start_answer`],
 //! [`count_tokens`]) with its errors' fields renamed as the API names them ([`renamed`]);
-//! fresh ids ([`new_id`]); the answer read as parts ([`answer`]) and written as the API's
+//! fresh ids ([`new_id`]); the answer (read as parts by `server::answer`) written as the API's
 //! server-sent events ([`events`]).
 
-pub mod answer;
 pub mod events;
 
 use serde_json::{json, Map, Value};
 
-use self::answer::Answer;
+use super::answer::Answer;
 use super::body::generation_body;
 use super::error::{ApiError, ApiResult};
-use super::openai::chat::request::ChatRequest;
 use super::pipeline::{count_chat_tokens, off_runtime, start_chat};
+use super::request::ChatRequest;
 use super::AppState;
 
 /// A chat-completions body being built: `messages` first, then each field given (a field

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::body::JsonBody;
 use super::error::{ApiError, ApiResult};
-use super::openai::chat::request::ChatMessageIn;
 use super::pipeline::render_messages_with;
+use super::request::ChatMessageIn;
 use super::AppState;
 
 /// `GET /v1/models`' entry.

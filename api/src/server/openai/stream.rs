@@ -20,9 +20,11 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 
 use engine::request::TokenLogprob;
 
-use super::body::{chunk, usage_chunk, ChoiceState, ChunkParts, Endpoint, ResponseMeta};
+use super::body::{chunk, usage_chunk, Endpoint, ResponseMeta};
 use super::chat::stream::deltas;
-use crate::server::pipeline::{engine_failure, Submitted};
+use super::choice::{ChoiceState, ChunkParts};
+use crate::server::error::engine_failure;
+use crate::server::pipeline::Submitted;
 use crate::server::reasoning::{Split, Splitter};
 use crate::server::settings::ResponseOptions;
 use crate::server::tools::{CallReader, Calls, Piece};

@@ -5,6 +5,7 @@
 //! every value thicket cannot honour; and what the response needs to know besides
 //! ([`ResponseOptions`]).
 
+pub mod fields;
 pub mod output_format;
 pub mod prediction;
 pub mod template;
@@ -15,9 +16,9 @@ use engine::constraint::{ConstraintSpec, ThinkingSpec};
 use engine::request::RequestLimits;
 use engine::{Request, SamplingParams, SpecMethod, SpecRequest, StopConditions};
 
+use self::fields::CommonFields;
 use self::output_format::structured_outputs;
 use crate::server::error::{ApiError, ApiResult};
-use crate::server::openai::protocol::CommonFields;
 use crate::server::reasoning::Reasoning;
 
 /// Default `max_tokens` of `/v1/completions` (OpenAI's).

@@ -10,6 +10,7 @@ pub mod call_json;
 pub mod format;
 #[cfg(test)]
 mod format_tests;
+pub mod formats;
 pub mod hermes;
 pub mod llama3;
 pub mod mistral;
@@ -24,7 +25,8 @@ use serde_json::{json, Value};
 
 use self::call::call_out;
 pub use self::call::{call_id, FunctionCallOut, ParsedCall, ToolCallOut};
-pub use self::format::{default_for_template, tool_format, ToolFormat, TOOL_CALL_PARSERS};
+pub use self::format::ToolFormat;
+pub use self::formats::{default_for_template, tool_format, TOOL_CALL_PARSERS};
 pub use self::reader::{parse_calls, CallReader, Calls, Piece};
 use super::error::{ApiError, ApiResult};
 

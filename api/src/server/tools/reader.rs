@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
+use super::call::ToolCallOut;
 use super::format::ToolFormat;
 use super::{call_id, call_out, ParsedCall, Tool};
-use super::call::ToolCallOut;
 
 /// How one request's answers are read for calls: the format and the offered functions.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! `POST /v1/messages`: the body ([`request`]) becomes a chat-completions body and goes
 //! through the one generation path every front end shares (`pipeline::start_chat`, by way of
-//! `adapter::start_answer`); its answer comes back as parts (`adapter::answer`) and is
+//! `adapter::start_answer`); its answer comes back as parts (`server::answer`) and is
 //! written as a `message` object ([`response`]) or the API's stream events ([`stream`]).
 
 pub mod request;

@@ -5,8 +5,9 @@
 use engine::FinishReason;
 use serde_json::{json, Value};
 
-use crate::server::adapter::answer::{Collected, Ending};
 use crate::server::adapter::new_id;
+use crate::server::answer::{Collected, Ending};
+use crate::server::openai::choice::ending_totals;
 use crate::server::tools::partial_json::close_json;
 use crate::server::tools::ToolCallOut;
 
@@ -89,7 +90,7 @@ pub fn message(model: &str, answer: Collected) -> Value {
     }
     content.extend(calls.iter().map(|c| tool_use(c, true)));
     let (stop_reason, stop_sequence) = stop(&answer.ending);
-    let (_, thicket) = answer.ending.totals();
+    let (_, thicket) = ending_totals(&answer.ending);
     json!({
         "id": new_id("msg", ID_DIGITS),
         "type": "message",

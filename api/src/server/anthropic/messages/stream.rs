@@ -10,9 +10,9 @@
 use serde_json::json;
 
 use super::response::{input_json, renamed_calls, stop, tool_use, usage, ID_DIGITS};
-use crate::server::adapter::answer::Part;
 use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
+use crate::server::answer::Part;
 use crate::server::anthropic::error::anthropic_error;
 use crate::server::error::ApiError;
 use crate::server::tools::partial_json::{closing, settled};

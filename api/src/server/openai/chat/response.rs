@@ -6,7 +6,7 @@ use engine::request::TokenLogprob;
 use engine::ModelTokenizer;
 use serde::Serialize;
 
-use crate::server::openai::body::{finish_fields, token_text, ChoiceState};
+use crate::server::openai::choice::{finish_fields, token_text, ChoiceState};
 use crate::server::reasoning::{split_whole, Reasoning};
 use crate::server::tools::{parse_calls, Calls, ToolCallOut};
 

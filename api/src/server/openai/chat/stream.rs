@@ -8,34 +8,8 @@ use engine::ModelTokenizer;
 use serde::Serialize;
 
 use super::response::{chat_logprobs, ChatLogprobs};
-use crate::server::openai::body::ChunkParts;
+use crate::server::openai::choice::{ChunkParts, FunctionDelta, ToolCallDelta};
 use crate::server::tools::Piece;
-
-/// A tool call's piece of a streamed delta: the first names the call, later ones add
-/// argument text.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ToolCallDelta {
-    /// Which call of the choice (0, 1, ...).
-    pub index: usize,
-    /// The call's id (first piece).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// `function` (first piece).
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<&'static str>,
-    /// Name (first piece) and argument text.
-    pub function: FunctionDelta,
-}
-
-/// The function part of a [`ToolCallDelta`].
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct FunctionDelta {
-    /// Function name (first piece).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// More argument text.
-    pub arguments: String,
-}
 
 /// The delta of a streamed chat choice.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -12,7 +12,8 @@ use axum::response::Response;
 use self::request::{CompletionRequest, PromptInput};
 use crate::server::body::GenerationBody;
 use crate::server::error::{ApiError, ApiResult};
-use crate::server::openai::body::{Endpoint, ResponseMeta};
+use crate::server::openai::body::Endpoint;
+use crate::server::openai::respond::respond;
 use crate::server::pipeline::{off_runtime, submit_all, Started};
 use crate::server::settings::{settings, DEFAULT_COMPLETION_TOKENS};
 use crate::server::AppState;
@@ -25,10 +26,8 @@ pub(in crate::server) async fn create(
     State(state): State<AppState>,
     GenerationBody(body): GenerationBody<CompletionRequest>,
 ) -> ApiResult<Response> {
-    off_runtime(state, move |state| start_completion(state, body))
-        .await?
-        .respond()
-        .await
+    let started = off_runtime(state, move |state| start_completion(state, body)).await?;
+    respond(started, Endpoint::Completion).await
 }
 
 /// Validates a `/v1/completions` body and submits its prompts.
@@ -95,7 +94,7 @@ pub fn start_completion(state: &AppState, body: CompletionRequest) -> ApiResult<
         Some(DEFAULT_COMPLETION_TOKENS),
     )?;
     Ok(Started {
-        meta: ResponseMeta::new(Endpoint::Completion, state.model_name()),
+        model: state.model_name().to_string(),
         tokenizer: tokenizer.clone(),
         options: settings.options,
         submitted,

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::server::openai::protocol::{CommonFields, HasCommonFields};
+use crate::server::settings::fields::{CommonFields, HasCommonFields};
 
 /// A completion prompt: text, token ids, or a batch of either.
 #[derive(Debug, Clone, Deserialize)]

@@ -8,7 +8,7 @@ use engine::request::TokenLogprob;
 use engine::ModelTokenizer;
 use serde::Serialize;
 
-use crate::server::openai::body::{finish_fields, token_text, ChoiceState, ChunkParts};
+use crate::server::openai::choice::{finish_fields, token_text, ChoiceState, ChunkParts};
 
 /// A completion choice's `logprobs` (the legacy completions shape).
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

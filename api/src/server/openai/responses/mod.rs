@@ -1,7 +1,7 @@
 //! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
 //! `DELETE /v1/responses/{id}`. A request becomes a chat-completions body ([`request`]) and
 //! goes through the one generation path every front end shares (`pipeline::start_chat`, by
-//! way of `adapter::start_answer`); its answer comes back as parts (`adapter::answer`) and is
+//! way of `adapter::start_answer`); its answer comes back as parts (`server::answer`) and is
 //! written as a response object ([`response`]) or as the API's typed stream events
 //! ([`stream`]). Responses are stored unless
 //! `store` is false (`store`), and `previous_response_id` continues a stored one's

@@ -9,8 +9,9 @@ use serde_json::{json, Map, Value};
 use engine::FinishReason;
 
 use super::request::ResponsesRequest;
-use crate::server::adapter::answer::{Collected, Ending};
 use crate::server::adapter::new_id;
+use crate::server::answer::{Collected, Ending};
+use crate::server::openai::choice::ending_totals;
 use crate::server::tools::ToolCallOut;
 use crate::server::unix_now;
 
@@ -79,7 +80,7 @@ impl Shell {
         );
         match ending {
             Some(ending) => {
-                let (usage, thicket) = ending.totals();
+                let (usage, thicket) = ending_totals(ending);
                 let details = &usage.completion_tokens_details;
                 object.insert(
                     "usage".into(),

@@ -23,9 +23,9 @@ use super::response::{
     text_part, Shell, ID_DIGITS,
 };
 use super::store::{ResponseStore, Stored};
-use crate::server::adapter::answer::Part;
 use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
+use crate::server::answer::Part;
 use crate::server::error::ApiError;
 use crate::server::tools::{FunctionCallOut, ToolCallOut};
 

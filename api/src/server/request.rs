@@ -1,10 +1,13 @@
-//! A `POST /v1/chat/completions` body: the conversation (`messages`, with text or text
-//! parts, earlier tool calls and tool results), `tools` and `tool_choice`, `logprobs`,
-//! `response_format`, and the fields it shares with completions ([`CommonFields`]).
+//! The one typed request every API's generation goes down the shared path as: a
+//! conversation (`messages`, with text or text parts, earlier tool calls and tool results),
+//! `tools` and `tool_choice`, `logprobs`, `response_format`, the template's variables and the
+//! fields every generation reads ([`CommonFields`]). It has the shape of a
+//! `POST /v1/chat/completions` body, which that route reads as it is; the Responses and
+//! Messages APIs translate theirs into it.
 
 use serde::Deserialize;
 
-use crate::server::openai::protocol::{CommonFields, HasCommonFields};
+use crate::server::settings::fields::{CommonFields, HasCommonFields};
 
 /// Content of a chat message: text, or a list of parts.
 #[derive(Debug, Clone, Deserialize)]
@@ -62,7 +65,7 @@ pub struct FunctionCallIn {
     pub arguments: Option<serde_json::Value>,
 }
 
-/// `POST /v1/chat/completions`.
+/// A chat request (the body of `POST /v1/chat/completions`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     /// The conversation.

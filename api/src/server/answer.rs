@@ -13,10 +13,8 @@ use std::sync::Arc;
 use engine::handle::RequestStream;
 use engine::{Event, Failure, FinishReason, ModelTokenizer, Usage};
 
+use crate::server::error::engine_failure;
 use crate::server::error::ApiResult;
-use crate::server::openai::body::{totals, ChoiceState};
-use crate::server::openai::protocol::{ThicketBody, UsageBody};
-use crate::server::pipeline::engine_failure;
 use crate::server::reasoning::{Reasoning, Split, Splitter};
 use crate::server::tools::ToolCallOut;
 use crate::server::tools::{CallReader, Calls, Piece};
@@ -68,19 +66,6 @@ pub struct Ending {
     pub calls: usize,
     /// Its thinking tokens (with a reasoning parser; 0 otherwise).
     pub reasoning_tokens: usize,
-}
-
-impl Ending {
-    /// Usage and speculation totals in the chat-completions shape (the front ends rename
-    /// its fields).
-    pub fn totals(&self) -> (UsageBody, ThicketBody) {
-        let choice = ChoiceState {
-            usage: self.usage.clone(),
-            reasoning_tokens: self.reasoning_tokens,
-            ..ChoiceState::default()
-        };
-        totals(&[choice], 1)
-    }
 }
 
 /// An answer being generated.

@@ -1,0 +1,71 @@
+//! The tool-call formats by name (`--tool-call-parser`) and by the chat template that writes
+//! them: `hermes` (`<tool_call>` blocks of JSON, Qwen2.5 and most fine-tunes), `llama3_json`
+//! (a bare JSON object per call, `;` between them, after an optional `<|python_tag|>`),
+//! `mistral` (`[TOOL_CALLS]` and a JSON list, or `[TOOL_CALLS]name[ARGS]{...}`) and
+//! `qwen3_coder` (`<tool_call><function=NAME><parameter=P>` XML). [`default_for_template`]
+//! picks the one a model's chat template writes.
+
+use std::sync::Arc;
+
+use super::format::ToolFormat;
+use super::{hermes::Hermes, llama3::Llama3Json, mistral::Mistral, qwen3_coder::Qwen3Coder};
+
+/// The names `--tool-call-parser` takes.
+pub const TOOL_CALL_PARSERS: &[&str] = &["hermes", "llama3_json", "mistral", "qwen3_coder"];
+
+/// The format `name` names; an error listing the names otherwise.
+pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
+    match name {
+        "hermes" => Ok(Arc::new(Hermes)),
+        "llama3_json" => Ok(Arc::new(Llama3Json)),
+        "mistral" => Ok(Arc::new(Mistral)),
+        "qwen3_coder" => Ok(Arc::new(Qwen3Coder)),
+        other => Err(format!(
+            "unknown tool-call parser {other:?} (known: {})",
+            TOOL_CALL_PARSERS.join(", ")
+        )),
+    }
+}
+
+/// The format a chat template writes its calls in (`hermes` when it shows none of the
+/// others' markers, and for templates without tool support, which thicket shows `hermes`
+/// calls in).
+pub fn default_for_template(template: Option<&str>) -> Arc<dyn ToolFormat> {
+    let template = template.unwrap_or_default();
+    if template.contains("<function=") && template.contains("<parameter=") {
+        Arc::new(Qwen3Coder)
+    } else if template.contains("[TOOL_CALLS]") {
+        Arc::new(Mistral)
+    } else if template.contains("<|python_tag|>") || template.contains("<|eom_id|>") {
+        Arc::new(Llama3Json)
+    } else {
+        Arc::new(Hermes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_templates_pick_their_format() {
+        for name in TOOL_CALL_PARSERS {
+            assert_eq!(tool_format(name).map(|f| f.name()), Ok(*name));
+        }
+        assert!(tool_format("xml")
+            .unwrap_err()
+            .contains("hermes, llama3_json"));
+        let pick = |t: &str| default_for_template(Some(t)).name();
+        assert_eq!(pick("{{ '<tool_call>' }}"), "hermes");
+        assert_eq!(
+            pick("<tool_call>\n<function={{ n }}>\n<parameter={{ p }}>"),
+            "qwen3_coder"
+        );
+        assert_eq!(pick("{{ '[TOOL_CALLS]' + calls|tojson }}"), "mistral");
+        assert_eq!(
+            pick("{{ '<|python_tag|>' }}{{ '<|eom_id|>' }}"),
+            "llama3_json"
+        );
+        assert_eq!(default_for_template(None).name(), "hermes");
+    }
+}
