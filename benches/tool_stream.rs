@@ -63,7 +63,7 @@ fn chunk(delta: Value) -> usize {
 fn piece_chunk(piece: &Piece) -> usize {
     match piece {
         Piece::Text(text) => chunk(json!({"content": text})),
-        Piece::Call(call) => chunk(json!({"tool_calls": [call]})),
+        Piece::Call { call, .. } => chunk(json!({"tool_calls": [call]})),
         Piece::CallStart { index, id, name } => chunk(json!({"tool_calls": [{"index": index,
             "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]})),
         Piece::Arguments { index, text } => {

@@ -17,6 +17,7 @@ pub mod body;
 pub mod error;
 mod layers;
 pub mod openai;
+pub mod parts;
 pub mod pipeline;
 pub mod reasoning;
 pub mod request;

@@ -3,8 +3,8 @@
 //! with the assistant role and every choice closes with its finish reason; with
 //! `stream_options.include_usage` every chunk carries `"usage": null` and a last chunk
 //! carries the totals; `data: [DONE]` ends the stream. An engine failure mid-stream is sent
-//! as an error object before `[DONE]`. When the answer is read for tool calls, text goes out
-//! as it comes but a call is held until it is whole, then sent as chat deltas
+//! as an error object before `[DONE]`. Each choice's text is read as parts
+//! (`server::parts`: thinking, text, tool calls as they are written) and sent as chat deltas
 //! (`chat::stream`). When the client goes away the stream is dropped, and with it the engine
 //! streams, which cancels their requests.
 
@@ -24,10 +24,10 @@ use super::body::{chunk, usage_chunk, Endpoint, ResponseMeta};
 use super::chat::stream::deltas;
 use super::choice::{ChoiceState, ChunkParts};
 use crate::server::error::engine_failure;
+use crate::server::parts::{ChoiceReader, Part};
 use crate::server::pipeline::Submitted;
-use crate::server::reasoning::{Split, Splitter};
 use crate::server::settings::ResponseOptions;
-use crate::server::tools::{CallReader, Calls, Piece};
+use crate::server::tools::Calls;
 
 /// `(prompt index, event)` of every prompt, merged.
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -47,10 +47,9 @@ struct StreamState {
     choices: Vec<ChoiceState>,
     /// Characters sent per choice (completions' logprob offsets).
     sent_chars: Vec<usize>,
-    /// Per choice, its answer read for tool calls (chat with tools).
-    readers: Vec<Option<CallReader>>,
-    /// Per choice, its text split into thinking and answer (chat with a reasoning parser).
-    splitters: Vec<Option<Splitter>>,
+    /// Per choice, its text read as parts (for chat: its thinking split off with a
+    /// reasoning parser, its answer read for tool calls with tools).
+    readers: Vec<ChoiceReader>,
     open: usize,
     ready: VecDeque<SseEvent>,
     done: bool,
@@ -118,12 +117,8 @@ impl StreamState {
                     self.choices[at].token_ids.extend(token_ids);
                 }
                 let want = self.options.logprobs;
-                if let Some(splitter) = self.splitters[at].as_mut() {
-                    let splits = splitter.push(&text);
-                    self.send_splits(at, splits, want.then_some(logprobs.as_slice()));
-                    return;
-                }
-                self.send_answer(at, text, want.then_some(logprobs.as_slice()));
+                let parts = self.readers[at].push(&text);
+                self.send_parts(at, parts, want.then_some(logprobs.as_slice()));
             }
             Event::Finished {
                 index,
@@ -134,17 +129,9 @@ impl StreamState {
                 if at >= self.choices.len() {
                     return;
                 }
-                let mut called = false;
-                if let Some(mut splitter) = self.splitters[at].take() {
-                    let splits = splitter.finish();
-                    self.send_splits(at, splits, None);
-                }
-                if let Some(mut reader) = self.readers[at].take() {
-                    let first = reader.calls;
-                    let pieces = reader.finish();
-                    self.send_pieces(at, pieces, first, None);
-                    called = reader.calls > 0;
-                }
+                let parts = self.readers[at].finish();
+                self.send_parts(at, parts, None);
+                let called = self.readers[at].calls() > 0;
                 let value = self.chunk(ChunkParts {
                     index: at,
                     text: String::new(),
@@ -168,39 +155,16 @@ impl StreamState {
         }
     }
 
-    /// Answer text: through the call reader where the answer is read for calls, else as
-    /// content; `logprobs` go with the first chunk.
-    fn send_answer(&mut self, at: usize, text: String, logprobs: Option<&[TokenLogprob]>) {
-        if let Some(reader) = self.readers[at].as_mut() {
-            let first = reader.calls;
-            let pieces = reader.push(&text);
-            self.send_pieces(at, pieces, first, logprobs);
-            return;
-        }
-        let offset = self.sent_chars[at];
-        self.sent_chars[at] += text.chars().count();
-        let value = self.chunk(ChunkParts {
-            index: at,
-            text,
-            logprobs,
-            offset,
-            role: false,
-            finish: None,
-            tool_calls: None,
-            called: false,
-            reasoning: None,
-        });
-        self.push(value);
-    }
-
-    /// Chunks for what a splitter gave: thinking as `reasoning_content` deltas, the answer
-    /// as `send_answer` sends it; `logprobs` go with the first chunk, or alone in an empty
-    /// one when the splitter gave nothing yet.
-    fn send_splits(&mut self, at: usize, splits: Vec<Split>, logprobs: Option<&[TokenLogprob]>) {
+    /// Chunks for a choice's parts: thinking as `reasoning_content` deltas, the rest as chat
+    /// deltas (see [`deltas`]: content, tool-call pieces); `logprobs` go with the first chunk,
+    /// or alone in an empty one when there are no parts.
+    fn send_parts(&mut self, at: usize, parts: Vec<Part>, logprobs: Option<&[TokenLogprob]>) {
         let mut logprobs = logprobs;
-        for split in splits {
-            match split {
-                Split::Thinking(text) => {
+        let mut run = Vec::new();
+        for part in parts {
+            match part {
+                Part::Thinking(text) => {
+                    self.send_run(at, std::mem::take(&mut run), &mut logprobs);
                     let value = self.chunk(ChunkParts {
                         index: at,
                         text: String::new(),
@@ -214,25 +178,18 @@ impl StreamState {
                     });
                     self.push(value);
                 }
-                Split::Answer(text) => self.send_answer(at, text, logprobs.take()),
+                other => run.push(other),
             }
         }
+        self.send_run(at, run, &mut logprobs);
         if logprobs.is_some() {
-            self.send_answer(at, String::new(), logprobs);
+            self.send_run(at, vec![Part::Text(String::new())], &mut logprobs);
         }
     }
 
-    /// Chunks for what a call reader gave (see [`deltas`]); `logprobs` go with the first
-    /// chunk.
-    fn send_pieces(
-        &mut self,
-        at: usize,
-        pieces: Vec<Piece>,
-        first_call: usize,
-        logprobs: Option<&[TokenLogprob]>,
-    ) {
-        let mut logprobs = logprobs;
-        for (text, tool_calls) in deltas(pieces, first_call, logprobs.is_some()) {
+    /// Chunks for a run of parts that are not thinking; `logprobs` go with the first.
+    fn send_run(&mut self, at: usize, run: Vec<Part>, logprobs: &mut Option<&[TokenLogprob]>) {
+        for (text, tool_calls) in deltas(run) {
             let offset = self.sent_chars[at];
             self.sent_chars[at] += text.chars().count();
             let value = self.chunk(ChunkParts {
@@ -288,10 +245,7 @@ pub fn sse_response(
         choices: vec![ChoiceState::default(); num_choices],
         sent_chars: vec![0; num_choices],
         readers: (0..num_choices)
-            .map(|_| calls.clone().filter(|_| tools).map(CallReader::new))
-            .collect(),
-        splitters: (0..num_choices)
-            .map(|_| reasoning.map(|r| r.splitter()))
+            .map(|_| ChoiceReader::new(calls.clone().filter(|_| tools), reasoning))
             .collect(),
         open: num_choices,
         ready: VecDeque::new(),

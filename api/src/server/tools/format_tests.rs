@@ -83,7 +83,10 @@ fn calls_of(pieces: Vec<Piece>) -> Vec<(String, String)> {
     for piece in pieces {
         match piece {
             Piece::Text(_) => {}
-            Piece::Call(c) => calls.push((c.function.name, c.function.arguments, true)),
+            Piece::Call { index, call } => {
+                assert_eq!(index, calls.len(), "calls come in order");
+                calls.push((call.function.name, call.function.arguments, true))
+            }
             Piece::CallStart { index, name, .. } => {
                 assert_eq!(index, calls.len(), "calls start in order");
                 calls.push((name, String::new(), false));

@@ -363,7 +363,7 @@ mod tests {
             let names: Vec<&str> = pieces
                 .iter()
                 .filter_map(|p| match p {
-                    Piece::Call(call) | Piece::CallEnd { call, .. } => {
+                    Piece::Call { call, .. } | Piece::CallEnd { call, .. } => {
                         Some(call.function.name.as_str())
                     }
                     _ => None,
@@ -386,7 +386,11 @@ mod tests {
             assert!(reader.push(" {\"name\": \"now\",").is_empty());
             assert!(reader.push(" \"arguments\": {}}").is_empty());
             let end = reader.finish();
-            assert_eq!(matches!(end[..], [Piece::Call(_)]), want_call, "{end:?}");
+            assert_eq!(
+                matches!(end[..], [Piece::Call { .. }]),
+                want_call,
+                "{end:?}"
+            );
         }
     }
 }

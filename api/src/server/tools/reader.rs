@@ -90,7 +90,12 @@ pub enum Piece {
     /// Plain text.
     Text(String),
     /// A whole call, read at once (sent as a delta naming it, then one with its arguments).
-    Call(ToolCallOut),
+    Call {
+        /// The call's index among the answer's calls.
+        index: usize,
+        /// The call.
+        call: ToolCallOut,
+    },
     /// A call being written: its id and name, as soon as the name is whole.
     CallStart {
         /// The call's index among the answer's calls.
@@ -303,8 +308,11 @@ impl CallReader {
             }
         }
         for call in calls {
+            out.push(Piece::Call {
+                index: self.calls,
+                call: call_out(call),
+            });
             self.calls += 1;
-            out.push(Piece::Call(call_out(call)));
         }
     }
 

@@ -167,7 +167,7 @@ impl AnswerEvents for MessageEvents {
         match part {
             Part::Thinking(text) => self.text(text, true, out),
             Part::Text(text) => self.text(text, false, out),
-            Part::Call(call) => {
+            Part::Call { call, .. } => {
                 self.close_text(out);
                 self.end_call(None, out);
                 let call = renamed_calls(vec![call]).remove(0);

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::response::{chat_logprobs, ChatLogprobs};
 use crate::server::openai::choice::{ChunkParts, FunctionDelta, ToolCallDelta};
-use crate::server::tools::Piece;
+use crate::server::parts::Part;
 
 /// The delta of a streamed chat choice.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -69,40 +69,25 @@ pub fn chunk_choice(
     }
 }
 
-/// The deltas (text, tool-call pieces) of what a call reader gave: text as content (blank
-/// text after a call dropped), each whole call (numbered from `first_call`) as a delta naming
-/// it and one with its arguments, a streamed call as a delta naming it when it starts and one
-/// per fragment of its arguments. With `logprobs` to send and nothing else, one empty delta
-/// carries them.
-pub fn deltas(
-    pieces: Vec<Piece>,
-    first_call: usize,
-    logprobs: bool,
-) -> Vec<(String, Option<Vec<ToolCallDelta>>)> {
-    let mut call_index = first_call;
-    let mut parts = Vec::new();
-    for piece in pieces {
-        match piece {
-            Piece::Text(text) if call_index > 0 && text.trim().is_empty() => {}
-            Piece::Text(text) => parts.push((text, None)),
-            Piece::Call(call) => {
-                let index = call_index;
-                parts.push(named(index, call.id, call.function.name));
-                parts.push(arguments(index, call.function.arguments));
-                call_index += 1;
+/// The deltas (text, tool-call pieces) of a choice's parts: text as content, each whole call
+/// as a delta naming it and one with its arguments, a streamed call as a delta naming it when
+/// it starts and one per fragment of its arguments. (Thinking goes out as its own delta, and
+/// the end as the finish reason.)
+pub fn deltas(parts: Vec<Part>) -> Vec<(String, Option<Vec<ToolCallDelta>>)> {
+    let mut out = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(text) => out.push((text, None)),
+            Part::Call { index, call } => {
+                out.push(named(index, call.id, call.function.name));
+                out.push(arguments(index, call.function.arguments));
             }
-            Piece::CallStart { index, id, name } => {
-                parts.push(named(index, id, name));
-                call_index = index + 1;
-            }
-            Piece::Arguments { index, text } => parts.push(arguments(index, text)),
-            Piece::CallEnd { .. } => {}
+            Part::CallStart { index, id, name } => out.push(named(index, id, name)),
+            Part::Arguments { index, text } => out.push(arguments(index, text)),
+            Part::Thinking(_) | Part::CallEnd { .. } | Part::End(_) => {}
         }
     }
-    if parts.is_empty() && logprobs {
-        parts.push((String::new(), None));
-    }
-    parts
+    out
 }
 
 /// The delta that opens call `index`: its id, type and name.

@@ -299,7 +299,7 @@ impl AnswerEvents for ResponseEvents {
         match part {
             Part::Thinking(text) => self.delta(Kind::Reasoning, text, out),
             Part::Text(text) => self.delta(Kind::Message, text, out),
-            Part::Call(call) => self.call(call, out),
+            Part::Call { call, .. } => self.call(call, out),
             Part::CallStart { id, name, .. } => self.call_start(id, name, out),
             Part::Arguments { text, .. } => self.arguments(text, out),
             Part::CallEnd { call, .. } => self.end_call(Some(call), "completed", out),
