@@ -15,7 +15,7 @@ use super::parts::ChoiceReader;
 pub use super::parts::{Ending, Part};
 use crate::server::error::{engine_failure, ApiResult};
 use crate::server::reasoning::Reasoning;
-use crate::server::tools::{Calls, ToolCallOut};
+use crate::server::tools::{Calls, Piece, ToolCallOut};
 
 /// An answer being generated.
 pub struct Answer {
@@ -66,7 +66,7 @@ impl Answer {
     fn take(&mut self, parts: Vec<Part>) {
         let parts = parts
             .into_iter()
-            .filter(|p| !matches!(p, Part::Text(text) if text.is_empty()));
+            .filter(|p| !matches!(p, Part::Answer(Piece::Text(text)) if text.is_empty()));
         self.ready.extend(parts);
     }
 
@@ -135,9 +135,11 @@ impl Answer {
         while let Some(part) = self.next().await {
             match part? {
                 Part::Thinking(t) => thinking.push_str(&t),
-                Part::Text(t) => text.push_str(&t),
-                Part::Call { call, .. } | Part::CallEnd { call, .. } => calls.push(call),
-                Part::CallStart { .. } | Part::Arguments { .. } => {}
+                Part::Answer(Piece::Text(t)) => text.push_str(&t),
+                Part::Answer(Piece::Call { call, .. } | Piece::CallEnd { call, .. }) => {
+                    calls.push(call)
+                }
+                Part::Answer(_) => {}
                 Part::End(ending) => {
                     return Ok(Collected {
                         thinking,

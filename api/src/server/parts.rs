@@ -8,45 +8,16 @@
 use engine::{FinishReason, Usage};
 
 use crate::server::reasoning::{Reasoning, Split, Splitter};
-use crate::server::tools::{CallReader, Calls, Piece, ToolCallOut};
+use crate::server::tools::{CallReader, Calls, Piece};
 
 /// A piece of an answer.
 #[derive(Debug, Clone)]
 pub enum Part {
-    /// Thinking text, as it comes (with a reasoning parser; all of it before any text).
+    /// Thinking text, as it comes (with a reasoning parser; all of it before any answer).
     Thinking(String),
-    /// Text, as it comes.
-    Text(String),
-    /// A whole tool call.
-    Call {
-        /// The call's index among the answer's calls.
-        index: usize,
-        /// The call.
-        call: ToolCallOut,
-    },
-    /// A tool call being written: its id and name, once the name is whole.
-    CallStart {
-        /// The call's index among the answer's calls.
-        index: usize,
-        /// Its id.
-        id: String,
-        /// The function's name.
-        name: String,
-    },
-    /// The next fragment of a started call's arguments.
-    Arguments {
-        /// The call's index.
-        index: usize,
-        /// The fragment.
-        text: String,
-    },
-    /// A started call is whole: its arguments are its fragments joined.
-    CallEnd {
-        /// The call's index.
-        index: usize,
-        /// The call.
-        call: ToolCallOut,
-    },
+    /// A piece of the answer: text, or a tool call (whole, or started, its arguments in
+    /// fragments, and ended) as the call reader gives it.
+    Answer(Piece),
     /// The answer ended.
     End(Ending),
 }
@@ -104,7 +75,7 @@ impl ChoiceReader {
             self.splits(splits, &mut out);
         }
         if let Some(reader) = self.calls.as_mut() {
-            out.extend(reader.finish().into_iter().map(Part::from));
+            out.extend(reader.finish().into_iter().map(Part::Answer));
         }
         out
     }
@@ -127,20 +98,8 @@ impl ChoiceReader {
     /// Answer text: read for calls where the answer is, else as it is.
     fn answer(&mut self, text: &str, out: &mut Vec<Part>) {
         match self.calls.as_mut() {
-            Some(reader) => out.extend(reader.push(text).into_iter().map(Part::from)),
-            None => out.push(Part::Text(text.to_string())),
-        }
-    }
-}
-
-impl From<Piece> for Part {
-    fn from(piece: Piece) -> Self {
-        match piece {
-            Piece::Text(text) => Part::Text(text),
-            Piece::Call { index, call } => Part::Call { index, call },
-            Piece::CallStart { index, id, name } => Part::CallStart { index, id, name },
-            Piece::Arguments { index, text } => Part::Arguments { index, text },
-            Piece::CallEnd { index, call } => Part::CallEnd { index, call },
+            Some(reader) => out.extend(reader.push(text).into_iter().map(Part::Answer)),
+            None => out.push(Part::Answer(Piece::Text(text.to_string()))),
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::server::error::engine_failure;
 use crate::server::parts::{ChoiceReader, Part};
 use crate::server::pipeline::Submitted;
 use crate::server::settings::ResponseOptions;
-use crate::server::tools::Calls;
+use crate::server::tools::{Calls, Piece};
 
 /// `(prompt index, event)` of every prompt, merged.
 type Events = SelectAll<BoxStream<'static, (usize, Event)>>;
@@ -178,17 +178,18 @@ impl StreamState {
                     });
                     self.push(value);
                 }
-                other => run.push(other),
+                Part::Answer(piece) => run.push(piece),
+                Part::End(_) => {}
             }
         }
         self.send_run(at, run, &mut logprobs);
         if logprobs.is_some() {
-            self.send_run(at, vec![Part::Text(String::new())], &mut logprobs);
+            self.send_run(at, vec![Piece::Text(String::new())], &mut logprobs);
         }
     }
 
     /// Chunks for a run of parts that are not thinking; `logprobs` go with the first.
-    fn send_run(&mut self, at: usize, run: Vec<Part>, logprobs: &mut Option<&[TokenLogprob]>) {
+    fn send_run(&mut self, at: usize, run: Vec<Piece>, logprobs: &mut Option<&[TokenLogprob]>) {
         for (text, tool_calls) in deltas(run) {
             let offset = self.sent_chars[at];
             self.sent_chars[at] += text.chars().count();

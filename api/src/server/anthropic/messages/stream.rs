@@ -16,6 +16,7 @@ use crate::server::answer::Part;
 use crate::server::anthropic::error::anthropic_error;
 use crate::server::error::ApiError;
 use crate::server::tools::partial_json::{closing, settled};
+use crate::server::tools::Piece;
 
 /// A streamed message.
 pub struct MessageEvents {
@@ -166,8 +167,8 @@ impl AnswerEvents for MessageEvents {
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
             Part::Thinking(text) => self.text(text, true, out),
-            Part::Text(text) => self.text(text, false, out),
-            Part::Call { call, .. } => {
+            Part::Answer(Piece::Text(text)) => self.text(text, false, out),
+            Part::Answer(Piece::Call { call, .. }) => {
                 self.close_text(out);
                 self.end_call(None, out);
                 let call = renamed_calls(vec![call]).remove(0);
@@ -179,9 +180,11 @@ impl AnswerEvents for MessageEvents {
                 Self::input_delta(index, &input_json(&call.function.arguments), out);
                 out.push("content_block_stop", json!({"index": index}));
             }
-            Part::CallStart { name, .. } => self.call_start(name, out),
-            Part::Arguments { text, .. } => self.arguments(&text, out),
-            Part::CallEnd { call, .. } => self.end_call(Some(&call.function.arguments), out),
+            Part::Answer(Piece::CallStart { name, .. }) => self.call_start(name, out),
+            Part::Answer(Piece::Arguments { text, .. }) => self.arguments(&text, out),
+            Part::Answer(Piece::CallEnd { call, .. }) => {
+                self.end_call(Some(&call.function.arguments), out)
+            }
             Part::End(ending) => {
                 self.close_text(out);
                 self.end_call(None, out);

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::response::{chat_logprobs, ChatLogprobs};
 use crate::server::openai::choice::{ChunkParts, FunctionDelta, ToolCallDelta};
-use crate::server::parts::Part;
+use crate::server::tools::Piece;
 
 /// The delta of a streamed chat choice.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -69,22 +69,21 @@ pub fn chunk_choice(
     }
 }
 
-/// The deltas (text, tool-call pieces) of a choice's parts: text as content, each whole call
-/// as a delta naming it and one with its arguments, a streamed call as a delta naming it when
-/// it starts and one per fragment of its arguments. (Thinking goes out as its own delta, and
-/// the end as the finish reason.)
-pub fn deltas(parts: Vec<Part>) -> Vec<(String, Option<Vec<ToolCallDelta>>)> {
+/// The deltas (text, tool-call pieces) of pieces of a choice's answer: text as content, each
+/// whole call as a delta naming it and one with its arguments, a streamed call as a delta
+/// naming it when it starts and one per fragment of its arguments.
+pub fn deltas(pieces: Vec<Piece>) -> Vec<(String, Option<Vec<ToolCallDelta>>)> {
     let mut out = Vec::new();
-    for part in parts {
-        match part {
-            Part::Text(text) => out.push((text, None)),
-            Part::Call { index, call } => {
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => out.push((text, None)),
+            Piece::Call { index, call } => {
                 out.push(named(index, call.id, call.function.name));
                 out.push(arguments(index, call.function.arguments));
             }
-            Part::CallStart { index, id, name } => out.push(named(index, id, name)),
-            Part::Arguments { index, text } => out.push(arguments(index, text)),
-            Part::Thinking(_) | Part::CallEnd { .. } | Part::End(_) => {}
+            Piece::CallStart { index, id, name } => out.push(named(index, id, name)),
+            Piece::Arguments { index, text } => out.push(arguments(index, text)),
+            Piece::CallEnd { .. } => {}
         }
     }
     out

@@ -27,7 +27,7 @@ use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
 use crate::server::answer::Part;
 use crate::server::error::ApiError;
-use crate::server::tools::{FunctionCallOut, ToolCallOut};
+use crate::server::tools::{FunctionCallOut, Piece, ToolCallOut};
 
 /// The kind of a streamed item with text: the model's thinking or its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,11 +298,13 @@ impl AnswerEvents for ResponseEvents {
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
             Part::Thinking(text) => self.delta(Kind::Reasoning, text, out),
-            Part::Text(text) => self.delta(Kind::Message, text, out),
-            Part::Call { call, .. } => self.call(call, out),
-            Part::CallStart { id, name, .. } => self.call_start(id, name, out),
-            Part::Arguments { text, .. } => self.arguments(text, out),
-            Part::CallEnd { call, .. } => self.end_call(Some(call), "completed", out),
+            Part::Answer(Piece::Text(text)) => self.delta(Kind::Message, text, out),
+            Part::Answer(Piece::Call { call, .. }) => self.call(call, out),
+            Part::Answer(Piece::CallStart { id, name, .. }) => self.call_start(id, name, out),
+            Part::Answer(Piece::Arguments { text, .. }) => self.arguments(text, out),
+            Part::Answer(Piece::CallEnd { call, .. }) => {
+                self.end_call(Some(call), "completed", out)
+            }
             Part::End(ending) => {
                 self.close("completed", out);
                 self.end_call(None, "completed", out);
