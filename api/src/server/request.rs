@@ -5,12 +5,12 @@
 //! `POST /v1/chat/completions` body, which that route reads as it is; the Responses and
 //! Messages APIs translate theirs into it.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::server::settings::fields::{CommonFields, HasCommonFields};
 
 /// Content of a chat message: text, or a list of parts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -20,7 +20,7 @@ pub enum MessageContent {
 }
 
 /// One part of a message's content.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct ContentPart {
     /// `text` (others are refused).
     #[serde(rename = "type")]
@@ -30,7 +30,7 @@ pub struct ContentPart {
 }
 
 /// One chat message of a request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct ChatMessageIn {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -45,7 +45,7 @@ pub struct ChatMessageIn {
 }
 
 /// A tool call of an earlier assistant message.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct ToolCallIn {
     /// The call's id.
     pub id: Option<String>,
@@ -57,7 +57,7 @@ pub struct ToolCallIn {
 }
 
 /// The function and arguments of a tool call in a request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct FunctionCallIn {
     /// Function name.
     pub name: String,
@@ -66,7 +66,7 @@ pub struct FunctionCallIn {
 }
 
 /// A chat request (the body of `POST /v1/chat/completions`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Option<Vec<ChatMessageIn>>,
@@ -93,6 +93,32 @@ pub struct ChatRequest {
     /// Thinking tokens at most (vLLM's name; needs `--reasoning-parser`): then the server
     /// ends the thinking and the answer follows.
     pub thinking_token_budget: Option<serde_json::Value>,
+}
+
+impl ChatMessageIn {
+    /// A message of `role` with text `content`.
+    pub fn text(role: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: role.to_string(),
+            content: Some(MessageContent::Text(content.into())),
+            ..Self::default()
+        }
+    }
+}
+
+impl ToolCallIn {
+    /// A call of function `name` with `arguments` (an object, or a string holding one),
+    /// under `id`.
+    pub fn function(id: &str, name: &str, arguments: serde_json::Value) -> Self {
+        Self {
+            id: Some(id.to_string()),
+            kind: Some("function".into()),
+            function: FunctionCallIn {
+                name: name.to_string(),
+                arguments: Some(arguments),
+            },
+        }
+    }
 }
 
 impl HasCommonFields for ChatRequest {

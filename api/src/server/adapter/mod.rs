@@ -1,5 +1,5 @@
-//! What the front ends that speak another API through the chat-completions path share (the
-//! Responses API, Anthropic's Messages API): the chat body they build ([`ChatBody`]); reading
+//! What the front ends that speak another API through the shared path share (the Responses
+//! API, Anthropic's Messages API), as they turn their requests into its typed one: reading
 //! a request's text parts ([`text_of`]), required string fields ([`string_field`]) and tools
 //! ([`chat_tools`]) and template variables ([`template_kwargs`]); starting the chat request off the runtime ([`start_answer`],
 //! [`count_tokens`]) with its errors' fields renamed as the API names them ([`renamed`]);
@@ -8,41 +8,16 @@
 
 pub mod events;
 
+use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 
 use super::answer::Answer;
-use super::body::generation_body;
 use super::error::{ApiError, ApiResult};
 use super::pipeline::{count_chat_tokens, off_runtime, start_chat};
 use super::request::ChatRequest;
 use super::AppState;
 
-/// A chat-completions body being built: `messages` first, then each field given (a field
-/// given as null is left out).
-pub struct ChatBody(Map<String, Value>);
-
-impl ChatBody {
-    /// A body holding `messages`.
-    pub fn new(messages: Vec<Value>) -> Self {
-        let mut body = Map::new();
-        body.insert("messages".into(), Value::Array(messages));
-        Self(body)
-    }
-
-    /// Sets `key` to `value`, unless it is absent or null.
-    pub fn put(&mut self, key: &str, value: Option<Value>) {
-        if let Some(v) = value.filter(|v| !v.is_null()) {
-            self.0.insert(key.to_string(), v);
-        }
-    }
-
-    /// The body as JSON.
-    pub fn into_value(self) -> Value {
-        Value::Object(self.0)
-    }
-}
-
-/// The chat body's `chat_template_kwargs`: the request's own (`given`, passed on as it is
+/// The typed request's `chat_template_kwargs`: the request's own (`given`, passed on as it is
 /// when it is not an object, for the chat path to refuse), with `implied` variables (from the
 /// API's own fields, e.g. a thinking switch) added where the request does not set them.
 pub fn template_kwargs(given: Option<&Value>, implied: Vec<(&str, Value)>) -> Option<Value> {
@@ -121,6 +96,17 @@ pub fn string_field<'a>(
     })
 }
 
+/// A field given as JSON (`null` for none) read as a `T`; a 400 naming `field` when it is
+/// not one.
+pub fn typed<T: DeserializeOwned>(value: Option<&Value>, field: &str) -> ApiResult<Option<T>> {
+    match value.filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|e| ApiError::invalid(field, format!("{field}: {e}"))),
+    }
+}
+
 /// `tools` in the chat shape: each tool (with its index, for errors) read into the
 /// `function` object of a chat function tool by `function_of`.
 pub fn chat_tools(
@@ -169,35 +155,29 @@ pub fn new_id(prefix: &str, digits: usize) -> String {
     format!("{prefix}_{bits:0digits$x}")
 }
 
-/// Starts the chat request of `body` down the shared path, off the runtime (its errors'
-/// fields renamed by `names`), and returns its one answer.
+/// Starts `chat` down the shared path, off the runtime (its errors' fields renamed by
+/// `names`), and returns its one answer.
 pub async fn start_answer(
     state: &AppState,
-    body: Value,
+    chat: ChatRequest,
     names: &'static [Rename],
 ) -> ApiResult<Answer> {
-    let started = off_runtime(state.clone(), move |state| {
-        let chat: ChatRequest = generation_body(&body)?;
-        start_chat(state, chat)
-    })
-    .await
-    .map_err(|e| renamed(e, names))?;
+    let started = off_runtime(state.clone(), move |state| start_chat(state, chat))
+        .await
+        .map_err(|e| renamed(e, names))?;
     started.into_answer()
 }
 
-/// The prompt tokens of the chat request of `body` (its errors' fields renamed by `names`),
-/// counted off the runtime without submitting it.
+/// The prompt tokens of `chat` (its errors' fields renamed by `names`), counted off the
+/// runtime without submitting it.
 pub async fn count_tokens(
     state: AppState,
-    body: Value,
+    chat: ChatRequest,
     names: &'static [Rename],
 ) -> ApiResult<usize> {
-    off_runtime(state, move |state| {
-        let chat: ChatRequest = generation_body(&body)?;
-        count_chat_tokens(state, &chat)
-    })
-    .await
-    .map_err(|e| renamed(e, names))
+    off_runtime(state, move |state| count_chat_tokens(state, &chat))
+        .await
+        .map_err(|e| renamed(e, names))
 }
 
 #[cfg(test)]
@@ -219,6 +199,26 @@ mod tests {
         assert_eq!(template_kwargs(Some(&json!(3)), implied()), Some(json!(3)));
         assert_eq!(template_kwargs(Some(&given), vec![]), Some(given.clone()));
         assert_eq!(template_kwargs(Some(&Value::Null), vec![]), None);
+    }
+
+    #[test]
+    fn typed_fields_are_read_or_refused_by_their_own_name() {
+        assert_eq!(
+            typed::<f32>(Some(&json!(0.5)), "temperature").ok(),
+            Some(Some(0.5))
+        );
+        assert_eq!(
+            typed::<f32>(Some(&Value::Null), "temperature").ok(),
+            Some(None)
+        );
+        assert_eq!(typed::<f32>(None, "temperature").ok(), Some(None));
+        let e = typed::<f32>(Some(&json!("hot")), "top_p").expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+        assert!(
+            e.message.starts_with("top_p: invalid type"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

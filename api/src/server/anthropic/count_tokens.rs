@@ -16,7 +16,7 @@ pub(in crate::server) async fn count(
     State(state): State<AppState>,
     MessagesBody(body): MessagesBody<MessagesRequest>,
 ) -> Result<Json<Value>, MessagesError> {
-    let chat = body.chat_body(false)?;
+    let chat = body.chat_request(false)?;
     let count = count_tokens(state, chat, FIELD_NAMES).await?;
     Ok(Json(json!({ "input_tokens": count })))
 }

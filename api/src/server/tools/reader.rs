@@ -96,7 +96,8 @@ pub enum Piece {
         /// The call.
         call: ToolCallOut,
     },
-    /// A call being written: its id and name, as soon as the name is whole.
+    /// A call being written: its id and name, once the name is whole and the arguments
+    /// have begun.
     CallStart {
         /// The call's index among the answer's calls.
         index: usize,

@@ -1,4 +1,4 @@
-//! `POST /v1/messages`: the body ([`request`]) becomes a chat-completions body and goes
+//! `POST /v1/messages`: the body ([`request`]) becomes the shared path's typed request and goes
 //! through the one generation path every front end shares (`pipeline::start_chat`, by way of
 //! `adapter::start_answer`); its answer comes back as parts (`server::answer`) and is
 //! written as a `message` object ([`response`]) or the API's stream events ([`stream`]).
@@ -24,7 +24,7 @@ pub(in crate::server) async fn create(
     State(state): State<AppState>,
     MessagesBody(body): MessagesBody<MessagesRequest>,
 ) -> Result<Response, MessagesError> {
-    let chat = body.chat_body(true)?;
+    let chat = body.chat_request(true)?;
     let answer = start_answer(&state, chat, FIELD_NAMES).await?;
     let model = body.model.unwrap_or_else(|| state.model_name().to_string());
     if body.stream.unwrap_or(false) {

@@ -1,5 +1,5 @@
 //! A `POST /v1/messages` (or `/v1/messages/count_tokens`) body read and turned into the
-//! chat-completions body of the engine's one generation path: `system` (a string or text
+//! typed request of the one generation path (`server::request`): `system` (a string or text
 //! blocks) as the system message; each message's `text` blocks as its content, an
 //! assistant's `tool_use` blocks as its tool calls, a user's `tool_result` blocks as tool
 //! messages before its text; `tools` with `input_schema` as function tools; `tool_choice`
@@ -13,9 +13,11 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::server::adapter::{
-    chat_tools, string_field, template_kwargs, text_of, ChatBody, Rename, TextParts,
+    chat_tools, string_field, template_kwargs, text_of, Rename, TextParts,
 };
 use crate::server::error::{ApiError, ApiResult};
+use crate::server::request::{ChatMessageIn, ChatRequest, ToolCallIn};
+use crate::server::settings::fields::{CommonFields, OneOrMany, SpeculationField};
 
 /// The fields of a Messages request thicket reads.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -30,12 +32,12 @@ pub struct MessagesRequest {
     pub max_tokens: Option<usize>,
     /// Strings that end the answer.
     pub stop_sequences: Option<Vec<String>>,
-    /// Sampling temperature (as given: the chat path checks it).
-    pub temperature: Option<Value>,
-    /// Nucleus sampling (as given).
-    pub top_p: Option<Value>,
-    /// Keep the k most likely tokens (as given).
-    pub top_k: Option<Value>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Keep the k most likely tokens.
+    pub top_k: Option<i64>,
     /// Tools with `input_schema`.
     pub tools: Option<Vec<Value>>,
     /// `{"type": "auto" | "any" | "tool" | "none", ...}`.
@@ -46,7 +48,7 @@ pub struct MessagesRequest {
     /// against the schema (`effort` is ignored).
     pub output_config: Option<Value>,
     /// thicket's speculation object.
-    pub speculation: Option<Value>,
+    pub speculation: Option<SpeculationField>,
     /// Predicted Outputs.
     pub prediction: Option<Value>,
     /// vLLM's `cache_salt`.
@@ -104,7 +106,7 @@ const TEXT_BLOCKS: TextParts = TextParts {
 const BLOCK: &str = "this block";
 
 /// The chat messages of one Messages message.
-fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<()> {
+fn chat_messages(i: usize, message: &Value, out: &mut Vec<ChatMessageIn>) -> ApiResult<()> {
     let param = format!("messages[{i}]");
     let role = string_field(message, "role", &param, BLOCK)?;
     if role != "user" && role != "assistant" {
@@ -116,7 +118,7 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
     let content = message.get("content").unwrap_or(&Value::Null);
     let blocks = match content {
         Value::String(text) => {
-            out.push(json!({"role": role, "content": text}));
+            out.push(ChatMessageIn::text(role, text.as_str()));
             return Ok(());
         }
         Value::Array(blocks) => blocks,
@@ -144,8 +146,7 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
                         "a tool_use input must be a JSON object",
                     ));
                 }
-                calls.push(json!({"id": id, "type": "function",
-                                  "function": {"name": name, "arguments": input}}));
+                calls.push(ToolCallIn::function(id, name, input));
             }
             ("user", "tool_result") => {
                 let id = string_field(block, "tool_use_id", &at, BLOCK)?;
@@ -154,7 +155,9 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
                 if block.get("is_error").and_then(Value::as_bool) == Some(true) {
                     result = format!("Error: {result}");
                 }
-                out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+                let mut message = ChatMessageIn::text("tool", result);
+                message.tool_call_id = Some(id.to_string());
+                out.push(message);
             }
             // What a thinking model thought: thicket's models give none.
             ("assistant", "thinking" | "redacted_thinking") => {}
@@ -167,13 +170,11 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<Value>) -> ApiResult<(
         }
     }
     if role == "assistant" {
-        let mut message = json!({"role": "assistant", "content": text});
-        if !calls.is_empty() {
-            message["tool_calls"] = Value::Array(calls);
-        }
+        let mut message = ChatMessageIn::text("assistant", text);
+        message.tool_calls = (!calls.is_empty()).then_some(calls);
         out.push(message);
     } else if !text.is_empty() || !blocks.iter().any(|b| b["type"] == "tool_result") {
-        out.push(json!({"role": "user", "content": text}));
+        out.push(ChatMessageIn::text("user", text));
     }
     Ok(())
 }
@@ -264,9 +265,9 @@ fn output_format(config: &Value) -> ApiResult<Option<Value>> {
 }
 
 impl MessagesRequest {
-    /// The chat-completions body of this request; `generating` asks for `max_tokens` (a
-    /// count of tokens needs none).
-    pub fn chat_body(&self, generating: bool) -> ApiResult<Value> {
+    /// The typed request of this one; `generating` asks for `max_tokens` (a count of tokens
+    /// needs none).
+    pub fn chat_request(&self, generating: bool) -> ApiResult<ChatRequest> {
         let messages = self
             .messages
             .as_ref()
@@ -281,32 +282,38 @@ impl MessagesRequest {
         if let Some(system) = self.system.as_ref() {
             let text = text_of(system, "system", &TEXT_BLOCKS)?;
             if !text.is_empty() {
-                chat.push(json!({"role": "system", "content": text}));
+                chat.push(ChatMessageIn::text("system", text));
             }
         }
         for (i, message) in messages.iter().enumerate() {
             chat_messages(i, message, &mut chat)?;
         }
-        let mut body = ChatBody::new(chat);
-        body.put("model", self.model.clone().map(Value::from));
-        body.put("max_tokens", self.max_tokens.map(Value::from));
-        body.put("stop", self.stop_sequences.clone().map(Value::from));
-        body.put("temperature", self.temperature.clone());
-        body.put("top_p", self.top_p.clone());
-        body.put("top_k", self.top_k.clone());
-        body.put("speculation", self.speculation.clone());
-        body.put("prediction", self.prediction.clone());
-        body.put("cache_salt", self.cache_salt.clone());
+        let mut request = ChatRequest {
+            messages: Some(chat),
+            common: CommonFields {
+                model: self.model.clone(),
+                max_tokens: self.max_tokens,
+                stop: self.stop_sequences.clone().map(OneOrMany::Many),
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                speculation: self.speculation.clone(),
+                prediction: self.prediction.clone(),
+                cache_salt: self.cache_salt.clone(),
+                ..CommonFields::default()
+            },
+            ..ChatRequest::default()
+        };
         if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
-            body.put("tools", Some(chat_tools(tools, function_of)?));
+            request.tools = Some(chat_tools(tools, function_of)?);
         }
         if let Some(choice) = &self.tool_choice {
             let (choice, parallel) = chat_tool_choice(choice)?;
-            body.put("tool_choice", Some(choice));
-            body.put("parallel_tool_calls", parallel.map(Value::from));
+            request.tool_choice = Some(choice);
+            request.parallel_tool_calls = parallel;
         }
         if let Some(config) = &self.output_config {
-            body.put("response_format", output_format(config)?);
+            request.response_format = output_format(config)?;
         }
         let mut implied = Vec::new();
         if let Some(config) = self.thinking.as_ref().filter(|t| !t.is_null()) {
@@ -314,13 +321,10 @@ impl MessagesRequest {
             if let Some(enable) = enable {
                 implied.push(("enable_thinking", Value::from(enable)));
             }
-            body.put("thinking_token_budget", budget);
+            request.thinking_token_budget = budget;
         }
-        body.put(
-            "chat_template_kwargs",
-            template_kwargs(self.chat_template_kwargs.as_ref(), implied),
-        );
-        Ok(body.into_value())
+        request.chat_template_kwargs = template_kwargs(self.chat_template_kwargs.as_ref(), implied);
+        Ok(request)
     }
 }
 
@@ -363,11 +367,12 @@ mod tests {
             "tools": [{"name": "get", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
         }));
-        let body = r.chat_body(true).expect("converts");
-        let messages = body["messages"].as_array().expect("messages");
+        let request = r.chat_request(true).expect("converts");
+        let messages = serde_json::to_value(request.messages.expect("messages")).expect("JSON");
+        let messages = messages.as_array().expect("messages");
         assert_eq!(
-            messages[0],
-            json!({"role": "system", "content": "be brief"})
+            (&messages[0]["role"], &messages[0]["content"]),
+            (&json!("system"), &json!("be brief"))
         );
         assert_eq!(
             messages[2]["tool_calls"][0]["function"]["arguments"]["city"],
@@ -377,48 +382,47 @@ mod tests {
         assert_eq!(messages[4]["content"], "Error: boom");
         // Tool results alone: no empty user message after them.
         assert_eq!(messages.len(), 5);
-        assert_eq!(body["stop"], json!(["END"]));
-        assert_eq!(body["tool_choice"], "required");
-        assert_eq!(body["parallel_tool_calls"], false);
-        assert_eq!(body["tools"][0]["function"]["parameters"]["type"], "object");
+        assert!(matches!(request.common.stop, Some(OneOrMany::Many(ref s)) if s == &["END"]));
+        assert_eq!(request.tool_choice, Some(json!("required")));
+        assert_eq!(request.parallel_tool_calls, Some(false));
+        let tools = request.tools.expect("tools");
+        assert_eq!(tools[0]["function"]["parameters"]["type"], "object");
     }
 
     #[test]
     fn bad_requests_name_the_field() {
         let no_max = request(json!({"messages": [{"role": "user", "content": "hi"}]}));
-        let e = no_max.chat_body(true).expect_err("refused");
+        let e = no_max.chat_request(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(
-            no_max.chat_body(false).is_ok(),
+            no_max.chat_request(false).is_ok(),
             "counting needs no max_tokens"
         );
         let image = request(json!({"max_tokens": 5, "messages": [{"role": "user",
             "content": [{"type": "image", "source": {}}]}]}));
-        let e = image.chat_body(true).expect_err("refused");
+        let e = image.chat_request(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
         let system = request(json!({"max_tokens": 5,
             "messages": [{"role": "system", "content": "x"}]}));
-        let e = system.chat_body(true).expect_err("refused");
+        let e = system.chat_request(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
         let server_tool = request(json!({"max_tokens": 5,
             "messages": [{"role": "user", "content": "x"}],
             "tools": [{"type": "web_search_20250305", "name": "web_search"}]}));
-        let e = server_tool.chat_body(true).expect_err("refused");
+        let e = server_tool.chat_request(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
         let format = request(json!({"max_tokens": 5,
             "messages": [{"role": "user", "content": "x"}],
             "output_config": {"format": {"type": "xml"}}}));
-        let e = format.chat_body(true).expect_err("refused");
+        let e = format.chat_request(true).expect_err("refused");
         assert_eq!(e.param.as_deref(), Some("output_config.format.type"));
         let schema = request(json!({"max_tokens": 5,
             "messages": [{"role": "user", "content": "x"}],
             "output_config": {"effort": "low",
                               "format": {"type": "json_schema", "schema": {"type": "object"}}}}));
-        let body = schema.chat_body(true).expect("converts");
-        assert_eq!(
-            body["response_format"]["json_schema"]["schema"]["type"],
-            "object"
-        );
+        let request = schema.chat_request(true).expect("converts");
+        let format = request.response_format.expect("a format");
+        assert_eq!(format["json_schema"]["schema"]["type"], "object");
         let e = renamed(ApiError::invalid("stop", "bad"), FIELD_NAMES);
         assert_eq!(e.param.as_deref(), Some("stop_sequences"));
     }

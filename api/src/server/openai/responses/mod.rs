@@ -1,5 +1,5 @@
 //! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
-//! `DELETE /v1/responses/{id}`. A request becomes a chat-completions body ([`request`]) and
+//! `DELETE /v1/responses/{id}`. A request becomes the shared path's typed request ([`request`]) and
 //! goes through the one generation path every front end shares (`pipeline::start_chat`, by
 //! way of `adapter::start_answer`); its answer comes back as parts (`server::answer`) and is
 //! written as a response object ([`response`]) or as the API's typed stream events
@@ -61,7 +61,7 @@ pub(in crate::server) async fn create(
     };
     let form = request.chat_form(history)?;
     let shell = Shell::new(&request, state.model_name());
-    let answer = start_answer(&state, form.body, FIELD_NAMES).await?;
+    let answer = start_answer(&state, form.request, FIELD_NAMES).await?;
     let keep = request.store.unwrap_or(true).then_some(store);
     if request.stream.unwrap_or(false) {
         return Ok(sse(

@@ -1,5 +1,5 @@
-//! A `POST /v1/responses` body read and turned into the chat-completions body the engine's
-//! one generation path takes: `instructions` as the system message, the stored conversation
+//! A `POST /v1/responses` body read and turned into the typed request of the one
+//! generation path (`server::request`): `instructions` as the system message, the stored conversation
 //! of `previous_response_id` after it, then the `input` items (messages with text parts,
 //! `function_call` items as an assistant's tool calls, `function_call_output` items as tool
 //! messages); function `tools` in the chat shape, `tool_choice`, `text.format` as
@@ -12,9 +12,11 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::server::adapter::{
-    chat_tools, string_field, template_kwargs, text_of, ChatBody, Rename, TextParts,
+    chat_tools, string_field, template_kwargs, text_of, typed, Rename, TextParts,
 };
 use crate::server::error::{ApiError, ApiResult};
+use crate::server::request::{ChatMessageIn, ChatRequest, ToolCallIn};
+use crate::server::settings::fields::{CommonFields, SpeculationField};
 
 /// The fields of a Responses request thicket reads (others are ignored, as OpenAI's own
 /// optional fields are when they do not apply).
@@ -36,7 +38,7 @@ pub struct ResponsesRequest {
     pub text: Option<Value>,
     /// Output tokens at most.
     pub max_output_tokens: Option<usize>,
-    /// Sampling temperature (as given: the chat path checks it).
+    /// Sampling temperature (as given: the response echoes it).
     pub temperature: Option<Value>,
     /// Nucleus sampling (as given).
     pub top_p: Option<Value>,
@@ -54,15 +56,15 @@ pub struct ResponsesRequest {
     pub background: Option<bool>,
     /// thicket's speculation object, vLLM's sampling extensions, Predicted Outputs and
     /// `cache_salt`: passed on as the chat endpoint reads them.
-    pub speculation: Option<Value>,
+    pub speculation: Option<SpeculationField>,
     /// Predicted Outputs.
     pub prediction: Option<Value>,
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<Value>,
     /// Seed of the random choices.
-    pub seed: Option<Value>,
+    pub seed: Option<i64>,
     /// Keep the k most likely tokens.
-    pub top_k: Option<Value>,
+    pub top_k: Option<i64>,
     /// `{"effort": ...}`: passed to the chat template as `reasoning_effort`.
     pub reasoning: Option<Value>,
     /// Extra variables for the chat template, as the chat endpoint takes them.
@@ -110,19 +112,19 @@ const TEXT_PARTS: TextParts = TextParts {
     unsupported: |kind| format!("content parts of type {kind:?} are not supported; only text"),
 };
 
-/// The chat message list and body of a request.
+/// The typed request of a Responses request, and its conversation.
 pub struct ChatForm {
-    /// The chat-completions body.
-    pub body: Value,
+    /// The request down the shared path.
+    pub request: ChatRequest,
     /// The conversation without the system message: what a later response continues.
-    pub conversation: Vec<Value>,
+    pub conversation: Vec<ChatMessageIn>,
 }
 
 /// The chat messages of `input` appended to `messages`.
-pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()> {
+pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiResult<()> {
     let items = match input {
         Value::String(text) => {
-            messages.push(json!({"role": "user", "content": text}));
+            messages.push(ChatMessageIn::text("user", text.as_str()));
             return Ok(());
         }
         Value::Array(items) => items,
@@ -155,35 +157,32 @@ pub fn input_messages(input: &Value, messages: &mut Vec<Value>) -> ApiResult<()>
                 }
                 let content = item.get("content").unwrap_or(&Value::Null);
                 let text = text_of(content, &format!("{param}.content"), &TEXT_PARTS)?;
-                messages.push(json!({"role": role, "content": text}));
+                messages.push(ChatMessageIn::text(role, text));
             }
             "function_call" => {
                 let call_id = string_field(item, "call_id", &param, &param)?;
                 let name = string_field(item, "name", &param, &param)?;
                 let arguments = string_field(item, "arguments", &param, &param)?;
-                let call = json!({
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                });
+                let call = ToolCallIn::function(call_id, name, Value::from(arguments));
                 // Calls right after an assistant's message (or its other calls) join it.
                 match messages.last_mut() {
-                    Some(last) if last["role"] == "assistant" => {
-                        let calls = last
-                            .as_object_mut()
-                            .map(|m| m.entry("tool_calls").or_insert_with(|| json!([])));
-                        if let Some(Value::Array(calls)) = calls {
-                            calls.push(call);
-                        }
+                    Some(last) if last.role == "assistant" => {
+                        last.tool_calls.get_or_insert_with(Vec::new).push(call)
                     }
-                    _ => messages.push(json!({"role": "assistant", "tool_calls": [call]})),
+                    _ => messages.push(ChatMessageIn {
+                        role: "assistant".into(),
+                        tool_calls: Some(vec![call]),
+                        ..ChatMessageIn::default()
+                    }),
                 }
             }
             "function_call_output" => {
                 let call_id = string_field(item, "call_id", &param, &param)?;
                 let output = item.get("output").unwrap_or(&Value::Null);
                 let text = text_of(output, &format!("{param}.output"), &TEXT_PARTS)?;
-                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+                let mut message = ChatMessageIn::text("tool", text);
+                message.tool_call_id = Some(call_id.to_string());
+                messages.push(message);
             }
             // What a reasoning model thought: thicket's models give none, and a client
             // sending one back loses nothing when it is skipped.
@@ -277,9 +276,9 @@ fn response_format(text: &Value) -> ApiResult<Option<Value>> {
 }
 
 impl ResponsesRequest {
-    /// The chat-completions body of this request after `history` (the conversation a
-    /// previous response left; empty without one).
-    pub fn chat_form(&self, history: Vec<Value>) -> ApiResult<ChatForm> {
+    /// The typed request of this one after `history` (the conversation a previous response
+    /// left; empty without one).
+    pub fn chat_form(&self, history: Vec<ChatMessageIn>) -> ApiResult<ChatForm> {
         if self.background == Some(true) {
             return Err(ApiError::invalid(
                 "background",
@@ -294,43 +293,43 @@ impl ResponsesRequest {
         input_messages(input, &mut conversation)?;
         let mut messages = Vec::with_capacity(conversation.len() + 1);
         if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.is_empty()) {
-            messages.push(json!({"role": "system", "content": instructions}));
+            messages.push(ChatMessageIn::text("system", instructions.as_str()));
         }
         messages.extend(conversation.iter().cloned());
-        let mut body = ChatBody::new(messages);
-        body.put("model", self.model.clone().map(Value::from));
-        body.put("max_tokens", self.max_output_tokens.map(Value::from));
-        body.put("temperature", self.temperature.clone());
-        body.put("top_p", self.top_p.clone());
-        body.put("user", self.user.clone().map(Value::from));
-        body.put(
-            "parallel_tool_calls",
-            self.parallel_tool_calls.map(Value::from),
-        );
-        body.put("speculation", self.speculation.clone());
-        body.put("prediction", self.prediction.clone());
-        body.put("cache_salt", self.cache_salt.clone());
-        body.put("seed", self.seed.clone());
-        body.put("top_k", self.top_k.clone());
+        let mut request = ChatRequest {
+            messages: Some(messages),
+            common: CommonFields {
+                model: self.model.clone(),
+                max_tokens: self.max_output_tokens,
+                temperature: typed(self.temperature.as_ref(), "temperature")?,
+                top_p: typed(self.top_p.as_ref(), "top_p")?,
+                user: self.user.clone(),
+                speculation: self.speculation.clone(),
+                prediction: self.prediction.clone(),
+                cache_salt: self.cache_salt.clone(),
+                seed: self.seed,
+                top_k: self.top_k,
+                ..CommonFields::default()
+            },
+            parallel_tool_calls: self.parallel_tool_calls,
+            thinking_token_budget: self.thinking_token_budget.clone(),
+            ..ChatRequest::default()
+        };
         if let Some(tools) = self.tools.as_ref().filter(|t| !t.is_empty()) {
-            body.put("tools", Some(chat_tools(tools, function_of)?));
+            request.tools = Some(chat_tools(tools, function_of)?);
         }
         if let Some(choice) = &self.tool_choice {
-            body.put("tool_choice", Some(chat_tool_choice(choice)?));
+            request.tool_choice = Some(chat_tool_choice(choice)?);
         }
         if let Some(text) = &self.text {
-            body.put("response_format", response_format(text)?);
+            request.response_format = response_format(text)?;
         }
         let implied = reasoning_effort(self.reasoning.as_ref())?
             .map(|effort| vec![("reasoning_effort", effort)])
             .unwrap_or_default();
-        body.put(
-            "chat_template_kwargs",
-            template_kwargs(self.chat_template_kwargs.as_ref(), implied),
-        );
-        body.put("thinking_token_budget", self.thinking_token_budget.clone());
+        request.chat_template_kwargs = template_kwargs(self.chat_template_kwargs.as_ref(), implied);
         Ok(ChatForm {
-            body: body.into_value(),
+            request,
             conversation,
         })
     }
@@ -371,12 +370,14 @@ mod tests {
             "tools": [{"type": "function", "name": "get", "parameters": {"type": "object"}}],
             "tool_choice": {"type": "function", "name": "get"},
         }));
-        let history = vec![json!({"role": "user", "content": "earlier"})];
+        let history = vec![ChatMessageIn::text("user", "earlier")];
         let form = r.chat_form(history).expect("converts");
-        let messages = form.body["messages"].as_array().expect("messages");
+        let request = form.request;
+        let messages = serde_json::to_value(request.messages.expect("messages")).expect("JSON");
+        let messages = messages.as_array().expect("messages");
         assert_eq!(
-            messages[0],
-            json!({"role": "system", "content": "be brief"})
+            (&messages[0]["role"], &messages[0]["content"]),
+            (&json!("system"), &json!("be brief"))
         );
         assert_eq!(messages[1]["content"], "earlier");
         assert_eq!(messages[3]["content"], "checking");
@@ -386,10 +387,12 @@ mod tests {
         assert_eq!(messages.len(), 5);
         // The stored conversation leaves the instructions out.
         assert_eq!(form.conversation.len(), 4);
-        assert_eq!(form.body["max_tokens"], 7);
-        assert_eq!(form.body["response_format"]["json_schema"]["name"], "x");
-        assert_eq!(form.body["tools"][0]["function"]["name"], "get");
-        assert_eq!(form.body["tool_choice"]["function"]["name"], "get");
+        assert_eq!(request.common.max_tokens, Some(7));
+        let format = request.response_format.expect("a format");
+        assert_eq!(format["json_schema"]["name"], "x");
+        assert_eq!(request.tools.expect("tools")[0]["function"]["name"], "get");
+        let choice = request.tool_choice.expect("a choice");
+        assert_eq!(choice["function"]["name"], "get");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::request::ResponsesRequest;
 use crate::server::adapter::new_id;
 use crate::server::answer::{Collected, Ending};
 use crate::server::openai::choice::ending_totals;
+use crate::server::request::{ChatMessageIn, ToolCallIn};
 use crate::server::tools::ToolCallOut;
 use crate::server::unix_now;
 
@@ -210,10 +211,14 @@ pub fn output_items(answer: &Collected) -> Vec<Value> {
 }
 
 /// The assistant message of an answer in the chat shape (what a continuation replays).
-pub fn assistant_message(text: &str, calls: &[ToolCallOut]) -> Value {
-    let mut message = json!({"role": "assistant", "content": text});
+pub fn assistant_message(text: &str, calls: &[ToolCallOut]) -> ChatMessageIn {
+    let mut message = ChatMessageIn::text("assistant", text);
     if !calls.is_empty() {
-        message["tool_calls"] = serde_json::to_value(calls).unwrap_or_default();
+        let calls = calls.iter().map(|c| {
+            let arguments = Value::from(c.function.arguments.as_str());
+            ToolCallIn::function(&c.id, &c.function.name, arguments)
+        });
+        message.tool_calls = Some(calls.collect());
     }
     message
 }

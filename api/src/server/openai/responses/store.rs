@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
+use crate::server::request::ChatMessageIn;
+
 /// Responses kept by default.
 pub const DEFAULT_MAX_RESPONSES: usize = 1000;
 /// Bytes of stored responses and conversations kept by default.
@@ -20,7 +22,7 @@ pub struct Stored {
     pub response: Value,
     /// The conversation it ended, without the instructions: its input (after what the
     /// response it continued held) and its output, as chat messages.
-    pub conversation: Vec<Value>,
+    pub conversation: Vec<ChatMessageIn>,
     /// The response failed: it can be fetched but not continued.
     pub failed: bool,
     bytes: usize,
@@ -28,20 +30,20 @@ pub struct Stored {
 
 impl Stored {
     /// A response and its conversation.
-    pub fn new(response: Value, conversation: Vec<Value>) -> Self {
+    pub fn new(response: Value, conversation: Vec<ChatMessageIn>) -> Self {
         Self::with(response, conversation, false)
     }
 
     /// A response that failed, and its input.
-    pub fn failed(response: Value, input: Vec<Value>) -> Self {
+    pub fn failed(response: Value, input: Vec<ChatMessageIn>) -> Self {
         Self::with(response, input, true)
     }
 
-    fn with(response: Value, conversation: Vec<Value>, failed: bool) -> Self {
+    fn with(response: Value, conversation: Vec<ChatMessageIn>, failed: bool) -> Self {
         let bytes = response.to_string().len()
             + conversation
                 .iter()
-                .map(|m| m.to_string().len())
+                .map(|m| serde_json::to_string(m).map_or(0, |s| s.len()))
                 .sum::<usize>();
         Self {
             response,
@@ -146,7 +148,10 @@ mod tests {
     use serde_json::json;
 
     fn stored(text: &str) -> Stored {
-        Stored::new(json!({"text": text}), vec![json!({"content": text})])
+        Stored::new(
+            json!({"text": text}),
+            vec![ChatMessageIn::text("user", text)],
+        )
     }
 
     #[test]

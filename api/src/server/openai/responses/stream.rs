@@ -27,6 +27,7 @@ use crate::server::adapter::events::{AnswerEvents, Outbox};
 use crate::server::adapter::new_id;
 use crate::server::answer::Part;
 use crate::server::error::ApiError;
+use crate::server::request::ChatMessageIn;
 use crate::server::tools::{FunctionCallOut, Piece, ToolCallOut};
 
 /// The kind of a streamed item with text: the model's thinking or its message.
@@ -100,7 +101,7 @@ pub struct ResponseEvents {
     /// Where the finished response goes (`store: false`: nowhere).
     store: Option<Arc<ResponseStore>>,
     /// The conversation before this response's output.
-    conversation: Vec<Value>,
+    conversation: Vec<ChatMessageIn>,
     output: Vec<Value>,
     /// The reasoning or message item being streamed.
     open: Option<OpenItem>,
@@ -112,7 +113,11 @@ pub struct ResponseEvents {
 
 impl ResponseEvents {
     /// The events of the response `shell` opens.
-    pub fn new(shell: Shell, store: Option<Arc<ResponseStore>>, conversation: Vec<Value>) -> Self {
+    pub fn new(
+        shell: Shell,
+        store: Option<Arc<ResponseStore>>,
+        conversation: Vec<ChatMessageIn>,
+    ) -> Self {
         Self {
             shell,
             store,
