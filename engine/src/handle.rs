@@ -260,9 +260,39 @@ pub fn spawn_with_backend(
 
 impl EngineHandle {
     /// Validates `request` and queues it. The returned stream yields its events.
-    pub fn submit(&self, mut request: Request) -> std::result::Result<RequestStream, SubmitError> {
+    pub fn submit(&self, request: Request) -> std::result::Result<RequestStream, SubmitError> {
+        let (submission, stream) = self.prepare(request)?;
+        self.send(Command::Submit(Box::new(submission)), 1)?;
+        Ok(stream)
+    }
+
+    /// Validates every request and queues them as one: the engine takes them all in before
+    /// its next step, so they are scheduled together (a batch job's requests, or a test that
+    /// needs them to share a pool). All or none: one invalid request fails the call.
+    pub fn submit_all(
+        &self,
+        requests: Vec<Request>,
+    ) -> std::result::Result<Vec<RequestStream>, SubmitError> {
+        let (submissions, streams): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|r| self.prepare(r))
+            .collect::<std::result::Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
+        let count = submissions.len();
+        if count > 0 {
+            self.send(Command::SubmitAll(submissions), count)?;
+        }
+        Ok(streams)
+    }
+
+    /// Validates `request` and compiles its constraint, in the caller's thread: a bad format
+    /// is the caller's error.
+    fn prepare(
+        &self,
+        mut request: Request,
+    ) -> std::result::Result<(Submission, RequestStream), SubmitError> {
         request.validate(&self.limits)?;
-        // Compiled here, in the caller's thread: a bad format is the caller's error.
         let mut constraint = match &request.constraint {
             Some(spec) => Some(
                 self.grammars
@@ -278,33 +308,35 @@ impl EngineHandle {
                     .map_err(|e| invalid("thinking", e.to_string()))?,
             );
         }
-        let before = self.pending.fetch_add(1, Ordering::SeqCst);
-        if before >= self.max_pending {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(SubmitError::Overloaded(before));
-        }
         if request.sampling.seed.is_none() {
             request.sampling.seed = Some(rand::random());
         }
         let (events, stream) = flume::unbounded();
-        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
-        let command = Command::Submit(Box::new(Submission {
-            id,
+        let submission = Submission {
+            id: self.next_request.fetch_add(1, Ordering::Relaxed),
             request,
             constraint,
             events,
             submitted: Instant::now(),
-        }));
-        match self.commands.try_send(command) {
-            Ok(()) => Ok(RequestStream { events: stream }),
-            Err(e) => {
-                self.pending.fetch_sub(1, Ordering::SeqCst);
-                match e {
-                    flume::TrySendError::Full(_) => Err(SubmitError::Overloaded(before)),
-                    flume::TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
-                }
-            }
+        };
+        Ok((submission, RequestStream { events: stream }))
+    }
+
+    /// Queues `command`, which carries `count` requests, unless that many more would pass
+    /// `max_pending`.
+    fn send(&self, command: Command, count: usize) -> std::result::Result<(), SubmitError> {
+        let before = self.pending.fetch_add(count, Ordering::SeqCst);
+        if before + count > self.max_pending {
+            self.pending.fetch_sub(count, Ordering::SeqCst);
+            return Err(SubmitError::Overloaded(before));
         }
+        self.commands.try_send(command).map_err(|e| {
+            self.pending.fetch_sub(count, Ordering::SeqCst);
+            match e {
+                flume::TrySendError::Full(_) => SubmitError::Overloaded(before),
+                flume::TrySendError::Disconnected(_) => SubmitError::Stopped,
+            }
+        })
     }
 
     /// Asks the engine to stop: pending requests get an error event.

@@ -72,11 +72,9 @@ fn request(prompt: &[u32], method: SpecMethod, max_tokens: usize) -> Request {
 }
 
 fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap())
-        .collect();
-    streams
+    handle
+        .submit_all(requests)
+        .unwrap()
         .into_iter()
         .flat_map(|s| s.wait().unwrap())
         .collect()

@@ -297,10 +297,51 @@ fn logprobs_usage_cancellation_and_overload() {
     drop((a, b));
     let bad = Request {
         prompt: vec![1_000_000],
-        ..greedy(prompt, 5)
+        ..greedy(prompt.clone(), 5)
     };
-    match handle.submit(bad) {
+    match handle.submit(bad.clone()) {
         Err(SubmitError::Invalid(e)) => assert_eq!(e.field, "prompt"),
         other => panic!("expected an invalid prompt, got {other:?}"),
     }
+    wait_until_idle(&handle);
+
+    // Submitted together: all or none. One invalid request refuses the lot, and more than
+    // max_pending at once is refused whole; nothing of either runs.
+    match handle.submit_all(vec![greedy(prompt.clone(), 3), bad]) {
+        Err(SubmitError::Invalid(e)) => assert_eq!(e.field, "prompt"),
+        other => panic!("expected an invalid prompt, got {other:?}"),
+    }
+    let three = vec![greedy(prompt.clone(), 3); 3];
+    assert!(matches!(
+        handle.submit_all(three),
+        Err(SubmitError::Overloaded(0))
+    ));
+    assert_eq!(handle.pending(), 0);
+    assert_eq!(handle.stats().unwrap().requests, 0);
+    let alone = handle
+        .submit(greedy(prompt.clone(), 6))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let together: Vec<_> = handle
+        .submit_all(vec![greedy(prompt.clone(), 6), greedy(prompt, 6)])
+        .unwrap()
+        .into_iter()
+        .map(|s| s.wait().unwrap().remove(0).token_ids)
+        .collect();
+    assert_eq!(together, vec![alone[0].token_ids.clone(); 2]);
+}
+
+/// Waits for the engine to drop every cancelled request.
+fn wait_until_idle(handle: &EngineHandle) {
+    for _ in 0..1000 {
+        if handle.pending() == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!(
+        "cancelled requests were never dropped: {:?}",
+        handle.stats()
+    );
 }

@@ -103,13 +103,12 @@ pub(crate) fn full_length(
     request
 }
 
-/// Submits every request at once and waits for all.
+/// Submits every request together (taken in before the engine's next step, so they share
+/// the pool from the first step) and waits for all.
 pub(crate) fn run_all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<SampleOutput> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap())
-        .collect();
-    streams
+    handle
+        .submit_all(requests)
+        .unwrap()
         .into_iter()
         .map(|s| s.wait().unwrap().remove(0))
         .collect()

@@ -67,6 +67,8 @@ use crate::Result;
 pub(crate) enum Command {
     /// A validated request and where its events go.
     Submit(Box<Submission>),
+    /// Validated requests to take in together, before the next step.
+    SubmitAll(Vec<Submission>),
     /// Reply with a snapshot of the engine's counters.
     Stats(flume::Sender<EngineStats>),
     /// Fail everything pending and stop.
@@ -222,14 +224,14 @@ impl Engine {
     }
 
     fn intake(&mut self, command: Command) {
-        let Submission {
-            id,
-            request,
-            constraint,
-            events,
-            submitted,
-        } = match command {
+        let submission = match command {
             Command::Submit(submission) => *submission,
+            Command::SubmitAll(submissions) => {
+                for submission in submissions {
+                    self.admit(submission);
+                }
+                return;
+            }
             Command::Stats(reply) => {
                 let _ = reply.send(EngineStats {
                     scheduler: self.scheduler.stats(),
@@ -242,6 +244,17 @@ impl Engine {
             }
             Command::Shutdown => return,
         };
+        self.admit(submission);
+    }
+
+    fn admit(&mut self, submission: Submission) {
+        let Submission {
+            id,
+            request,
+            constraint,
+            events,
+            submitted,
+        } = submission;
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         let scope = request.cache_scope();
