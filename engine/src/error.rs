@@ -21,6 +21,15 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// A GGUF file with a tensor of a type thicket does not read (the message names the
+    /// tensor, its type, and the types thicket reads).
+    #[error("cannot load {path}: {reason}")]
+    UnreadableTensor {
+        /// The file.
+        path: PathBuf,
+        /// Which tensor, and its type.
+        reason: String,
+    },
     /// An architecture this engine does not implement.
     #[error(
         "unsupported model architecture '{0}' (supported: {supported})",

@@ -25,4 +25,5 @@ mod qwen35_hf;
 pub(crate) mod qwen3next;
 mod qwen3next_hf;
 mod tokenizer;
+mod unreadable_tensors;
 mod yarn;

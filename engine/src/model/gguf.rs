@@ -18,6 +18,7 @@ use crate::model::config::LayerMixer;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::experts::load::GgufTensors;
 use crate::model::experts::prepared::PreparedExperts;
+use crate::model::gguf_header;
 use crate::model::gguf_keys::{
     as_f32, as_u64, attending_kv_heads, delta_net_shape, expert_facts, longrope, recurrent_layers,
     rope_scaling,
@@ -31,18 +32,25 @@ use crate::model::{
 };
 use crate::{Error, Result};
 
-/// Reads a GGUF header and metadata, with errors that name the file.
+/// Reads a GGUF header and metadata, with errors that name the file; a tensor of a type
+/// thicket does not read is refused by name and type.
 pub fn read_content(path: &Path) -> Result<(Content, BufReader<File>)> {
     let file = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::MissingFile(path.to_path_buf()),
         _ => Error::io(format!("open {}", path.display()), e),
     })?;
     let mut reader = BufReader::new(file);
-    let content = Content::read(&mut reader).map_err(|e| Error::InvalidGguf {
+    let header = gguf_header::read(&mut reader).map_err(|reason| Error::InvalidGguf {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        reason,
     })?;
-    Ok((content, reader))
+    if let Some(reason) = gguf_header::unreadable(&header.others) {
+        return Err(Error::UnreadableTensor {
+            path: path.to_path_buf(),
+            reason,
+        });
+    }
+    Ok((header.content, reader))
 }
 
 /// Hyper-parameters from GGUF metadata, with the family's declaration resolved.

@@ -168,11 +168,15 @@ impl Linear {
             (Weight::Quantized(QMatMul::QTensor(q)), QuantKernel::Thicket) if prefer_thicket(q) => {
                 QuantMatrix::from_qtensor(q)?.map(|packed| Weight::Packed(Arc::new(packed)))
             }
-            (Weight::Packed(w), QuantKernel::Candle) => {
-                let storage = QStorage::from_data(w.gguf(), &Device::Cpu, w.format().ggml())?;
-                let tensor = QTensor::new(storage, (w.rows(), w.cols()))?;
-                Some(Weight::Quantized(QMatMul::from_qtensor(tensor)?))
-            }
+            // A format candle lacks (MXFP4) stays on thicket's kernel.
+            (Weight::Packed(w), QuantKernel::Candle) => match w.format().ggml() {
+                Some(dtype) => {
+                    let storage = QStorage::from_data(w.gguf(), &Device::Cpu, dtype)?;
+                    let tensor = QTensor::new(storage, (w.rows(), w.cols()))?;
+                    Some(Weight::Quantized(QMatMul::from_qtensor(tensor)?))
+                }
+                None => None,
+            },
             _ => None,
         };
         if let Some(weight) = replacement {

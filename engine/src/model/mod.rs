@@ -33,6 +33,7 @@ pub(crate) mod fused_pass;
 mod fused_rows;
 pub mod gguf;
 mod gguf_delta_net;
+pub mod gguf_header;
 mod gguf_keys;
 mod gguf_mamba2;
 pub(crate) mod hf;

@@ -248,7 +248,7 @@ unsafe fn group(
             );
         }
         let base = tile.add(b * layout.bytes);
-        let d = scales(base, layout);
+        let d = scales(format, base, layout);
         let offset = offsets(format, base, layout, d);
         let dots = &dots[b % 2];
         for r in 0..n {

@@ -1,4 +1,4 @@
-//! The AVX2 kernel for the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0), reading weights in the
+//! The AVX2 kernel for the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4), reading weights in the
 //! `tiles16` layout: the first 32 bytes of each 64-byte "dword j of every row" chunk are
 //! rows 0..8 and the last 32 bytes rows 8..16, so a tile is multiplied as two halves of eight
 //! weight rows, each block of a half loaded as 256-bit chunks of "4 values of each row" (one
@@ -6,7 +6,8 @@
 //! up to four activation rows. An activation row meets a chunk with `maddubs` against its
 //! broadcast 4 values; the 16-bit pair sums of a block's chunks are added as 16-bit integers
 //! (exact: 4-bit values fill eight chunks, 5-bit values four, below 2^15) and widened once.
-//! Q8_0's signed values move their sign onto the activations first. Each block's scaled sum
+//! Q8_0's signed values move their sign onto the activations first; MXFP4's codes are looked
+//! up as their doubled values plus 12 (0 to 24), summed four chunks at a time like Q5_0's. Each block's scaled sum
 //! and then its offset (`w = d * q + offset`) against the activations' block sum are added to
 //! the row's accumulator. A row's arithmetic is the same whichever rows share its group, so
 //! results are batch invariant.
@@ -33,6 +34,7 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
+const MXFP4: u8 = 4;
 
 /// The format of a code.
 const fn format_of(code: u8) -> QuantFormat {
@@ -40,6 +42,7 @@ const fn format_of(code: u8) -> QuantFormat {
         Q4_0 => QuantFormat::Q4_0,
         Q4_1 => QuantFormat::Q4_1,
         Q5_0 => QuantFormat::Q5_0,
+        MXFP4 => QuantFormat::Mxfp4,
         _ => QuantFormat::Q8_0,
     }
 }
@@ -67,6 +70,7 @@ pub unsafe fn tile(
         QuantFormat::Q4_0 => in_formats::<Q4_0>(t, rows, store),
         QuantFormat::Q4_1 => in_formats::<Q4_1>(t, rows, store),
         QuantFormat::Q5_0 => in_formats::<Q5_0>(t, rows, store),
+        QuantFormat::Mxfp4 => in_formats::<MXFP4>(t, rows, store),
         // Q8_0, the only other 32-value format (the callers pass no other shape).
         _ => in_formats::<Q8_0>(t, rows, store),
     }
@@ -194,9 +198,7 @@ unsafe fn half_of<const R: usize, const F: u8, const H: usize>(
         );
         for (hh, acc) in acc.iter_mut().enumerate() {
             let half = half + hh;
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(
-                base.add(layout.scales + 2 * HALF * half) as *const __m128i
-            ));
+            let d = scales::<F>(base, layout, half);
             let (chunks, signs) = unpack::<F>(base, layout, half);
             let offset = offsets::<F>(base, layout, half, d);
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -214,6 +216,25 @@ unsafe fn half_of<const R: usize, const F: u8, const H: usize>(
         }
     }
     acc
+}
+
+/// Half `half`'s eight scales of the tile block at `base`: f16, or MXFP4's E8M0 bytes as half
+/// their power of two (`formats::e8m0_half`, bit for bit).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<const F: u8>(base: *const u8, layout: TileBlock, half: usize) -> __m256 {
+    if F == MXFP4 {
+        let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            base.add(layout.scales + HALF * half) as *const __m128i
+        ));
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+        let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, tiny));
+    }
+    _mm256_cvtph_ps(_mm_loadu_si128(
+        base.add(layout.scales + 2 * HALF * half) as *const __m128i
+    ))
 }
 
 /// The 4 activations at `x` (dword `i`) in every lane.
@@ -249,8 +270,9 @@ unsafe fn dot<const F: u8>(chunks: &[__m256i; 8], signs: &[__m256i; 8], x: *cons
             }
             _mm256_add_epi32(s[0], s[1])
         }
-        Q5_0 => {
-            // Four 5-bit chunks' pair sums stay below 4 * 2 * 31 * 128 < 2^15.
+        Q5_0 | MXFP4 => {
+            // Four 5-bit chunks' pair sums stay below 4 * 2 * 31 * 128 < 2^15, and four of
+            // MXFP4's (at most 24) below 4 * 2 * 24 * 128.
             _mm256_add_epi32(
                 _mm256_madd_epi16(quad(0), ones),
                 _mm256_madd_epi16(quad(4), ones),
@@ -265,8 +287,9 @@ unsafe fn dot<const F: u8>(chunks: &[__m256i; 8], signs: &[__m256i; 8], x: *cons
 
 /// Half `half` of the tile block at `base` as eight chunks: chunk `i` holds values
 /// `4i..4i + 4` of each of its eight rows (one row per 32-bit lane), as unsigned bytes
-/// (nibbles split, fifth bits merged) or, for Q8_0, as magnitudes, the signed values
-/// following as the second array (all zero for the other formats).
+/// (nibbles split, fifth bits merged, MXFP4's codes looked up as their doubled values plus
+/// 12) or, for Q8_0, as magnitudes, the signed values following as the second array (all zero
+/// for the other formats).
 ///
 /// # Safety
 /// As `tile`; `base` must point at a whole tile block of `layout`.
@@ -307,6 +330,14 @@ unsafe fn unpack<const F: u8>(
             *chunk = _mm256_or_si256(*chunk, fifth);
         }
     }
+    if F == MXFP4 {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+            super::avx512_block32::MXFP4_BIASED.as_ptr() as *const __m128i,
+        ));
+        for chunk in chunks.iter_mut() {
+            *chunk = _mm256_shuffle_epi8(table, *chunk);
+        }
+    }
     (chunks, signs)
 }
 
@@ -329,6 +360,41 @@ unsafe fn offsets<const F: u8>(
             base.add(layout.extra + 2 * HALF * half) as *const __m128i
         )),
         Q5_0 => _mm256_mul_ps(d, _mm256_set1_ps(-16.0)),
+        MXFP4 => _mm256_mul_ps(d, _mm256_set1_ps(-12.0)),
         _ => _mm256_setzero_ps(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::qgemm::formats::e8m0_half;
+    use crate::cpu::qgemm::kernels::Isa;
+
+    #[test]
+    fn mxfp4_scale_bytes_convert_as_ggml_converts_them() {
+        if !Isa::available().contains(&Isa::Avx2) {
+            eprintln!("skipped: this CPU has no AVX2, FMA and F16C");
+            return;
+        }
+        let layout = tiles16::tile_block(QuantFormat::Mxfp4);
+        for first in (0..256).step_by(COLUMNS) {
+            let mut block = vec![0u8; layout.bytes];
+            for c in 0..COLUMNS {
+                block[layout.scales + c] = (first + c) as u8;
+            }
+            for half in 0..2 {
+                let mut lanes = [0f32; HALF];
+                // SAFETY: the CPU has AVX2 (checked above); `block` is a whole tile block.
+                unsafe {
+                    let d = scales::<MXFP4>(block.as_ptr(), layout, half);
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), d);
+                }
+                for (c, got) in lanes.iter().enumerate() {
+                    let e = (first + HALF * half + c) as u8;
+                    assert_eq!(got.to_bits(), e8m0_half(e).to_bits(), "scale byte {e}");
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
-//! The AVX-512 kernel for the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0), reading weights in the
+//! The AVX-512 kernel for the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4), reading weights in the
 //! `tiles16` layout: for a tile of 16 weight rows, each block of all 16 rows is loaded as eight
 //! 512-bit chunks of "4 values of each row" (one row per 32-bit lane; nibbles split, fifth
-//! bits merged), then shared by up to four activation rows, each meeting it with eight VNNI
+//! bits merged, MXFP4's codes looked up as their doubled values plus 12), then shared by up to four activation rows, each meeting it with eight VNNI
 //! `dpbusd` against broadcast activations. Lane `c` holds row `c`'s sum; the per-block offset
 //! (`w = d * q + offset`) is accumulated on the side against the activations' block sums. The
 //! first group of rows prefetches the blocks a few ahead: with few rows the product waits on
@@ -50,6 +50,7 @@ pub unsafe fn tile(
         QuantFormat::Q4_0 => in_formats::<Q4_0>(t, rows, store),
         QuantFormat::Q4_1 => in_formats::<Q4_1>(t, rows, store),
         QuantFormat::Q5_0 => in_formats::<Q5_0>(t, rows, store),
+        QuantFormat::Mxfp4 => in_formats::<MXFP4>(t, rows, store),
         // Q8_0, the only other 32-value format (the callers pass no other shape).
         _ => in_formats::<Q8_0>(t, rows, store),
     }
@@ -61,6 +62,7 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q8_0: u8 = 3;
+const MXFP4: u8 = 4;
 
 /// The format of a code.
 const fn format_of(code: u8) -> QuantFormat {
@@ -68,9 +70,21 @@ const fn format_of(code: u8) -> QuantFormat {
         Q4_0 => QuantFormat::Q4_0,
         Q4_1 => QuantFormat::Q4_1,
         Q5_0 => QuantFormat::Q5_0,
+        MXFP4 => QuantFormat::Mxfp4,
         _ => QuantFormat::Q8_0,
     }
 }
+
+/// MXFP4's doubled values plus 12 (unsigned, for `dpbusd`), by code, in each 128-bit lane.
+pub(super) const MXFP4_BIASED: [i8; 16] = {
+    let mut table = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        table[i] = super::formats::MXFP4_VALUES[i] + 12;
+        i += 1;
+    }
+    table
+};
 
 /// `tile` for the format of code `F`.
 #[inline]
@@ -134,7 +148,7 @@ unsafe fn group_of<const R: usize, const F: u8>(
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
             }
         }
-        let d = scales(base, layout);
+        let d = scales(format, base, layout);
         let chunks = unpack(format, base, layout);
         let offset = offsets(format, base, layout, d);
         for r in 0..R {
@@ -173,18 +187,28 @@ pub(super) unsafe fn finish<const R: usize>(
     }
 }
 
-/// The 16 rows' f16 scales of the tile block at `base`.
+/// The 16 rows' scales of the tile block at `base`: f16, or MXFP4's E8M0 bytes as half
+/// their power of two (`formats::e8m0_half`, bit for bit).
 ///
 /// # Safety
 /// As `tile`; `base` must point at a whole tile block of `layout`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn scales(base: *const u8, layout: TileBlock) -> __m512 {
+pub(super) unsafe fn scales(format: QuantFormat, base: *const u8, layout: TileBlock) -> __m512 {
+    if format == QuantFormat::Mxfp4 {
+        let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(base.add(layout.scales) as *const __m128i));
+        let one = _mm512_set1_epi32(1);
+        let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, one));
+        let small = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+        let tiny = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+        return _mm512_castsi512_ps(_mm512_mask_blend_epi32(tiny, normal, small));
+    }
     _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.scales) as *const __m256i))
 }
 
 /// The tile block's values as eight chunks: chunk `i` holds values `4i..4i + 4` of every row
-/// (one row per 32-bit lane), as unsigned bytes (nibbles split, fifth bits merged).
+/// (one row per 32-bit lane), as unsigned bytes (nibbles split, fifth bits merged; MXFP4's
+/// codes looked up as their doubled values plus 12).
 ///
 /// # Safety
 /// As `scales`.
@@ -221,6 +245,13 @@ pub(super) unsafe fn unpack(
             *chunk = _mm512_or_si512(*chunk, fifth);
         }
     }
+    if format == QuantFormat::Mxfp4 {
+        let table =
+            _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_BIASED.as_ptr() as *const __m128i));
+        for chunk in chunks.iter_mut() {
+            *chunk = _mm512_shuffle_epi8(table, *chunk);
+        }
+    }
     chunks
 }
 
@@ -242,6 +273,39 @@ pub(super) unsafe fn offsets(
             _mm512_cvtph_ps(_mm256_loadu_si256(base.add(layout.extra) as *const __m256i))
         }
         QuantFormat::Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+        QuantFormat::Mxfp4 => _mm512_mul_ps(d, _mm512_set1_ps(-12.0)),
         _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::qgemm::formats::e8m0_half;
+    use crate::cpu::qgemm::kernels::Isa;
+
+    #[test]
+    fn mxfp4_scale_bytes_convert_as_ggml_converts_them() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
+        let layout = tiles16::tile_block(QuantFormat::Mxfp4);
+        for first in (0..256).step_by(COLUMNS) {
+            let mut block = vec![0u8; layout.bytes];
+            for c in 0..COLUMNS {
+                block[layout.scales + c] = (first + c) as u8;
+            }
+            let mut lanes = [0f32; COLUMNS];
+            // SAFETY: the CPU has AVX-512 VNNI (checked above); `block` is a whole tile block.
+            unsafe {
+                let d = scales(QuantFormat::Mxfp4, block.as_ptr(), layout);
+                _mm512_storeu_ps(lanes.as_mut_ptr(), d);
+            }
+            for (c, got) in lanes.iter().enumerate() {
+                let e = (first + c) as u8;
+                assert_eq!(got.to_bits(), e8m0_half(e).to_bits(), "scale byte {e}");
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
-//! The GGUF block formats the quantized matmul reads (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): their
-//! byte layouts, and how one weight row (an output column of the product) is decoded into the
+//! The GGUF block formats the quantized matmul reads (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, Q4_K,
+//! Q6_K): their byte layouts, and how one weight row (an output column of the product) is decoded into the
 //! two shapes the SIMD kernels consume. A `Block32` row is 32-value blocks of small unsigned
-//! (or, for Q8_0, signed) integers with a float scale and a float offset per block; a
+//! (or, for Q8_0 and MXFP4, signed) integers with a float scale and a float offset per block; a
 //! `Super256` row is 256-value super-blocks of unsigned integers with an integer scale per 16
 //! values, a float scale per super-block and a float offset per 16 values. In both shapes
 //! `w = scale * q + offset` holds exactly for every value the format stores. Decoded rows come
@@ -20,6 +20,9 @@ pub enum QuantFormat {
     Q5_0,
     /// 32 values: f16 scale, signed 8-bit values.
     Q8_0,
+    /// 32 values (OCP microscaling FP4): an E8M0 power-of-two scale, 4-bit E2M1 values
+    /// (GGML type 39, which candle does not read).
+    Mxfp4,
     /// 256 values: f16 scale and minimum, eight 6-bit sub-scales and sub-minimums, 4-bit values.
     Q4K,
     /// 256 values: f16 scale, sixteen signed 8-bit sub-scales, 6-bit values minus 32.
@@ -36,6 +39,20 @@ pub enum Shape {
 }
 
 impl QuantFormat {
+    /// The format of a GGML type number, if the kernels support it (MXFP4 among them).
+    pub fn from_ggml_type(code: u32) -> Option<Self> {
+        Some(match code {
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            8 => Self::Q8_0,
+            12 => Self::Q4K,
+            14 => Self::Q6K,
+            39 => Self::Mxfp4,
+            _ => return None,
+        })
+    }
+
     /// The format of a candle dtype, if the kernels support it.
     pub fn from_ggml(dtype: GgmlDType) -> Option<Self> {
         Some(match dtype {
@@ -50,25 +67,27 @@ impl QuantFormat {
     }
 
     /// Every supported format.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 7] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q5_0,
         Self::Q8_0,
+        Self::Mxfp4,
         Self::Q4K,
         Self::Q6K,
     ];
 
-    /// The candle dtype.
-    pub fn ggml(self) -> GgmlDType {
-        match self {
+    /// The candle dtype, where candle has the format (it has no MXFP4).
+    pub fn ggml(self) -> Option<GgmlDType> {
+        Some(match self {
             Self::Q4_0 => GgmlDType::Q4_0,
             Self::Q4_1 => GgmlDType::Q4_1,
             Self::Q5_0 => GgmlDType::Q5_0,
             Self::Q8_0 => GgmlDType::Q8_0,
             Self::Q4K => GgmlDType::Q4K,
             Self::Q6K => GgmlDType::Q6K,
-        }
+            Self::Mxfp4 => return None,
+        })
     }
 
     /// Values per block.
@@ -86,6 +105,7 @@ impl QuantFormat {
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
             Self::Q8_0 => 34,
+            Self::Mxfp4 => 17,
             Self::Q4K => 144,
             Self::Q6K => 210,
         }
@@ -99,9 +119,9 @@ impl QuantFormat {
         }
     }
 
-    /// Whether decoded values are signed (only Q8_0's are).
+    /// Whether decoded values are signed (Q8_0's and MXFP4's are).
     pub fn signed(self) -> bool {
-        self == Self::Q8_0
+        matches!(self, Self::Q8_0 | Self::Mxfp4)
     }
 
     /// Whether the activations' per-block sums are rounded like ggml's Q8_1 (Q4_1 pairs with
@@ -119,6 +139,20 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u32;
     let magnitude = f32::from_bits((bits & 0x7fff) << 13) * f32::from_bits(0x7780_0000);
     f32::from_bits(((bits & 0x8000) << 16) | magnitude.to_bits())
+}
+
+/// MXFP4's sixteen E2M1 codes as integers, twice their value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+/// their negatives), so that a block's scale is half its E8M0 power of two.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the power of two an E8M0 byte encodes, `2^(e - 128)`, the scale of MXFP4's doubled
+/// values; exact for every byte but 255 (E8M0's NaN), the two smallest giving subnormals.
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    match e {
+        0 | 1 => f32::from_bits(0x0020_0000 << e),
+        e => f32::from_bits(u32::from(e - 1) << 23),
+    }
 }
 
 /// One decoded `Block32` row: `w[i] = scale[i / 32] * q[i] + offset[i / 32]`.
@@ -156,6 +190,14 @@ pub fn decode_block32(format: QuantFormat, raw: &[u8], row: Block32Row<'_>) {
         QuantFormat::Q8_0 => decode_32::<34>(raw, row, |block, q| {
             q.copy_from_slice(&block[2..34]);
             (f16_at(block, 0), 0.0)
+        }),
+        QuantFormat::Mxfp4 => decode_32::<17>(raw, row, |block, q| {
+            let mut codes = [0u8; 32];
+            unpack_nibbles(&block[1..17], &mut codes);
+            for (v, &code) in q.iter_mut().zip(&codes) {
+                *v = MXFP4_VALUES[usize::from(code)] as u8;
+            }
+            (e8m0_half(block[0]), 0.0)
         }),
         QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("super-block format"),
     }
@@ -335,7 +377,9 @@ mod tests {
             .collect();
         let dense = Tensor::from_vec(values, (n, k), &Device::Cpu).unwrap();
         for format in QuantFormat::ALL {
-            let q = QTensor::quantize(&dense, format.ggml()).unwrap();
+            // MXFP4 is checked against llama.cpp's dequantization instead (candle has none).
+            let Some(dtype) = format.ggml() else { continue };
+            let q = QTensor::quantize(&dense, dtype).unwrap();
             let want: Vec<f32> = q
                 .dequantize(&Device::Cpu)
                 .unwrap()
@@ -396,6 +440,48 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// MXFP4 blocks decode to llama.cpp's dequantization bit for bit (gguf-py's, written by
+    /// `scripts/mxfp4-reference.py`): blocks it quantized, and every scale byte with every code.
+    #[test]
+    fn mxfp4_decodes_as_llama_cpp_dequantizes() {
+        let reference: serde_json::Value =
+            serde_json::from_str(include_str!("../../../../tests/data/mxfp4_gguf_py.json"))
+                .unwrap();
+        let hex = reference["blocks"].as_str().unwrap();
+        let raw: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let want: Vec<u32> = reference["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let blocks = raw.len() / 17;
+        assert_eq!(blocks, 64 + 255);
+        assert_eq!(want.len(), blocks * 32);
+        let k = blocks * 32;
+        let (mut q, mut scale, mut offset) = (vec![0u8; k], vec![0f32; blocks], vec![0f32; blocks]);
+        let row = Block32Row {
+            q: &mut q,
+            scale: &mut scale,
+            offset: &mut offset,
+        };
+        decode_block32(QuantFormat::Mxfp4, &raw, row);
+        for (i, &bits) in want.iter().enumerate() {
+            assert_eq!(offset[i / 32], 0.0);
+            let got = scale[i / 32] * f32::from(q[i] as i8);
+            assert_eq!(
+                got.to_bits(),
+                bits,
+                "value {i} (block {}, scale byte {}): {got} vs llama.cpp's {}",
+                i / 32,
+                raw[i / 32 * 17],
+                f32::from_bits(bits)
+            );
         }
     }
 }

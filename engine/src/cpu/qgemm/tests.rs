@@ -1,5 +1,8 @@
 //! `QuantMatrix` against candle's `QMatMul` (the reference), for every format, every
-//! instruction set this CPU has, every row count 1..=128 and ragged output counts.
+//! instruction set this CPU has, every row count 1..=128 and ragged output counts. MXFP4,
+//! which candle lacks, is held to a scalar product written as ggml's (`vec_dot_mxfp4_q8_0`:
+//! activations in candle's Q8_0 blocks, each block's integer sum of doubled E2M1 values times
+//! its two scales).
 //!
 //! Stated tolerance: `|ours - candle| <= 2e-6 * sum_i |w_i x_i| + 1e-6` per output, where
 //! `sum_i |w_i x_i|` (dequantized weights, f32 inputs) is the natural scale of a dot product's
@@ -39,13 +42,114 @@ struct Case {
     n: usize,
     k: usize,
     ours: QuantMatrix,
-    candle: QMatMul,
+    reference: Reference,
     dense: Vec<f32>,
 }
 
+/// What a case's products are held to.
+enum Reference {
+    Candle(QMatMul),
+    /// MXFP4's blocks, multiplied by `mxfp4_reference`.
+    Mxfp4(Vec<u8>),
+}
+
+/// ggml's MXFP4 quantization of `w` (`quantize_row_mxfp4_ref`): per block of 32, the power
+/// of two that puts the largest value's exponent two above the top code's, and each value
+/// to its nearest code; a few blocks get the two smallest scale bytes (subnormal scales).
+fn mxfp4_blocks(w: &[f32]) -> Vec<u8> {
+    use super::formats::{e8m0_half, MXFP4_VALUES};
+    let mut out = Vec::new();
+    for (b, block) in w.chunks_exact(32).enumerate() {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let e = match b % 41 {
+            5 => 0,
+            6 => 1,
+            _ if amax > 0.0 => (amax.log2().floor() - 2.0 + 127.0) as u8,
+            _ => 0,
+        };
+        let d = e8m0_half(e);
+        let code = |v: f32| -> u8 {
+            let target = if d > 0.0 { v / d } else { 0.0 };
+            (0..16u8)
+                .min_by(|&a, &b| {
+                    let da = (f32::from(MXFP4_VALUES[a as usize]) - target).abs();
+                    let db = (f32::from(MXFP4_VALUES[b as usize]) - target).abs();
+                    da.total_cmp(&db)
+                })
+                .unwrap_or(0)
+        };
+        out.push(e);
+        for j in 0..16 {
+            out.push(code(block[j]) | (code(block[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// MXFP4 blocks as floats.
+fn mxfp4_dense(raw: &[u8]) -> Vec<f32> {
+    use super::formats::{e8m0_half, MXFP4_VALUES};
+    raw.chunks_exact(17)
+        .flat_map(|block| {
+            let d = e8m0_half(block[0]);
+            let code = move |i: usize| (block[1 + i % 16] >> (4 * (i / 16))) & 15;
+            (0..32).map(move |i| f32::from(MXFP4_VALUES[code(i) as usize]) * d)
+        })
+        .collect()
+}
+
+/// `x W^T` for MXFP4 blocks `raw` (`[n][k]`) as ggml's scalar `vec_dot_mxfp4_q8_0` computes
+/// it, with `x` in candle's Q8_0 blocks.
+fn mxfp4_reference(raw: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    use super::formats::{e8m0_half, MXFP4_VALUES};
+    let m = x.len() / k;
+    let xt = Tensor::from_slice(x, (m, k), &Device::Cpu).unwrap();
+    let xq = QTensor::quantize(&xt, candle_core::quantized::GgmlDType::Q8_0).unwrap();
+    let xq = xq.data().unwrap();
+    let blocks = k / 32;
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let mut sum = 0f32;
+            for b in 0..blocks {
+                let w = &raw[(c * blocks + b) * 17..][..17];
+                let xb = &xq[(r * blocks + b) * 34..][..34];
+                let dx = half::f16::from_le_bytes([xb[0], xb[1]]).to_f32();
+                let dot: i32 = (0..32)
+                    .map(|i| {
+                        let code = (w[1 + i % 16] >> (4 * (i / 16))) & 15;
+                        i32::from(MXFP4_VALUES[code as usize]) * i32::from(xb[2 + i] as i8)
+                    })
+                    .sum();
+                sum += e8m0_half(w[0]) * dx * dot as f32;
+            }
+            out[r * n + c] = sum;
+        }
+    }
+    out
+}
+
+/// A case of MXFP4 blocks `raw` (`[n][k]`).
+fn mxfp4_case(n: usize, k: usize, raw: Vec<u8>) -> Case {
+    Case {
+        format: QuantFormat::Mxfp4,
+        n,
+        k,
+        ours: QuantMatrix::new(QuantFormat::Mxfp4, n, k, raw.clone())
+            .unwrap()
+            .for_isa(super::process_isa()),
+        dense: mxfp4_dense(&raw),
+        reference: Reference::Mxfp4(raw),
+    }
+}
+
 fn case(format: QuantFormat, n: usize, k: usize) -> Case {
-    let w = Tensor::from_vec(values(n * k, n as u32 ^ k as u32), (n, k), &Device::Cpu).unwrap();
-    let q = QTensor::quantize(&w, format.ggml()).unwrap();
+    let raw_values = values(n * k, n as u32 ^ k as u32);
+    let Some(dtype) = format.ggml() else {
+        return mxfp4_case(n, k, mxfp4_blocks(&raw_values));
+    };
+    let w = Tensor::from_vec(raw_values, (n, k), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, dtype).unwrap();
     let dense = q
         .dequantize(&Device::Cpu)
         .unwrap()
@@ -59,7 +163,7 @@ fn case(format: QuantFormat, n: usize, k: usize) -> Case {
         n,
         k,
         ours,
-        candle: QMatMul::from_qtensor(q).unwrap(),
+        reference: Reference::Candle(QMatMul::from_qtensor(q).unwrap()),
         dense,
     }
 }
@@ -67,8 +171,12 @@ fn case(format: QuantFormat, n: usize, k: usize) -> Case {
 impl Case {
     fn candle(&self, x: &[f32]) -> Vec<f32> {
         let m = x.len() / self.k;
+        let candle = match &self.reference {
+            Reference::Candle(candle) => candle,
+            Reference::Mxfp4(raw) => return mxfp4_reference(raw, self.n, self.k, x),
+        };
         let x = Tensor::from_slice(x, (m, self.k), &Device::Cpu).unwrap();
-        self.candle
+        candle
             .forward(&x)
             .unwrap()
             .flatten_all()
@@ -237,6 +345,28 @@ fn layouts_convert_both_ways_and_guard_their_kernels() {
         let avx2 = gguf.clone().for_isa(Isa::Avx2);
         assert_eq!(avx2.layout(), BlockLayout::Tiles16, "{format:?}");
         assert_eq!(avx2.gguf(), gguf.gguf(), "{format:?}");
+    }
+}
+
+#[test]
+fn every_mxfp4_scale_byte_scales_alike_in_every_kernel() {
+    // Row `e` of one block has scale byte `e` (0 and 1 give subnormal scales; 254 would
+    // overflow the products) and every code: the SIMD kernels' conversions of the scale
+    // bytes against ggml's, in products of 1 to 9 rows.
+    let (n, k) = (231, 32);
+    let raw: Vec<u8> = (0..n)
+        .flat_map(|e| {
+            let codes = (0..16).map(move |j| (((j + e) % 16) | (((3 * j + e) % 16) << 4)) as u8);
+            std::iter::once(e as u8).chain(codes)
+        })
+        .collect();
+    let case = mxfp4_case(n, k, raw);
+    let x = values(9 * k, 17);
+    for isa in Isa::available() {
+        let ours = case.ours(isa);
+        for m in [1, 2, 5, 9] {
+            case.check(&ours, isa, &x[..m * k]);
+        }
     }
 }
 

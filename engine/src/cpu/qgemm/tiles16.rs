@@ -4,8 +4,9 @@
 //! rows. The bytes are the same, only moved: for each tile of 16 weight rows (the last one
 //! padded with zero blocks) and each block index, the values come first as "dword j of every
 //! row" registers (`chunk j` holds bytes `4j..4j + 4` of each row's packed values, row `c` in
-//! 32-bit lane `c`; Q8_0's signed bytes moved to unsigned by +128), then the 16 f16 scales,
-//! then (Q4_1) the 16 f16 minimums or (Q5_0) the 16 fifth-bit words. The 256-value formats
+//! 32-bit lane `c`; Q8_0's signed bytes moved to unsigned by +128), then the 16 f16 scales
+//! (MXFP4: the 16 E8M0 bytes), then (Q4_1) the 16 f16 minimums or (Q5_0) the 16 fifth-bit
+//! words. The 256-value formats
 //! (`super_block`) are laid out the same way per super-block: their packed values as dword
 //! registers, then their sub-scales unpacked to one byte per row and sub-block (Q4_K's 6-bit
 //! scales and minimums, Q6_K's signed scales), then the f16 scales. Q6_K keeps its size; Q4_K
@@ -34,12 +35,13 @@ fn shape(format: QuantFormat) -> (usize, usize, TileBlock) {
         QuantFormat::Q4_1 => (16, 4),
         QuantFormat::Q5_0 => (16, 6),
         QuantFormat::Q8_0 => (32, 2),
+        QuantFormat::Mxfp4 => (16, 1),
         QuantFormat::Q4K | QuantFormat::Q6K => unreachable!("32-value formats: see `super_block`"),
     };
     let chunks = packed / 4;
     let scales = chunks * 64;
     let extra = match format {
-        QuantFormat::Q4_1 | QuantFormat::Q5_0 => scales + 32,
+        QuantFormat::Q4_1 | QuantFormat::Q5_0 => scales + ROWS * scale_bytes(format),
         _ => usize::MAX,
     };
     let layout = TileBlock {
@@ -48,6 +50,14 @@ fn shape(format: QuantFormat) -> (usize, usize, TileBlock) {
         bytes: ROWS * format.block_bytes(),
     };
     (packed, start, layout)
+}
+
+/// Bytes of one row's block scale: an f16, or MXFP4's E8M0 byte.
+pub fn scale_bytes(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Mxfp4 => 1,
+        _ => 2,
+    }
 }
 
 /// The layout of `format`'s tile blocks.
@@ -204,7 +214,8 @@ pub fn repack(format: QuantFormat, n: usize, k: usize, gguf: &[u8]) -> Vec<u8> {
                         to.iter_mut().for_each(|v| *v ^= 0x80);
                     }
                 }
-                dst[layout.scales + 2 * c..][..2].copy_from_slice(&src[..2]);
+                let sb = scale_bytes(format);
+                dst[layout.scales + sb * c..][..sb].copy_from_slice(&src[..sb]);
                 match format {
                     QuantFormat::Q4_1 => {
                         dst[layout.extra + 2 * c..][..2].copy_from_slice(&src[2..4])
@@ -240,7 +251,8 @@ pub fn unpack(format: QuantFormat, n: usize, k: usize, tiles: &[u8]) -> Vec<u8> 
                     to.iter_mut().for_each(|v| *v ^= 0x80);
                 }
             }
-            dst[..2].copy_from_slice(&src[layout.scales + 2 * c..][..2]);
+            let sb = scale_bytes(format);
+            dst[..sb].copy_from_slice(&src[layout.scales + sb * c..][..sb]);
             match format {
                 QuantFormat::Q4_1 => dst[2..4].copy_from_slice(&src[layout.extra + 2 * c..][..2]),
                 QuantFormat::Q5_0 => dst[2..6].copy_from_slice(&src[layout.extra + 4 * c..][..4]),
