@@ -18,6 +18,7 @@ pub(crate) mod llamacpp_reference;
 mod load_and_input_errors;
 pub(crate) mod longrope;
 pub(crate) mod moe;
+mod mxfp4_experts;
 mod prepared_experts;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;

@@ -18,7 +18,7 @@ use crate::model::config::LayerMixer;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::experts::load::GgufTensors;
 use crate::model::experts::prepared::PreparedExperts;
-use crate::model::gguf_header;
+use crate::model::gguf_header::{self, Header};
 use crate::model::gguf_keys::{
     as_f32, as_u64, attending_kv_heads, delta_net_shape, expert_facts, longrope, recurrent_layers,
     rope_scaling,
@@ -32,9 +32,15 @@ use crate::model::{
 };
 use crate::{Error, Result};
 
-/// Reads a GGUF header and metadata, with errors that name the file; a tensor of a type
-/// thicket does not read is refused by name and type.
+/// Reads a GGUF header and metadata, with errors that name the file; a tensor no loader
+/// takes (a type thicket does not read) is refused by name and type.
 pub fn read_content(path: &Path) -> Result<(Content, BufReader<File>)> {
+    let (header, reader) = read_header(path)?;
+    Ok((header.content, reader))
+}
+
+/// `read_content`, with the tensors candle does not read kept aside (MXFP4 experts).
+pub fn read_header(path: &Path) -> Result<(Header, BufReader<File>)> {
     let file = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::MissingFile(path.to_path_buf()),
         _ => Error::io(format!("open {}", path.display()), e),
@@ -44,13 +50,13 @@ pub fn read_content(path: &Path) -> Result<(Content, BufReader<File>)> {
         path: path.to_path_buf(),
         reason,
     })?;
-    if let Some(reason) = gguf_header::unreadable(&header.others) {
+    if let Some(reason) = header.unreadable() {
         return Err(Error::UnreadableTensor {
             path: path.to_path_buf(),
             reason,
         });
     }
-    Ok((header.content, reader))
+    Ok((header, reader))
 }
 
 /// Hyper-parameters from GGUF metadata, with the family's declaration resolved.
@@ -221,11 +227,11 @@ pub fn load_gguf_with(
     device: &Device,
     prepared_experts: Option<&Path>,
 ) -> Result<(ModelConfig, ModelWeights, ModelTokenizer)> {
-    let (content, reader) = read_content(path)?;
+    let (header, reader) = read_header(path)?;
     // The family and its keys first: an unsupported model is named as such.
-    config_from_gguf(&content)?;
-    let tokenizer = ModelTokenizer::from_gguf(&content)?;
-    let (config, weights) = weights_from(path, &content, reader, dtype, device, prepared_experts)?;
+    config_from_gguf(&header.content)?;
+    let tokenizer = ModelTokenizer::from_gguf(&header.content)?;
+    let (config, weights) = weights_from(path, &header, reader, dtype, device, prepared_experts)?;
     Ok((config, weights, tokenizer))
 }
 
@@ -245,18 +251,19 @@ pub fn load_gguf_weights_with(
     device: &Device,
     prepared_experts: Option<&Path>,
 ) -> Result<(ModelConfig, ModelWeights)> {
-    let (content, reader) = read_content(path)?;
-    weights_from(path, &content, reader, dtype, device, prepared_experts)
+    let (header, reader) = read_header(path)?;
+    weights_from(path, &header, reader, dtype, device, prepared_experts)
 }
 
 fn weights_from(
     path: &Path,
-    content: &Content,
+    header: &Header,
     reader: BufReader<File>,
     dtype: Option<DType>,
     device: &Device,
     prepared_experts: Option<&Path>,
 ) -> Result<(ModelConfig, ModelWeights)> {
+    let content = &header.content;
     let mut config = config_from_gguf(content)?;
     let reader = std::cell::RefCell::new(reader);
     let tensor = |name: &str| -> Result<QTensor> {
@@ -328,16 +335,25 @@ fn weights_from(
         config.variant.rope_scaling = RopeScaling::Factors(factors);
     }
     let shapes = Shapes::of(&config);
-    let has = |name: &str| content.tensor_infos.contains_key(name);
+    let has = |name: &str| header.has(name);
+    let blocks = |name: &str| {
+        header.blocks(&mut *reader.borrow_mut(), name).map(|read| {
+            read.map_err(|reason| Error::InvalidGguf {
+                path: path.to_path_buf(),
+                reason,
+            })
+        })
+    };
     let prepared = match prepared_experts {
         Some(dir) if dtype.is_none() && device.is_cpu() && config.variant.moe.is_some() => {
-            PreparedExperts::open_or_prepare(dir, path, content, &mut reader.borrow_mut())
+            PreparedExperts::open_or_prepare(dir, path, header, &mut reader.borrow_mut())
         }
         _ => None,
     };
     let expert_tensors = GgufTensors {
         read: &tensor,
         has: &has,
+        blocks: &blocks,
         dtype,
         device,
         prepared: prepared.as_ref(),

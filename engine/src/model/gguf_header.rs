@@ -1,15 +1,19 @@
 //! Reading a GGUF file's header: its version, metadata and tensor table, with the same bounds
-//! checks as candle's reader, into candle's `Content` for the tensor types thicket reads.
+//! checks as candle's reader, into candle's `Content` for the tensor types candle reads.
 //! Unlike candle's reader, a tensor of any other GGML type does not end the read with a bare
 //! type number: the header is read whole and the tensor is kept aside by name, type and shape
-//! ([`OtherTensor`]), so the loader can say in one line which tensor thicket cannot read and
-//! what it is stored as ([`unreadable`]).
+//! ([`OtherTensor`]). Those of a type thicket's own kernels read (MXFP4) are read as raw
+//! blocks where a loader takes them (a mixture's stacked experts, [`Header::blocks`]); of the
+//! rest the loader says in one line which tensor thicket cannot read and what it is stored as
+//! ([`Header::unreadable`]).
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value, VersionedMagic};
 use candle_core::quantized::GgmlDType;
+
+use crate::cpu::qgemm::formats::QuantFormat;
 
 /// Caps on what a header may declare, so a corrupt file is refused before it is allocated for.
 const MAX_STRING: u64 = 1 << 26;
@@ -18,7 +22,10 @@ const MAX_DEPTH: usize = 4;
 const MAX_DIMS: u32 = 4;
 const DEFAULT_ALIGNMENT: u64 = 32;
 
-/// A tensor whose GGML type thicket does not read.
+/// A tensor's format, shape (outermost first) and blocks as the file stores them.
+pub type RawBlocks = (QuantFormat, Vec<usize>, Vec<u8>);
+
+/// A tensor whose GGML type candle does not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtherTensor {
     /// Its name in the file.
@@ -101,29 +108,92 @@ fn readable(code: u32) -> Option<GgmlDType> {
     })
 }
 
-/// The one-line refusal of a file with tensors thicket cannot read: the first such tensor by
-/// name and type, how many more there are, and the types thicket reads.
-pub fn unreadable(others: &[OtherTensor]) -> Option<String> {
-    let first = others.first()?;
-    let type_of = |code: u32| match ggml_type_name(code) {
+impl OtherTensor {
+    /// The kernels' format of its type, where thicket's kernels read it (MXFP4).
+    pub fn format(&self) -> Option<QuantFormat> {
+        QuantFormat::from_ggml_type(self.ggml_type)
+    }
+
+    /// Whether a loader takes it: a mixture's stacked experts in a format the kernels read.
+    fn taken(&self) -> bool {
+        self.format().is_some() && self.name.ends_with("_exps.weight") && self.shape.len() == 3
+    }
+}
+
+/// How a GGML type is named in a message.
+fn type_of(code: u32) -> String {
+    match ggml_type_name(code) {
         Some(name) => format!("{name} (GGML type {code})"),
         None => format!("GGML type {code}, which GGML itself does not name"),
-    };
-    let more = match others.len() - 1 {
-        0 => String::new(),
-        1 => " (and 1 more tensor)".to_string(),
-        n => format!(" (and {n} more tensors)"),
-    };
-    let known: Vec<&str> = (0..64)
-        .filter(|&c| readable(c).is_some())
-        .filter_map(ggml_type_name)
-        .collect();
-    Some(format!(
-        "tensor '{}' is stored as {}{more}, a type thicket cannot read; it reads {}",
-        first.name,
-        type_of(first.ggml_type),
-        known.join(", ")
-    ))
+    }
+}
+
+impl Header {
+    /// The one-line refusal of a file with tensors no loader takes: the first by name and
+    /// type, how many more there are, and what thicket reads instead.
+    pub fn unreadable(&self) -> Option<String> {
+        let refused: Vec<&OtherTensor> = self.others.iter().filter(|t| !t.taken()).collect();
+        let first = refused.first()?;
+        let more = match refused.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more tensor)".to_string(),
+            n => format!(" (and {n} more tensors)"),
+        };
+        let what = format!(
+            "tensor '{}' is stored as {}{more}",
+            first.name,
+            type_of(first.ggml_type)
+        );
+        if first.format().is_some() {
+            return Some(format!(
+                "{what}, a type thicket reads only in a mixture's stacked experts (*_exps.weight)"
+            ));
+        }
+        let known: Vec<&str> = (0..64)
+            .filter(|&c| readable(c).is_some())
+            .filter_map(ggml_type_name)
+            .collect();
+        Some(format!(
+            "{what}, a type thicket cannot read; it reads {}, and MXFP4 experts",
+            known.join(", ")
+        ))
+    }
+
+    /// Whether the file has a tensor `name` of any type.
+    pub fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name) || self.others.iter().any(|t| t.name == name)
+    }
+
+    /// The tensor `name` kept aside, if it is one a loader takes: its format, its shape
+    /// (outermost first) and its blocks as the file stores them.
+    pub fn blocks<R: Read + Seek>(
+        &self,
+        reader: &mut R,
+        name: &str,
+    ) -> Option<std::result::Result<RawBlocks, String>> {
+        let tensor = self.others.iter().find(|t| t.name == name && t.taken())?;
+        let format = tensor.format()?;
+        let mut read = || -> std::result::Result<Vec<u8>, String> {
+            let values: usize = tensor.shape.iter().product();
+            let last = tensor.shape.last().copied().unwrap_or(0);
+            if !last.is_multiple_of(format.block_values()) {
+                return Err(format!(
+                    "tensor '{name}': rows of {last} values are not whole {format:?} blocks"
+                ));
+            }
+            let len = values / format.block_values() * format.block_bytes();
+            let start = self.content.tensor_data_offset + tensor.offset;
+            let end = reader.seek(SeekFrom::End(0)).map_err(io)?;
+            if start.saturating_add(len as u64) > end {
+                return Err(format!("tensor '{name}' runs past the file's end"));
+            }
+            reader.seek(SeekFrom::Start(start)).map_err(io)?;
+            let mut bytes = vec![0u8; len];
+            reader.read_exact(&mut bytes).map_err(io)?;
+            Ok(bytes)
+        };
+        Some(read().map(|bytes| (format, tensor.shape.clone(), bytes)))
+    }
 }
 
 /// Reads the header from the start of `reader`.

@@ -3,14 +3,14 @@
 //! file, `model::experts::prepared`), whose pages belong to the OS's page cache: shared by
 //! every process that maps the same file, and dropped and read again under memory pressure
 //! rather than swapped; and the `QuantMatrix` constructors and accessors that take and give
-//! its stored bytes as they are.
+//! its stored bytes as they are, or its values as floats.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::formats::QuantFormat;
+use super::formats::{self, Block32Row, QuantFormat, Shape, Super256Row};
 use super::{tiles16, BlockLayout, QuantMatrix, TILE};
 use crate::{Error, Result};
 
@@ -97,6 +97,58 @@ impl QuantMatrix {
     /// The blocks as they are stored, in `layout()` (what `from_layout` takes back).
     pub fn stored(&self) -> &[u8] {
         &self.data
+    }
+
+    /// Every value as a float, `[n][k]` (for a dense copy where a device or dtype has no
+    /// kernel of this format).
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
+        let (n, k) = (self.n, self.k);
+        let gguf = self.gguf();
+        let row_bytes = k / self.format.block_values() * self.format.block_bytes();
+        let mut out = vec![0f32; n * k];
+        let mut q = vec![0u8; k];
+        for (raw, values) in gguf.chunks_exact(row_bytes).zip(out.chunks_exact_mut(k)) {
+            match self.format.shape() {
+                Shape::Block32 => {
+                    let (mut scale, mut offset) = (vec![0f32; k / 32], vec![0f32; k / 32]);
+                    let row = Block32Row {
+                        q: &mut q,
+                        scale: &mut scale,
+                        offset: &mut offset,
+                    };
+                    formats::decode_block32(self.format, raw, row);
+                    for (i, v) in values.iter_mut().enumerate() {
+                        let code = match self.format.signed() {
+                            true => f32::from(q[i] as i8),
+                            false => f32::from(q[i]),
+                        };
+                        *v = scale[i / 32] * code + offset[i / 32];
+                    }
+                }
+                Shape::Super256 => {
+                    let mut sub_pairs = vec![0i16; k / 2];
+                    let (mut d, mut offset) = (vec![0f32; k / 256], vec![0f32; k / 16]);
+                    let row = Super256Row {
+                        q: &mut q,
+                        sub_pairs: &mut sub_pairs,
+                        d: &mut d,
+                        offset: &mut offset,
+                    };
+                    formats::decode_super256(self.format, raw, row);
+                    for (i, v) in values.iter_mut().enumerate() {
+                        let scale = d[i / 256] * f32::from(sub_pairs[i / 2]);
+                        *v = scale * f32::from(q[i]) + offset[i / 16];
+                    }
+                }
+            }
+        }
+        if out.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Metadata(format!(
+                "{:?} weight [{n}, {k}] holds values past f32's range",
+                self.format
+            )));
+        }
+        Ok(out)
     }
 
     /// Whether the blocks are read from a file mapping rather than owned.

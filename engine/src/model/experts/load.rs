@@ -16,8 +16,10 @@ use serde::Deserialize;
 
 use super::prepared::PreparedExperts;
 use super::{DenseMlp, ExpertMlp, SharedExpert};
+use crate::cpu::qgemm::{process_isa, QuantMatrix};
 use crate::model::arch::ExpertFacts;
 use crate::model::config::{Architecture, Moe};
+use crate::model::gguf_header::RawBlocks;
 use crate::model::linear::Linear;
 use crate::{Error, Result};
 
@@ -74,6 +76,9 @@ pub(crate) fn split_stacked(name: &str, q: &QTensor, want: [usize; 3]) -> Result
 pub(crate) struct GgufTensors<'a> {
     pub read: &'a dyn Fn(&str) -> Result<QTensor>,
     pub has: &'a dyn Fn(&str) -> bool,
+    /// A tensor candle does not read but thicket's kernels do (MXFP4 experts): its format,
+    /// shape and blocks; `None` for any other.
+    pub blocks: &'a dyn Fn(&str) -> Option<Result<RawBlocks>>,
     pub dtype: Option<DType>,
     pub device: &'a Device,
     /// The GGUF's experts prepared for the SIMD kernels, where they are (see `prepared`).
@@ -91,6 +96,19 @@ impl GgufTensors<'_> {
         Linear::from_qtensor(q, None, self.dtype)
     }
 
+    /// A matrix in a format only thicket's kernels read: on them where the weights stay
+    /// quantized on the CPU, else its values as a dense weight (in `dtype`).
+    fn kernel_only(&self, name: &str, matrix: QuantMatrix) -> Result<Linear> {
+        if self.dtype.is_none() && self.device.is_cpu() {
+            return Ok(Linear::from_packed(matrix.for_isa(process_isa())));
+        }
+        let values = matrix
+            .dequantize()
+            .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))?;
+        let dense = Tensor::from_vec(values, (matrix.rows(), matrix.cols()), self.device)?;
+        Linear::from_dense(dense, None, Some(self.dtype.unwrap_or(DType::F32)))
+    }
+
     /// One projection of every expert: the stacked tensor, or one tensor per expert.
     fn experts(
         &self,
@@ -106,6 +124,18 @@ impl GgufTensors<'_> {
             .and_then(|m| m.experts(&stacked, [n, rows, cols]))
         {
             return Ok(mapped?.into_iter().map(Linear::from_packed).collect());
+        }
+        if let Some(raw) = (self.blocks)(&stacked) {
+            let (format, dims, bytes) = raw?;
+            check(&stacked, &dims, &[n, rows, cols])?;
+            let per_expert = bytes.len() / n.max(1);
+            return bytes
+                .chunks_exact(per_expert)
+                .map(|blocks| {
+                    let matrix = QuantMatrix::new(format, rows, cols, blocks.to_vec())?;
+                    self.kernel_only(&stacked, matrix)
+                })
+                .collect();
         }
         if (self.has)(&stacked) || !(self.has)(&format!("{p}.{name}.0.weight")) {
             let q = (self.read)(&stacked)?;

@@ -18,13 +18,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use candle_core::quantized::gguf_file::Content;
 use candle_core::Device;
 use memmap2::{Mmap, MmapOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::qgemm::formats::QuantFormat;
 use crate::cpu::qgemm::{process_isa, BlockLayout, QuantMatrix, WeightBytes};
+use crate::model::gguf_header::Header as GgufHeader;
 use crate::{Error, Result};
 
 /// The file's first bytes.
@@ -110,7 +110,7 @@ fn align(n: usize, to: usize) -> usize {
 }
 
 impl PreparedExperts {
-    /// The prepared experts of the GGUF at `gguf` (whose header is `content`) from `dir`,
+    /// The prepared experts of the GGUF at `gguf` (whose header is `gguf_header`) from `dir`,
     /// written there first if no valid file is there. `None` when the GGUF has no stacked
     /// experts in a format thicket's kernels read, when this CPU's kernels read GGUF's own
     /// layout (nothing to prepare), or when the file can neither be read nor written (then a
@@ -118,13 +118,13 @@ impl PreparedExperts {
     pub fn open_or_prepare(
         dir: &Path,
         gguf: &Path,
-        content: &Content,
+        gguf_header: &GgufHeader,
         reader: &mut BufReader<File>,
     ) -> Option<Self> {
         if !process_isa().reads_tiles16() {
             return None;
         }
-        let stacked = stacked_tensors(content);
+        let stacked = stacked_tensors(gguf_header);
         if stacked.is_empty() {
             return None;
         }
@@ -141,7 +141,7 @@ impl PreparedExperts {
         let started = std::time::Instant::now();
         let written = std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))
-            .and_then(|()| write(&file, &source, &stacked, content, reader))
+            .and_then(|()| write(&file, &source, &stacked, gguf_header, reader))
             .and_then(|()| Self::open(&file, &source));
         match written {
             Ok(prepared) => {
@@ -238,15 +238,26 @@ impl PreparedExperts {
     }
 }
 
-/// The GGUF's stacked expert tensors the kernels read: name, format, `[experts, rows, cols]`.
-fn stacked_tensors(content: &Content) -> Vec<(String, QuantFormat, [usize; 3])> {
-    let mut found: Vec<_> = content
-        .tensor_infos
+/// The GGUF's stacked expert tensors the kernels read: name, format, `[experts, rows, cols]`
+/// (those candle reads, and those only thicket's kernels read: MXFP4).
+fn stacked_tensors(gguf: &GgufHeader) -> Vec<(String, QuantFormat, [usize; 3])> {
+    let candle_reads = gguf.content.tensor_infos.iter().map(|(name, info)| {
+        (
+            name,
+            QuantFormat::from_ggml(info.ggml_dtype),
+            info.shape.dims(),
+        )
+    });
+    let kernels_read = gguf
+        .others
         .iter()
-        .filter(|(name, _)| name.ends_with("_exps.weight"))
-        .filter_map(|(name, info)| {
-            let format = QuantFormat::from_ggml(info.ggml_dtype)?;
-            let dims: [usize; 3] = info.shape.dims().try_into().ok()?;
+        .map(|t| (&t.name, t.format(), t.shape.as_slice()));
+    let mut found: Vec<_> = candle_reads
+        .chain(kernels_read)
+        .filter(|(name, ..)| name.ends_with("_exps.weight"))
+        .filter_map(|(name, format, dims)| {
+            let format = format?;
+            let dims: [usize; 3] = dims.try_into().ok()?;
             (dims[2].is_multiple_of(format.block_values()) && dims.iter().all(|&d| d > 0))
                 .then(|| (name.clone(), format, dims))
         })
@@ -261,7 +272,7 @@ fn write(
     file: &Path,
     source: &Source,
     stacked: &[(String, QuantFormat, [usize; 3])],
-    content: &Content,
+    gguf: &GgufHeader,
     reader: &mut BufReader<File>,
 ) -> Result<()> {
     // Offsets first: the header names them all, and is padded to a page.
@@ -315,8 +326,14 @@ fn write(
         let isa = process_isa();
         for (name, format, [n, rows, cols]) in stacked {
             let entry = &tensors[name];
-            let q = content.tensor(reader, name, &Device::Cpu)?;
-            let data = q.data()?;
+            let data = match gguf.blocks(reader, name) {
+                Some(raw) => raw.map_err(Error::Metadata)?.2,
+                None => gguf
+                    .content
+                    .tensor(reader, name, &Device::Cpu)?
+                    .data()?
+                    .into_owned(),
+            };
             let per_expert = rows * cols / format.block_values() * format.block_bytes();
             if data.len() != n * per_expert {
                 return Err(Error::Metadata(format!(

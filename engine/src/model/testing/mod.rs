@@ -17,6 +17,7 @@ mod lfm2;
 mod qwen35;
 mod qwen35_hf;
 mod qwen3next_hf;
+mod retype;
 
 pub use gguf::write_tiny_gguf;
 pub use granite::{write_tiny_granite_gguf, TinyGranite};
@@ -25,6 +26,7 @@ pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
 pub use qwen35::{write_tiny_qwen35_gguf, Qwen35Family, TinyQwen35};
 pub use qwen35_hf::write_tiny_qwen35_hf;
 pub use qwen3next_hf::write_tiny_qwen3next_hf;
+pub use retype::{quantize_mxfp4, retype_gguf, Blocks};
 
 /// Shape of a tiny model.
 #[derive(Debug, Clone)]
