@@ -4,8 +4,9 @@
 //! value. The fused CPU pass and the candle-ops forward with
 //! thicket's attention both use it (their logits stay bit-identical); the reference
 //! arithmetic (`--attention reference`) keeps candle's own `silu`. Gemma's tanh GELU
-//! (`gelu_tanh`) is built the same way from `exp`, and used where SiLU is; `gated` and
-//! `gated_into` apply either activation as the family declares.
+//! (`gelu_tanh`) is built the same way from `exp`, and used where SiLU is, and gpt-oss's
+//! clamped SwiGLU (`swiglu_oai`) too; `gated` and `gated_into` apply the activation the
+//! family declares.
 
 use crate::cpu::team::Disjoint;
 
@@ -31,13 +32,38 @@ pub fn gelu_tanh(v: f32) -> f32 {
     v / (1.0 + e)
 }
 
-/// `gate = act(gate) * up` for the family's activation.
+/// gpt-oss's slope in its gate's sigmoid.
+const OAI_ALPHA: f32 = 1.702;
+/// gpt-oss's clamp on the gate (above) and the up projection (both sides).
+const OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's gated value: with `g = min(gate, 7)`, `g / (1 + e^(-1.702 g)) * (clamp(up, -7,
+/// 7) + 1)` (llama.cpp's `swiglu_oai` and transformers' order of operations).
+#[inline(always)]
+pub fn swiglu_oai(gate: f32, up: f32) -> f32 {
+    let g = gate.min(OAI_LIMIT);
+    let u = up.clamp(-OAI_LIMIT, OAI_LIMIT);
+    let x = -(OAI_ALPHA * g);
+    let e = if x > EXP_CEILING {
+        f32::INFINITY
+    } else {
+        exp(x)
+    };
+    g / (1.0 + e) * (u + 1.0)
+}
+
+/// `gate = act(gate) * up` for the family's activation (`swiglu_oai` for gpt-oss).
 pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
     match activation {
         Activation::Silu => swiglu(gate, up),
         Activation::GeluTanh => {
             for (g, u) in gate.iter_mut().zip(up) {
                 *g = gelu_tanh(*g) * *u;
+            }
+        }
+        Activation::SwigluOai => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = swiglu_oai(*g, *u);
             }
         }
     }
@@ -50,6 +76,11 @@ pub fn gated_into(activation: Activation, gate: &[f32], up: &[f32], out: &mut [f
         Activation::GeluTanh => {
             for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
                 *o = gelu_tanh(*g) * *u;
+            }
+        }
+        Activation::SwigluOai => {
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = swiglu_oai(*g, *u);
             }
         }
     }
@@ -109,6 +140,37 @@ pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_oai_matches_its_definition_and_clamps() {
+        // The definition in f64, over gates and ups inside and past the clamps.
+        let mut worst = 0f64;
+        for i in -400..=400 {
+            for j in [-30.0f64, -7.5, -3.0, -0.4, 0.0, 0.9, 6.9, 7.0, 12.0] {
+                let gate = f64::from(i) / 25.0;
+                let g = gate.min(7.0);
+                let want = g / (1.0 + (-1.702 * g).exp()) * (j.clamp(-7.0, 7.0) + 1.0);
+                let got = f64::from(swiglu_oai(gate as f32, j as f32));
+                let scale = want.abs().max(1e-3);
+                worst = worst.max((got - want).abs() / scale);
+            }
+        }
+        assert!(worst < 1e-5, "relative error {worst}");
+        // Past the clamps nothing grows: a gate of 100 is a gate of 7, an up of -50 one of -7.
+        assert_eq!(swiglu_oai(100.0, 2.0), swiglu_oai(7.0, 2.0));
+        assert_eq!(swiglu_oai(3.0, -50.0), swiglu_oai(3.0, -7.0));
+        assert_ne!(swiglu_oai(-100.0, 2.0), swiglu_oai(-7.0, 2.0));
+        // `gated` and `gated_into` apply it value by value.
+        let (gate, up) = ([-9.0f32, -1.0, 0.5, 8.0], [3.0f32, -8.0, 0.25, 1.0]);
+        let mut inplace = gate;
+        gated(Activation::SwigluOai, &mut inplace, &up);
+        let mut out = [0f32; 4];
+        gated_into(Activation::SwigluOai, &gate, &up, &mut out);
+        for i in 0..4 {
+            assert_eq!(inplace[i], swiglu_oai(gate[i], up[i]));
+            assert_eq!(out[i], inplace[i]);
+        }
+    }
 
     #[test]
     fn gelu_tanh_matches_the_definition_over_its_range() {

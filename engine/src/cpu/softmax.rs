@@ -55,6 +55,25 @@ pub fn softmax_in_place(xs: &mut [f32]) {
     }
 }
 
+/// `softmax_in_place` with a sink: a logit `sink` that joins the maximum and the denominator
+/// but has no value of its own (gpt-oss's attention sinks), so the row's probabilities sum to
+/// less than one: `xs[i] = e^(xs[i] - m) / (sum_j e^(xs[j] - m) + e^(sink - m))` with `m` the
+/// larger of the row's maximum and the sink.
+pub fn softmax_with_sink(xs: &mut [f32], sink: f32) {
+    let (max, sum) = exp_in_place(xs);
+    // The values hold e^(x - max); where the sink is larger, both terms move to its scale.
+    let (factor, total) = if sink > max {
+        let factor = exp(max - sink);
+        (factor, sum * factor + 1.0)
+    } else {
+        (1.0, sum + exp(sink - max))
+    };
+    let reciprocal = factor / total;
+    for x in xs.iter_mut() {
+        *x *= reciprocal;
+    }
+}
+
 /// `xs[i] = e^(xs[i] - max)`, unnormalised: returns `max` and the sum of the new values (the
 /// part of a softmax that one run of a longer row's keys contributes). The sum runs in eight
 /// lanes (value `i` into lane `i % 8`, in index order, combined by `combine8`; the last

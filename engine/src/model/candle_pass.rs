@@ -61,10 +61,10 @@ impl Model {
             x = (out + x)?;
 
             let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-            let activate = |g: &Tensor| self.activate(variant.activation, g);
+            let gated = |g: &Tensor, u: &Tensor| self.gated(variant.activation, g, u);
             let mut out = match &layer.mlp {
-                Mlp::Dense(mlp) => crate::model::experts::candle_mlp(mlp, &h, &activate)?,
-                Mlp::Experts(moe) => moe.forward_candle(&h, &activate)?,
+                Mlp::Dense(mlp) => crate::model::experts::candle_mlp(mlp, &h, &gated)?,
+                Mlp::Experts(moe) => moe.forward_candle(&h, &gated)?,
             };
             if let Some((_, post_mlp)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_mlp, eps)?;
@@ -99,27 +99,28 @@ impl Model {
         }
     }
 
-    /// The gate's activation: thicket's own (`silu`, `gelu_tanh`: what the fused pass
-    /// computes) on the CPU with thicket's attention, candle's where the arithmetic is the
+    /// `act(gate) * up`: thicket's own activations (`cpu::silu`: what the fused pass computes)
+    /// on the CPU with thicket's attention, candle's ops where the arithmetic is the
     /// reference's or off the CPU.
-    fn activate(&self, activation: Activation, x: &Tensor) -> Result<Tensor> {
+    fn gated(&self, activation: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         if self.attention() == AttentionKernel::Fused
-            && x.device().is_cpu()
-            && x.dtype() == DType::F32
+            && gate.device().is_cpu()
+            && gate.dtype() == DType::F32
+            && up.dtype() == DType::F32
         {
-            let f = match activation {
-                Activation::Silu => crate::cpu::silu::silu,
-                Activation::GeluTanh => crate::cpu::silu::gelu_tanh,
-            };
-            let mut values = x.flatten_all()?.to_vec1::<f32>()?;
-            for v in &mut values {
-                *v = f(*v);
-            }
-            return Ok(Tensor::from_vec(values, x.shape(), x.device())?);
+            let mut values = gate.flatten_all()?.to_vec1::<f32>()?;
+            let up = up.flatten_all()?.to_vec1::<f32>()?;
+            crate::cpu::silu::gated(activation, &mut values, &up);
+            return Ok(Tensor::from_vec(values, gate.shape(), gate.device())?);
         }
         Ok(match activation {
-            Activation::Silu => candle_nn::ops::silu(x)?,
-            Activation::GeluTanh => x.gelu()?,
+            Activation::Silu => (candle_nn::ops::silu(gate)? * up)?,
+            Activation::GeluTanh => (gate.gelu()? * up)?,
+            Activation::SwigluOai => {
+                let g = gate.minimum(7.0)?;
+                let sigmoid = candle_nn::ops::sigmoid(&(&g * 1.702)?)?;
+                ((g * sigmoid)? * (up.clamp(-7.0, 7.0)? + 1.0)?)?
+            }
         })
     }
 }

@@ -59,6 +59,9 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GeGLU, Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, 7)`, `g * sigmoid(1.702 g) *
+    /// (clamp(up, -7, 7) + 1)`.
+    SwigluOai,
 }
 
 /// RoPE's frequency scaling for long contexts.

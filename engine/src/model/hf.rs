@@ -434,6 +434,8 @@ fn check_activation(hf: &HfConfig, declared: Activation) -> Result<()> {
     let ok = match declared {
         Activation::Silu => matches!(named, "silu" | "swish"),
         Activation::GeluTanh => matches!(named, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast"),
+        // transformers' gpt-oss names its experts' activation `silu` and clamps it itself.
+        Activation::SwigluOai => named == "silu",
     };
     if ok {
         Ok(())

@@ -9,7 +9,7 @@ use super::slots::{KeySlots, Rows};
 use super::values::weighted_values;
 use super::HeadShape;
 use crate::cpu::kv_store::{KvRows, KvValue, LayerKv, LayerView};
-use crate::cpu::softmax::{exp, exp_in_place, softmax_in_place};
+use crate::cpu::softmax::{exp, exp_in_place, softmax_in_place, softmax_with_sink};
 use crate::tree_batch::TreeBatch;
 
 /// `q` is `[num_heads][rows][head_dim]` (already rotated); the batch's own K/V rows must
@@ -18,7 +18,7 @@ pub fn paged_tree_attention(
     q: &[f32],
     kv: LayerView<'_>,
     batch: &TreeBatch,
-    shape: HeadShape,
+    shape: HeadShape<'_>,
 ) -> Vec<f32> {
     match kv.kv {
         LayerKv::F16(kv) => paged_in(q, kv, batch, shape),
@@ -68,8 +68,8 @@ struct Partials {
 
 impl Partials {
     /// Each row's runs merged into its output (the item holds every run of its rows, the
-    /// i-th of which takes `runs[i]`).
-    fn merged(self, runs: &[usize], group: usize, hd: usize) -> Self {
+    /// i-th of which takes `runs[i]`; its query heads' sinks are `sinks`, where there are).
+    fn merged(self, runs: &[usize], group: usize, hd: usize, sinks: Option<&[f32]>) -> Self {
         let n = runs.len();
         let mut values = vec![0.0f32; group * n * hd];
         let mut parts: Vec<(f32, f32, &[f32])> = Vec::new();
@@ -82,7 +82,8 @@ impl Partials {
                     (max, sum, &self.values[at * hd..(at + 1) * hd])
                 }));
                 let at = g * n + i;
-                merge_runs(&parts, &mut values[at * hd..(at + 1) * hd]);
+                let sink = sinks.map(|s| s[g]);
+                merge_runs(&parts, &mut values[at * hd..(at + 1) * hd], sink);
             }
         }
         Self {
@@ -97,7 +98,7 @@ fn paged_in<T: KvValue>(
     q: &[f32],
     kv: &KvRows<T>,
     batch: &TreeBatch,
-    shape: HeadShape,
+    shape: HeadShape<'_>,
 ) -> Vec<f32> {
     let rows = batch.num_rows();
     let hd = shape.head_dim;
@@ -178,7 +179,7 @@ fn paged_in<T: KvValue>(
                         }
                     }
                 }
-                merge_runs(&parts, dst);
+                merge_runs(&parts, dst, shape.sinks.map(|s| s[head]));
             }
         }
         first = last;
@@ -187,15 +188,18 @@ fn paged_in<T: KvValue>(
 }
 
 /// A row's output from its runs `(maximum, sum, values)` in key order: a single run's values
-/// are already final; more are weighed by `e^(max_run - max) / sum over runs of e^(max_run
-/// - max) * sum_run`, added in run order.
-fn merge_runs(parts: &[(f32, f32, &[f32])], dst: &mut [f32]) {
+/// are already final (its sink taken in its softmax); more are weighed by `e^(max_run - max)
+/// / sum over runs of e^(max_run - max) * sum_run`, added in run order, the head's `sink`
+/// joining the maximum and the sum where it has one.
+fn merge_runs(parts: &[(f32, f32, &[f32])], dst: &mut [f32], sink: Option<f32>) {
     if let [(_, _, values)] = parts {
         dst.copy_from_slice(values);
         return;
     }
     let max = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+    let max = sink.map_or(max, |s| max.max(s));
     let sum: f32 = parts.iter().map(|&(m, s, _)| s * exp(m - max)).sum();
+    let sum = sink.map_or(sum, |s| sum + exp(s - max));
     dst.fill(0.0);
     for &(m, _, values) in parts {
         let weight = exp(m - max) / sum;
@@ -216,7 +220,7 @@ fn attend_group<T: KvValue>(
     batch: &TreeBatch,
     item: &Item,
     group: usize,
-    shape: HeadShape,
+    shape: HeadShape<'_>,
 ) -> Partials {
     let hd = shape.head_dim;
     let (seq, kh) = (&batch.seqs[item.seq], item.kv_head);
@@ -329,7 +333,10 @@ fn attend_group<T: KvValue>(
                         }
                     }
                     partials.stats[(r_at * group + g) * n + i] = if last_run == 0 {
-                        softmax_in_place(span);
+                        match shape.sinks {
+                            Some(sinks) => softmax_with_sink(span, sinks[kh * group + g]),
+                            None => softmax_in_place(span),
+                        }
                         (0.0, 1.0)
                     } else {
                         exp_in_place(span)
@@ -356,7 +363,8 @@ fn attend_group<T: KvValue>(
         partials.stats.clear();
         partials
     } else if item.runs == (0..runs_of(c_len + seq.rows.len())) {
-        partials.merged(&runs, group, hd)
+        let sinks = shape.sinks.map(|s| &s[kh * group..(kh + 1) * group]);
+        partials.merged(&runs, group, hd, sinks)
     } else {
         partials
     }

@@ -14,7 +14,8 @@
 //! The driver (`driver`) splits the work into items (a sequence's rows for one KV head over
 //! some key runs) and runs them on the forward's team; its two inner loops are `scores`
 //! (queries against keys, the keys in vector lanes) and `values` (the probability-weighted
-//! sum of value rows), over slot lists checked once (`slots`). `reference` is the same
+//! sum of value rows), over slot lists checked once (`slots`). A head's sink, where the
+//! model has them, joins the softmax of a row's one run, or the merge of its runs. `reference` is the same
 //! attention through candle's ops, the reference models' arithmetic. Sliding windows are a view
 //! of the batch both run over (`window`).
 
@@ -58,7 +59,7 @@ impl AttentionKernel {
 
 /// Head geometry of one attention call.
 #[derive(Debug, Clone, Copy)]
-pub struct HeadShape {
+pub struct HeadShape<'a> {
     /// Query heads.
     pub num_heads: usize,
     /// Key/value heads.
@@ -69,9 +70,12 @@ pub struct HeadShape {
     pub scale: f32,
     /// `cap * tanh(score / cap)` on every score before the softmax.
     pub softcap: Option<f32>,
+    /// Per query head, a logit that joins its softmax's maximum and denominator with no value
+    /// (gpt-oss's attention sinks): a row may give weight to nothing.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl HeadShape {
+impl HeadShape<'static> {
     /// The usual geometry: products scaled by `1/sqrt(head_dim)`, no soft-cap.
     pub fn plain(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
         Self {
@@ -80,6 +84,7 @@ impl HeadShape {
             head_dim,
             scale: (1.0 / (head_dim as f64).sqrt()) as f32,
             softcap: None,
+            sinks: None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Paged tree attention through candle's ops, one sequence at a time, as the reference
 //! models compute it: K/V gathered from the paged store in position order, a masked softmax,
-//! two matmuls. Chains reproduce the reference models bit for bit; trees are not exact.
+//! two matmuls (a head's sink, where the model has them, one more logit in its softmax).
+//! Chains reproduce the reference models bit for bit; trees are not exact.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -20,7 +21,7 @@ pub fn gathered_tree_attention(
     q: &Tensor,
     kv: LayerView<'_>,
     batch: &TreeBatch,
-    shape: HeadShape,
+    shape: HeadShape<'_>,
     device: &Device,
 ) -> Result<Tensor> {
     let hd = shape.head_dim;
@@ -67,7 +68,20 @@ pub fn gathered_tree_attention(
         } else {
             att
         };
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        // A head's sink is one more logit in its softmax, with no value: appended, then its
+        // probability dropped (as transformers' gpt-oss computes it).
+        let att = match shape.sinks {
+            Some(sinks) => {
+                let column = Tensor::from_slice(sinks, (1, shape.num_heads, 1, 1), device)?
+                    .broadcast_as((1, shape.num_heads, n, 1))?
+                    .to_dtype(att.dtype())?;
+                let with = Tensor::cat(&[&att, &column], 3)?.contiguous()?;
+                candle_nn::ops::softmax_last_dim(&with)?
+                    .narrow(3, 0, len)?
+                    .contiguous()?
+            }
+            None => candle_nn::ops::softmax_last_dim(&att)?,
+        };
         let y = att.matmul(&v.contiguous()?)?;
         outputs.push(y.transpose(1, 2)?.reshape((n, shape.num_heads * hd))?);
     }
@@ -76,7 +90,7 @@ pub fn gathered_tree_attention(
 
 /// The value rows at `slots` of every KV head (`[kv_head][slot][dim]` in the store), as f32
 /// laid out `[kv_head][slot][dim]`.
-fn gather<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
+fn gather<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape<'_>) -> Vec<f32> {
     let (hd, plane) = (shape.head_dim, kv.v.len() / shape.num_kv_heads.max(1));
     gather_with(slots, shape, |out, kh, slot| {
         let at = kh * plane + slot * hd;
@@ -86,7 +100,7 @@ fn gather<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<
 
 /// The keys at `slots` of every KV head (tiled in the store, see `kv_store`), as f32 laid
 /// out `[kv_head][slot][dim]`.
-fn gather_keys<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) -> Vec<f32> {
+fn gather_keys<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape<'_>) -> Vec<f32> {
     let (hd, plane) = (shape.head_dim, kv.k.len() / shape.num_kv_heads.max(1));
     gather_with(slots, shape, |out, kh, slot| {
         let at = kh * plane + key_at(slot, hd);
@@ -97,7 +111,7 @@ fn gather_keys<T: KvValue>(kv: &KvRows<T>, slots: &[usize], shape: HeadShape) ->
 /// `push(out, kv_head, slot)` for every KV head and slot, in that order.
 fn gather_with(
     slots: &[usize],
-    shape: HeadShape,
+    shape: HeadShape<'_>,
     mut push: impl FnMut(&mut Vec<f32>, usize, usize),
 ) -> Vec<f32> {
     let mut out = Vec::with_capacity(shape.num_kv_heads * slots.len() * shape.head_dim);

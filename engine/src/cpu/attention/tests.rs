@@ -9,6 +9,11 @@ use kvcache::{BlockId, BlockTable};
 
 /// Naive attention over explicit key/value lists, for comparison.
 fn naive(q: &[f32], keys: &[&[f32]], values: &[&[f32]]) -> Vec<f32> {
+    naive_with_sink(q, keys, values, None)
+}
+
+/// `naive`, with a sink: one more logit in the softmax, with no value (computed in f64).
+fn naive_with_sink(q: &[f32], keys: &[&[f32]], values: &[&[f32]], sink: Option<f32>) -> Vec<f32> {
     let scale = 1.0 / (q.len() as f32).sqrt();
     let s: Vec<f32> = keys
         .iter()
@@ -16,7 +21,7 @@ fn naive(q: &[f32], keys: &[&[f32]], values: &[&[f32]]) -> Vec<f32> {
         .collect();
     let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-    let z: f32 = e.iter().sum();
+    let z: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - m).exp());
     let mut out = vec![0.0; q.len()];
     for (w, v) in e.iter().zip(values) {
         for (o, x) in out.iter_mut().zip(*v) {
@@ -83,13 +88,18 @@ fn check_against_naive(head_dim: usize, dtype: KvDtype) {
 }
 
 /// SmolLM2's head shape.
-const SMOL: HeadShape = HeadShape {
+const SMOL: HeadShape<'static> = HeadShape {
     num_heads: 9,
     num_kv_heads: 3,
     head_dim: 64,
     scale: 0.125,
     softcap: None,
+    sinks: None,
 };
+
+/// SmolLM2's head shape with a sink per query head: some far above a row's scores (the row
+/// gives almost nothing to its keys), some far below, some among them.
+const SINKS: [f32; 9] = [0.3, -2.0, 4.5, -30.0, 0.0, 1.2, 60.0, -0.7, 2.4];
 
 /// A one-layer store of `blocks` blocks of 16 slots, filled with random keys and values;
 /// returns it with what it holds as f32 (`[kv_head][slot][dim]`).
@@ -124,6 +134,91 @@ fn scrambled_table(blocks: usize) -> BlockTable {
 
 #[test]
 fn long_rows_match_naive_attention_over_their_key_runs() {
+    long_rows_against_naive(SMOL);
+}
+
+#[test]
+fn sinks_join_the_softmax_of_short_and_long_rows() {
+    long_rows_against_naive(HeadShape {
+        sinks: Some(&SINKS),
+        ..SMOL
+    });
+}
+
+#[test]
+fn a_tree_node_with_sinks_computes_its_chain_bits_across_key_runs() {
+    tree_against_chain(HeadShape {
+        sinks: Some(&SINKS),
+        ..SMOL
+    });
+}
+
+#[test]
+fn the_reference_kernel_takes_sinks_as_the_fused_one_does() {
+    // A decoding row over 40 positions and a prefill chain of 5: the candle ops' attention
+    // against naive attention with the sinks.
+    let shape = HeadShape {
+        sinks: Some(&SINKS),
+        ..SMOL
+    };
+    let blocks = 4;
+    let (store, k, v) = random_store(blocks, KvDtype::F32, 21);
+    let table = scrambled_table(blocks);
+    let hd = SMOL.head_dim;
+    for (context, rows) in [(40usize, 1usize), (0, 5)] {
+        let mut batch = TreeBatch::new(16);
+        let tree = TokenTree::chain(&vec![3u32; rows]);
+        batch.push(context, &table, &tree, LogitRows::All).unwrap();
+        let q: Vec<f32> = values(SMOL.num_heads * rows * hd, 17);
+        let qt = candle_core::Tensor::from_slice(
+            &q,
+            (1, SMOL.num_heads, rows, hd),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let out = gathered_tree_attention(
+            &qt,
+            store.layer(0),
+            &batch,
+            shape,
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+        let fused = paged_tree_attention(&q, store.layer(0), &batch, shape);
+        let slots = blocks * 16;
+        let width = SMOL.num_heads * hd;
+        for node in 0..rows {
+            let visible: Vec<usize> = (0..context + node + 1)
+                .map(|p| table.slot(p, 16).unwrap().index())
+                .collect();
+            for head in 0..SMOL.num_heads {
+                let kh = head / 3;
+                let key = |s: usize| &k[(kh * slots + s) * hd..(kh * slots + s + 1) * hd];
+                let val = |s: usize| &v[(kh * slots + s) * hd..(kh * slots + s + 1) * hd];
+                let keys: Vec<&[f32]> = visible.iter().map(|&s| key(s)).collect();
+                let vals: Vec<&[f32]> = visible.iter().map(|&s| val(s)).collect();
+                let qrow = &q[(head * rows + node) * hd..(head * rows + node + 1) * hd];
+                let want = naive_with_sink(qrow, &keys, &vals, Some(SINKS[head]));
+                let at = node * width + head * hd;
+                for (i, w) in want.iter().enumerate() {
+                    for (name, got) in [("reference", out[at + i]), ("fused", fused[at + i])] {
+                        assert!(
+                            (got - w).abs() < 2e-5,
+                            "{name}: context {context} node {node} head {head}: {got} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Paged tree attention under `shape` against naive attention over short and long rows.
+fn long_rows_against_naive(shape: HeadShape<'_>) {
     // 1022 cached positions: the tree's rows see 1023 to 1026 keys, so one row takes one
     // softmax and the others two runs, side by side in one batch; 1600: three runs. A chain
     // of 200 rows over 900 positions (a prefill chunk, whose rows are split rather than its
@@ -145,7 +240,7 @@ fn long_rows_match_naive_attention_over_their_key_runs() {
             let hd = SMOL.head_dim;
             let mut rnd = random(11);
             let q: Vec<f32> = (0..SMOL.num_heads * rows * hd).map(|_| rnd()).collect();
-            let out = paged_tree_attention(&q, store.layer(0), &batch, SMOL);
+            let out = paged_tree_attention(&q, store.layer(0), &batch, shape);
             let width = SMOL.num_heads * hd;
             let slots = blocks * 16;
             let ctx: Vec<usize> = (0..context)
@@ -163,7 +258,8 @@ fn long_rows_match_naive_attention_over_their_key_runs() {
                     let keys: Vec<&[f32]> = visible.iter().map(|&s| row("k", s)).collect();
                     let vals: Vec<&[f32]> = visible.iter().map(|&s| row("v", s)).collect();
                     let qrow = &q[(head * rows + node) * hd..(head * rows + node + 1) * hd];
-                    let want = naive(qrow, &keys, &vals);
+                    let sink = shape.sinks.map(|s| s[head]);
+                    let want = naive_with_sink(qrow, &keys, &vals, sink);
                     let got = &out[node * width + head * hd..node * width + (head + 1) * hd];
                     for (a, b) in want.iter().zip(got) {
                         assert!(
@@ -179,6 +275,11 @@ fn long_rows_match_naive_attention_over_their_key_runs() {
 
 #[test]
 fn a_tree_node_computes_its_chain_bits_across_key_runs() {
+    tree_against_chain(SMOL);
+}
+
+/// A drafted chain's rows against the same tokens decoded one at a time, under `shape`.
+fn tree_against_chain(shape: HeadShape<'_>) {
     // A chain of six drafted tokens over 1020 cached positions: its rows see 1021 to 1026
     // keys, one softmax for the first three and two runs for the rest. Decoded one at a time
     // instead, each token sees the same keys in the same slots.
@@ -194,7 +295,7 @@ fn a_tree_node_computes_its_chain_bits_across_key_runs() {
     let (rows, hd) = (tokens.len(), SMOL.head_dim);
     let mut rnd = random(5);
     let q: Vec<f32> = (0..SMOL.num_heads * rows * hd).map(|_| rnd()).collect();
-    let tree_out = paged_tree_attention(&q, store.layer(0), &tree_batch, SMOL);
+    let tree_out = paged_tree_attention(&q, store.layer(0), &tree_batch, shape);
     let width = SMOL.num_heads * hd;
     for (d, &token) in tokens.iter().enumerate() {
         let mut chain = TreeBatch::new(16);
@@ -209,7 +310,7 @@ fn a_tree_node_computes_its_chain_bits_across_key_runs() {
         let q_row: Vec<f32> = (0..SMOL.num_heads)
             .flat_map(|h| q[(h * rows + d) * hd..(h * rows + d + 1) * hd].to_vec())
             .collect();
-        let chain_out = paged_tree_attention(&q_row, store.layer(0), &chain, SMOL);
+        let chain_out = paged_tree_attention(&q_row, store.layer(0), &chain, shape);
         assert_eq!(
             &tree_out[d * width..(d + 1) * width],
             &chain_out[..],

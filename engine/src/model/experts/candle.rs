@@ -9,14 +9,15 @@ use candle_core::Tensor;
 use super::{add_shared, combine, DenseMlp, ExpertMlp};
 use crate::Result;
 
-/// `down(act(gate(x)) * up(x))` as candle ops, the activation as the caller computes it.
+/// `down(act(gate(x)) * up(x))` as candle ops, `act(gate) * up` as the caller computes it
+/// (`gated(gate, up)`).
 pub(crate) fn mlp(
     mlp: &DenseMlp,
     x: &Tensor,
-    activate: &dyn Fn(&Tensor) -> Result<Tensor>,
+    gated: &dyn Fn(&Tensor, &Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
-    let gate = activate(&mlp.gate.forward(x)?)?;
-    mlp.down.forward(&(gate * mlp.up.forward(x)?)?)
+    let inner = gated(&mlp.gate.forward(x)?, &mlp.up.forward(x)?)?;
+    mlp.down.forward(&inner)
 }
 
 impl ExpertMlp {
@@ -24,7 +25,7 @@ impl ExpertMlp {
     pub(crate) fn forward_candle(
         &self,
         h: &Tensor,
-        activate: &dyn Fn(&Tensor) -> Result<Tensor>,
+        gated: &dyn Fn(&Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let (rows, hidden) = h.dims2()?;
         let host = h.flatten_all()?.to_vec1::<f32>()?;
@@ -37,7 +38,7 @@ impl ExpertMlp {
             let picked: Vec<u32> = group.iter().map(|&(r, _)| r as u32).collect();
             let picked = Tensor::new(picked.as_slice(), h.device())?;
             let x = h.index_select(&picked, 0)?;
-            let y = mlp(&self.experts[expert], &x, activate)?;
+            let y = mlp(&self.experts[expert], &x, gated)?;
             let y = y.flatten_all()?.to_vec1::<f32>()?;
             for (i, &(r, choice)) in group.iter().enumerate() {
                 let at = (r * routes.top_k + choice) * hidden;
@@ -47,7 +48,7 @@ impl ExpertMlp {
         let mut out = Vec::new();
         combine(&routes, &chosen, hidden, &mut out);
         if let Some(shared) = &self.shared {
-            let y = mlp(&shared.mlp, h, activate)?
+            let y = mlp(&shared.mlp, h, gated)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
             add_shared(&host, &y, shared.gate.as_deref(), &mut out);

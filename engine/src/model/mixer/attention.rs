@@ -40,7 +40,7 @@ pub struct AttentionWeights {
 }
 
 /// The shape attention reads for `cfg`.
-fn head_shape(cfg: &ModelConfig) -> HeadShape {
+fn head_shape(cfg: &ModelConfig) -> HeadShape<'static> {
     HeadShape {
         scale: cfg.attention_scale(),
         softcap: cfg.variant.attention_softcap,
