@@ -24,7 +24,12 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
 - `granitehybrid_moe`: tests/data/granitehybrid_moe_llamacpp.json, the same hybrid with routed
   experts beside an ungated shared expert, with a context of 256;
 - `granitehybrid_rope`: tests/data/granitehybrid_rope_llamacpp.json, the same shape with RoPE
-  on (no `rope.scaling.finetuned` in the file), with a context of 256.
+  on (no `rope.scaling.finetuned` in the file), with a context of 256;
+- `gptoss`: tests/data/gptoss_llamacpp.json, the tiny gpt-oss of `tests/model/gptoss.rs`
+  (sinks, biases, alternate windowed layers, YaRN, biased experts with the clamped SwiGLU),
+  with a context of 256;
+- `gptoss_mxfp4`: tests/data/gptoss_mxfp4_llamacpp.json, the same model with its experts in
+  MXFP4 (llama.cpp multiplies them by activations quantized to Q8_0), with a context of 256.
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -75,6 +80,10 @@ CASES = {
                           "tests/data/granitehybrid_moe_llamacpp.json", False),
     "granitehybrid_rope": ("model::granite::write_the_rope_reference_gguf", [256],
                            "tests/data/granitehybrid_rope_llamacpp.json", False),
+    "gptoss": ("model::gptoss::write_the_reference_gguf", [256],
+               "tests/data/gptoss_llamacpp.json", False),
+    "gptoss_mxfp4": ("model::gptoss::write_the_mxfp4_reference_gguf", [256],
+                     "tests/data/gptoss_mxfp4_llamacpp.json", False),
 }
 
 

@@ -213,6 +213,34 @@ fn every_method_is_lossless_on_mixtures_of_experts() {
     }
 }
 
+#[test]
+fn every_method_is_lossless_on_gptoss() {
+    // Sinks, windows of 16 (prompts and trees reach past them), biased experts in MXFP4 on
+    // thicket's kernels.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = engine::model::testing::TinyGptOss {
+        vocab_size: 256,
+        ..Default::default()
+    };
+    let path = dir.path().join("gptoss.gguf");
+    engine::model::testing::write_tiny_gptoss_gguf(
+        &path,
+        &spec,
+        candle_core::quantized::GgmlDType::Q8_0,
+    )
+    .unwrap();
+    let cpu = candle_core::Device::Cpu;
+    let (config, weights) = engine::model::gguf::load_gguf_weights(&path, None, &cpu).unwrap();
+    write_tiny_tokenizer(dir.path(), spec.vocab_size).unwrap();
+    let loaded = LoadedModel {
+        model: engine::Model::new(config, weights, cpu).unwrap(),
+        tokenizer: engine::ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap(),
+        source: engine::model::fetch::ModelSource::Gguf(path),
+    };
+    assert!(loaded.model.is_fused());
+    assert_lossless_alone_and_in_mixed_batches(&loaded);
+}
+
 /// Every method equals plain decoding alone with large trees, and in batches of 4 and 16
 /// mixing methods with prefill chunks and preemption.
 fn assert_lossless_alone_and_in_mixed_batches(loaded: &LoadedModel) {

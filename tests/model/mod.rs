@@ -9,6 +9,7 @@ pub(crate) mod families;
 pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
+mod gptoss;
 pub(crate) mod granite;
 mod granite_hf;
 mod hybrid_checks;

@@ -403,6 +403,7 @@ fn weights_from(
                 v,
                 o,
                 output_gate: None,
+                sinks: None,
             };
             (Box::new(attention), Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
@@ -459,13 +460,33 @@ fn weights_from(
                         None,
                     ),
                 };
+                // gpt-oss: a bias on the output projection, and a sink logit per query head.
+                let o_bias = has(&format!("{p}.attn_output.bias"));
+                let sinks_name = format!("{p}.attn_sinks.weight");
+                let sinks = match has(&sinks_name) {
+                    true => {
+                        let values = dense(tensor(&sinks_name)?)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?;
+                        if values.len() != config.num_heads {
+                            return Err(Error::Metadata(format!(
+                                "tensor {sinks_name} holds {} sinks for {} query heads",
+                                values.len(),
+                                config.num_heads
+                            )));
+                        }
+                        Some(values)
+                    }
+                    false => None,
+                };
                 Box::new(AttentionWeights {
                     qk_norm,
                     q,
                     k,
                     v,
-                    o: proj("attn_output", Role::O, false)?,
+                    o: proj("attn_output", Role::O, o_bias)?,
                     output_gate,
+                    sinks,
                 })
             } else if let LayerMixer::DeltaNet(shape) = config.layer_mixer(i) {
                 Box::new(DeltaNetWeights::new(

@@ -134,6 +134,15 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         .or(hf.model_type.clone())
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
+    if architecture == Architecture::GptOss {
+        // Its checkpoints keep the experts as MXFP4 blocks and scales in their own layout,
+        // interleaved gate and up rows, and the sinks and biases under their own names.
+        return Err(Error::Metadata(format!(
+            "{}: gpt-oss loads from GGUF only (llama.cpp's converter writes one from this \
+             checkpoint); its HF checkpoint layout is not read",
+            dir.display()
+        )));
+    }
     let family = architecture.family();
     check_activation(&hf, family.activation)?;
     let head_dim = hf
@@ -377,6 +386,7 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 v,
                 o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
                 output_gate,
+                sinks: None,
             }),
             (_, _, _, LayerMixer::DeltaNet(shape)) => Box::new(DeltaNetWeights::new(
                 shape,

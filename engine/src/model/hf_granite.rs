@@ -239,6 +239,7 @@ impl HfGranite {
             .collect::<Result<Vec<_>>>()?;
         Ok(Mlp::Experts(Box::new(ExpertMlp {
             router,
+            router_bias: None,
             experts,
             shared: Some(SharedExpert {
                 mlp: shared,

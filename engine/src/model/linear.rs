@@ -114,6 +114,24 @@ impl Linear {
         }
     }
 
+    /// The same weight with `bias` (f32, `[out]`) added to its outputs instead.
+    pub fn with_bias(self, bias: Option<Tensor>) -> Self {
+        Self { bias, ..self }
+    }
+
+    /// Outputs (`out` of `[out, in]`).
+    pub fn rows(&self) -> usize {
+        match &self.weight {
+            Weight::Packed(w) => w.rows(),
+            Weight::Quantized(QMatMul::QTensor(q)) => {
+                q.shape().dims().first().copied().unwrap_or(0)
+            }
+            Weight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Weight::Dense(t) => {
+                t.dims().first().copied().unwrap_or(0)
+            }
+        }
+    }
+
     /// From a dense `[out, in]` tensor, converted to `dtype`, or quantized to Q8_0 when
     /// `dtype` is `None` (falls back to f32 when the input width is not a multiple of 32).
     pub fn from_dense(weight: Tensor, bias: Option<Tensor>, dtype: Option<DType>) -> Result<Self> {

@@ -8,6 +8,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gptoss;
 mod granitehybrid;
 mod lfm2;
 mod llama;
@@ -64,6 +65,9 @@ pub enum Architecture {
     Qwen3Next,
     /// Granite 4.0-H: Mamba-2 layers and attention without RoPE, µP scales.
     GraniteHybrid,
+    /// gpt-oss: biased attention with sinks, alternate windowed layers, biased experts
+    /// with a clamped SwiGLU.
+    GptOss,
 }
 
 /// Every family, for lookups and error messages.
@@ -83,6 +87,7 @@ const FAMILIES: &[&Family] = &[
     &qwen35moe::FAMILY,
     &qwen3next::FAMILY,
     &granitehybrid::FAMILY,
+    &gptoss::FAMILY,
 ];
 
 impl Architecture {

@@ -154,14 +154,48 @@ impl GgufTensors<'_> {
             .collect()
     }
 
+    /// `experts` with each one's bias from the stacked `{p}.{name}_exps.bias` (`[experts,
+    /// rows]`), where the file has it (gpt-oss).
+    fn biased(&self, p: &str, name: &str, experts: Vec<Linear>) -> Result<Vec<Linear>> {
+        let full = format!("{p}.{name}_exps.bias");
+        if !(self.has)(&full) {
+            return Ok(experts);
+        }
+        let bias = self.dense(&full)?;
+        let rows = experts.first().map_or(0, Linear::rows);
+        let values = f32_values(&full, &bias, &[&[experts.len(), rows]])?;
+        experts
+            .into_iter()
+            .zip(values.chunks_exact(rows.max(1)))
+            .map(|(linear, b)| {
+                let b = Tensor::from_slice(b, rows, self.device)?;
+                Ok(linear.with_bias(Some(b)))
+            })
+            .collect()
+    }
+
     /// Layer `p`'s (`blk.N`) mixture.
     pub(crate) fn mixture(&self, p: &str, moe: &Moe, hidden: usize) -> Result<ExpertMlp> {
         let (n, width) = (moe.num_experts, moe.expert_width);
         let router_name = format!("{p}.ffn_gate_inp.weight");
         let router = f32_values(&router_name, &self.dense(&router_name)?, &[&[n, hidden]])?;
-        let gate = self.experts(p, "ffn_gate", n, width, hidden)?;
-        let up = self.experts(p, "ffn_up", n, width, hidden)?;
-        let down = self.experts(p, "ffn_down", n, hidden, width)?;
+        let gate = self.biased(
+            p,
+            "ffn_gate",
+            self.experts(p, "ffn_gate", n, width, hidden)?,
+        )?;
+        let up = self.biased(p, "ffn_up", self.experts(p, "ffn_up", n, width, hidden)?)?;
+        let down = self.biased(
+            p,
+            "ffn_down",
+            self.experts(p, "ffn_down", n, hidden, width)?,
+        )?;
+        // gpt-oss: a bias on the router.
+        let bias_name = format!("{p}.ffn_gate_inp.bias");
+        let router_bias = match (self.has)(&bias_name) {
+            true => Some(f32_values(&bias_name, &self.dense(&bias_name)?, &[&[n]])?),
+            false => None,
+        };
         let experts = gate
             .into_iter()
             .zip(up)
@@ -198,6 +232,7 @@ impl GgufTensors<'_> {
         };
         Ok(ExpertMlp {
             router,
+            router_bias,
             experts,
             shared,
             top_k: moe.experts_per_token,
@@ -282,6 +317,7 @@ pub(crate) fn from_hf(
     };
     Ok(ExpertMlp {
         router,
+        router_bias: None,
         experts,
         shared,
         top_k: moe.experts_per_token,

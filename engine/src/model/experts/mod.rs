@@ -62,6 +62,8 @@ pub struct SharedExpert {
 pub struct ExpertMlp {
     /// The router, `[num_experts][hidden]` row-major f32.
     pub router: Vec<f32>,
+    /// The router's bias, `[num_experts]`, where it has one (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
     /// The experts.
     pub experts: Vec<DenseMlp>,
     /// The shared expert, where the family has one.
@@ -206,8 +208,9 @@ impl ExpertMlp {
             let x = &h[first * hidden..(first + count) * hidden];
             let mut probs = vec![0f32; count * n];
             for (e, w) in self.router.chunks_exact(hidden).enumerate() {
+                let bias = self.router_bias.as_ref().map_or(0.0, |b| b[e]);
                 for (r, x) in x.chunks_exact(hidden).enumerate() {
-                    probs[r * n + e] = dot(x, w);
+                    probs[r * n + e] = dot(x, w) + bias;
                 }
             }
             // SAFETY: block `block` alone reaches its rows' runs, inside buffers sized for

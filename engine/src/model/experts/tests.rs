@@ -19,6 +19,7 @@ fn mixture(bias: &[f32], top_k: usize, normalize: bool) -> ExpertMlp {
     };
     ExpertMlp {
         router,
+        router_bias: None,
         experts: bias
             .iter()
             .map(|_| DenseMlp {

@@ -37,13 +37,16 @@ pub struct AttentionWeights {
     pub o: Linear,
     /// The gate on each head's output, where the family gates it (`[heads * dim, hidden]`).
     pub output_gate: Option<Linear>,
+    /// Each query head's sink logit, where the model has them (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
 }
 
-/// The shape attention reads for `cfg`.
-fn head_shape(cfg: &ModelConfig) -> HeadShape<'static> {
+/// The shape attention reads for `cfg`, with the layer's `sinks`.
+fn head_shape<'a>(cfg: &ModelConfig, sinks: Option<&'a [f32]>) -> HeadShape<'a> {
     HeadShape {
         scale: cfg.attention_scale(),
         softcap: cfg.variant.attention_softcap,
+        sinks,
         ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     }
 }
@@ -101,7 +104,7 @@ impl TokenMixer for AttentionWeights {
             &k.flatten_all()?.to_vec1::<f32>()?,
             &v.flatten_all()?.to_vec1::<f32>()?,
         )?;
-        let shape = head_shape(cfg);
+        let shape = head_shape(cfg, self.sinks.as_deref());
         let device = model.device();
         let attn = match model.attention() {
             AttentionKernel::Reference => {
@@ -138,6 +141,7 @@ impl TokenMixer for AttentionWeights {
             v: p(&self.v)?,
             o: p(&self.o)?,
             output_gate: self.output_gate.as_ref().map(p).transpose()?,
+            sinks: self.sinks.clone(),
         }))
     }
 
@@ -169,6 +173,7 @@ struct FusedAttention {
     v: Projection,
     o: Projection,
     output_gate: Option<Projection>,
+    sinks: Option<Vec<f32>>,
 }
 
 impl FusedMixer for FusedAttention {
@@ -215,8 +220,8 @@ impl FusedMixer for FusedAttention {
         rotate(cfg, at.table, positions, &[], kv_heads, &mut w.k, false);
         clock.lap(|p| &mut p.other);
         kv.write(at.index, &at.seen.slots, &w.k, &w.v)?;
-        let mut attn =
-            paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, head_shape(cfg));
+        let shape = head_shape(cfg, self.sinks.as_deref());
+        let mut attn = paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, shape);
         clock.lap(|p| &mut p.attention);
         if let Some(gate) = &self.output_gate {
             project(h, rows, &mut [(gate, &mut w.mixed)], acts)?;

@@ -11,6 +11,7 @@ use crate::model::config::Architecture;
 use crate::{Error, Result};
 
 mod gguf;
+mod gptoss;
 mod granite;
 mod granite_hf;
 mod lfm2;
@@ -20,6 +21,7 @@ mod qwen3next_hf;
 mod retype;
 
 pub use gguf::write_tiny_gguf;
+pub use gptoss::{write_tiny_gptoss_gguf, TinyGptOss};
 pub use granite::{write_tiny_granite_gguf, TinyGranite};
 pub use granite_hf::write_tiny_granite_hf;
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};
@@ -281,6 +283,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
         Architecture::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
         Architecture::GraniteHybrid => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
+        Architecture::GptOss => ("GptOssForCausalLM", "gpt_oss"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
