@@ -61,6 +61,16 @@ fn the_file_declares_windows_sinks_biases_and_experts() {
         .map(|i| cfg.layer_attention(i).window)
         .collect();
     assert_eq!(windows, [Some(16), None, Some(16), None]);
+    // A file that lists its windowed layers is read as it lists them.
+    let listed = TinyGptOss {
+        window_pattern: Some(vec![false, true, true, false]),
+        ..tiny_f32()
+    };
+    let (other, _) = load(&listed, GgmlDType::F32, Some(DType::F32));
+    let windows: Vec<Option<usize>> = (0..cfg.num_layers)
+        .map(|i| other.config().layer_attention(i).window)
+        .collect();
+    assert_eq!(windows, [None, Some(16), Some(16), None]);
     assert!((0..cfg.num_layers).all(|i| cfg.layer_mixer(i) == LayerMixer::Attention));
     let moe = cfg.variant.moe.as_ref().unwrap();
     assert_eq!((moe.num_experts, moe.experts_per_token), (4, 2));

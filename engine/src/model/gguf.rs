@@ -21,7 +21,7 @@ use crate::model::experts::prepared::PreparedExperts;
 use crate::model::gguf_header::{self, Header};
 use crate::model::gguf_keys::{
     as_f32, as_u64, attending_kv_heads, delta_net_shape, expert_facts, longrope, recurrent_layers,
-    rope_scaling,
+    rope_scaling, window_pattern,
 };
 use crate::model::linear::Linear;
 use crate::model::shapes::{deal_quantized, split_quantized, unfused, Role, Shapes};
@@ -149,12 +149,13 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         );
     }
     let num_layers = block_count - mtp;
+    let (windowed_layers, window_period) = window_pattern(md, &key, num_layers)?;
     let facts = FileFacts {
         num_layers,
         hidden_size,
         window: optional_usize("attention.sliding_window")?,
-        windowed_layers: None,
-        window_period: None,
+        windowed_layers,
+        window_period,
         local_rope_theta: optional_f32("rope.freq_base_swa")?,
         attention_scale: family
             .gguf_residual_query_scale_at

@@ -68,6 +68,35 @@ pub(super) fn recurrent_layers(
     }
 }
 
+/// `{arch}.attention.sliding_window_pattern`, as llama.cpp reads it: per layer whether it is
+/// windowed (an array), or a period `n` whose every `n`-th layer attends globally and the rest
+/// through the window (an integer; 0: every layer windowed). Returns the per-layer kinds, or
+/// the period; `(None, None)` where the file does not say.
+pub(super) fn window_pattern(
+    md: &HashMap<String, Value>,
+    key: &dyn Fn(&str) -> String,
+    num_layers: usize,
+) -> Result<(Option<Vec<bool>>, Option<usize>)> {
+    let name = key("attention.sliding_window_pattern");
+    match md.get(&name) {
+        None => Ok((None, None)),
+        Some(Value::Array(list)) => {
+            let kinds = list
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(b) => Ok(*b),
+                    other => Ok(as_u64(other, &name)? != 0),
+                })
+                .collect::<Result<Vec<bool>>>()?;
+            Ok((Some(kinds), None))
+        }
+        Some(v) => match as_u64(v, &name)? {
+            0 => Ok((Some(vec![true; num_layers]), None)),
+            n => Ok((None, Some(n as usize))),
+        },
+    }
+}
+
 /// `{arch}.expert_count` and its companions: the mixture a file declares (`None` where it
 /// declares no experts). The router must be a softmax (`expert_gating_func` 1, as llama.cpp
 /// numbers it) with unscaled weights; whether the chosen weights are normalized is

@@ -36,6 +36,9 @@ pub struct TinyGptOss {
     pub expert_width: usize,
     /// The windowed layers' window.
     pub window: usize,
+    /// Which layers are windowed, written as `attention.sliding_window_pattern` (`None`: the
+    /// key is left out, and the even layers are).
+    pub window_pattern: Option<Vec<bool>>,
     /// YaRN's factor over `original_context` (`None`: plain RoPE).
     pub yarn: Option<(f32, usize)>,
     /// Whether the experts are MXFP4 (else in the file's type).
@@ -57,6 +60,7 @@ impl Default for TinyGptOss {
             used: 2,
             expert_width: 64,
             window: 16,
+            window_pattern: None,
             yarn: Some((4.0, 256)),
             mxfp4: true,
             seed: 71,
@@ -151,6 +155,12 @@ pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) 
         ),
         (format!("{name}.rope.freq_base"), Value::F32(10_000.0)),
     ];
+    if let Some(pattern) = &spec.window_pattern {
+        metadata.push((
+            format!("{name}.attention.sliding_window_pattern"),
+            Value::Array(pattern.iter().map(|&b| Value::Bool(b)).collect()),
+        ));
+    }
     if let Some((factor, original)) = spec.yarn {
         metadata.push((
             format!("{name}.rope.scaling.type"),
