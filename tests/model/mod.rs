@@ -1,6 +1,6 @@
 //! A model alone, below the engine: the paged tree-attention forward's properties, its
 //! agreement with candle-transformers on the same weights (every family, mixtures of experts
-//! among them), the tokenizer, the KV cache under
+//! among them), the tokenizers (gpt-oss's against openai-harmony), the KV cache under
 //! the plain greedy decoder, load and input errors, and the CUDA backend.
 
 mod candle_oracle;
@@ -20,6 +20,7 @@ mod load_and_input_errors;
 pub(crate) mod longrope;
 pub(crate) mod moe;
 mod mxfp4_experts;
+mod o200k;
 mod prepared_experts;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;

@@ -1,9 +1,11 @@
 //! What the tests share, with no tests of its own: fixtures (the default model loaded once per
 //! test binary, tiny random models, prompts, logits helpers), the plain greedy decoder the
-//! engine's outputs are checked against, the real `thicket` binary run as a child, and a
-//! streamed chat answer put back together.
+//! engine's outputs are checked against, the real `thicket` binary run as a child, a
+//! streamed chat answer put back together, and openai-harmony (gpt-oss's reference) for
+//! checks run from Python.
 
 pub mod chat_stream;
 pub mod fixtures;
+pub mod harmony;
 pub mod plain_greedy;
 pub mod processes;

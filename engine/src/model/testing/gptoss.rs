@@ -1,7 +1,8 @@
 //! A tiny random gpt-oss as a GGUF in llama.cpp's names and shapes (`gpt-oss.*` keys, biased
 //! q/k/v/o, `attn_sinks`, a biased router, stacked biased experts), for checking the family
 //! against llama.cpp: every other layer windowed (a short window, so a short prompt passes
-//! it), YaRN, the experts in MXFP4 as the converter writes them or in the file's type.
+//! it), YaRN, the experts in MXFP4 as the converter writes them or in the file's type; with
+//! no tokenizer, or the one it is given (gpt-oss's real o200k_harmony).
 
 use std::path::Path;
 
@@ -45,6 +46,10 @@ pub struct TinyGptOss {
     pub mxfp4: bool,
     /// Seed of every weight.
     pub seed: u64,
+    /// The tokenizer's `tokenizer.*` metadata (such as `o200k_harmony_metadata`'s), written
+    /// in place of `tokenizer.ggml.model = no_vocab`; its token list must be `vocab_size`
+    /// long (`None`: no tokenizer).
+    pub tokenizer: Option<Vec<(String, Value)>>,
 }
 
 impl Default for TinyGptOss {
@@ -64,6 +69,7 @@ impl Default for TinyGptOss {
             yarn: Some((4.0, 256)),
             mxfp4: true,
             seed: 71,
+            tokenizer: None,
         }
     }
 }
@@ -127,12 +133,29 @@ pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) 
     }
     let name = "gpt-oss";
     let u32_of = |v: usize| Value::U32(v as u32);
-    let mut metadata: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(name.into())),
-        (
+    let tokenizer = match &spec.tokenizer {
+        Some(entries) => {
+            let tokens = entries
+                .iter()
+                .find(|(key, _)| key == "tokenizer.ggml.tokens")
+                .and_then(|(_, tokens)| tokens.to_vec().ok())
+                .map_or(0, Vec::len);
+            if tokens != v {
+                return Err(Error::Metadata(format!(
+                    "the tokenizer has {tokens} tokens for a vocabulary of {v}"
+                )));
+            }
+            entries.clone()
+        }
+        None => vec![(
             "tokenizer.ggml.model".into(),
             Value::String("no_vocab".into()),
-        ),
+        )],
+    };
+    let mut metadata: Vec<(String, Value)> =
+        vec![("general.architecture".into(), Value::String(name.into()))];
+    metadata.extend(tokenizer);
+    metadata.extend([
         (format!("{name}.context_length"), u32_of(1024)),
         (format!("{name}.vocab_size"), u32_of(v)),
         (format!("{name}.embedding_length"), u32_of(h)),
@@ -154,7 +177,7 @@ pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) 
             Value::F32(1e-5),
         ),
         (format!("{name}.rope.freq_base"), Value::F32(10_000.0)),
-    ];
+    ]);
     if let Some(pattern) = &spec.window_pattern {
         metadata.push((
             format!("{name}.attention.sliding_window_pattern"),

@@ -1,7 +1,7 @@
 //! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): the vocabulary and the merges stored in
 //! the file, with the pre-tokenizer `tokenizer.ggml.pre` names, as the upstream
-//! `tokenizer.json` declares it (Qwen2's split pattern and NFC, SmolLM's digits, GPT-2's
-//! byte-level regex).
+//! `tokenizer.json` declares it (Qwen2's split pattern and NFC, the o200k split of GPT-4o and
+//! gpt-oss that llama.cpp names "gpt-4o", SmolLM's digits, GPT-2's byte-level regex).
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
@@ -17,6 +17,15 @@ use crate::{Error, Result};
 
 /// The Qwen2 pre-tokenizer split pattern, as in its upstream tokenizer.json.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The o200k split pattern (GPT-4o, gpt-oss's o200k_harmony), as tiktoken and openai-harmony
+/// use it: words with their leading punctuation and a trailing contraction, split at case
+/// changes, digits in runs of up to three, punctuation runs, and whitespace.
+const O200K_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
 
 /// The byte-level BPE tokenizer of a "gpt2" GGUF (added tokens not yet registered).
 pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
@@ -56,15 +65,15 @@ pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
 
 fn pre_tokenizer(pre: &str) -> Result<Sequence> {
     let parts: Vec<PreTokenizerWrapper> = match pre {
-        "qwen2" => {
-            let split = Split::new(
-                SplitPattern::Regex(QWEN2_SPLIT.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-            vec![split.into(), ByteLevel::new(false, false, false).into()]
-        }
+        // A split by the pattern, then bytes to GPT-2's characters (no regex of its own).
+        "qwen2" => vec![
+            split(QWEN2_SPLIT)?,
+            ByteLevel::new(false, false, false).into(),
+        ],
+        "gpt-4o" => vec![
+            split(O200K_SPLIT)?,
+            ByteLevel::new(false, false, false).into(),
+        ],
         "smollm" => vec![
             Digits::new(true).into(),
             ByteLevel::new(false, true, true).into(),
@@ -73,9 +82,20 @@ fn pre_tokenizer(pre: &str) -> Result<Sequence> {
         "default" | "gpt2" => vec![ByteLevel::new(false, true, true).into()],
         other => {
             return Err(Error::Tokenizer(format!(
-                "pre-tokenizer '{other}' is not supported (supported: qwen2, smollm, gpt2)"
+                "pre-tokenizer '{other}' is not supported (supported: qwen2, gpt-4o, smollm, gpt2)"
             )))
         }
     };
     Ok(Sequence::new(parts))
+}
+
+/// A split that keeps every match of `pattern` as a piece of its own.
+fn split(pattern: &str) -> Result<PreTokenizerWrapper> {
+    Split::new(
+        SplitPattern::Regex(pattern.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map(Into::into)
+    .map_err(|e| Error::Tokenizer(e.to_string()))
 }

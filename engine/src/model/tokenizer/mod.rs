@@ -3,8 +3,8 @@
 //!
 //! GGUF files carry no `tokenizer.json`, so the tokenizer is rebuilt here from
 //! `tokenizer.ggml.*` metadata (`metadata`) with the `tokenizers` crate, by the kind
-//! `tokenizer.ggml.model` names: "gpt2" byte-level BPE (`bpe`; Qwen2.5, SmolLM2) or "llama"
-//! SentencePiece (`spm`; Gemma 3). Tokens of type 3 (control) and 2 (unknown) become
+//! `tokenizer.ggml.model` names: "gpt2" byte-level BPE (`bpe`; Qwen2.5, SmolLM2, gpt-oss)
+//! or "llama" SentencePiece (`spm`; Gemma 3). Tokens of type 3 (control) and 2 (unknown) become
 //! special added tokens and tokens of type 4 (user-defined, such as Qwen2.5's `<tool_call>`
 //! or Gemma's runs of spaces and HTML tags) plain added ones, as upstream marks them: both
 //! are matched whole in text, and only the special ones are left out of what a user reads.
@@ -27,13 +27,17 @@ use crate::{Error, Result};
 /// Token names treated as end-of-sequence in addition to the declared EOS id, when the
 /// tokenizer has them as special tokens: Gemma's `</s>` is a user-defined HTML tag, and in
 /// Qwen's vocabulary `</s>` is an ordinary byte-pair token that a model writes in HTML or
-/// code, not an end.
+/// code, not an end. gpt-oss (harmony) ends a reply with `<|return|>` and a tool call with
+/// `<|call|>`; its `<|end|>` only closes one message (the analysis before the final answer),
+/// so it is not an end.
 const END_TOKENS: &[&str] = &[
     "<|im_end|>",
     "<|endoftext|>",
     "<|eot_id|>",
     "</s>",
     "<end_of_turn>",
+    "<|return|>",
+    "<|call|>",
 ];
 
 /// A model's tokenizer and its special-token facts.
