@@ -25,6 +25,13 @@ pub struct ChatMessage {
     /// The function a `tool` message answers for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// What an assistant message thought before it, under the name Qwen3's and DeepSeek's
+    /// templates read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same, under the name gpt-oss's template reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -36,6 +43,8 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
+            thinking: None,
         }
     }
 
@@ -157,7 +166,7 @@ pub fn render_chat_with(
         (messages, tools)
     };
     let mut env = Environment::new();
-    env.set_unknown_method_callback(minijinja_contrib_pycompat);
+    crate::chat_functions::install(&mut env);
     env.add_template("chat", template)
         .map_err(|e| anyhow::anyhow!("chat template does not parse: {e}"))?;
     let fixed = context! {
@@ -180,33 +189,6 @@ pub fn check_template(template: &str) -> anyhow::Result<()> {
     env.add_template("chat", template)
         .map_err(|e| anyhow::anyhow!("chat template does not parse: {e}"))?;
     Ok(())
-}
-
-/// Python string methods some templates call (`strip`, `startswith`, ...).
-fn minijinja_contrib_pycompat(
-    _state: &minijinja::State,
-    value: &minijinja::Value,
-    method: &str,
-    args: &[minijinja::Value],
-) -> Result<minijinja::Value, minijinja::Error> {
-    let unknown = || {
-        minijinja::Error::new(
-            minijinja::ErrorKind::UnknownMethod,
-            format!("method {method} is not supported in chat templates"),
-        )
-    };
-    let s = value.as_str().ok_or_else(unknown)?;
-    let arg = |i: usize| args.get(i).and_then(|a| a.as_str()).unwrap_or("");
-    Ok(match method {
-        "strip" => s.trim().into(),
-        "lstrip" => s.trim_start().into(),
-        "rstrip" => s.trim_end().into(),
-        "startswith" => s.starts_with(arg(0)).into(),
-        "endswith" => s.ends_with(arg(0)).into(),
-        "upper" => s.to_uppercase().into(),
-        "lower" => s.to_lowercase().into(),
-        _ => return Err(unknown()),
-    })
 }
 
 /// `text` as a single user message in `tokenizer`'s chat template, ready to encode.

@@ -16,5 +16,6 @@ pub mod args;
 pub mod batch;
 pub mod bench;
 pub mod chat;
+pub mod chat_functions;
 pub mod commands;
 pub mod server;

@@ -47,9 +47,13 @@ fn templates_render_tools_calls_and_results() {
         qwen.contains("# Tools") && qwen.contains("<tools>\n{"),
         "{qwen}"
     );
-    assert!(qwen.contains("\"name\":\"get_weather\""), "{qwen}");
+    // `tojson` writes as transformers' does (json.dumps: `", "` and `": "`, keys in order).
     assert!(
-        qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call><|im_end|>"),
+        qwen.contains("{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
+        "{qwen}"
+    );
+    assert!(
+        qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"),
         "{qwen}"
     );
     assert!(

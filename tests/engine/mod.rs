@@ -5,6 +5,7 @@
 
 mod cache_salt;
 mod complete_or_length;
+mod framed_formats;
 mod gemma3;
 mod lfm2;
 mod masked_sampling;

@@ -51,8 +51,22 @@ pub(crate) fn scripted_full(
     tool_format: Option<&str>,
     template: TemplateSetup,
 ) -> Server {
+    scripted_pieces(&[script], parser, tool_format, template)
+}
+
+/// `scripted_full` writing each of `pieces` in its own tokens (as a model writes a marker
+/// that is one special token of its vocabulary: no token spans it and the text beside it).
+pub(crate) fn scripted_pieces(
+    pieces: &[&str],
+    parser: Option<ReasoningParser>,
+    tool_format: Option<&str>,
+    template: TemplateSetup,
+) -> Server {
     let tokenizer = &smollm2().tokenizer;
-    let tokens: Vec<u32> = tokenizer.encode_plain(script).unwrap();
+    let tokens: Vec<u32> = pieces
+        .iter()
+        .flat_map(|piece| tokenizer.encode_plain(piece).unwrap())
+        .collect();
     let end = tokenizer.token_to_id("<|im_end|>").unwrap();
     let rule: RankedTokens = Arc::new(move |seen: &[u32]| vec![next_token(&tokens, end, seen)]);
     ranked_server(rule, parser, tool_format, template)

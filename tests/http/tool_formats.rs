@@ -19,7 +19,14 @@ const ANSWERS: &[(&str, &str)] = &[
     ("llama3_json", "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}"),
     ("mistral", "Checking.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}]"),
     ("qwen3_coder", "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+    // Read with the harmony reasoning parser, as it always is.
+    ("openai", "<|channel|>analysis<|message|>Oslo, two days.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>"),
 ];
+
+/// The reasoning parser `format` is read with.
+fn parser_of(format: &str) -> Option<ReasoningParser> {
+    (format == "openai").then_some(ReasoningParser::Harmony)
+}
 
 fn weather() -> Value {
     json!({"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -43,7 +50,7 @@ fn arguments(text: &str) -> Value {
 async fn every_api_reads_each_format() {
     let want = json!({"city": "Oslo", "days": 2});
     for (format, answer) in ANSWERS {
-        let server = scripted_with(answer, None, Some(format));
+        let server = scripted_with(answer, parser_of(format), Some(format));
         let app = &server.app;
         let (status, whole) = call(app, "POST", "/v1/chat/completions", Some(chat_body())).await;
         assert_eq!(status, StatusCode::OK, "{whole}");
@@ -171,7 +178,8 @@ fn messages_body() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_inside_the_thinking_is_not_read_in_any_format() {
-    for (format, answer) in ANSWERS {
+    // (Harmony's thinking is a channel of its own: `harmony` checks it.)
+    for (format, answer) in ANSWERS.iter().filter(|(f, _)| parser_of(f).is_none()) {
         let thinking = answer.replace("Oslo", "Bergen");
         let script = format!("<think>Maybe {thinking}</think>{answer}");
         let server = scripted_with(&script, Some(ReasoningParser::DeepSeekR1), Some(format));

@@ -238,7 +238,17 @@ fn reasoning_parser(args: &ServeArgs) -> Result<Choice<ReasoningParser>, String>
         args.reasoning_start.as_deref(),
         args.reasoning_end.as_deref(),
     );
+    // Harmony calls are read from the channels the harmony parser splits out.
+    let harmony_calls = matches!(&args.tool_call_parser, Choice::Use(f) if f.name() == "openai");
     match (args.reasoning_parser.as_str(), markers) {
+        ("auto" | "openai_gptoss", (None, None)) if harmony_calls => {
+            Ok(Choice::Use(ReasoningParser::Harmony))
+        }
+        (_, _) if harmony_calls => Err(
+            "--tool-call-parser openai reads gpt-oss's harmony channels: use it with \
+             --reasoning-parser openai_gptoss (or auto)"
+                .into(),
+        ),
         ("generic", (Some(start), Some(end))) => {
             ReasoningParser::generic(start, end).map(Choice::Use)
         }

@@ -15,6 +15,8 @@ pub mod answer;
 pub mod anthropic;
 pub mod body;
 pub mod error;
+pub mod harmony;
+pub mod harmony_formats;
 mod layers;
 pub mod openai;
 pub mod parts;

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use engine::handle::{EngineHandle, RequestStream};
 use engine::ModelTokenizer;
 
+use super::adapter::template_kwargs;
 use super::error::{ApiError, ApiResult};
-use super::reasoning::thinking_budget;
+use super::harmony_formats;
+use super::reasoning::{thinking_budget, ReasoningParser};
 use super::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
@@ -140,9 +142,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     }
     settings.options.format_field = settings.constraint_field;
     settings.predict(tokenizer)?;
-    let setup = state
-        .template()
-        .for_request(body.chat_template_kwargs.as_ref())?;
+    let setup = template_setup(state, &body)?;
     let text = chat_text(tokenizer, body.messages.as_deref(), tools.as_ref(), &setup)?;
     reasoning_settings(state, tokenizer, &body, &text, &mut settings)?;
     let prompt = encode_chat(tokenizer, &text)?;
@@ -158,6 +158,28 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
             .map(|t| t.calls(format)),
     })
 }
+
+/// The chat template and its variables for `body`: the server's, the request's
+/// `chat_template_kwargs` over them, and its `reasoning_effort` where those do not set it.
+fn template_setup(state: &AppState, body: &ChatRequest) -> ApiResult<TemplateSetup> {
+    let effort = match body.reasoning_effort.as_ref().filter(|e| !e.is_null()) {
+        None => Vec::new(),
+        Some(serde_json::Value::String(e)) if REASONING_EFFORTS.contains(&e.as_str()) => {
+            vec![("reasoning_effort", serde_json::Value::from(e.as_str()))]
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                format!("must be one of {}", REASONING_EFFORTS.join(", ")),
+            ))
+        }
+    };
+    let kwargs = template_kwargs(body.chat_template_kwargs.as_ref(), effort);
+    state.template().for_request(kwargs.as_ref())
+}
+
+/// The reasoning efforts templates take (gpt-oss's `Reasoning:` line).
+pub const REASONING_EFFORTS: &[&str] = &["low", "medium", "high"];
 
 /// The reasoning side of a chat request's settings, once its prompt is rendered (`text`):
 /// the parser and whether the prompt opened thinking, special-token markers kept in the text,
@@ -186,6 +208,9 @@ fn reasoning_settings(
         // The engine follows the thinking where it must act on it: to end it, or to hold
         // the format to the answer after it.
         Some(reasoning) if budget.is_some() || settings.constraint.is_some() => {
+            if reasoning.parser == ReasoningParser::Harmony {
+                harmony_answer(tokenizer, settings);
+            }
             settings.thinking = Some(reasoning.thinking(budget));
         }
         None if budget.is_some() => {
@@ -197,6 +222,25 @@ fn reasoning_settings(
         _ => {}
     }
     Ok(())
+}
+
+/// A gpt-oss answer's format after its analysis: a structured output is a `final`
+/// message's body; with a budget and no format, the answer may be anything but another
+/// analysis. A tool-call grammar writes its headers itself.
+fn harmony_answer(tokenizer: &ModelTokenizer, settings: &mut Settings) {
+    let token = |marker: &str| one_token(tokenizer, marker);
+    let markers = Markers::new(&token);
+    match settings.constraint.take() {
+        Some(call) if settings.constraint_field == "tools" => settings.constraint = Some(call),
+        Some(format) => {
+            settings.constraint = Some(harmony_formats::final_message(format, &markers));
+        }
+        None => {
+            settings.constraint = Some(harmony_formats::after_analysis(&markers));
+            settings.constraint_field = "thinking_token_budget";
+            settings.options.format_field = settings.constraint_field;
+        }
+    }
 }
 
 /// The id of `marker` where the model's vocabulary has it as one special token (a text
@@ -247,9 +291,7 @@ pub fn count_chat_tokens(state: &AppState, body: &ChatRequest) -> ApiResult<usiz
         body.tool_choice.as_ref(),
         body.parallel_tool_calls,
     )?;
-    let setup = state
-        .template()
-        .for_request(body.chat_template_kwargs.as_ref())?;
+    let setup = template_setup(state, body)?;
     let messages = body.messages.as_deref();
     Ok(chat_prompt(engine.tokenizer(), messages, tools.as_ref(), &setup)?.len())
 }
@@ -306,6 +348,11 @@ pub fn render_messages_with(
         let mut message = ChatMessage::text(m.role.clone(), content);
         message.tool_call_id = m.tool_call_id.clone();
         message.name = m.name.clone();
+        if m.role == "assistant" {
+            let thought = m.reasoning_content.clone().filter(|t| !t.is_empty());
+            message.reasoning_content.clone_from(&thought);
+            message.thinking = thought;
+        }
         for (j, call) in m.tool_calls.iter().flatten().enumerate() {
             message.tool_calls.push(history_call(call).ok_or_else(|| {
                 ApiError::invalid(

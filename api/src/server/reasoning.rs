@@ -11,6 +11,7 @@
 use engine::constraint::ThinkingSpec;
 
 use crate::server::error::{ApiError, ApiResult};
+use crate::server::harmony::{self, HarmonySplitter};
 
 /// A reasoning format, as `--reasoning-parser` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +28,14 @@ pub enum ReasoningParser {
         /// The string that ends it.
         end: &'static str,
     },
+    /// gpt-oss's harmony channels (`openai_gptoss`): `analysis` is thinking, `final` the
+    /// answer, calls to functions go into the answer for the `openai` tool-call format
+    /// (`super::harmony`).
+    Harmony,
 }
 
 /// The names `--reasoning-parser` takes.
-pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3", "generic"];
+pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3", "openai_gptoss", "generic"];
 
 impl ReasoningParser {
     /// The parser `name` names; an error listing the names otherwise.
@@ -38,6 +43,7 @@ impl ReasoningParser {
         match name {
             "deepseek_r1" => Ok(Self::DeepSeekR1),
             "qwen3" => Ok(Self::Qwen3),
+            "openai_gptoss" => Ok(Self::Harmony),
             other => Err(format!(
                 "unknown reasoning parser {other:?} (known: {})",
                 REASONING_PARSERS.join(", ")
@@ -45,11 +51,14 @@ impl ReasoningParser {
         }
     }
 
-    /// The parser a chat template implies: `qwen3` where it takes `enable_thinking`,
-    /// `deepseek_r1` where its generation prompt opens `<think>`, none otherwise.
+    /// The parser a chat template implies: `openai_gptoss` where it writes harmony
+    /// channels, `qwen3` where it takes `enable_thinking`, `deepseek_r1` where its
+    /// generation prompt opens `<think>`, none otherwise.
     pub fn default_for_template(template: Option<&str>) -> Option<Self> {
         let template = template?;
-        if template.contains("enable_thinking") && template.contains("<think>") {
+        if template.contains("<|channel|>") && template.contains("<|message|>") {
+            Some(Self::Harmony)
+        } else if template.contains("enable_thinking") && template.contains("<think>") {
             Some(Self::Qwen3)
         } else if template.contains("<think>\\n'") || template.contains("<think>\\n\"") {
             Some(Self::DeepSeekR1)
@@ -85,6 +94,7 @@ impl ReasoningParser {
         match self {
             Self::Generic { start, end } => (start, end),
             Self::DeepSeekR1 | Self::Qwen3 => ("<think>", "</think>"),
+            Self::Harmony => ("<|channel|>analysis<|message|>", harmony::END),
         }
     }
 
@@ -127,15 +137,18 @@ impl Reasoning {
 
     /// A splitter for one answer.
     pub fn splitter(self) -> Splitter {
+        if self.parser == ReasoningParser::Harmony {
+            return Splitter(Splitting::Harmony(HarmonySplitter::new()));
+        }
         let (start, end) = self.parser.markers();
         let thinking_first = self.opened || self.parser == ReasoningParser::DeepSeekR1;
-        Splitter {
+        Splitter(Splitting::Marked(MarkedSplitter {
             start,
             end,
             state: State::Opening { thinking_first },
             held: String::new(),
             answer_started: false,
-        }
+        }))
     }
 }
 
@@ -175,10 +188,38 @@ enum State {
     Answer,
 }
 
-/// One answer's text split into thinking and answer as it comes; a marker cut between two
+/// One answer's text split into thinking and answer as it comes, as its parser reads it.
+#[derive(Debug, Clone)]
+pub struct Splitter(Splitting);
+
+#[derive(Debug, Clone)]
+enum Splitting {
+    Marked(MarkedSplitter),
+    Harmony(HarmonySplitter),
+}
+
+impl Splitter {
+    /// The pieces `text` completes.
+    pub fn push(&mut self, text: &str) -> Vec<Split> {
+        match &mut self.0 {
+            Splitting::Marked(s) => s.push(text),
+            Splitting::Harmony(s) => s.push(text),
+        }
+    }
+
+    /// What is still held, at the end of the answer.
+    pub fn finish(&mut self) -> Vec<Split> {
+        match &mut self.0 {
+            Splitting::Marked(s) => s.finish(),
+            Splitting::Harmony(s) => s.finish(),
+        }
+    }
+}
+
+/// Thinking between a start and an end string, split as it comes; a marker cut between two
 /// pieces of text is held until it is whole. Blanks that open the answer are dropped.
 #[derive(Debug, Clone)]
-pub struct Splitter {
+struct MarkedSplitter {
     start: &'static str,
     end: &'static str,
     state: State,
@@ -194,9 +235,9 @@ fn marker_tail(text: &str, marker: &str) -> usize {
         .unwrap_or(0)
 }
 
-impl Splitter {
+impl MarkedSplitter {
     /// The pieces `text` completes.
-    pub fn push(&mut self, text: &str) -> Vec<Split> {
+    fn push(&mut self, text: &str) -> Vec<Split> {
         self.held.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -260,7 +301,7 @@ impl Splitter {
     }
 
     /// What is still held, at the end of the answer: an unfinished marker is text.
-    pub fn finish(&mut self) -> Vec<Split> {
+    fn finish(&mut self) -> Vec<Split> {
         let mut out = Vec::new();
         match self.state {
             State::Opening { thinking_first } if thinking_first => {
@@ -333,7 +374,7 @@ impl Reasoning {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -419,7 +460,7 @@ mod tests {
     }
 
     /// The split must not depend on where the text is cut: every single cut and every pair.
-    fn same_at_every_cut(reasoning: Reasoning, text: &str) -> (Option<String>, String) {
+    pub(crate) fn same_at_every_cut(reasoning: Reasoning, text: &str) -> (Option<String>, String) {
         let whole = split_whole(reasoning, text);
         let bounds: Vec<usize> = (1..text.len())
             .filter(|&i| text.is_char_boundary(i))

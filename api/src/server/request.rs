@@ -42,6 +42,11 @@ pub struct ChatMessageIn {
     pub tool_call_id: Option<String>,
     /// The function a `tool` message answers for (optional).
     pub name: Option<String>,
+    /// What an assistant message thought before it (vLLM's `reasoning_content`, or
+    /// `reasoning`): shown to templates that render earlier thinking, as `reasoning_content`
+    /// and `thinking`.
+    #[serde(alias = "reasoning")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool call of an earlier assistant message.
@@ -93,6 +98,9 @@ pub struct ChatRequest {
     /// Thinking tokens at most (vLLM's name; needs `--reasoning-parser`): then the server
     /// ends the thinking and the answer follows.
     pub thinking_token_budget: Option<serde_json::Value>,
+    /// `low`, `medium` or `high` (OpenAI's field): passed to the chat template as
+    /// `reasoning_effort` (gpt-oss's `Reasoning:` line), under `chat_template_kwargs`' own.
+    pub reasoning_effort: Option<serde_json::Value>,
 }
 
 impl ChatMessageIn {

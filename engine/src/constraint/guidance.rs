@@ -12,7 +12,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
@@ -168,28 +168,7 @@ impl Grammars {
     /// A constraint for `spec`; errors name what is wrong with it.
     pub fn compile(&self, spec: &ConstraintSpec) -> Result<Box<dyn Constraint>> {
         let Built { factory, ends } = self.factory()?;
-        let grammar = match spec {
-            ConstraintSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
-            }
-            ConstraintSpec::JsonSchema(schema) => {
-                if depth(schema) > MAX_SCHEMA_DEPTH {
-                    return Err(Error::Format(format!(
-                        "the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
-                    )));
-                }
-                TopLevelGrammar::from_json_schema(compact(schema.clone()))
-            }
-            ConstraintSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
-            ConstraintSpec::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
-            ConstraintSpec::Choice(choices) => {
-                if choices.is_empty() {
-                    return Err(Error::Format("choice needs at least one string".into()));
-                }
-                let alternatives: Vec<String> = choices.iter().map(|c| escape(c)).collect();
-                TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
-            }
-        };
+        let grammar = top_level(spec)?;
         // The reason, on its first line; the listing of the grammar after it is the one
         // compiled from the request (a tool call's, say), not the client's text.
         let parser = factory
@@ -401,4 +380,46 @@ impl Constraint for GuidanceConstraint {
             next: self.next.clone(),
         })
     }
+}
+
+/// The llguidance grammar of `spec`.
+fn top_level(spec: &ConstraintSpec) -> Result<TopLevelGrammar> {
+    Ok(match spec {
+        ConstraintSpec::JsonObject => {
+            TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+        }
+        ConstraintSpec::JsonSchema(schema) => {
+            if depth(schema) > MAX_SCHEMA_DEPTH {
+                return Err(Error::Format(format!(
+                    "the schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
+                )));
+            }
+            TopLevelGrammar::from_json_schema(compact(schema.clone()))
+        }
+        ConstraintSpec::Regex(regex) => TopLevelGrammar::from_regex(regex),
+        ConstraintSpec::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
+        ConstraintSpec::Choice(choices) => {
+            if choices.is_empty() {
+                return Err(Error::Format("choice needs at least one string".into()));
+            }
+            let alternatives: Vec<String> = choices.iter().map(|c| escape(c)).collect();
+            TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
+        }
+        ConstraintSpec::Framed { frame, inner } => {
+            if matches!(**inner, ConstraintSpec::Framed { .. }) {
+                return Err(Error::Format("a framed format inside another".into()));
+            }
+            // The frame first (llguidance starts there), the inner format named for `@inner`.
+            let mut grammars = vec![GrammarWithLexer::from_lark(frame.clone())];
+            let mut within = top_level(inner)?.grammars;
+            if let Some(first) = within.first_mut() {
+                first.name = Some("inner".into());
+            }
+            grammars.extend(within);
+            TopLevelGrammar {
+                grammars,
+                max_tokens: None,
+            }
+        }
+    })
 }

@@ -29,6 +29,15 @@ pub enum ConstraintSpec {
     Lark(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
+    /// Text in the language of the Lark grammar `frame`, where its `@inner` stands for text
+    /// in the language of `inner` (itself not framed): the header a format such as gpt-oss's
+    /// harmony writes around an answer that `inner` constrains.
+    Framed {
+        /// The Lark grammar around the inner format, referring to it as `@inner`.
+        frame: String,
+        /// The format inside.
+        inner: Box<ConstraintSpec>,
+    },
 }
 
 /// The tokens allowed next, one bit per token of the model's vocabulary (bit `t % 32` of

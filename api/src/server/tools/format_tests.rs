@@ -9,6 +9,7 @@ use super::format::{as_text, Markers, ToolFormat};
 use super::hermes::Hermes;
 use super::llama3::Llama3Json;
 use super::mistral::Mistral;
+use super::openai::OpenAi;
 use super::qwen3_coder::Qwen3Coder;
 use super::{parse_calls, CallReader, Calls, Piece, Tool};
 
@@ -391,6 +392,21 @@ fn grammars_are_written_in_each_syntax() {
         .starts_with("start: <[7]> \"[\""));
     let hermes = Hermes.grammar(one, false, &own);
     assert!(hermes.contains("<[7]>") && hermes.contains("\"</tool_call>\""));
+    let harmony = |m: &str| match m {
+        "<|start|>" => Some(1),
+        "<|channel|>" => Some(2),
+        "<|constrain|>" => Some(3),
+        "<|message|>" => Some(4),
+        _ => None,
+    };
+    let openai = OpenAi.grammar(&allowed, true, &Markers::new(&harmony));
+    assert!(
+        openai.starts_with("start: (<[1]> \"assistant\")? <[2]> call\n")
+            && openai.contains("\"commentary to=functions.now \" <[3]> \"json\" <[4]> %json")
+            && openai.contains("call: \"commentary to=functions.get_weather \" <[3]>")
+            && openai.contains("| \"commentary to=functions.now \""),
+        "{openai}"
+    );
 }
 
 #[test]
@@ -469,6 +485,10 @@ fn two_calls() -> Vec<(Calls, String)> {
         (
             calls(Mistral),
             format!("[TOOL_CALLS]get_weather[ARGS]{{\"city\": \"{long}\", \"days\": 3}}[TOOL_CALLS]now[CALL_ID]a1b2c3d4e[ARGS]{{}}"),
+        ),
+        (
+            calls(OpenAi),
+            format!("Sure.<|channel|>commentary to=get_weather<|message|>{{\"city\": \"{long}\", \"days\": 3}}<|call|><|channel|>commentary to=now<|message|>{{}}<|call|>"),
         ),
         (
             calls(Qwen3Coder),

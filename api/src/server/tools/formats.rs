@@ -2,16 +2,20 @@
 //! them: `hermes` (`<tool_call>` blocks of JSON, Qwen2.5 and most fine-tunes), `llama3_json`
 //! (a bare JSON object per call, `;` between them, after an optional `<|python_tag|>`),
 //! `mistral` (`[TOOL_CALLS]` and a JSON list, or `[TOOL_CALLS]name[ARGS]{...}`) and
-//! `qwen3_coder` (`<tool_call><function=NAME><parameter=P>` XML). [`default_for_template`]
+//! `qwen3_coder` (`<tool_call><function=NAME><parameter=P>` XML) and `openai` (gpt-oss's
+//! harmony messages to `functions.NAME`, read with the `openai_gptoss` reasoning parser). [`default_for_template`]
 //! picks the one a model's chat template writes.
 
 use std::sync::Arc;
 
 use super::format::ToolFormat;
-use super::{hermes::Hermes, llama3::Llama3Json, mistral::Mistral, qwen3_coder::Qwen3Coder};
+use super::{
+    hermes::Hermes, llama3::Llama3Json, mistral::Mistral, openai::OpenAi, qwen3_coder::Qwen3Coder,
+};
 
 /// The names `--tool-call-parser` takes.
-pub const TOOL_CALL_PARSERS: &[&str] = &["hermes", "llama3_json", "mistral", "qwen3_coder"];
+pub const TOOL_CALL_PARSERS: &[&str] =
+    &["hermes", "llama3_json", "mistral", "qwen3_coder", "openai"];
 
 /// The format `name` names; an error listing the names otherwise.
 pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
@@ -20,6 +24,7 @@ pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
         "llama3_json" => Ok(Arc::new(Llama3Json)),
         "mistral" => Ok(Arc::new(Mistral)),
         "qwen3_coder" => Ok(Arc::new(Qwen3Coder)),
+        "openai" => Ok(Arc::new(OpenAi)),
         other => Err(format!(
             "unknown tool-call parser {other:?} (known: {})",
             TOOL_CALL_PARSERS.join(", ")
@@ -32,7 +37,9 @@ pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
 /// calls in).
 pub fn default_for_template(template: Option<&str>) -> Arc<dyn ToolFormat> {
     let template = template.unwrap_or_default();
-    if template.contains("<function=") && template.contains("<parameter=") {
+    if template.contains("<|channel|>") && template.contains("<|call|>") {
+        Arc::new(OpenAi)
+    } else if template.contains("<function=") && template.contains("<parameter=") {
         Arc::new(Qwen3Coder)
     } else if template.contains("[TOOL_CALLS]") {
         Arc::new(Mistral)
@@ -65,6 +72,10 @@ mod tests {
         assert_eq!(
             pick("{{ '<|python_tag|>' }}{{ '<|eom_id|>' }}"),
             "llama3_json"
+        );
+        assert_eq!(
+            pick("{{ '<|start|>assistant<|channel|>commentary ' }}{{ '<|call|>' }}"),
+            "openai"
         );
         assert_eq!(default_for_template(None).name(), "hermes");
     }

@@ -14,6 +14,7 @@ pub mod formats;
 pub mod hermes;
 pub mod llama3;
 pub mod mistral;
+pub mod openai;
 pub mod partial_json;
 pub mod qwen3_coder;
 pub mod reader;

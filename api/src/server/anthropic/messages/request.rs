@@ -130,6 +130,7 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<ChatMessageIn>) -> Api
         }
     };
     let mut text = String::new();
+    let mut thought = String::new();
     let mut calls = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = format!("{param}.content[{j}]");
@@ -159,8 +160,12 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<ChatMessageIn>) -> Api
                 message.tool_call_id = Some(id.to_string());
                 out.push(message);
             }
-            // What a thinking model thought: thicket's models give none.
-            ("assistant", "thinking" | "redacted_thinking") => {}
+            // What the model thought: shown to templates that render earlier thinking (a
+            // redacted block holds nothing thicket can read).
+            ("assistant", "thinking") => {
+                thought.push_str(string_field(block, "thinking", &at, BLOCK)?)
+            }
+            ("assistant", "redacted_thinking") => {}
             (_, kind) => {
                 return Err(ApiError::invalid(
                     format!("{at}.type"),
@@ -172,6 +177,7 @@ fn chat_messages(i: usize, message: &Value, out: &mut Vec<ChatMessageIn>) -> Api
     if role == "assistant" {
         let mut message = ChatMessageIn::text("assistant", text);
         message.tool_calls = (!calls.is_empty()).then_some(calls);
+        message.reasoning_content = (!thought.is_empty()).then_some(thought);
         out.push(message);
     } else if !text.is_empty() || !blocks.iter().any(|b| b["type"] == "tool_result") {
         out.push(ChatMessageIn::text("user", text));

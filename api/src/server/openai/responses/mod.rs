@@ -74,7 +74,11 @@ pub(in crate::server) async fn create(
     let response = shell.object(status, output_items(&answer), Some(&answer.ending));
     if let Some(store) = keep {
         let mut conversation = form.conversation;
-        conversation.push(assistant_message(&answer.text, &answer.calls));
+        conversation.push(assistant_message(
+            &answer.text,
+            &answer.calls,
+            &answer.thinking,
+        ));
         store.put(
             shell.id.clone(),
             Stored::new(response.clone(), conversation),

@@ -15,6 +15,7 @@ use crate::server::adapter::{
     chat_tools, string_field, template_kwargs, text_of, typed, Rename, TextParts,
 };
 use crate::server::error::{ApiError, ApiResult};
+use crate::server::pipeline::REASONING_EFFORTS;
 use crate::server::request::{ChatMessageIn, ChatRequest, ToolCallIn};
 use crate::server::settings::fields::{CommonFields, SpeculationField};
 
@@ -82,10 +83,12 @@ pub fn reasoning_effort(reasoning: Option<&Value>) -> ApiResult<Option<Value>> {
     };
     match effort {
         None => Ok(None),
-        Some(Value::String(e)) => Ok(Some(Value::from(e.clone()))),
+        Some(Value::String(e)) if REASONING_EFFORTS.contains(&e.as_str()) => {
+            Ok(Some(Value::from(e.clone())))
+        }
         Some(_) => Err(ApiError::invalid(
             "reasoning.effort",
-            "must be a string (low, medium, high, ...)",
+            format!("must be one of {}", REASONING_EFFORTS.join(", ")),
         )),
     }
 }
@@ -120,6 +123,24 @@ pub struct ChatForm {
     pub conversation: Vec<ChatMessageIn>,
 }
 
+/// The text of a `reasoning` input item: its `reasoning_text` parts, or else its summary.
+fn reasoning_text(item: &Value) -> String {
+    let texts = |key: &str| -> Vec<&str> {
+        item.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect()
+    };
+    let content = texts("content");
+    if content.is_empty() {
+        texts("summary").join("\n\n")
+    } else {
+        content.concat()
+    }
+}
+
 /// The chat messages of `input` appended to `messages`.
 pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiResult<()> {
     let items = match input {
@@ -135,6 +156,7 @@ pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiRe
             ))
         }
     };
+    let mut thought = String::new();
     for (i, item) in items.iter().enumerate() {
         let param = format!("input[{i}]");
         let kind =
@@ -157,7 +179,11 @@ pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiRe
                 }
                 let content = item.get("content").unwrap_or(&Value::Null);
                 let text = text_of(content, &format!("{param}.content"), &TEXT_PARTS)?;
-                messages.push(ChatMessageIn::text(role, text));
+                let mut message = ChatMessageIn::text(role, text);
+                if role == "assistant" && !thought.is_empty() {
+                    message.reasoning_content = Some(std::mem::take(&mut thought));
+                }
+                messages.push(message);
             }
             "function_call" => {
                 let call_id = string_field(item, "call_id", &param, &param)?;
@@ -172,6 +198,8 @@ pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiRe
                     _ => messages.push(ChatMessageIn {
                         role: "assistant".into(),
                         tool_calls: Some(vec![call]),
+                        reasoning_content: (!thought.is_empty())
+                            .then(|| std::mem::take(&mut thought)),
                         ..ChatMessageIn::default()
                     }),
                 }
@@ -184,9 +212,9 @@ pub fn input_messages(input: &Value, messages: &mut Vec<ChatMessageIn>) -> ApiRe
                 message.tool_call_id = Some(call_id.to_string());
                 messages.push(message);
             }
-            // What a reasoning model thought: thicket's models give none, and a client
-            // sending one back loses nothing when it is skipped.
-            "reasoning" => {}
+            // What the model thought before the assistant's next message or call: shown to
+            // templates that render earlier thinking.
+            "reasoning" => thought.push_str(&reasoning_text(item)),
             other => {
                 return Err(ApiError::invalid(
                     format!("{param}.type"),

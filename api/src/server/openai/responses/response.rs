@@ -210,9 +210,11 @@ pub fn output_items(answer: &Collected) -> Vec<Value> {
     items
 }
 
-/// The assistant message of an answer in the chat shape (what a continuation replays).
-pub fn assistant_message(text: &str, calls: &[ToolCallOut]) -> ChatMessageIn {
+/// The assistant message of an answer in the chat shape (what a continuation replays), with
+/// what it thought (for templates that render earlier thinking).
+pub fn assistant_message(text: &str, calls: &[ToolCallOut], thinking: &str) -> ChatMessageIn {
     let mut message = ChatMessageIn::text("assistant", text);
+    message.reasoning_content = (!thinking.is_empty()).then(|| thinking.to_string());
     if !calls.is_empty() {
         let calls = calls.iter().map(|c| {
             let arguments = Value::from(c.function.arguments.as_str());

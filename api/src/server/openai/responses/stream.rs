@@ -108,6 +108,7 @@ pub struct ResponseEvents {
     /// The function call being streamed.
     open_call: Option<OpenCall>,
     text: String,
+    thinking: String,
     calls: Vec<ToolCallOut>,
 }
 
@@ -126,6 +127,7 @@ impl ResponseEvents {
             open: None,
             open_call: None,
             text: String::new(),
+            thinking: String::new(),
             calls: Vec::new(),
         }
     }
@@ -302,7 +304,10 @@ impl AnswerEvents for ResponseEvents {
 
     fn part(&mut self, part: Part, out: &mut Outbox) {
         match part {
-            Part::Thinking(text) => self.delta(Kind::Reasoning, text, out),
+            Part::Thinking(text) => {
+                self.thinking.push_str(&text);
+                self.delta(Kind::Reasoning, text, out)
+            }
             Part::Answer(Piece::Text(text)) => self.delta(Kind::Message, text, out),
             Part::Answer(Piece::Call { call, .. }) => self.call(call, out),
             Part::Answer(Piece::CallStart { id, name, .. }) => self.call_start(id, name, out),
@@ -318,7 +323,7 @@ impl AnswerEvents for ResponseEvents {
                 let response = self.shell.object(status, output, Some(&ending));
                 if let Some(store) = &self.store {
                     let mut conversation = std::mem::take(&mut self.conversation);
-                    conversation.push(assistant_message(&self.text, &self.calls));
+                    conversation.push(assistant_message(&self.text, &self.calls, &self.thinking));
                     store.put(
                         self.shell.id.clone(),
                         Stored::new(response.clone(), conversation),
