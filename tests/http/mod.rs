@@ -9,6 +9,7 @@ mod engine_faults;
 mod error_responses;
 mod forced_calls;
 mod harmony;
+mod harmony_reference;
 mod mock_server;
 mod no_chat_template;
 mod reasoning;

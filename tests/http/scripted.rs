@@ -12,7 +12,8 @@ use api::server::settings::template::TemplateSetup;
 use api::server::{router, AppState, Choice, ServerConfig};
 use engine::backend::RankedTokens;
 use engine::{
-    CostCurve, EngineConfig, ManagerConfig, MockBackend, SchedulerConfig, SpeculationConfig,
+    CostCurve, EngineConfig, ManagerConfig, MockBackend, ModelTokenizer, SchedulerConfig,
+    SpeculationConfig,
 };
 use serde_json::Value;
 
@@ -100,6 +101,34 @@ fn ranked_server(
     template: TemplateSetup,
 ) -> Server {
     let tokenizer = Arc::new(smollm2().tokenizer.clone());
+    ranked_server_on(tokenizer, rule, parser, tool_format, template)
+}
+
+/// A server on `tokenizer` (its chat template) whose mock model writes its first end token
+/// at once: for what a server does before it generates (`/tokenize`).
+pub(crate) fn silent_server_on(
+    tokenizer: ModelTokenizer,
+    parser: Option<ReasoningParser>,
+) -> Server {
+    let end = tokenizer.eos_ids().first().copied().unwrap_or(0);
+    let rule: RankedTokens = Arc::new(move |_: &[u32]| vec![end]);
+    ranked_server_on(
+        Arc::new(tokenizer),
+        rule,
+        parser,
+        None,
+        TemplateSetup::default(),
+    )
+}
+
+/// A server on `tokenizer` whose mock model ranks tokens by `rule`.
+fn ranked_server_on(
+    tokenizer: Arc<ModelTokenizer>,
+    rule: RankedTokens,
+    parser: Option<ReasoningParser>,
+    tool_format: Option<&str>,
+    template: TemplateSetup,
+) -> Server {
     let vocab = tokenizer.inner().get_vocab_size(true);
     let kv = ManagerConfig {
         num_blocks: 256,

@@ -20,7 +20,7 @@ mod load_and_input_errors;
 pub(crate) mod longrope;
 pub(crate) mod moe;
 mod mxfp4_experts;
-mod o200k;
+pub(crate) mod o200k;
 mod prepared_experts;
 pub(crate) mod qwen35;
 pub(crate) mod qwen35_forward;

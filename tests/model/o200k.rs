@@ -30,7 +30,7 @@ const CALL: u32 = 200_012;
 
 /// The tiny gpt-oss with the o200k_harmony tokenizer, written once: the reference's paths,
 /// the tokenizer read from the file, and the file's vocabulary size as the model reads it.
-fn fixture() -> &'static (Harmony, ModelTokenizer, usize) {
+pub(crate) fn fixture() -> &'static (Harmony, ModelTokenizer, usize) {
     static FIXTURE: OnceLock<(Harmony, ModelTokenizer, usize)> = OnceLock::new();
     FIXTURE.get_or_init(|| {
         let harmony = harmony();

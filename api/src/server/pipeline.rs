@@ -162,7 +162,20 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
 /// The chat template and its variables for `body`: the server's, the request's
 /// `chat_template_kwargs` over them, and its `reasoning_effort` where those do not set it.
 fn template_setup(state: &AppState, body: &ChatRequest) -> ApiResult<TemplateSetup> {
-    let effort = match body.reasoning_effort.as_ref().filter(|e| !e.is_null()) {
+    template_setup_of(
+        state,
+        body.chat_template_kwargs.as_ref(),
+        body.reasoning_effort.as_ref(),
+    )
+}
+
+/// `template_setup` from a request's `chat_template_kwargs` and `reasoning_effort`.
+fn template_setup_of(
+    state: &AppState,
+    kwargs: Option<&serde_json::Value>,
+    effort: Option<&serde_json::Value>,
+) -> ApiResult<TemplateSetup> {
+    let effort = match effort.filter(|e| !e.is_null()) {
         None => Vec::new(),
         Some(serde_json::Value::String(e)) if REASONING_EFFORTS.contains(&e.as_str()) => {
             vec![("reasoning_effort", serde_json::Value::from(e.as_str()))]
@@ -174,7 +187,7 @@ fn template_setup(state: &AppState, body: &ChatRequest) -> ApiResult<TemplateSet
             ))
         }
     };
-    let kwargs = template_kwargs(body.chat_template_kwargs.as_ref(), effort);
+    let kwargs = template_kwargs(kwargs, effort);
     state.template().for_request(kwargs.as_ref())
 }
 
@@ -279,6 +292,22 @@ fn encode_chat(tokenizer: &ModelTokenizer, text: &str) -> ApiResult<Vec<u32>> {
     tokenizer
         .encode_plain(text)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// The prompt tokens of chat `messages` with `tools` offered (OpenAI's shape), rendered with
+/// the request's `chat_template_kwargs` and `reasoning_effort` as a chat request's are
+/// (`/tokenize`).
+pub fn messages_prompt(
+    state: &AppState,
+    messages: &[ChatMessageIn],
+    tools: Option<&serde_json::Value>,
+    kwargs: Option<&serde_json::Value>,
+    effort: Option<&serde_json::Value>,
+) -> ApiResult<Vec<u32>> {
+    let engine = state.engine()?;
+    let tools = ToolRequest::parse(tools, None, None)?;
+    let setup = template_setup_of(state, kwargs, effort)?;
+    chat_prompt(engine.tokenizer(), Some(messages), tools.as_ref(), &setup)
 }
 
 /// How many tokens a chat request's prompt has (its messages with its tools shown), without

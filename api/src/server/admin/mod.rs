@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::body::JsonBody;
 use super::error::{ApiError, ApiResult};
-use super::pipeline::render_messages_with;
+use super::pipeline::messages_prompt;
 use super::request::ChatMessageIn;
 use super::AppState;
 
@@ -46,6 +46,10 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     /// Extra chat-template variables for `messages` (as chat completions takes them).
     pub chat_template_kwargs: Option<serde_json::Value>,
+    /// Functions offered with `messages`, shown as chat completions shows them.
+    pub tools: Option<serde_json::Value>,
+    /// The reasoning effort the template is given with `messages` (`low`, `medium`, `high`).
+    pub reasoning_effort: Option<serde_json::Value>,
 }
 
 /// `POST /detokenize`.
@@ -125,11 +129,14 @@ pub(super) async fn tokenize(
             }
         }
         (None, Some(messages)) => {
-            let setup = state
-                .template()
-                .for_request(body.chat_template_kwargs.as_ref())?;
-            let text = render_messages_with(tokenizer, &messages, &[], &setup)?;
-            tokenizer.encode_plain(&text)
+            let tokens = messages_prompt(
+                &state,
+                &messages,
+                body.tools.as_ref(),
+                body.chat_template_kwargs.as_ref(),
+                body.reasoning_effort.as_ref(),
+            )?;
+            Ok(tokens)
         }
         _ => {
             return Err(ApiError::invalid(
