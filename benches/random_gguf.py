@@ -46,6 +46,18 @@ a convolution of 4 positions; RMS eps 1e-6. The real vocabulary is 248,320 token
         --experts-used 8 --expert-ffn 512 --shared-expert-ffn 512 --quant q4_0 \
         --embd-quant q8_0 --untied
 
+gpt-oss-20b's shape (24 layers over a residual of 2880, 64 query and 8 KV heads of 64, every
+other layer windowed at 128 tokens, a sink per query head, biases on q/k/v/o, a biased router
+over 32 biased experts of 2880, 4 per token, YaRN by 32 from 4096), MXFP4 experts as the
+released files keep them, Q8_0 attention, embedding and head (the released GGUFs' own mix is
+close to this), with Qwen2.5's tokenizer for o200k's (201,088 tokens; the embedding and head
+are about 0.1 GB smaller). About 12.5 GB for 24 layers; `--layers 6` keeps a quarter:
+
+    python3 benches/random_gguf.py --like models/qwen2.5-coder-0.5b.gguf --arch gpt-oss \
+        --out /tmp/gpt-oss-20b-shape.gguf --hidden 2880 --layers 24 --heads 64 --kv-heads 8 \
+        --head-dim 64 --experts 32 --experts-used 4 --expert-ffn 2880 --rope-theta 150000 \
+        --rms-eps 1e-5 --quant q8_0 --expert-quant mxfp4 --untied
+
 Quantized weights are random blocks (random quants under one small scale per block), written
 without quantizing floats first, so a file of many gigabytes takes seconds per gigabyte.
 
@@ -101,6 +113,10 @@ def main():
     p.add_argument("--head-dim", type=int, help="default: hidden / heads")
     p.add_argument("--quant", default="f16", choices=["f16", "q8_0", "q4_0"])
     p.add_argument("--embd-quant", default=None, choices=["f16", "q8_0", "q4_0"])
+    p.add_argument("--expert-quant", default=None, choices=["f16", "q8_0", "q4_0", "mxfp4"],
+                   help="the experts' type (default --quant)")
+    p.add_argument("--sliding-window", type=int, default=128,
+                   help="gpt-oss: the windowed layers' window")
     p.add_argument("--experts", type=int, default=0, help="a mixture of this many experts")
     p.add_argument("--experts-used", type=int, default=8)
     p.add_argument("--expert-ffn", type=int, default=768)
@@ -144,6 +160,8 @@ def main():
         skip.add("rope.freq_base")
     if args.rms_eps is not None:
         skip.add("attention.layer_norm_rms_epsilon")
+    if arch == "gpt-oss":
+        skip.add("context_length")
     writer = GGUFWriter(args.out, arch)
     copy_fields(reader, writer, like_arch, arch, skip)
     writer.add_uint32(f"{arch}.attention.key_length", head_dim)
@@ -189,13 +207,29 @@ def main():
         writer.add_uint32(f"{arch}.expert_feed_forward_length", args.expert_ffn)
     if shared_ffn:
         writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ffn)
+    gptoss = arch == "gpt-oss"
+    if gptoss:
+        if not args.experts:
+            p.error("gpt-oss needs --experts")
+        writer.add_uint32(f"{arch}.attention.sliding_window", args.sliding_window)
+        writer.add_string(f"{arch}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{arch}.rope.scaling.factor", 32.0)
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
+        writer.add_uint32(f"{arch}.context_length", 131072)
 
     rng = np.random.default_rng(0)
-    kinds = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
+    kinds = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+             "mxfp4": GGMLQuantizationType.MXFP4}
 
-    # Bytes per block of 32 values (an f16 scale first), and the scale that gives weights of
-    # about 0.02.
-    blocks = {GGMLQuantizationType.Q8_0: (34, 0.02 / 64), GGMLQuantizationType.Q4_0: (18, 0.02 / 8)}
+    # Bytes per block of 32 values (its scale first), and the scale's bytes that give weights
+    # of about 0.02: an f16 scale, or MXFP4's power-of-two exponent (E8M0, 2^(e - 127), over
+    # E2M1 values up to 6).
+    def f16(d):
+        return np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+
+    blocks = {GGMLQuantizationType.Q8_0: (34, f16(0.02 / 64)),
+              GGMLQuantizationType.Q4_0: (18, f16(0.02 / 8)),
+              GGMLQuantizationType.MXFP4: (17, np.array([127 - 8], dtype=np.uint8))}
 
     def weight(rows, cols, quant=args.quant, stack=None):
         kind = kinds[quant]
@@ -204,11 +238,13 @@ def main():
             w = rng.standard_normal(shape, dtype=np.float32) * 0.02
             return {"tensor": w.astype(np.float16)}
         # Random quants under one scale per block, as the format lays them out.
-        size, d = blocks[kind]
+        size, scale = blocks[kind]
         raw = rng.integers(0, 256, size=shape[:-1] + (cols // 32, size), dtype=np.uint8)
-        scale = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
-        raw[..., 0:2] = scale
+        raw[..., 0:len(scale)] = scale
         return {"tensor": raw.reshape(shape[:-1] + (cols // 32 * size,)), "raw_dtype": kind}
+
+    def bias(*shape):
+        return rng.standard_normal(shape, dtype=np.float32) * 0.02
 
     def add(name, w):
         writer.add_tensor(name, w["tensor"], raw_dtype=w.get("raw_dtype"))
@@ -228,9 +264,9 @@ def main():
     for i in range(args.layers):
         b = f"blk.{i}"
         writer.add_tensor(f"{b}.attn_norm.weight", ones)
-        # Qwen3.5's converter names the norm before the MLP after the attention.
-        writer.add_tensor(f"{b}.post_attention_norm.weight" if qwen35 else f"{b}.ffn_norm.weight",
-                          ones)
+        # Qwen3.5's and gpt-oss's converters name the norm before the MLP after the attention.
+        writer.add_tensor(f"{b}.post_attention_norm.weight" if qwen35 or gptoss
+                          else f"{b}.ffn_norm.weight", ones)
         if i not in attending and qwen35:
             # Gated DeltaNet: one projection to q, k and v (convolved together), one to the
             # output gate z, per value head a step (alpha, with dt's bias and the decay a < 0)
@@ -265,13 +301,23 @@ def main():
             add(f"{b}.attn_k.weight", weight(kv, args.hidden))
             add(f"{b}.attn_v.weight", weight(kv, args.hidden))
             add(f"{b}.attn_output.weight", weight(args.hidden, width))
+            if gptoss:
+                for name, size in (("q", width), ("k", kv), ("v", kv), ("output", args.hidden)):
+                    writer.add_tensor(f"{b}.attn_{name}.bias", bias(size))
+                writer.add_tensor(f"{b}.attn_sinks.weight", bias(args.heads) * 50)
         if args.experts:
             n, e = args.experts, args.expert_ffn
+            quant = args.expert_quant or args.quant
             router = rng.standard_normal((n, args.hidden), dtype=np.float32) * 0.02
             writer.add_tensor(f"{b}.ffn_gate_inp.weight", router)
-            add(f"{b}.ffn_gate_exps.weight", weight(e, args.hidden, stack=n))
-            add(f"{b}.ffn_up_exps.weight", weight(e, args.hidden, stack=n))
-            add(f"{b}.ffn_down_exps.weight", weight(args.hidden, e, stack=n))
+            add(f"{b}.ffn_gate_exps.weight", weight(e, args.hidden, quant, stack=n))
+            add(f"{b}.ffn_up_exps.weight", weight(e, args.hidden, quant, stack=n))
+            add(f"{b}.ffn_down_exps.weight", weight(args.hidden, e, quant, stack=n))
+            if gptoss:
+                writer.add_tensor(f"{b}.ffn_gate_inp.bias", bias(n))
+                writer.add_tensor(f"{b}.ffn_gate_exps.bias", bias(n, e))
+                writer.add_tensor(f"{b}.ffn_up_exps.bias", bias(n, e))
+                writer.add_tensor(f"{b}.ffn_down_exps.bias", bias(n, args.hidden))
             if shared_ffn:
                 # The shared expert, scaled by the sigmoid of its own one-output gate.
                 gate = rng.standard_normal(args.hidden, dtype=np.float32) * 0.02
