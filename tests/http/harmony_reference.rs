@@ -30,18 +30,8 @@ fn reference(harmony: &Harmony, date: &str, cases: &[Value]) -> Vec<Value> {
     let given = json!({"date": date, "cases": cases});
     std::fs::write(input.path(), given.to_string()).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/harmony-reference.py");
-    let out = harmony
-        .python()
-        .arg(script)
-        .arg(input.path())
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let out = harmony.run(&[script.as_ref(), input.path().as_os_str()]);
+    let results: Vec<Value> = serde_json::from_slice(&out).unwrap();
     assert_eq!(results.len(), cases.len());
     results
 }

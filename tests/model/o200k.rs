@@ -136,18 +136,8 @@ fn gptoss_encodes_as_openai_harmony_does_and_decodes_back() {
         enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)\n\
         texts = json.load(open(sys.argv[1], encoding='utf-8'))\n\
         print(json.dumps([enc.encode(t, allowed_special='all') for t in texts]))\n";
-    let out = harmony
-        .python()
-        .args(["-c", script])
-        .arg(input.path())
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reference: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
+    let out = harmony.run(&["-c".as_ref(), script.as_ref(), input.path().as_os_str()]);
+    let reference: Vec<Vec<u32>> = serde_json::from_slice(&out).unwrap();
     assert_eq!(reference.len(), texts.len());
     let mut differ = Vec::new();
     for (text, want) in texts.iter().zip(&reference) {

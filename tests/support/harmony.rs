@@ -32,6 +32,18 @@ impl Harmony {
             .env("TIKTOKEN_ENCODINGS_BASE", &self.encodings);
         command
     }
+
+    /// The standard output of `python3 ARGS` run as [`Self::python`] sets it up, which must
+    /// succeed (its standard error otherwise the panic's message).
+    pub fn run(&self, args: &[&std::ffi::OsStr]) -> Vec<u8> {
+        let out = self.python().args(args).output().expect("running python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
 }
 
 /// Installs openai-harmony and quicktok-v1 (once) and writes `o200k_base.tiktoken` from

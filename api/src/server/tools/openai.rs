@@ -139,9 +139,8 @@ mod tests {
     use crate::server::reasoning::ReasoningParser;
     use crate::server::tools::{Calls, Piece, Tool};
 
-    /// A raw harmony reply read as the chat API reads it, in pieces cut at `cuts`: its
-    /// thinking, text, and calls (name, streamed arguments, arguments at its end).
-    fn read(text: &str, cuts: &[usize]) -> (String, String, Vec<(String, String, String)>) {
+    /// A reader of a harmony reply that may call `get_weather`, as the chat API reads one.
+    fn reader() -> ChoiceReader {
         let tool = Tool {
             name: "get_weather".into(),
             parameters: json!({"type": "object"}),
@@ -149,7 +148,13 @@ mod tests {
         };
         let calls = Calls::new(Arc::new(OpenAi), vec![tool]);
         let reasoning = ReasoningParser::Harmony.for_prompt("<|start|>assistant");
-        let mut reader = ChoiceReader::new(Some(calls), Some(reasoning));
+        ChoiceReader::new(Some(calls), Some(reasoning))
+    }
+
+    /// A raw harmony reply read as the chat API reads it, in pieces cut at `cuts`: its
+    /// thinking, text, and calls (name, streamed arguments, arguments at its end).
+    fn read(text: &str, cuts: &[usize]) -> (String, String, Vec<(String, String, String)>) {
+        let mut reader = reader();
         let mut parts = Vec::new();
         let mut from = 0;
         for &cut in cuts.iter().chain(std::iter::once(&text.len())) {
@@ -212,14 +217,7 @@ mod tests {
         );
         // One character at a time, the arguments come in many fragments.
         let bounds: Vec<usize> = (1..text.len()).collect();
-        let tool = Tool {
-            name: "get_weather".into(),
-            parameters: json!({"type": "object"}),
-            declaration: json!({}),
-        };
-        let calls = Calls::new(Arc::new(OpenAi), vec![tool]);
-        let reasoning = ReasoningParser::Harmony.for_prompt("<|start|>assistant");
-        let mut reader = ChoiceReader::new(Some(calls), Some(reasoning));
+        let mut reader = reader();
         let mut fragments = 0;
         let mut from = 0;
         for cut in bounds.into_iter().chain(std::iter::once(text.len())) {
