@@ -16,7 +16,8 @@ fn a_framed_format_writes_the_frame_then_the_inner_format() {
     let tokenizer = &smollm2().tokenizer;
     let id = tokenizer.token_to_id("<|im_start|>").unwrap();
     let frame = format!("start: <[{id}]> \"final:\" @inner\n");
-    let schema = json!({"type": "object", "properties": {"capital": {"type": "string"}},
+    // A bounded string: the output ends on every kernel path, whatever the model writes in it.
+    let schema = json!({"type": "object", "properties": {"capital": {"type": "string", "maxLength": 24}},
                         "required": ["capital"], "additionalProperties": false});
     let inners = [
         ConstraintSpec::JsonSchema(schema.clone()),
