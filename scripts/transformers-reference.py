@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the references of thicket's checks against Hugging Face transformers on Qwen3.5,
-Qwen3-Next and Granite 4.0-H HF checkpoints: transformers' greedy tokens and every step's logits on a tiny
+Qwen3-Next, Granite 4.0-H and gpt-oss HF checkpoints: transformers' greedy tokens and every step's logits on a tiny
 random model, for each case:
 
 - `qwen35`: tests/data/qwen35_transformers.json, the tiny dense Qwen3.5 of
@@ -12,7 +12,18 @@ random model, for each case:
   `in_proj_qkvz` and `in_proj_ba`);
 - `granitehybrid`: tests/data/granitehybrid_transformers.json, the tiny Granite 4.0-H of
   `tests/model/granite.rs` written as a `GraniteMoeHybridForCausalLM` checkpoint;
-- `granitehybrid_moe`: tests/data/granitehybrid_moe_transformers.json, its mixture.
+- `granitehybrid_moe`: tests/data/granitehybrid_moe_transformers.json, its mixture;
+- `gptoss`: tests/data/gptoss_transformers.json, the tiny gpt-oss of `tests/model/gptoss.rs`
+  written as a `GptOssForCausalLM` checkpoint with dense experts (gate and up alternating);
+- `gptoss_mxfp4`: tests/data/gptoss_mxfp4_transformers.json, its MXFP4 twin, the experts as
+  `*_blocks` and `*_scales` under a `quantization_config` (transformers dequantizes them on
+  a CPU without triton kernels, to the values gguf-py reads from the GGUF's blocks);
+- `gptoss_untruncated`: tests/data/gptoss_untruncated_transformers.json, the MXFP4 one with
+  its YaRN in `rope_parameters` and `truncate: false`, as gpt-oss's configs have it.
+
+The MXFP4 cases have no llama.cpp record to agree with: llama.cpp's MXFP4 product takes its
+activations in 8-bit blocks, which moves its first logits by up to 3% of their scale from
+transformers' f32 product on the same values (and llama.cpp always rounds YaRN's ramp).
 
 Each is the model of a llama.cpp record (`tests/data/<case>_llamacpp.json`: the same drawn
 weights, laid out as HF checkpoints by `write_tiny_qwen35_hf`, `write_tiny_qwen3next_hf` or
@@ -67,6 +78,13 @@ CASES = {
                           "GraniteMoeHybridForCausalLM",
                           "tests/data/granitehybrid_moe_transformers.json",
                           "tests/data/granitehybrid_moe_llamacpp.json"),
+    "gptoss": ("model::gptoss_hf::write_the_hf_reference", "GptOssForCausalLM",
+               "tests/data/gptoss_transformers.json", "tests/data/gptoss_llamacpp.json"),
+    "gptoss_mxfp4": ("model::gptoss_hf::write_the_mxfp4_hf_reference", "GptOssForCausalLM",
+                     "tests/data/gptoss_mxfp4_transformers.json", None),
+    "gptoss_untruncated": ("model::gptoss_hf::write_the_untruncated_hf_reference",
+                           "GptOssForCausalLM",
+                           "tests/data/gptoss_untruncated_transformers.json", None),
 }
 
 
@@ -137,8 +155,10 @@ def write_case(test, class_name, out, llamacpp):
             "runs": [{"n_ctx": N_CTX, "tokens": tokens, "logits": logits}],
         }
     (ROOT / out).write_text(json.dumps(record) + "\n")
-    worst, scale, same = agreement(logits, tokens, llamacpp)
     print(f"{out}: tokens {tokens}")
+    if llamacpp is None:
+        return
+    worst, scale, same = agreement(logits, tokens, llamacpp)
     print(f"  against {llamacpp}: same tokens {same}, max |difference| {worst:.3g} "
           f"against logits up to {scale:.3g}")
     assert same and worst <= 1e-4 * scale, "transformers and llama.cpp disagree"

@@ -18,14 +18,14 @@ use super::hybrid_checks::{
 };
 
 /// The tiny gpt-oss of the reference: f32 weights, experts included.
-fn tiny_f32() -> TinyGptOss {
+pub(crate) fn tiny_f32() -> TinyGptOss {
     TinyGptOss {
         mxfp4: false,
         ..TinyGptOss::default()
     }
 }
 
-fn load(spec: &TinyGptOss, dtype: GgmlDType, dense: Option<DType>) -> (Model, Vec<u8>) {
+pub(crate) fn load(spec: &TinyGptOss, dtype: GgmlDType, dense: Option<DType>) -> (Model, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gptoss.gguf");
     write_tiny_gptoss_gguf(&path, spec, dtype).unwrap();
@@ -124,23 +124,4 @@ fn mxfp4_gptoss_fused_pass_chunks_and_trees_keep_their_bits() {
     fused_gives_candle_bits(&model);
     chunked_prefill_gives_token_by_token(&model, 3);
     tree_nodes_give_root_paths(&model, 4);
-}
-
-#[test]
-fn an_hf_checkpoint_is_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = engine::model::testing::TinyModelSpec {
-        architecture: engine::model::config::Architecture::GptOss,
-        ..Default::default()
-    };
-    engine::model::testing::write_tiny_hf_model(dir.path(), &spec).unwrap();
-    let err = match engine::model::load::load_hf_model(
-        dir.path(),
-        engine::WeightDType::F32,
-        &Device::Cpu,
-    ) {
-        Ok(_) => panic!("an HF gpt-oss is not read"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("gpt-oss loads from GGUF only"), "{err}");
 }

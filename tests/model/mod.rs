@@ -10,6 +10,7 @@ pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
 mod gptoss;
+mod gptoss_hf;
 pub(crate) mod granite;
 mod granite_hf;
 mod hybrid_checks;

@@ -105,6 +105,9 @@ pub enum RopeScaling {
         beta_slow: f32,
         /// Factor on cos and sin (so on queries and keys alike).
         attention_factor: f32,
+        /// Whether the ramp's ends are rounded out to whole pairs (llama.cpp always rounds;
+        /// transformers unless the config says `truncate: false`, as gpt-oss's does).
+        truncate: bool,
     },
     /// Phi-3's LongRoPE: each frequency divided by its own factor, from the long set where the
     /// context in use exceeds `original` positions and from the short set otherwise (the

@@ -272,6 +272,7 @@ pub(super) fn rope_scaling(
                 beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                 beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                 attention_factor: mscale * f32_key("rope.scaling.attn_factor")?.unwrap_or(1.0),
+                truncate: true,
             })
         }
         ("yarn", _) => Err(Error::Metadata(format!(

@@ -3,7 +3,9 @@
 //! the activation checked), one or more `*.safetensors` (memory-mapped), `tokenizer.json` and
 //! optional `tokenizer_config.json`. Tensor names follow transformers
 //! (`model.layers.N.self_attn.q_proj.weight`, `q_norm`, `pre_feedforward_layernorm`, ...),
-//! checked against the shapes the config implies; RoPE pairs halves.
+//! checked against the shapes the config implies; RoPE pairs halves. gpt-oss's own parts
+//! (sinks, its biased router and experts, MXFP4) are in `hf_gptoss`, RoPE scaling in
+//! `hf_rope`.
 
 use std::path::{Path, PathBuf};
 
@@ -13,12 +15,14 @@ use serde::Deserialize;
 
 use crate::model::arch::FileFacts;
 use crate::model::config::{
-    Activation, Architecture, KeyHeadsOfValues, LayerMixer, ModelConfig, RopeScaling, RopeStyle,
+    Activation, Architecture, KeyHeadsOfValues, LayerMixer, ModelConfig, RopeStyle,
 };
 use crate::model::experts;
 use crate::model::hf_delta_net::{deal_dense, delta_net_parts};
+use crate::model::hf_gptoss::{self, HfGptOss};
 use crate::model::hf_granite::HfGranite;
 use crate::model::hf_hybrid::{windowed_layers, HfHybrid};
+use crate::model::hf_rope::rope_scaling;
 use crate::model::hf_text_config::text_model;
 use crate::model::linear::Linear;
 use crate::model::shapes::{split_dense, unfused, Role, Shapes};
@@ -87,6 +91,8 @@ struct HfConfig {
     hybrid: HfHybrid,
     #[serde(flatten)]
     granite: HfGranite,
+    #[serde(flatten)]
+    gptoss: HfGptOss,
 }
 
 fn default_rope_theta() -> f64 {
@@ -109,8 +115,13 @@ pub struct HfModel {
     pub eos_ids: Vec<u32>,
 }
 
-/// Loads config and weights. `dtype = None` quantizes projections to Q8_0.
-pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<HfModel> {
+/// Loads config and weights. `dtype = None` quantizes projections to Q8_0; with
+/// `keep_quantized`, what the checkpoint holds quantized (MXFP4 experts) stays so on the CPU.
+pub fn load_hf_dir(
+    dir: &Path,
+    (dtype, keep_quantized): (Option<DType>, bool),
+    device: &Device,
+) -> Result<HfModel> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::MissingFile(config_path.clone()),
@@ -134,15 +145,8 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
         .or(hf.model_type.clone())
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
-    if architecture == Architecture::GptOss {
-        // Its checkpoints keep the experts as MXFP4 blocks and scales in their own layout,
-        // interleaved gate and up rows, and the sinks and biases under their own names.
-        return Err(Error::Metadata(format!(
-            "{}: gpt-oss loads from GGUF only (llama.cpp's converter writes one from this \
-             checkpoint); its HF checkpoint layout is not read",
-            dir.display()
-        )));
-    }
+    hf.gptoss.check(architecture)?;
+    let gptoss = architecture == Architecture::GptOss;
     let family = architecture.family();
     check_activation(&hf, family.activation)?;
     let head_dim = hf
@@ -334,6 +338,14 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
             let widths = (config.hidden_size, config.intermediate_size);
             let mlp = match &config.variant.moe {
                 moe if granite => hf.granite.mlp(&p, moe.as_ref(), widths, &load, dtype)?,
+                Some(moe) if gptoss => Mlp::Experts(Box::new(hf_gptoss::experts(
+                    &p,
+                    moe,
+                    config.hidden_size,
+                    &load,
+                    (dtype, keep_quantized),
+                    device,
+                )?)),
                 Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(experts::load::from_hf(
                     &p,
                     architecture,
@@ -384,9 +396,11 @@ pub fn load_hf_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<
                 q,
                 k,
                 v,
-                o: proj(&format!("{p}.self_attn.o_proj"), Role::O, false)?,
+                o: proj(&format!("{p}.self_attn.o_proj"), Role::O, gptoss)?,
                 output_gate,
-                sinks: None,
+                sinks: gptoss
+                    .then(|| hf_gptoss::sinks(&p, config.num_heads, &load))
+                    .transpose()?,
             }),
             (_, _, _, LayerMixer::DeltaNet(shape)) => Box::new(DeltaNetWeights::new(
                 shape,
@@ -453,128 +467,6 @@ fn check_activation(hf: &HfConfig, declared: Activation) -> Result<()> {
         Err(Error::Metadata(format!(
             "{key} = '{named}' is not this family's activation ({declared:?})"
         )))
-    }
-}
-
-/// `rope_scaling`: absent, null or `default`; `linear` with its factor; `llama3` with its
-/// four parameters; `yarn` with its factor (and its optional bounds and attention factor, as
-/// transformers reads them); `longrope` (or its old name `su`) with its two factor lists,
-/// against the model's `max_position_embeddings` and `original_max_position_embeddings`. Any
-/// other type is refused by name.
-fn rope_scaling(
-    value: Option<&serde_json::Value>,
-    max_positions: usize,
-    original: Option<usize>,
-) -> Result<RopeScaling> {
-    let Some(obj) = value.and_then(|v| v.as_object()) else {
-        return match value {
-            None | Some(serde_json::Value::Null) => Ok(RopeScaling::None),
-            Some(_) => Err(Error::Metadata("rope_scaling is not an object".into())),
-        };
-    };
-    let kind = obj
-        .get("rope_type")
-        .or_else(|| obj.get("type"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("default");
-    let num = |k: &str| -> Result<f64> {
-        obj.get(k)
-            .and_then(|v| v.as_f64())
-            .ok_or_else(|| Error::Metadata(format!("rope_scaling.{k} is missing or not a number")))
-    };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
-            factor: num("factor")? as f32,
-        }),
-        "llama3" => Ok(RopeScaling::Llama3 {
-            factor: num("factor")? as f32,
-            low_freq_factor: num("low_freq_factor")? as f32,
-            high_freq_factor: num("high_freq_factor")? as f32,
-            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-        }),
-        "longrope" | "su" => {
-            let factors = |k: &str| -> Result<Vec<f32>> {
-                obj.get(k)
-                    .and_then(|v| v.as_array())
-                    .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
-                    .ok_or_else(|| {
-                        Error::Metadata(format!(
-                            "rope_scaling.{k} is missing or not a list of numbers"
-                        ))
-                    })
-            };
-            let original = original
-                .or_else(|| {
-                    obj.get("original_max_position_embeddings")?
-                        .as_u64()
-                        .map(|v| v as usize)
-                })
-                .filter(|&o| o > 1)
-                .ok_or_else(|| {
-                    Error::Metadata(
-                        "original_max_position_embeddings is missing: LongRoPE needs it".into(),
-                    )
-                })?;
-            // As transformers computes it where the config does not give it.
-            let scale = max_positions as f64 / original as f64;
-            let attention_factor = match obj.get("attention_factor").and_then(|v| v.as_f64()) {
-                Some(f) => f,
-                None if scale > 1.0 => (1.0 + scale.ln() / (original as f64).ln()).sqrt(),
-                None => 1.0,
-            };
-            Ok(RopeScaling::LongRope {
-                short: factors("short_factor")?,
-                long: factors("long_factor")?,
-                original,
-                attention_factor: attention_factor as f32,
-                long_context: max_positions > original,
-            })
-        }
-        "yarn" => {
-            if obj.get("truncate").and_then(|v| v.as_bool()) == Some(false) {
-                return Err(Error::Metadata(
-                    "rope_scaling.truncate = false (YaRN without rounded bounds) is not supported"
-                        .into(),
-                ));
-            }
-            let factor = num("factor")?;
-            let opt = |k: &str| obj.get(k).and_then(|v| v.as_f64());
-            let original = opt("original_max_position_embeddings")
-                .map(|v| v as usize)
-                .or(original)
-                .unwrap_or(max_positions);
-            // transformers' `get_mscale`.
-            let mscale = |scale: f64, m: f64| {
-                if scale <= 1.0 {
-                    1.0
-                } else {
-                    0.1 * m * scale.ln() + 1.0
-                }
-            };
-            let attention_factor = match (
-                opt("attention_factor"),
-                opt("mscale"),
-                opt("mscale_all_dim"),
-            ) {
-                (Some(f), _, _) => f,
-                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-                    mscale(factor, m) / mscale(factor, all)
-                }
-                _ => mscale(factor, 1.0),
-            };
-            Ok(RopeScaling::Yarn {
-                factor: factor as f32,
-                original,
-                beta_fast: opt("beta_fast").unwrap_or(32.0) as f32,
-                beta_slow: opt("beta_slow").unwrap_or(1.0) as f32,
-                attention_factor: attention_factor as f32,
-            })
-        }
-        other => Err(Error::Metadata(format!(
-            "rope_scaling type '{other}' is not supported (supported: default, linear, \
-             llama3, yarn, longrope)"
-        ))),
     }
 }
 

@@ -167,12 +167,15 @@ pub fn load_hf_model(
     dtype: WeightDType,
     device: &Device,
 ) -> Result<(Model, Vec<u32>)> {
+    // Weights a checkpoint keeps quantized (gpt-oss's MXFP4 experts) stay so on the CPU
+    // unless a dense type is asked for.
+    let keep_quantized = matches!(dtype, WeightDType::Auto | WeightDType::Quantized);
     let dtype = match dtype {
         WeightDType::Auto if device.is_cpu() => Some(DType::F32),
         WeightDType::Auto => Some(DType::BF16),
         other => other.dense(),
     };
-    let loaded = hf::load_hf_dir(dir, dtype, device)?;
+    let loaded = hf::load_hf_dir(dir, (dtype, keep_quantized), device)?;
     Ok((
         Model::new(loaded.config, loaded.weights, device.clone())?,
         loaded.eos_ids,

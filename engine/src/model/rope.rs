@@ -22,11 +22,12 @@ pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tenso
             original,
             beta_fast,
             beta_slow,
+            truncate,
             ..
         } => yarn(
             &inv_freq,
             (*factor, *original),
-            (*beta_fast, *beta_slow),
+            (*beta_fast, *beta_slow, *truncate),
             (cfg.rope_theta, rot),
         ),
         _ => inv_freq,
@@ -49,11 +50,11 @@ pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tenso
 /// YaRN's frequencies: pair `i` keeps `inv_freq[i]` (extrapolation) below the ramp, takes
 /// `inv_freq[i] / factor` (interpolation) above it, and blends linearly across it; the ramp
 /// runs between the pairs that turn `beta_fast` and `beta_slow` times over the original
-/// context (floored and ceiled, as transformers and llama.cpp bound it).
+/// context (floored and ceiled, as llama.cpp bounds it and transformers unless told not to).
 fn yarn(
     inv_freq: &[f32],
     (factor, original): (f32, usize),
-    (beta_fast, beta_slow): (f32, f32),
+    (beta_fast, beta_slow, truncate): (f32, f32, bool),
     (theta, hd): (f32, usize),
 ) -> Vec<f32> {
     let dim = hd as f64;
@@ -61,8 +62,11 @@ fn yarn(
         dim * (original as f64 / (f64::from(rotations) * 2.0 * std::f64::consts::PI)).ln()
             / (2.0 * f64::from(theta).ln())
     };
-    let low = pair_of(beta_fast).floor().max(0.0);
-    let high = pair_of(beta_slow).ceil().min(dim - 1.0);
+    let (low, high) = match truncate {
+        true => (pair_of(beta_fast).floor(), pair_of(beta_slow).ceil()),
+        false => (pair_of(beta_fast), pair_of(beta_slow)),
+    };
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
     let span = if high == low { 0.001 } else { high - low };
     inv_freq
         .iter()
@@ -198,6 +202,50 @@ mod tests {
     }
 
     #[test]
+    fn yarn_rounds_the_ramp_unless_told_not_to_as_transformers_does() {
+        // gpt-oss's own YaRN (base 150000, heads of 64, factor 32 over 4096), pairs 8 to 18
+        // (the ramp), as transformers 5.23's `_compute_yarn_parameters` gives them.
+        let unrounded = [
+            0.050_813_27,
+            0.031_705_696,
+            0.019_335,
+            0.011_592_049,
+            0.006_794_959,
+            0.003_860_359,
+            0.002_093_792_7,
+            0.001_052_602_2,
+            0.000_456_483_9,
+            0.000_129_318_7,
+            3.830_881e-5,
+        ];
+        let rounded = [
+            0.050_813_27,
+            0.031_620_752,
+            0.019_450_966,
+            0.011_792_191,
+            0.007_015_714,
+            0.004_069_555,
+            0.002_277_272,
+            0.001_206_131,
+            0.000_580_947_5,
+            0.000_227_947_84,
+            3.830_881e-5,
+        ];
+        let base = inverse_frequencies(150_000.0, 64);
+        for (truncate, want) in [(false, unrounded), (true, rounded)] {
+            let got = yarn(&base, (32.0, 4096), (32.0, 1.0, truncate), (150_000.0, 64));
+            for (i, w) in want.iter().enumerate() {
+                let g = got[8 + i];
+                assert!(
+                    (g - w).abs() <= 2e-6 * w,
+                    "truncate {truncate}, pair {}: {g} vs {w}",
+                    8 + i
+                );
+            }
+        }
+    }
+
+    #[test]
     fn per_frequency_factors_must_match_the_head() {
         let base = inverse_frequencies(10_000.0, 8);
         let err = scaled(base.clone(), &RopeScaling::Factors(vec![1.0; 3])).unwrap_err();
@@ -211,7 +259,7 @@ mod tests {
         // Heads of 64 at base 10k over an original 4096: pairs below the fast bound keep their
         // frequency, pairs above the slow bound are divided by the factor.
         let base = inverse_frequencies(10_000.0, 64);
-        let out = yarn(&base, (4.0, 4096), (32.0, 1.0), (10_000.0, 64));
+        let out = yarn(&base, (4.0, 4096), (32.0, 1.0, true), (10_000.0, 64));
         assert_eq!(out[0], base[0]);
         assert_eq!(out[31], base[31] / 4.0);
         let blended = (0..32).filter(|&i| out[i] < base[i] && out[i] > base[i] / 4.0);

@@ -24,7 +24,7 @@ use crate::model::linear::Linear;
 use crate::{Error, Result};
 
 /// An error naming `name` unless `dims` is `want`.
-fn check(name: &str, dims: &[usize], want: &[usize]) -> Result<()> {
+pub(crate) fn check(name: &str, dims: &[usize], want: &[usize]) -> Result<()> {
     if dims == want {
         return Ok(());
     }
@@ -34,7 +34,7 @@ fn check(name: &str, dims: &[usize], want: &[usize]) -> Result<()> {
 }
 
 /// A dense tensor's values as f32, its shape checked to be one of `shapes`.
-fn f32_values(name: &str, t: &Tensor, shapes: &[&[usize]]) -> Result<Vec<f32>> {
+pub(crate) fn f32_values(name: &str, t: &Tensor, shapes: &[&[usize]]) -> Result<Vec<f32>> {
     if !shapes.contains(&t.dims()) {
         return Err(Error::Metadata(format!(
             "tensor {name} has shape {:?}, but the config implies {:?}",
@@ -72,6 +72,24 @@ pub(crate) fn split_stacked(name: &str, q: &QTensor, want: [usize; 3]) -> Result
         .collect()
 }
 
+/// A matrix in a format only thicket's kernels read (`name`'s): on them where the weights
+/// stay quantized on the CPU (`dtype` `None`), else its values as a dense weight (in `dtype`).
+pub(crate) fn kernel_only(
+    name: &str,
+    matrix: QuantMatrix,
+    dtype: Option<DType>,
+    device: &Device,
+) -> Result<Linear> {
+    if dtype.is_none() && device.is_cpu() {
+        return Ok(Linear::from_packed(matrix.for_isa(process_isa())));
+    }
+    let values = matrix
+        .dequantize()
+        .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))?;
+    let dense = Tensor::from_vec(values, (matrix.rows(), matrix.cols()), device)?;
+    Linear::from_dense(dense, None, Some(dtype.unwrap_or(DType::F32)))
+}
+
 /// How a GGUF loader reads a tensor: by name, and whether the file has it.
 pub(crate) struct GgufTensors<'a> {
     pub read: &'a dyn Fn(&str) -> Result<QTensor>,
@@ -94,19 +112,6 @@ impl GgufTensors<'_> {
 
     pub(crate) fn linear(&self, q: QTensor) -> Result<Linear> {
         Linear::from_qtensor(q, None, self.dtype)
-    }
-
-    /// A matrix in a format only thicket's kernels read: on them where the weights stay
-    /// quantized on the CPU, else its values as a dense weight (in `dtype`).
-    fn kernel_only(&self, name: &str, matrix: QuantMatrix) -> Result<Linear> {
-        if self.dtype.is_none() && self.device.is_cpu() {
-            return Ok(Linear::from_packed(matrix.for_isa(process_isa())));
-        }
-        let values = matrix
-            .dequantize()
-            .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))?;
-        let dense = Tensor::from_vec(values, (matrix.rows(), matrix.cols()), self.device)?;
-        Linear::from_dense(dense, None, Some(self.dtype.unwrap_or(DType::F32)))
     }
 
     /// One projection of every expert: the stacked tensor, or one tensor per expert.
@@ -133,7 +138,7 @@ impl GgufTensors<'_> {
                 .chunks_exact(per_expert)
                 .map(|blocks| {
                     let matrix = QuantMatrix::new(format, rows, cols, blocks.to_vec())?;
-                    self.kernel_only(&stacked, matrix)
+                    kernel_only(&stacked, matrix, self.dtype, self.device)
                 })
                 .collect();
         }

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
 
-use super::qwen35::Drawer;
+use super::qwen35::{Drawer, Named};
 use super::retype::{retype_gguf, Blocks};
 use super::SplitMix;
 use crate::{Error, Result};
@@ -74,9 +74,9 @@ impl Default for TinyGptOss {
     }
 }
 
-/// Writes `spec` as a `gpt-oss` GGUF, the projections (and the experts, unless MXFP4) in
-/// `dtype`, norms, biases, sinks and the router in f32.
-pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) -> Result<()> {
+/// Every tensor of `spec` by its GGUF name, drawn from its seed (norms, biases, sinks and the
+/// router marked f32).
+pub(super) fn draw(spec: &TinyGptOss) -> Result<Vec<Named>> {
     let (h, v, hd) = (spec.hidden_size, spec.vocab_size, spec.head_dim);
     let (heads, kv, e, f) = (
         spec.num_heads,
@@ -126,8 +126,21 @@ pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) 
         d.put(t("ffn_up_exps.bias"), &[e, f], 0.5, 0.0, true)?;
         d.put(t("ffn_down_exps.bias"), &[e, h], 0.1, 0.0, true)?;
     }
+    Ok(d.all)
+}
+
+/// Writes `spec` as a `gpt-oss` GGUF, the projections (and the experts, unless MXFP4) in
+/// `dtype`, norms, biases, sinks and the router in f32.
+pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) -> Result<()> {
+    let (h, v, hd) = (spec.hidden_size, spec.vocab_size, spec.head_dim);
+    let (heads, kv, e, f) = (
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.experts,
+        spec.expert_width,
+    );
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    for t in d.all {
+    for t in draw(spec)? {
         let dt = if t.f32 { GgmlDType::F32 } else { dtype };
         tensors.push((t.name, QTensor::quantize(&t.values, dt)?));
     }

@@ -12,6 +12,7 @@ use crate::{Error, Result};
 
 mod gguf;
 mod gptoss;
+mod gptoss_hf;
 mod granite;
 mod granite_hf;
 mod lfm2;
@@ -23,6 +24,7 @@ mod retype;
 
 pub use gguf::write_tiny_gguf;
 pub use gptoss::{write_tiny_gptoss_gguf, TinyGptOss};
+pub use gptoss_hf::{write_tiny_gptoss_hf, GptOssHfConfig};
 pub use granite::{write_tiny_granite_gguf, TinyGranite};
 pub use granite_hf::write_tiny_granite_hf;
 pub use lfm2::{write_tiny_lfm2_gguf, write_tiny_lfm2_hf, TinyLfm2};

@@ -108,7 +108,8 @@ impl ModelTokenizer {
         ))
     }
 
-    /// Loads `tokenizer.json` (and `tokenizer_config.json` when present) from an HF directory.
+    /// Loads `tokenizer.json` (and `tokenizer_config.json` and `chat_template.jinja` when
+    /// present) from an HF directory.
     pub fn from_hf_dir(dir: &Path, config_eos: Vec<u32>) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
@@ -130,7 +131,15 @@ impl ModelTokenizer {
         let add_bos = config["add_bos_token"].as_bool().unwrap_or(false);
         let mut eos = config_eos;
         eos.extend(token_id("eos_token"));
-        let chat_template = config["chat_template"].as_str().map(str::to_string);
+        // transformers writes the template beside the config since 4.43 (gpt-oss, Qwen3.5).
+        let chat_template = match config["chat_template"].as_str() {
+            Some(template) => Some(template.to_string()),
+            None => match std::fs::read_to_string(dir.join("chat_template.jinja")) {
+                Ok(template) => Some(template),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(Error::io("read chat_template.jinja", e)),
+            },
+        };
         Ok(Self::assemble(inner, bos_id, add_bos, eos, chat_template))
     }
 
