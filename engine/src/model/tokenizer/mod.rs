@@ -3,8 +3,8 @@
 //!
 //! GGUF files carry no `tokenizer.json`, so the tokenizer is rebuilt here from
 //! `tokenizer.ggml.*` metadata (`metadata`) with the `tokenizers` crate, by the kind
-//! `tokenizer.ggml.model` names: "gpt2" byte-level BPE (`bpe`; Qwen2.5, SmolLM2, gpt-oss)
-//! or "llama" SentencePiece (`spm`; Gemma 3). Tokens of type 3 (control) and 2 (unknown) become
+//! `tokenizer.ggml.model` names: "gpt2" byte-level BPE (`bpe`; Qwen2.5, SmolLM2, gpt-oss),
+//! "llama" SentencePiece (`spm`; Gemma 3) or "gemma4" BPE over `▁`-escaped text (`gemma4`). Tokens of type 3 (control) and 2 (unknown) become
 //! special added tokens and tokens of type 4 (user-defined, such as Qwen2.5's `<tool_call>`
 //! or Gemma's runs of spaces and HTML tags) plain added ones, as upstream marks them: both
 //! are matched whole in text, and only the special ones are left out of what a user reads.
@@ -12,6 +12,7 @@
 //! so a client encoding with special tokens gets the ids thicket feeds the model.
 
 mod bpe;
+mod gemma4;
 mod metadata;
 mod spm;
 
@@ -29,7 +30,7 @@ use crate::{Error, Result};
 /// Qwen's vocabulary `</s>` is an ordinary byte-pair token that a model writes in HTML or
 /// code, not an end. gpt-oss (harmony) ends a reply with `<|return|>` and a tool call with
 /// `<|call|>`; its `<|end|>` only closes one message (the analysis before the final answer),
-/// so it is not an end.
+/// so it is not an end. Gemma 4 closes its turn with `<turn|>`.
 const END_TOKENS: &[&str] = &[
     "<|im_end|>",
     "<|endoftext|>",
@@ -38,6 +39,7 @@ const END_TOKENS: &[&str] = &[
     "<end_of_turn>",
     "<|return|>",
     "<|call|>",
+    "<turn|>",
 ];
 
 /// A model's tokenizer and its special-token facts.
@@ -70,10 +72,11 @@ impl ModelTokenizer {
         let (mut inner, bos_by_default) = match kind.as_str() {
             "gpt2" => (bpe::build(md, &vocab)?, false),
             "llama" => (spm::build(md, &vocab)?, true),
+            "gemma4" => (gemma4::build(md, &vocab)?, true),
             other => {
                 return Err(Error::Tokenizer(format!(
                     "tokenizer model '{other}' is not supported (supported: 'gpt2' BPE, \
-                     'llama' SentencePiece)"
+                     'llama' SentencePiece, 'gemma4' BPE)"
                 )))
             }
         };
