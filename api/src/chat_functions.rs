@@ -3,17 +3,17 @@
 //! `raise_exception(message)` (the template refusing a conversation, an error naming its
 //! message), `tojson` as transformers writes JSON (Python's `json.dumps`: `", "` and `": "`
 //! between items, keys in their order, no HTML escapes, `indent` on request), and Python's
-//! methods on strings (`strip`, `startswith`, ...) and on dicts (`items`, `keys`, `values`,
-//! `get`).
+//! methods on strings (`strip`, `split`, `startswith`, ...) and on dicts (`items`, `keys`,
+//! `values`, `get`), from minijinja-contrib's `pycompat`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, State};
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
 
 /// Adds the functions and methods to `env`.
 pub fn install(env: &mut Environment<'_>) {
-    env.set_unknown_method_callback(pycompat);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("strftime_now", |format: String| {
         let seconds = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -160,55 +160,6 @@ fn py_json(value: &serde_json::Value, indent: Option<usize>, level: usize, out: 
     }
     newline(out, level);
     out.push(close);
-}
-
-/// Python methods on strings and dicts.
-fn pycompat(_state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
-    let unknown = || {
-        Error::new(
-            ErrorKind::UnknownMethod,
-            format!("method {method} is not supported in chat templates"),
-        )
-    };
-    if value.kind() == ValueKind::Map {
-        let keys = || value.try_iter().into_iter().flatten();
-        return Ok(match method {
-            "items" => Value::from(
-                keys()
-                    .map(|k| {
-                        let v = value.get_item(&k).unwrap_or_default();
-                        Value::from(vec![k, v])
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            "keys" => Value::from(keys().collect::<Vec<_>>()),
-            "values" => Value::from(
-                keys()
-                    .map(|k| value.get_item(&k).unwrap_or_default())
-                    .collect::<Vec<_>>(),
-            ),
-            "get" => {
-                let key = args.first().cloned().unwrap_or_default();
-                match value.get_item(&key) {
-                    Ok(v) if !v.is_undefined() => v,
-                    _ => args.get(1).cloned().unwrap_or(Value::from(())),
-                }
-            }
-            _ => return Err(unknown()),
-        });
-    }
-    let s = value.as_str().ok_or_else(unknown)?;
-    let arg = |i: usize| args.get(i).and_then(|a| a.as_str()).unwrap_or("");
-    Ok(match method {
-        "strip" => s.trim().into(),
-        "lstrip" => s.trim_start().into(),
-        "rstrip" => s.trim_end().into(),
-        "startswith" => s.starts_with(arg(0)).into(),
-        "endswith" => s.ends_with(arg(0)).into(),
-        "upper" => s.to_uppercase().into(),
-        "lower" => s.to_lowercase().into(),
-        _ => return Err(unknown()),
-    })
 }
 
 #[cfg(test)]

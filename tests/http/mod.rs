@@ -8,6 +8,7 @@ mod endpoints;
 mod engine_faults;
 mod error_responses;
 mod forced_calls;
+mod gemma4_template;
 mod harmony;
 mod harmony_reference;
 mod mock_server;
