@@ -140,14 +140,14 @@ fn options_a_family_cannot_honour_are_named_at_load() {
             "rope_scaling.factor is missing",
         ),
         (
+            // transformers 5 writes the scaling in `rope_parameters`.
             load_edited(
                 &llama,
                 |c| {
-                    c["rope_scaling"] =
-                        serde_json::json!({"rope_type": "yarn", "factor": 4.0, "truncate": false})
+                    c["rope_parameters"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
                 },
             ),
-            "rope_scaling.truncate = false",
+            "rope_scaling type 'dynamic'",
         ),
         (
             load_edited(&llama, |c| {
