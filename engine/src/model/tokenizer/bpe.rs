@@ -27,26 +27,25 @@ const O200K_SPLIT: &str = concat!(
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 );
 
-/// The byte-level BPE tokenizer of a "gpt2" GGUF (added tokens not yet registered).
-pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
-    let merges = string_array(md, "tokenizer.ggml.merges")?;
-    let pre = optional_string(md, "tokenizer.ggml.pre")
-        .map(String::as_str)
-        .unwrap_or("default");
-    let ids: tokenizers::models::bpe::Vocab = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, tok)| (tok.clone(), id as u32))
-        .collect();
-    let merges = merges
+/// `tokenizer.ggml.merges`, each `"a b"` as the pair it merges.
+pub(super) fn file_merges(md: &Metadata) -> Result<Vec<(String, String)>> {
+    string_array(md, "tokenizer.ggml.merges")?
         .iter()
         .map(|m| {
             m.split_once(' ')
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .ok_or_else(|| Error::Tokenizer(format!("malformed merge '{m}'")))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// The byte-level BPE tokenizer of a "gpt2" GGUF (added tokens not yet registered).
+pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
+    let pre = optional_string(md, "tokenizer.ggml.pre")
+        .map(String::as_str)
+        .unwrap_or("default");
+    let ids = vocab.ids();
+    let merges = file_merges(md)?;
     let bpe = BPE::builder()
         .vocab_and_merges(ids, merges)
         .build()

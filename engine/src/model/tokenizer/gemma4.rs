@@ -14,7 +14,8 @@ use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{DecoderWrapper, SplitDelimiterBehavior, Tokenizer};
 
-use super::metadata::{string_array, GgufVocab, Metadata};
+use super::bpe::file_merges;
+use super::metadata::{GgufVocab, Metadata};
 use crate::{Error, Result};
 
 /// SentencePiece's stand-in for a space, which Gemma 4's pieces use.
@@ -23,20 +24,8 @@ const SPACE: &str = "\u{2581}";
 /// The BPE tokenizer of a "gemma4" GGUF (added tokens not yet registered).
 pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
     let failed = |e: &dyn std::fmt::Display| Error::Tokenizer(e.to_string());
-    let merges = string_array(md, "tokenizer.ggml.merges")?
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| Error::Tokenizer(format!("malformed merge '{m}'")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let ids: tokenizers::models::bpe::Vocab = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, tok)| (tok.clone(), id as u32))
-        .collect();
+    let merges = file_merges(md)?;
+    let ids = vocab.ids();
     let bpe = BPE::builder()
         .vocab_and_merges(ids, merges)
         .byte_fallback(true)

@@ -27,6 +27,15 @@ pub(super) struct GgufVocab {
 }
 
 impl GgufVocab {
+    /// Each token's id by its text, as the `tokenizers` BPE model takes them.
+    pub(super) fn ids(&self) -> tokenizers::models::bpe::Vocab {
+        self.tokens
+            .iter()
+            .enumerate()
+            .map(|(id, tok)| (tok.clone(), id as u32))
+            .collect()
+    }
+
     /// `tokenizer.ggml.tokens` and `tokenizer.ggml.token_type`, checked to be the same length.
     pub fn read(md: &Metadata) -> Result<Self> {
         let tokens = string_array(md, "tokenizer.ggml.tokens")?;

@@ -42,12 +42,7 @@ pub(super) fn build(md: &Metadata, vocab: &GgufVocab) -> Result<Tokenizer> {
     let unk = vocab
         .token_id(md, "tokenizer.ggml.unknown_token_id")?
         .map(|id| vocab.tokens[id as usize].clone());
-    let ids: tokenizers::models::bpe::Vocab = vocab
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, tok)| (tok.clone(), id as u32))
-        .collect();
+    let ids = vocab.ids();
     let mut builder = BPE::builder()
         .vocab_and_merges(ids, merges(&vocab.tokens, &scores))
         .byte_fallback(true)
