@@ -188,12 +188,13 @@ fn refusal(case: usize, key: &str, value: serde_json::Value) -> String {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config[key] = value;
     std::fs::write(&path, config.to_string()).unwrap();
-    match engine::model::load::load_hf_model(
-        dir.path(),
-        WeightDType::Auto,
-        &candle_core::Device::Cpu,
-    ) {
-        Ok(_) => panic!("{key} = {} was read", config[key]),
+    load_error(dir.path(), &format!("{key} = {}", config[key]))
+}
+
+/// The loader's error on the checkpoint in `dir`, which must not load (`what` says why).
+fn load_error(dir: &std::path::Path, what: &str) -> String {
+    match engine::model::load::load_hf_model(dir, WeightDType::Auto, &candle_core::Device::Cpu) {
+        Ok(_) => panic!("{what} was read"),
         Err(e) => e.to_string(),
     }
 }
@@ -222,13 +223,6 @@ fn what_thicket_does_not_compute_is_refused_by_name() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4});
     std::fs::write(&path, config.to_string()).unwrap();
-    let err = match engine::model::load::load_hf_model(
-        dir.path(),
-        WeightDType::Auto,
-        &candle_core::Device::Cpu,
-    ) {
-        Ok(_) => panic!("an AWQ checkpoint was read"),
-        Err(e) => e.to_string(),
-    };
+    let err = load_error(dir.path(), "an AWQ checkpoint");
     assert!(err.contains("quant_method = 'awq'"), "{err}");
 }

@@ -74,16 +74,25 @@ impl Default for TinyGptOss {
     }
 }
 
+impl TinyGptOss {
+    /// Residual, vocabulary, head, query heads, key/value heads, experts, expert width.
+    fn widths(&self) -> [usize; 7] {
+        [
+            self.hidden_size,
+            self.vocab_size,
+            self.head_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            self.experts,
+            self.expert_width,
+        ]
+    }
+}
+
 /// Every tensor of `spec` by its GGUF name, drawn from its seed (norms, biases, sinks and the
 /// router marked f32).
 pub(super) fn draw(spec: &TinyGptOss) -> Result<Vec<Named>> {
-    let (h, v, hd) = (spec.hidden_size, spec.vocab_size, spec.head_dim);
-    let (heads, kv, e, f) = (
-        spec.num_heads,
-        spec.num_kv_heads,
-        spec.experts,
-        spec.expert_width,
-    );
+    let [h, v, hd, heads, kv, e, f] = spec.widths();
     let mut d = Drawer {
         rng: SplitMix(spec.seed),
         all: Vec::new(),
@@ -132,13 +141,7 @@ pub(super) fn draw(spec: &TinyGptOss) -> Result<Vec<Named>> {
 /// Writes `spec` as a `gpt-oss` GGUF, the projections (and the experts, unless MXFP4) in
 /// `dtype`, norms, biases, sinks and the router in f32.
 pub fn write_tiny_gptoss_gguf(path: &Path, spec: &TinyGptOss, dtype: GgmlDType) -> Result<()> {
-    let (h, v, hd) = (spec.hidden_size, spec.vocab_size, spec.head_dim);
-    let (heads, kv, e, f) = (
-        spec.num_heads,
-        spec.num_kv_heads,
-        spec.experts,
-        spec.expert_width,
-    );
+    let [h, v, hd, heads, kv, e, f] = spec.widths();
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     for t in draw(spec)? {
         let dt = if t.f32 { GgmlDType::F32 } else { dtype };
