@@ -29,7 +29,14 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
   (sinks, biases, alternate windowed layers, YaRN, biased experts with the clamped SwiGLU),
   with a context of 256;
 - `gptoss_mxfp4`: tests/data/gptoss_mxfp4_llamacpp.json, the same model with its experts in
-  MXFP4 (llama.cpp multiplies them by activations quantized to Q8_0), with a context of 256.
+  MXFP4 (llama.cpp multiplies them by activations quantized to Q8_0), with a context of 256;
+- `gemma4`: tests/data/gemma4_llamacpp.json, the tiny Gemma 4 of `tests/model/gemma4.rs`
+  (windowed and global layers of different heads, proportional RoPE, values from the keys'
+  projection in one layer, keys and values shared by the last two layers, per-layer
+  embeddings, output scales, a soft-cap), with a context of 256.
+
+`--build DIR` names the build directory under the source tree (default `build`) and
+`--build-note` how it was built, for the record (default: the AVX2 build above).
 
 The file of record was produced with llama.cpp commit 0c1e570 (the copy vendored in
 llama-cpp-python 0.3.36), built for the CPU with AVX2 and without AVX-512:
@@ -84,22 +91,26 @@ CASES = {
                "tests/data/gptoss_llamacpp.json", False),
     "gptoss_mxfp4": ("model::gptoss::write_the_mxfp4_reference_gguf", [256],
                      "tests/data/gptoss_mxfp4_llamacpp.json", False),
+    "gemma4": ("model::gemma4::write_the_reference_gguf", [256],
+               "tests/data/gemma4_llamacpp.json", False),
 }
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with build/bin")
+    ap.add_argument("--build", default="build", help="build directory under the source tree")
+    ap.add_argument("--build-note", default="AVX2 build", help="how the build was made")
     ap.add_argument("--case", choices=sorted(CASES), action="append",
                     help="the cases to write (default: all)")
     args = ap.parse_args()
     src = pathlib.Path(args.llama_cpp).resolve()
     for case in args.case or sorted(CASES):
-        write_case(src, *CASES[case])
+        write_case(src, args.build, args.build_note, *CASES[case])
 
 
-def write_case(src, test, contexts, out, flash_attn):
-    lib = src / "build" / "bin"
+def write_case(src, build, note, test, contexts, out, flash_attn):
+    lib = src / build / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         gguf = pathlib.Path(tmp) / "tiny.gguf"
         env = dict(os.environ, THICKET_REFERENCE_GGUF=str(gguf))
@@ -130,7 +141,7 @@ def write_case(src, test, contexts, out, flash_attn):
             })
         record = {
             "made_by": "scripts/rope-scaling-reference.py",
-            "llama_cpp": "0c1e570 (llama-cpp-python 0.3.36), AVX2 build, f32 K/V"
+            "llama_cpp": f"0c1e570 (llama-cpp-python 0.3.36), {note}, f32 K/V"
                          + ("" if flash_attn else ", no flash attention"),
             "gguf_sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
             "prompt": PROMPT,

@@ -38,6 +38,11 @@ impl Model {
         if let Some(scale) = variant.embedding_scale {
             x = (x * f64::from(scale))?;
         }
+        let per_layer = weights
+            .per_layer
+            .as_ref()
+            .map(|p| p.inputs_candle(&batch.token_ids, &x, eps, device))
+            .transpose()?;
         for (index, layer) in weights.layers.iter().enumerate() {
             let (cos, sin) = match cfg.layer_attention(index).local_rope {
                 true => &local,
@@ -73,6 +78,16 @@ impl Model {
                 out = (out * f64::from(scale))?;
             }
             x = (out + x)?;
+            if let (Some(input), Some(all), Some(p)) =
+                (&layer.per_layer_input, &per_layer, &weights.per_layer)
+            {
+                let mine = all.narrow(1, index * p.width, p.width)?.contiguous()?;
+                let gelu = |g: &Tensor, u: &Tensor| self.gated(Activation::GeluTanh, g, u);
+                x = input.apply_candle(&x, &mine, eps, &gelu)?;
+            }
+            if let Some(scale) = layer.output_scale {
+                x = (x * f64::from(scale))?;
+            }
         }
         if batch.logit_rows.is_empty() {
             return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, device)?);

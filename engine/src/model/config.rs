@@ -134,6 +134,26 @@ pub struct LayerAttention {
     pub window: Option<usize>,
     /// Whether the layer rotates with the local RoPE table (`Variant::local_rope_theta`).
     pub local_rope: bool,
+    /// The earlier layer whose keys and values this one reads instead of writing its own
+    /// (Gemma 4's last layers), where it shares them.
+    pub kv_from: Option<usize>,
+}
+
+/// Which dimensions of a head RoPE turns and how: pairs `(i, i + offset)` for `i <
+/// pairs` in the halves pairing (`(2i, 2i + 1)` interleaved), pair `i` turning at `theta^(-2i
+/// / freq_dim)` per position; every other dimension passes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotary {
+    /// Width of the head.
+    pub head_dim: usize,
+    /// Pairs that turn (the table's width).
+    pub pairs: usize,
+    /// Distance between the two dimensions of a pair (halves pairing).
+    pub offset: usize,
+    /// The width in the frequencies' exponent.
+    pub freq_dim: usize,
+    /// The pairing.
+    pub style: RopeStyle,
 }
 
 /// What mixes one layer's positions: attention over the paged KV (full or windowed, as the
@@ -257,6 +277,18 @@ pub struct Variant {
     /// The query projection gives each head's query and then its output gate; the head's
     /// attention output is multiplied by the sigmoid of the gate (Qwen3.5, Qwen3-Next).
     pub gated_attention: bool,
+    /// The KV heads and head width of the layers that attend fully, where they differ from
+    /// the windowed layers' (`num_kv_heads`, `head_dim`): Gemma 4's global layers.
+    pub global_heads: Option<(usize, usize)>,
+    /// Pairs RoPE turns in the global layers' heads, where only the leading ones turn with
+    /// the frequencies of the whole head, each paired with the dimension half a head on
+    /// (Gemma 4's proportional RoPE).
+    pub proportional_pairs: Option<usize>,
+    /// Values RMS-normalized per head (no weight) before they are stored (Gemma 4).
+    pub value_norm: bool,
+    /// Per layer, the MLP's inner width, where the layers differ (`intermediate_size`
+    /// otherwise).
+    pub mlp_widths: Vec<usize>,
 }
 
 /// A mixture-of-experts MLP: a softmax router over `num_experts` gated MLPs of width
@@ -302,6 +334,75 @@ impl ModelConfig {
     /// Dimensions of each head that RoPE rotates (all, unless the file says fewer).
     pub fn rotary_dim(&self) -> usize {
         self.variant.rotary_dim.unwrap_or(self.head_dim)
+    }
+
+    /// Layer `index`'s KV heads and head width.
+    pub fn layer_heads(&self, index: usize) -> (usize, usize) {
+        match (
+            self.variant.global_heads,
+            self.layer_attention(index).window,
+        ) {
+            (Some(global), None) => global,
+            _ => (self.num_kv_heads, self.head_dim),
+        }
+    }
+
+    /// How RoPE turns layer `index`'s heads.
+    pub fn layer_rotary(&self, index: usize) -> Rotary {
+        let head_dim = self.layer_heads(index).1;
+        let global = !self.layer_attention(index).local_rope;
+        match self.variant.proportional_pairs {
+            Some(pairs) if global => Rotary {
+                head_dim,
+                pairs,
+                offset: head_dim / 2,
+                freq_dim: head_dim,
+                style: self.rope_style,
+            },
+            _ => {
+                let rot = match self.variant.rotary_dim {
+                    Some(rot) if head_dim == self.head_dim => rot,
+                    _ => head_dim,
+                };
+                Rotary {
+                    head_dim,
+                    pairs: rot / 2,
+                    offset: rot / 2,
+                    freq_dim: rot,
+                    style: self.rope_style,
+                }
+            }
+        }
+    }
+
+    /// How RoPE turns the heads of the layers on the global table (of the windowed ones,
+    /// `local`).
+    pub fn table_rotary(&self, local: bool) -> Rotary {
+        let index = (0..self.num_layers)
+            .find(|&i| self.layer_attention(i).local_rope == local)
+            .unwrap_or(0);
+        self.layer_rotary(index)
+    }
+
+    /// Bytes of keys and values layer `index` keeps per position when it attends, at
+    /// `value_bytes` a value: none where it reads another layer's.
+    pub fn layer_kv_bytes_per_position(&self, index: usize, value_bytes: usize) -> usize {
+        match self.layer_attention(index).kv_from {
+            Some(_) => 0,
+            None => {
+                let (kv_heads, head_dim) = self.layer_heads(index);
+                2 * kv_heads * head_dim * value_bytes
+            }
+        }
+    }
+
+    /// Layer `index`'s MLP inner width.
+    pub fn layer_mlp_width(&self, index: usize) -> usize {
+        self.variant
+            .mlp_widths
+            .get(index)
+            .copied()
+            .unwrap_or(self.intermediate_size)
     }
 
     /// Layer `index`'s attention (full with the global table where the family declares none).
@@ -355,6 +456,43 @@ impl ModelConfig {
         }
         if v.layers.iter().any(|l| l.local_rope) && v.local_rope_theta.is_none() {
             return bad("layers use a local RoPE table but no local base is set");
+        }
+        for (i, l) in v.layers.iter().enumerate() {
+            if let Some(from) = l.kv_from {
+                let source = v.layers.get(from);
+                if from >= i
+                    || source.is_some_and(|s| s.kv_from.is_some() || s.window != l.window)
+                    || self.layer_heads(from) != self.layer_heads(i)
+                {
+                    return bad(&format!(
+                        "layer {i} reads the keys and values of layer {from}: a layer may only \
+                         read an earlier one of its own kind that keeps its own"
+                    ));
+                }
+            }
+        }
+        if let Some((kv_heads, head_dim)) = v.global_heads {
+            if kv_heads == 0
+                || !self.num_heads.is_multiple_of(kv_heads)
+                || head_dim == 0
+                || !head_dim.is_multiple_of(2)
+            {
+                return bad(&format!(
+                    "global layers of {kv_heads} KV heads of {head_dim}: query heads must be a \
+                     multiple of KV heads, and heads even and positive"
+                ));
+            }
+        }
+        if let Some(pairs) = v.proportional_pairs {
+            let global = v.global_heads.map_or(self.head_dim, |g| g.1);
+            if pairs == 0 || 2 * pairs > global {
+                return bad(&format!(
+                    "{pairs} turning pairs in heads of {global}: at least one and at most half"
+                ));
+            }
+        }
+        if !v.mlp_widths.is_empty() && v.mlp_widths.len() != self.num_layers {
+            return bad("per-layer MLP widths must cover every layer");
         }
         if !v.mixers.is_empty() && v.mixers.len() != self.num_layers {
             return bad("per-layer token mixers must cover every layer");

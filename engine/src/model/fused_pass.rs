@@ -30,6 +30,7 @@ use crate::model::config::ModelConfig;
 use crate::model::experts::fused::{ExpertBuffers, FusedFfn};
 use crate::model::fused_rows::{add_into, rms_norm};
 use crate::model::mixer::{FusedAt, FusedMixer, MixerBuffers};
+use crate::model::per_layer::{FusedLayerInput, FusedPerLayer, PerLayerBuffers};
 use crate::model::projection::{project, Projection};
 use crate::model::ModelWeights;
 use crate::tree_batch::TreeBatch;
@@ -44,12 +45,15 @@ struct FusedLayer {
     mixer: Arc<dyn FusedMixer>,
     mlp_norm: Vec<f32>,
     mlp: FusedFfn,
+    per_layer_input: Option<FusedLayerInput>,
+    output_scale: Option<f32>,
 }
 
 /// The weights in the form the fused pass reads (projections shared with the model's).
 #[derive(Debug, Clone)]
 pub struct FusedWeights {
     layers: Vec<FusedLayer>,
+    per_layer: Option<FusedPerLayer>,
     final_norm: Vec<f32>,
     lm_head: Projection,
     /// `[max_positions][head_dim / 2]`, the model's RoPE table.
@@ -109,6 +113,7 @@ struct Workspace {
     mlp: ExpertBuffers,
     out: Vec<f32>,
     rows: Activations,
+    per_layer: PerLayerBuffers,
 }
 
 thread_local! {
@@ -162,20 +167,26 @@ impl FusedWeights {
                 mixer: l.mixer.fused()?,
                 mlp_norm: host_values(&l.mlp_norm)?,
                 mlp: FusedFfn::new(&l.mlp)?,
+                per_layer_input: l.per_layer_input.as_ref().map(|p| p.fused()).transpose()?,
+                output_scale: l.output_scale,
             });
         }
         let lm_head = Projection::from_linear(&weights.lm_head)?;
+        let per_layer = weights.per_layer.as_ref().map(|p| p.fused()).transpose()?;
         let packed = layers
             .iter()
             .flat_map(|l| {
                 let mut all = l.mixer.projections();
                 all.extend(l.mlp.projections());
+                all.extend(l.per_layer_input.iter().flat_map(|p| p.projections()));
                 all
             })
+            .chain(per_layer.iter().map(|p| p.projection()))
             .chain([&lm_head])
             .all(|p| matches!(p, Projection::Packed { .. }));
         Ok(Some(Self {
             layers,
+            per_layer,
             final_norm: host_values(&weights.final_norm)?,
             lm_head,
             rope_cos: host_values(rope.0)?,
@@ -231,6 +242,10 @@ impl FusedWeights {
                 *v *= scale;
             }
         }
+        if let Some(p) = &self.per_layer {
+            let ids = &batch.token_ids;
+            p.inputs_fused(ids, &w.x, (hidden, eps), &mut w.per_layer, &mut w.rows)?;
+        }
         w.h.resize(rows * hidden, 0.0);
         for (index, layer) in self.layers.iter().enumerate() {
             rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
@@ -267,6 +282,15 @@ impl FusedWeights {
                 add_into(&w.h, &mut w.x);
             } else {
                 add_into(&w.out, &mut w.x);
+            }
+            if let (Some(input), Some(p)) = (&layer.per_layer_input, &self.per_layer) {
+                let at = (index, p.width(), eps);
+                input.apply_fused(&mut w.x, at, &mut w.per_layer, &mut w.rows)?;
+            }
+            if let Some(scale) = layer.output_scale {
+                for v in &mut w.x {
+                    *v *= scale;
+                }
             }
             clock.lap(|p| &mut p.other);
         }

@@ -3,7 +3,7 @@
 //! QK norm), the residual add, and RoPE at each row's position from either of the model's
 //! tables.
 
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::config::{RopeStyle, Rotary};
 
 /// Rows whose RMSNorm sums run side by side.
 const NORM_ROWS: usize = 8;
@@ -43,12 +43,12 @@ pub(crate) fn add_into(y: &[f32], x: &mut [f32]) {
     }
 }
 
-/// RoPE at each row's position, as candle's `rope` / `rope_i` compute it, on each head's first
-/// `rotary_dim` dimensions (the rest are copied as they are). Rotates the
-/// `[rows][heads][dim]` rows of `src` into `dst` laid out `[heads][rows][dim]`
-/// (`head_major`), or `dst`'s own rows in place (`src` empty, layout kept).
+/// RoPE at each row's position, as candle's `rope` / `rope_i` compute it, on the pairs
+/// `rotary` turns (every other dimension copied as it is). Rotates the `[rows][heads][dim]`
+/// rows of `src` into `dst` laid out `[heads][rows][dim]` (`head_major`), or `dst`'s own rows
+/// in place (`src` empty, layout kept).
 pub(crate) fn rotate(
-    cfg: &ModelConfig,
+    rotary: Rotary,
     (rope_cos, rope_sin): (&[f32], &[f32]),
     positions: &[u32],
     src: &[f32],
@@ -56,17 +56,15 @@ pub(crate) fn rotate(
     dst: &mut Vec<f32>,
     head_major: bool,
 ) {
-    let d = cfg.head_dim;
-    // The first `rot` dimensions turn; the rest pass through.
-    let rot = cfg.rotary_dim();
-    let half = rot / 2;
+    let d = rotary.head_dim;
+    let (pairs, offset) = (rotary.pairs, rotary.offset);
     let rows = positions.len();
     if head_major {
         dst.resize(rows * heads * d, 0.0);
     }
     for (r, &pos) in positions.iter().enumerate() {
-        let cos = &rope_cos[pos as usize * half..][..half];
-        let sin = &rope_sin[pos as usize * half..][..half];
+        let cos = &rope_cos[pos as usize * pairs..][..pairs];
+        let sin = &rope_sin[pos as usize * pairs..][..pairs];
         for h in 0..heads {
             let from = (r * heads + h) * d;
             let to = if head_major { (h * rows + r) * d } else { from };
@@ -81,16 +79,15 @@ pub(crate) fn rotate(
                 *b = x * sin + y * cos;
             };
             let angles = cos.iter().zip(sin);
-            let out = &mut out[..rot];
-            match cfg.rope_style {
+            match rotary.style {
                 RopeStyle::Halves => {
-                    let (lo, hi) = out.split_at_mut(half);
-                    for ((a, b), angle) in lo.iter_mut().zip(hi.iter_mut()).zip(angles) {
+                    let (lo, hi) = out.split_at_mut(offset);
+                    for ((a, b), angle) in lo[..pairs].iter_mut().zip(hi.iter_mut()).zip(angles) {
                         turn(a, b, angle);
                     }
                 }
                 RopeStyle::Interleaved => {
-                    for (two, angle) in out.chunks_exact_mut(2).zip(angles) {
+                    for (two, angle) in out[..2 * pairs].chunks_exact_mut(2).zip(angles) {
                         let [a, b] = two else { continue };
                         turn(a, b, angle);
                     }

@@ -23,9 +23,11 @@ use crate::model::gguf_keys::{
     as_f32, as_u64, attending_kv_heads, delta_net_shape, expert_facts, longrope, recurrent_layers,
     rope_scaling, window_pattern,
 };
+use crate::model::gguf_layers;
 use crate::model::linear::Linear;
 use crate::model::shapes::{deal_quantized, split_quantized, unfused, Role, Shapes};
 use crate::model::tokenizer::ModelTokenizer;
+use crate::model::{gguf_keys, gguf_per_layer};
 use crate::model::{
     AttentionWeights, DeltaNetWeights, DenseMlp, Embedding, LayerWeights, Mamba2Weights, Mlp,
     ModelWeights, ShortConvWeights, TokenMixer,
@@ -87,44 +89,6 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     let scale = |k: &str| -> Result<Option<f32>> { Ok(optional_f32(k)?.filter(|&x| x != 0.0)) };
     let hidden_size = usize_of("embedding_length")?;
     let num_heads = usize_of("attention.head_count")?;
-    let kv_heads_per_layer = match md.get(&key("attention.head_count_kv")) {
-        Some(Value::Array(list)) => Some(
-            list.iter()
-                .map(|v| as_u64(v, &key("attention.head_count_kv")).map(|x| x as usize))
-                .collect::<Result<Vec<usize>>>()?,
-        ),
-        _ => None,
-    };
-    let num_kv_heads = match &kv_heads_per_layer {
-        Some(list) => {
-            attending_kv_heads(list, &key("attention.head_count_kv"))?.unwrap_or(num_heads)
-        }
-        None => optional_usize("attention.head_count_kv")?.unwrap_or(num_heads),
-    };
-    let head_dim = match optional_usize("attention.key_length")? {
-        Some(d) => d,
-        None => optional_usize("rope.dimension_count")?.unwrap_or(hidden_size / num_heads.max(1)),
-    };
-    if let Some(v) = optional_usize("attention.value_length")? {
-        if v != head_dim {
-            return Err(Error::Metadata(format!(
-                "{} is {v} but {} is {head_dim}: value heads of another width are not supported",
-                key("attention.value_length"),
-                key("attention.key_length")
-            )));
-        }
-    }
-    let rotary_dim = match optional_usize("rope.dimension_count")? {
-        Some(rot) if rot == head_dim => None,
-        Some(rot) if rot > 0 && rot < head_dim && rot.is_multiple_of(2) => Some(rot),
-        Some(rot) => {
-            return Err(Error::Metadata(format!(
-                "{} is {rot} for heads of {head_dim}: it must be even and at most the head",
-                key("rope.dimension_count")
-            )))
-        }
-        None => None,
-    };
     let vocab_size = match usize_of("vocab_size") {
         Ok(v) => v,
         Err(_) => md
@@ -150,6 +114,54 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
     }
     let num_layers = block_count - mtp;
     let (windowed_layers, window_period) = window_pattern(md, &key, num_layers)?;
+    let mlp_widths = gguf_layers::mlp_widths(md, &key, num_layers)?;
+    let split = match &windowed_layers {
+        Some(kinds) => gguf_layers::split_heads(md, &key, kinds)?,
+        None => None,
+    };
+    let kv_heads_per_layer = match md.get(&key("attention.head_count_kv")) {
+        Some(Value::Array(list)) if split.is_none() => Some(
+            list.iter()
+                .map(|v| as_u64(v, &key("attention.head_count_kv")).map(|x| x as usize))
+                .collect::<Result<Vec<usize>>>()?,
+        ),
+        _ => None,
+    };
+    let num_kv_heads = match (&kv_heads_per_layer, split) {
+        (_, Some(split)) => split.kv_heads,
+        (Some(list), None) => {
+            attending_kv_heads(list, &key("attention.head_count_kv"))?.unwrap_or(num_heads)
+        }
+        (None, None) => optional_usize("attention.head_count_kv")?.unwrap_or(num_heads),
+    };
+    let head_dim = match (split, optional_usize("attention.key_length")?) {
+        (Some(split), _) => split.head_dim,
+        (None, Some(d)) => d,
+        (None, None) => {
+            optional_usize("rope.dimension_count")?.unwrap_or(hidden_size / num_heads.max(1))
+        }
+    };
+    let global_dim = split.map_or(head_dim, |s| s.global.1);
+    if let Some(v) = optional_usize("attention.value_length")?.filter(|_| split.is_none()) {
+        if v != head_dim {
+            return Err(Error::Metadata(format!(
+                "{} is {v} but {} is {head_dim}: value heads of another width are not supported",
+                key("attention.value_length"),
+                key("attention.key_length")
+            )));
+        }
+    }
+    let rotary_dim = match optional_usize("rope.dimension_count")? {
+        Some(rot) if rot == global_dim => None,
+        Some(rot) if rot > 0 && rot < head_dim && rot.is_multiple_of(2) => Some(rot),
+        Some(rot) => {
+            return Err(Error::Metadata(format!(
+                "{} is {rot} for heads of {head_dim}: it must be even and at most the head",
+                key("rope.dimension_count")
+            )))
+        }
+        None => None,
+    };
     let facts = FileFacts {
         num_layers,
         hidden_size,
@@ -182,8 +194,18 @@ pub fn config_from_gguf(content: &Content) -> Result<ModelConfig> {
         embedding_scale: scale("embedding_scale")?,
         residual_scale: scale("residual_scale")?,
         logit_scale: scale("logit_scale")?,
+        global_heads: split
+            .map(|s| s.global)
+            .filter(|&g| g != (num_kv_heads, head_dim)),
+        proportional_pairs: None,
+        shared_kv_layers: optional_usize("attention.shared_kv_layers")?.unwrap_or(0),
+        mlp_widths: mlp_widths.clone(),
     };
-    let intermediate_size = match (&facts.experts, optional_usize("feed_forward_length")?) {
+    let feed_forward = match &mlp_widths {
+        Some(widths) => widths.first().copied(),
+        None => optional_usize("feed_forward_length")?,
+    };
+    let intermediate_size = match (&facts.experts, feed_forward) {
         (_, Some(width)) => width,
         // Every layer is a mixture: no dense MLP needs the width.
         (Some(experts), None) => experts.width,
@@ -331,12 +353,26 @@ fn weights_from(
         })?;
     }
     if content.tensor_infos.contains_key("rope_freqs.weight") {
-        // Llama 3.1's scaling, as per-frequency divisors.
+        // Llama 3.1's scaling, as per-frequency divisors; Gemma 4's proportional RoPE, as
+        // divisors so large that the trailing pairs do not turn.
         let factors = dense(tensor("rope_freqs.weight")?)?.to_vec1::<f32>()?;
-        config.variant.rope_scaling = RopeScaling::Factors(factors);
+        let (pairs, factors) = gguf_keys::turning_factors(factors)?;
+        config.variant.proportional_pairs = pairs;
+        config.variant.rope_scaling = match factors.iter().all(|&f| f == 1.0) && pairs.is_some() {
+            true => RopeScaling::None,
+            false => RopeScaling::Factors(factors),
+        };
     }
-    let shapes = Shapes::of(&config);
     let has = |name: &str| header.has(name);
+    let parts = gguf_per_layer::Reader {
+        tensor: &tensor,
+        has: &has,
+        dense: &dense,
+        dtype,
+        quantized_tables: dtype.is_none() && device.is_cpu(),
+    };
+    let ple_width = gguf_per_layer::width(&content.metadata, config.architecture.as_str())?;
+    let per_layer = gguf_per_layer::per_layer_embedding(&parts, &config, ple_width)?;
     let blocks = |name: &str| {
         header.blocks(&mut *reader.borrow_mut(), name).map(|read| {
             read.map_err(|reason| Error::InvalidGguf {
@@ -363,6 +399,7 @@ fn weights_from(
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         let p = format!("blk.{i}");
+        let shapes = Shapes::of_layer(&config, i);
         let proj = |name: &str, role: Role, biased: bool| -> Result<Linear> {
             let bias = if biased {
                 Some(dense(tensor(&format!("{p}.{name}.bias"))?)?)
@@ -419,7 +456,14 @@ fn weights_from(
                         down: proj("ffn_down", Role::Down, false)?,
                     }),
                 };
-            let mixer: Box<dyn TokenMixer> = if attends {
+            let mixer: Box<dyn TokenMixer> = if let Some(source) = config.layer_attention(i).kv_from
+            {
+                Box::new(gguf_per_layer::shared_attention(
+                    &parts,
+                    &config,
+                    (&p, i, source),
+                )?)
+            } else if attends {
                 let qk_norm = if config.variant.qk_norm {
                     Some((
                         norm("attn_q_norm", Role::HeadNorm)?,
@@ -454,12 +498,16 @@ fn weights_from(
                         );
                         (linear(q)?, k, v, Some(linear(gate)?))
                     }
-                    false => (
-                        proj("attn_q", Role::Q, bias)?,
-                        proj("attn_k", Role::Kv, bias)?,
-                        proj("attn_v", Role::Kv, bias)?,
-                        None,
-                    ),
+                    false => {
+                        let k = proj("attn_k", Role::Kv, bias)?;
+                        // Gemma 4's global layers of 26B and 31B read their keys' projection
+                        // as values (which are then normed, not rotated).
+                        let v = match has(&format!("{p}.attn_v.weight")) {
+                            false if config.variant.value_norm => k.clone(),
+                            _ => proj("attn_v", Role::Kv, bias)?,
+                        };
+                        (proj("attn_q", Role::Q, bias)?, k, v, None)
+                    }
                 };
                 // gpt-oss: a bias on the output projection, and a sink logit per query head.
                 let o_bias = has(&format!("{p}.attn_output.bias"));
@@ -516,6 +564,9 @@ fn weights_from(
         } else {
             None
         };
+        let width = (ple_width > 0).then_some(ple_width);
+        let (per_layer_input, output_scale) =
+            gguf_per_layer::block_parts(&parts, &p, config.hidden_size, width)?;
         layers.push(LayerWeights {
             attn_norm: norm("attn_norm", Role::Norm)?,
             post_norms,
@@ -526,9 +577,12 @@ fn weights_from(
                 false => norm("post_attention_norm", Role::Norm)?,
             },
             mlp,
+            per_layer_input,
+            output_scale,
         });
     }
     let weights = ModelWeights {
+        per_layer,
         embedding,
         layers,
         final_norm,

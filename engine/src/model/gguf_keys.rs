@@ -295,6 +295,23 @@ pub(super) fn rope_scaling(
 
 /// The KV heads of the layers that attend, from a per-layer list (0: a layer that does not):
 /// one count for all of them (`None` where no layer attends).
+/// `rope_freqs.weight`'s divisors split where they turn a pair no more (llama.cpp's
+/// converter writes 1e30 for Gemma 4's pairs that do not turn): the pairs that turn, where
+/// some do not, and their divisors.
+pub(super) fn turning_factors(mut factors: Vec<f32>) -> Result<(Option<usize>, Vec<f32>)> {
+    const STILL: f32 = 1e20;
+    let Some(turning) = factors.iter().position(|&f| f >= STILL) else {
+        return Ok((None, factors));
+    };
+    if turning == 0 || factors[turning..].iter().any(|&f| f < STILL) {
+        return Err(Error::Metadata(
+            "rope_freqs.weight: the pairs that do not turn must follow every pair that does".into(),
+        ));
+    }
+    factors.truncate(turning);
+    Ok((Some(turning), factors))
+}
+
 pub(super) fn attending_kv_heads(list: &[usize], key: &str) -> Result<Option<usize>> {
     let mut attending = list.iter().copied().filter(|&h| h > 0);
     let first = attending.next();

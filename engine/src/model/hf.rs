@@ -145,6 +145,12 @@ pub fn load_hf_dir(
         .or(hf.model_type.clone())
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
+    if architecture == Architecture::Gemma4 {
+        return Err(Error::Metadata(format!(
+            "{arch_name}: Gemma 4 loads from GGUF files; its Hugging Face checkpoints are not \
+             read yet"
+        )));
+    }
     hf.gptoss.check(architecture)?;
     let gptoss = architecture == Architecture::GptOss;
     let family = architecture.family();
@@ -424,9 +430,12 @@ pub fn load_hf_dir(
             mixer,
             mlp_norm,
             mlp,
+            per_layer_input: None,
+            output_scale: None,
         });
     }
     let weights = ModelWeights {
+        per_layer: None,
         embedding: Embedding::Dense(embedding),
         layers,
         final_norm: norm("model.norm", Role::Norm)?,

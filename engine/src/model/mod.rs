@@ -35,7 +35,9 @@ pub mod gguf;
 mod gguf_delta_net;
 pub mod gguf_header;
 mod gguf_keys;
+mod gguf_layers;
 mod gguf_mamba2;
+mod gguf_per_layer;
 pub(crate) mod hf;
 mod hf_delta_net;
 mod hf_gptoss;
@@ -46,6 +48,7 @@ mod hf_text_config;
 pub(crate) mod linear;
 pub mod load;
 pub mod mixer;
+pub mod per_layer;
 pub(crate) mod projection;
 pub(crate) mod rope;
 pub(crate) mod shapes;
@@ -59,15 +62,17 @@ use std::sync::Arc;
 
 use crate::cpu::kv_store::{KvDtype, LayerStorage, PagedKvStore};
 use crate::model::config::RopeScaling;
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::config::{ModelConfig, RopeStyle, Rotary};
 pub use crate::model::embedding::Embedding;
 pub use crate::model::experts::{DenseMlp, Mlp};
 use crate::model::fused_pass::FusedWeights;
 use crate::model::linear::{Linear, QuantKernel};
 pub(crate) use crate::model::mixer::TokenMixer;
 pub use crate::model::mixer::{
-    AttentionWeights, DeltaNetParts, DeltaNetWeights, Mamba2Parts, Mamba2Weights, ShortConvWeights,
+    AttentionWeights, DeltaNetParts, DeltaNetWeights, Mamba2Parts, Mamba2Weights,
+    SharedKvAttention, ShortConvWeights,
 };
+pub use crate::model::per_layer::{PerLayerEmbedding, PerLayerInput};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 use kvcache::KvGroup;
@@ -86,6 +91,10 @@ pub struct LayerWeights {
     pub mlp_norm: Tensor,
     /// The gated MLP, or a mixture of experts.
     pub mlp: Mlp,
+    /// The block's per-layer input, where the model has per-layer embeddings.
+    pub per_layer_input: Option<PerLayerInput>,
+    /// Factor on the whole residual after the block, where the model has one.
+    pub output_scale: Option<f32>,
 }
 
 impl LayerWeights {
@@ -118,6 +127,8 @@ pub struct ModelWeights {
     pub final_norm: Tensor,
     /// Vocabulary projection (the embedding when tied).
     pub lm_head: Linear,
+    /// Per-layer embeddings, where the model has them.
+    pub per_layer: Option<PerLayerEmbedding>,
 }
 
 /// A loaded decoder.
@@ -232,11 +243,32 @@ impl Model {
 
     /// Bytes layer `index` keeps per position.
     fn layer_bytes_per_position(&self, index: usize) -> usize {
-        match self.weights.layers.get(index).map(|l| l.mixer.storage()) {
-            Some(LayerStorage::Rows(width)) | Some(LayerStorage::Recurrent { row: width, .. }) => {
-                width * 4
+        match self.layer_storage(index) {
+            LayerStorage::Rows(width) | LayerStorage::Recurrent { row: width, .. } => width * 4,
+            LayerStorage::Shared(_) => 0,
+            LayerStorage::KvOf { .. } | LayerStorage::Kv => self
+                .config
+                .layer_kv_bytes_per_position(index, self.kv_dtype().size()),
+        }
+    }
+
+    /// What layer `index` keeps in the paged store: its mixer's storage, keys and values in
+    /// the layer's own heads where they differ from the model's.
+    fn layer_storage(&self, index: usize) -> LayerStorage {
+        let storage = self
+            .weights
+            .layers
+            .get(index)
+            .map(|l| l.mixer.storage())
+            .unwrap_or_default();
+        let (kv_heads, head_dim) = self.config.layer_heads(index);
+        match storage {
+            LayerStorage::Kv
+                if (kv_heads, head_dim) != (self.config.num_kv_heads, self.config.head_dim) =>
+            {
+                LayerStorage::KvOf { kv_heads, head_dim }
             }
-            _ => 2 * self.config.kv_row_width() * self.kv_dtype().size(),
+            other => other,
         }
     }
 
@@ -355,12 +387,12 @@ impl Model {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| {
+            .map(|(i, _)| {
                 let group = match (window_slots, self.config.layer_reach(i)) {
                     (Some(_), Some(_)) => KvGroup::Window,
                     _ => KvGroup::Full,
                 };
-                (group, l.mixer.storage())
+                (group, self.layer_storage(i))
             })
             .collect();
         PagedKvStore::with_layers(
@@ -441,37 +473,70 @@ impl Model {
         self
     }
 
-    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`.
-    pub fn rotate(&self, x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    /// `[rows, heads * dim]` -> rotated `[1, heads, rows, dim]`, as `rotary` turns a head.
+    pub fn rotate(
+        &self,
+        x: &Tensor,
+        heads: usize,
+        rotary: Rotary,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor> {
         let rows = x.dim(0)?;
+        let d = rotary.head_dim;
         let x = x
-            .reshape((1, rows, heads, self.config.head_dim))?
+            .reshape((1, rows, heads, d))?
             .transpose(1, 2)?
             .contiguous()?;
-        let (d, rot) = (self.config.head_dim, self.config.rotary_dim());
         let turn = |x: &Tensor| -> Result<Tensor> {
-            Ok(match self.config.rope_style {
+            Ok(match rotary.style {
                 RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
                 RopeStyle::Halves => candle_nn::rotary_emb::rope(x, cos, sin)?,
             })
         };
-        if rot == d {
-            return turn(&x);
-        }
-        if rot == 0 {
+        let (pairs, offset) = (rotary.pairs, rotary.offset);
+        if pairs == 0 {
             // No positional rotation (Granite 4.0-H's attention).
             return Ok(x);
         }
+        if 2 * pairs == d {
+            return turn(&x);
+        }
+        if rotary.style == RopeStyle::Halves && offset != pairs {
+            // Proportional: the leading pairs of each half turn, each with its partner half a
+            // head on; the rest pass through.
+            let part = |from: usize, len: usize| x.narrow(3, from, len);
+            let both = Tensor::cat(&[&part(0, pairs)?, &part(offset, pairs)?], 3)?.contiguous()?;
+            let turned = turn(&both)?;
+            let pieces = [
+                turned.narrow(3, 0, pairs)?,
+                part(pairs, offset - pairs)?,
+                turned.narrow(3, pairs, pairs)?,
+                part(offset + pairs, d - offset - pairs)?,
+            ];
+            return Ok(Tensor::cat(&pieces, 3)?.contiguous()?);
+        }
         // Partial rotary: the leading dimensions turn, the rest pass through.
+        let rot = 2 * pairs;
         let turned = turn(&x.narrow(3, 0, rot)?.contiguous()?)?;
         Ok(Tensor::cat(&[&turned, &x.narrow(3, rot, d - rot)?], 3)?.contiguous()?)
     }
 }
 
-/// Checks that each layer carries the mixer and the norms its family declares.
+/// Checks that each layer carries the mixer and the norms its family declares, and its
+/// per-layer input exactly where the model has per-layer embeddings.
 fn check_layer_weights(config: &ModelConfig, weights: &ModelWeights) -> Result<()> {
     let v = &config.variant;
     for (i, layer) in weights.layers.iter().enumerate() {
+        if layer.per_layer_input.is_some() != weights.per_layer.is_some() {
+            return Err(Error::Metadata(format!(
+                "layer {i}: a per-layer input {} per-layer embeddings",
+                match weights.per_layer.is_some() {
+                    true => "is missing beside",
+                    false => "was loaded without",
+                }
+            )));
+        }
         if layer.mixer.kind() != config.layer_mixer(i) {
             return Err(Error::Metadata(format!(
                 "layer {i}: a {:?} was loaded where the {} declaration has a {:?}",

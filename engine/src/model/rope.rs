@@ -8,14 +8,15 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::config::{ModelConfig, RopeScaling};
+use crate::model::config::{ModelConfig, RopeScaling, Rotary};
 use crate::{Error, Result};
 
 /// The table of the global layers.
 pub fn global_table(cfg: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
     let scaling = &cfg.variant.rope_scaling;
-    let rot = cfg.rotary_dim();
-    let inv_freq = scaled(inverse_frequencies(cfg.rope_theta, rot), scaling)?;
+    let rotary = cfg.table_rotary(false);
+    let rot = rotary.freq_dim;
+    let inv_freq = scaled(frequencies(cfg.rope_theta, rotary), scaling)?;
     let inv_freq = match scaling {
         RopeScaling::Yarn {
             factor,
@@ -84,12 +85,20 @@ pub fn local_table(cfg: &ModelConfig, device: &Device) -> Result<Option<(Tensor,
     let v = &cfg.variant;
     match v.local_rope_theta {
         Some(theta) if v.layers.iter().any(|l| l.local_rope) => Ok(Some(table(
-            inverse_frequencies(theta, cfg.rotary_dim()),
+            frequencies(theta, cfg.table_rotary(true)),
             cfg.max_position_embeddings,
             device,
         )?)),
         _ => Ok(None),
     }
+}
+
+/// The frequencies of the pairs `rotary` turns: the leading ones of a head of its
+/// `freq_dim`.
+fn frequencies(theta: f32, rotary: Rotary) -> Vec<f32> {
+    let mut all = inverse_frequencies(theta, rotary.freq_dim);
+    all.truncate(rotary.pairs);
+    all
 }
 
 /// `1 / theta^(2i / d)` for each pair of a head of width `d`.

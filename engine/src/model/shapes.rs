@@ -82,6 +82,18 @@ impl Shapes {
         }
     }
 
+    /// The shapes of layer `index` of `cfg`, whose heads and MLP may be its own.
+    pub fn of_layer(cfg: &ModelConfig, index: usize) -> Self {
+        let (kv_heads, head) = cfg.layer_heads(index);
+        Self {
+            attention: cfg.num_heads * head,
+            kv: kv_heads * head,
+            inner: cfg.layer_mlp_width(index),
+            head,
+            ..Self::of(cfg)
+        }
+    }
+
     /// The dims a tensor of `role` must have.
     pub fn expected(&self, role: Role) -> Vec<usize> {
         match role {

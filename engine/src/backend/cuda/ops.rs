@@ -32,8 +32,9 @@ pub(super) fn forward(gpu: &mut Gpu, model: &Model, batch: &TreeBatch) -> Result
             .attention()
             .ok_or_else(|| Error::Device("the CUDA backend runs attention layers only".into()))?;
         let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-        let q = model.rotate(&a.q.forward(&h)?, cfg.num_heads, &cos, &sin)?;
-        let k = model.rotate(&a.k.forward(&h)?, cfg.num_kv_heads, &cos, &sin)?;
+        let rotary = cfg.layer_rotary(index);
+        let q = model.rotate(&a.q.forward(&h)?, cfg.num_heads, rotary, &cos, &sin)?;
+        let k = model.rotate(&a.k.forward(&h)?, cfg.num_kv_heads, rotary, &cos, &sin)?;
         let v = a.v.forward(&h)?.contiguous()?;
         write_kv(gpu, index, &k, &v, &slots, cfg.num_kv_heads, cfg.head_dim)?;
         let attn = attend(gpu, index, &q, &plan, model)?;

@@ -23,9 +23,12 @@ use kvcache::{KvGroup, KvMove, Slot};
 use crate::{Error, Result};
 
 mod half_rows;
+mod rows;
 mod states;
 mod value;
 
+use rows::Geometry;
+pub use rows::KvRows;
 use states::RecurrentStates;
 pub use states::StateMut;
 pub use value::KvValue;
@@ -83,116 +86,6 @@ pub fn key_at(slot: usize, head_dim: usize) -> usize {
     slot / KEY_TILE * KEY_TILE * head_dim + slot % KEY_TILE
 }
 
-/// Where a store's head rows lie: values `[kv_head][slot][dim]`, keys in tiles (see the
-/// module doc).
-#[derive(Debug, Clone, Copy)]
-struct Geometry {
-    num_slots: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-}
-
-impl Geometry {
-    /// Offset of `slot`'s value row of KV head `head`.
-    fn value_at(&self, head: usize, slot: Slot) -> usize {
-        (head * self.num_slots + slot.index()) * self.head_dim
-    }
-
-    /// Slots in one KV head's key plane: whole tiles.
-    fn key_slots(&self) -> usize {
-        self.num_slots.div_ceil(KEY_TILE) * KEY_TILE
-    }
-
-    /// Offset of `slot`'s key (dimension 0) of KV head `head`.
-    fn key_at(&self, head: usize, slot: Slot) -> usize {
-        head * self.key_slots() * self.head_dim + key_at(slot.index(), self.head_dim)
-    }
-}
-
-/// One layer's K and V of one value type: values `[num_kv_heads][num_slots][head_dim]`, keys
-/// in tiles of [`KEY_TILE`] slots per KV head (see the module doc).
-#[derive(Debug, Clone)]
-pub struct KvRows<T> {
-    /// Keys.
-    pub k: Vec<T>,
-    /// Values.
-    pub v: Vec<T>,
-}
-
-impl<T: KvValue> KvRows<T> {
-    /// Zeroed rows, allocated as zeroed memory: the OS maps the pages when they are first
-    /// written, so a multi-GiB pool costs nothing until it is used (`vec![zero; n]` would
-    /// write every value up front for a type the standard library cannot tell is zero).
-    fn zeroed(g: Geometry) -> Self {
-        Self {
-            k: bytemuck::zeroed_vec(g.num_kv_heads * g.key_slots() * g.head_dim),
-            v: bytemuck::zeroed_vec(g.num_kv_heads * g.num_slots * g.head_dim),
-        }
-    }
-
-    /// Writes one value in every page back (see [`PagedKvStore::prefault`]).
-    fn prefault(&mut self) {
-        let step = (PAGE_BYTES / std::mem::size_of::<T>()).max(1);
-        for values in [&mut self.k, &mut self.v] {
-            for i in (0..values.len()).step_by(step) {
-                // `black_box` hides that the value is unchanged, so the write is kept.
-                values[i] = std::hint::black_box(values[i]);
-            }
-        }
-    }
-
-    /// `k` and `v` (`[row][kv_head][dim]`) at `slots`.
-    fn write(&mut self, g: Geometry, slots: &[Slot], k: &[f32], v: &[f32]) {
-        let (d, w) = (g.head_dim, g.num_kv_heads * g.head_dim);
-        // A key is converted a few dimensions at a time, then spread over its tile.
-        let mut key = [T::zeroed(); KEY_TILE];
-        for (row, &slot) in slots.iter().enumerate() {
-            for h in 0..g.num_kv_heads {
-                let (at, src) = (g.value_at(h, slot), row * w + h * d);
-                T::store(&v[src..src + d], &mut self.v[at..at + d]);
-                let at = g.key_at(h, slot);
-                for (c, part) in k[src..src + d].chunks(KEY_TILE).enumerate() {
-                    let key = &mut key[..part.len()];
-                    T::store(part, key);
-                    for (i, &x) in key.iter().enumerate() {
-                        self.k[at + (c * KEY_TILE + i) * KEY_TILE] = x;
-                    }
-                }
-            }
-        }
-    }
-
-    fn apply_moves(&mut self, g: Geometry, moves: &[KvMove]) {
-        let d = g.head_dim;
-        for m in moves {
-            for h in 0..g.num_kv_heads {
-                let (from, to) = (g.value_at(h, m.from), g.value_at(h, m.to));
-                self.v.copy_within(from..from + d, to);
-                let (from, to) = (g.key_at(h, m.from), g.key_at(h, m.to));
-                for i in 0..d {
-                    self.k[to + i * KEY_TILE] = self.k[from + i * KEY_TILE];
-                }
-            }
-        }
-    }
-
-    /// Keys and values as f32, both `[num_kv_heads][num_slots][head_dim]` (none for rows that
-    /// hold none: a layer that keeps rows of its own instead).
-    fn to_f32(&self, g: Geometry) -> (Vec<f32>, Vec<f32>) {
-        if self.k.is_empty() {
-            return (Vec::new(), Vec::new());
-        }
-        let mut k = Vec::with_capacity(self.v.len());
-        for h in 0..g.num_kv_heads {
-            for slot in 0..g.num_slots {
-                let at = g.key_at(h, Slot(slot as u32));
-                k.extend((0..g.head_dim).map(|i| self.k[at + i * KEY_TILE].to_f32()));
-            }
-        }
-        (k, self.v.iter().map(|x| x.to_f32()).collect())
-    }
-}
-
 /// K and V rows of one layer, in the store's value type.
 #[derive(Debug, Clone)]
 pub enum LayerKv {
@@ -226,6 +119,16 @@ pub enum LayerStorage {
     /// Keys and values of the store's heads and type (attention).
     #[default]
     Kv,
+    /// Keys and values of this many KV heads of this width (a layer whose heads differ from
+    /// the store's).
+    KvOf {
+        /// KV heads.
+        kv_heads: usize,
+        /// Values per head.
+        head_dim: usize,
+    },
+    /// Nothing: the layer reads the keys and values of the earlier layer it names.
+    Shared(usize),
     /// One f32 row of this many values (a token mixer's per-position inputs).
     Rows(usize),
     /// One f32 row of `row` values per slot, and per sequence a recurrent state of `state`
@@ -241,8 +144,18 @@ pub enum LayerStorage {
 /// One layer's storage.
 #[derive(Debug, Clone)]
 enum LayerData {
-    Kv(LayerKv),
-    Rows { width: usize, values: Vec<f32> },
+    /// Keys and values of `heads` KV heads of `dim` values.
+    Kv {
+        kv: LayerKv,
+        heads: usize,
+        dim: usize,
+    },
+    Rows {
+        width: usize,
+        values: Vec<f32>,
+    },
+    /// The keys and values of the layer named.
+    Shared(usize),
 }
 
 /// K/V storage for all layers of one model.
@@ -318,20 +231,61 @@ impl PagedKvStore {
         // Each layer allocated zeroed on its own (not cloned from one), so the pages are
         // mapped lazily by the OS instead of copied up front: start-up stays instant for a
         // multi-GiB pool.
-        for &(group, storage) in layers {
+        for (index, &(group, storage)) in layers.iter().enumerate() {
             let g = store.geometry_of(group);
-            let data = match (storage, dtype) {
-                (LayerStorage::Kv, KvDtype::F16) => LayerData::Kv(LayerKv::F16(KvRows::zeroed(g))),
-                (LayerStorage::Kv, KvDtype::F32) => LayerData::Kv(LayerKv::F32(KvRows::zeroed(g))),
-                (LayerStorage::Rows(width), _)
-                | (LayerStorage::Recurrent { row: width, .. }, _) => LayerData::Rows {
-                    width,
-                    values: bytemuck::zeroed_vec(g.num_slots * width),
+            let kv = |heads: usize, dim: usize| {
+                let g = Geometry {
+                    num_kv_heads: heads,
+                    head_dim: dim,
+                    ..g
+                };
+                let kv = match dtype {
+                    KvDtype::F16 => LayerKv::F16(KvRows::zeroed(g)),
+                    KvDtype::F32 => LayerKv::F32(KvRows::zeroed(g)),
+                };
+                LayerData::Kv { kv, heads, dim }
+            };
+            let data = match storage {
+                LayerStorage::Kv => kv(num_kv_heads, head_dim),
+                LayerStorage::KvOf { kv_heads, head_dim } => kv(kv_heads, head_dim),
+                LayerStorage::Rows(width) | LayerStorage::Recurrent { row: width, .. } => {
+                    LayerData::Rows {
+                        width,
+                        values: bytemuck::zeroed_vec(g.num_slots * width),
+                    }
+                }
+                // A layer may only read an earlier one that keeps keys and values of its own
+                // in the same space; any other is stored as an empty layer of its own.
+                LayerStorage::Shared(from) => match store.layers.get(from) {
+                    Some((source, LayerData::Kv { .. })) if from < index && *source == group => {
+                        LayerData::Shared(from)
+                    }
+                    _ => kv(0, head_dim),
                 },
             };
             store.layers.push((group, data));
         }
         store
+    }
+
+    /// The geometry of layer `layer`'s keys and values and where they lie (its own, or those
+    /// of the layer it shares).
+    fn kv_of(&self, layer: usize) -> Option<(Geometry, &LayerKv)> {
+        let holder = match self.layers.get(layer)? {
+            (_, LayerData::Shared(from)) => *from,
+            _ => layer,
+        };
+        match self.layers.get(holder)? {
+            (group, LayerData::Kv { kv, heads, dim }) => Some((
+                Geometry {
+                    num_kv_heads: *heads,
+                    head_dim: *dim,
+                    ..self.geometry_of(*group)
+                },
+                kv,
+            )),
+            _ => None,
+        }
     }
 
     /// The geometry of `group`'s space (a windowed layer without its own space uses the
@@ -351,8 +305,15 @@ impl PagedKvStore {
     pub fn prefault(&mut self) {
         for (_, layer) in &mut self.layers {
             match layer {
-                LayerData::Kv(LayerKv::F16(rows)) => rows.prefault(),
-                LayerData::Kv(LayerKv::F32(rows)) => rows.prefault(),
+                LayerData::Kv {
+                    kv: LayerKv::F16(rows),
+                    ..
+                } => rows.prefault(),
+                LayerData::Kv {
+                    kv: LayerKv::F32(rows),
+                    ..
+                } => rows.prefault(),
+                LayerData::Shared(_) => {}
                 LayerData::Rows { values, .. } => {
                     for i in (0..values.len()).step_by(PAGE_BYTES / 4) {
                         values[i] = std::hint::black_box(values[i]);
@@ -389,30 +350,40 @@ impl PagedKvStore {
 
     /// Bytes held (each key plane padded to whole tiles).
     pub fn bytes(&self) -> usize {
-        let per_slot = self.row_width() * self.dtype.size();
         self.layers
             .iter()
             .map(|(group, data)| {
                 let g = self.geometry_of(*group);
                 match data {
-                    LayerData::Kv(_) => (g.num_slots + g.key_slots()) * per_slot,
+                    LayerData::Kv { heads, dim, .. } => {
+                        (g.num_slots + g.key_slots()) * heads * dim * self.dtype.size()
+                    }
                     LayerData::Rows { values, .. } => values.len() * 4,
+                    LayerData::Shared(_) => 0,
                 }
             })
             .sum::<usize>()
             + self.states.bytes()
     }
 
-    /// One layer's keys and values (none for a layer that keeps rows).
+    /// One layer's keys and values, its own or those of the layer it shares (none for a
+    /// layer that keeps rows).
     pub fn layer(&self, layer: usize) -> LayerView<'_> {
-        let (group, data) = &self.layers[layer];
-        let kv = match data {
-            LayerData::Kv(kv) => kv,
-            LayerData::Rows { .. } => &NO_KV,
-        };
-        LayerView {
-            kv,
-            geometry: self.geometry_of(*group),
+        match self.kv_of(layer) {
+            Some((geometry, kv)) => LayerView { kv, geometry },
+            None => LayerView {
+                kv: &NO_KV,
+                geometry: self.geometry_of(self.layers[layer].0),
+            },
+        }
+    }
+
+    /// Values per row of layer `layer`'s keys (or values): its KV heads' (0 where it keeps
+    /// none of its own).
+    pub fn layer_row_width(&self, layer: usize) -> usize {
+        match self.layers.get(layer) {
+            Some((_, LayerData::Kv { heads, dim, .. })) => heads * dim,
+            _ => 0,
         }
     }
 
@@ -481,7 +452,12 @@ impl PagedKvStore {
     /// Writes `k` and `v` (`slots.len()` rows each, row-major) into `layer` at `slots` (of
     /// the layer's space).
     pub fn write(&mut self, layer: usize, slots: &[Slot], k: &[f32], v: &[f32]) -> Result<()> {
-        let w = self.row_width();
+        if !matches!(self.layers.get(layer), Some((_, LayerData::Kv { .. }))) {
+            return Err(Error::InvalidBatch(format!(
+                "layer {layer} keeps no keys and values of its own"
+            )));
+        }
+        let w = self.layer_row_width(layer);
         if k.len() != slots.len() * w || v.len() != slots.len() * w {
             return Err(Error::InvalidBatch(format!(
                 "kv write of {} rows with {} / {} values (row width {w})",
@@ -494,11 +470,20 @@ impl PagedKvStore {
         self.check_slots_in(group, slots.iter().copied())?;
         let g = self.geometry_of(group);
         match &mut self.layers[layer].1 {
-            LayerData::Kv(LayerKv::F16(rows)) => rows.write(g, slots, k, v),
-            LayerData::Kv(LayerKv::F32(rows)) => rows.write(g, slots, k, v),
-            LayerData::Rows { .. } => {
+            LayerData::Kv { kv, heads, dim } => {
+                let g = Geometry {
+                    num_kv_heads: *heads,
+                    head_dim: *dim,
+                    ..g
+                };
+                match kv {
+                    LayerKv::F16(rows) => rows.write(g, slots, k, v),
+                    LayerKv::F32(rows) => rows.write(g, slots, k, v),
+                }
+            }
+            LayerData::Rows { .. } | LayerData::Shared(_) => {
                 return Err(Error::InvalidBatch(format!(
-                    "layer {layer} keeps rows, not keys and values"
+                    "layer {layer} keeps no keys and values of its own"
                 )))
             }
         }
@@ -527,8 +512,18 @@ impl PagedKvStore {
                     continue;
                 }
                 match layer {
-                    LayerData::Kv(LayerKv::F16(rows)) => rows.apply_moves(g, &mine),
-                    LayerData::Kv(LayerKv::F32(rows)) => rows.apply_moves(g, &mine),
+                    LayerData::Kv { kv, heads, dim } => {
+                        let g = Geometry {
+                            num_kv_heads: *heads,
+                            head_dim: *dim,
+                            ..g
+                        };
+                        match kv {
+                            LayerKv::F16(rows) => rows.apply_moves(g, &mine),
+                            LayerKv::F32(rows) => rows.apply_moves(g, &mine),
+                        }
+                    }
+                    LayerData::Shared(_) => {}
                     LayerData::Rows { width, values } => {
                         let w = *width;
                         for m in &mine {

@@ -232,3 +232,48 @@ fn prefaulted_state_slots_are_allocated_and_keep_what_they_hold() {
     assert_eq!(*states.slot(0, 1).unwrap().folded, 3);
     assert!(states.slot(0, 3).unwrap().values.iter().all(|&v| v == 0.0));
 }
+
+#[test]
+fn layers_of_their_own_heads_and_layers_that_share_read_what_was_written() {
+    // Layer 0 in the store's heads (2 of 2), layer 1 in its own (1 of 4), layer 2 reading
+    // layer 1's, layer 3 naming a later layer (kept as an empty layer of its own).
+    let layers = [
+        (KvGroup::Full, LayerStorage::Kv),
+        (
+            KvGroup::Full,
+            LayerStorage::KvOf {
+                kv_heads: 1,
+                head_dim: 4,
+            },
+        ),
+        (KvGroup::Full, LayerStorage::Shared(1)),
+        (KvGroup::Full, LayerStorage::Shared(3)),
+    ];
+    let mut store = PagedKvStore::with_layers(&layers, 4, None, (2, 2), KvDtype::F32);
+    assert_eq!(
+        (0..4).map(|l| store.layer_row_width(l)).collect::<Vec<_>>(),
+        [4, 4, 0, 0]
+    );
+    // Keys and values (4 slots, key planes padded to a tile) of two layers only.
+    assert_eq!(store.bytes(), 2 * (4 + KEY_TILE) * 4 * 4);
+    store
+        .write(1, &[Slot(3)], &[1., 2., 3., 4.], &[5., 6., 7., 8.])
+        .unwrap();
+    let (k, v) = store.layer(2).to_f32();
+    assert_eq!(
+        (&k[12..16], &v[12..16]),
+        (&[1., 2., 3., 4.][..], &[5., 6., 7., 8.][..])
+    );
+    assert_eq!(store.layer(1).to_f32(), (k, v));
+    let err = store.write(2, &[Slot(0)], &[0.; 4], &[0.; 4]).unwrap_err();
+    assert!(
+        err.to_string().contains("no keys and values of its own"),
+        "{err}"
+    );
+    assert!(store.write(3, &[Slot(0)], &[0.; 4], &[0.; 4]).is_err());
+    // A move copies the shared layers' rows once, in the layer that holds them.
+    store
+        .apply_moves(&[KvMove::full(Slot(3), Slot(0))])
+        .unwrap();
+    assert_eq!(&store.layer(2).to_f32().1[0..4], &[5., 6., 7., 8.]);
+}

@@ -33,5 +33,7 @@ pub const FAMILY: Family = Family {
         gguf_normalize: true,
     }),
     mixers: Mixers::Attention,
+    attention_scale: None,
+    value_norm: false,
     hf_renames: &[],
 };

@@ -36,6 +36,8 @@ pub const FAMILY: Family = Family {
         gguf_normalize: true,
     }),
     mixers: Mixers::Mamba2WhereNoKv,
+    attention_scale: None,
+    value_norm: false,
     hf_renames: &[],
 };
 

@@ -29,6 +29,8 @@ pub const FAMILY: Family = Family {
     gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::ShortConvWhereNoKv,
+    attention_scale: None,
+    value_norm: false,
     hf_renames: &[
         ("input_layernorm", "operator_norm"),
         ("post_attention_layernorm", "ffn_norm"),

@@ -8,6 +8,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gptoss;
 mod granitehybrid;
 mod lfm2;
@@ -49,6 +50,10 @@ pub enum Architecture {
     /// Gemma 3 (text): QK norm, pre and post norms, GeGLU, scaled embedding, five windowed
     /// layers to one global, a local RoPE base for the windowed ones.
     Gemma3,
+    /// Gemma 4 (text): Gemma 3's block with unit-scaled attention, normed values, global
+    /// layers of wider heads with proportional RoPE, keys and values shared by the last
+    /// layers, per-layer embeddings.
+    Gemma4,
     /// Qwen3-MoE: Qwen3's attention, a mixture of experts in every layer.
     Qwen3Moe,
     /// Mixtral: Mistral's block with a mixture of experts (GGUF files say `llama`).
@@ -79,6 +84,7 @@ const FAMILIES: &[&Family] = &[
     &phi3::FAMILY,
     &gemma2::FAMILY,
     &gemma3::FAMILY,
+    &gemma4::FAMILY,
     &qwen3moe::FAMILY,
     &mixtral::FAMILY,
     &qwen2moe::FAMILY,
@@ -195,6 +201,11 @@ pub struct Family {
     pub experts: Option<Experts>,
     /// Which layers attend and which mix positions otherwise.
     pub mixers: Mixers,
+    /// A fixed factor on query-key products (Gemma 4: 1, its QK norms doing the scaling),
+    /// where the family sets one.
+    pub attention_scale: Option<f32>,
+    /// Values RMS-normalized per head, without a weight, before they are stored (Gemma 4).
+    pub value_norm: bool,
     /// How the family's HF checkpoints name what transformers' llama calls otherwise:
     /// `(llama's part of a tensor name, this family's)`, e.g. LFM2's `operator_norm` for
     /// `input_layernorm`.
@@ -284,6 +295,45 @@ pub struct FileFacts {
     pub residual_scale: Option<f32>,
     /// Divisor of the final logits.
     pub logit_scale: Option<f32>,
+    /// The KV heads and head width of the global layers, where they differ.
+    pub global_heads: Option<(usize, usize)>,
+    /// Pairs of a global head that RoPE turns, proportionally (Gemma 4).
+    pub proportional_pairs: Option<usize>,
+    /// The last layers that read an earlier layer's keys and values instead of their own.
+    pub shared_kv_layers: usize,
+    /// Per layer, the MLP's inner width, where the file gives them per layer.
+    pub mlp_widths: Option<Vec<usize>>,
+}
+
+/// Has the last `shared` layers read the keys and values of the last layer of their own kind
+/// (windowed or global) before them, as transformers' Gemma 4 assigns them.
+fn share_kv(
+    mut layers: Vec<LayerAttention>,
+    shared: usize,
+    name: &str,
+) -> Result<Vec<LayerAttention>> {
+    if shared == 0 {
+        return Ok(layers);
+    }
+    let n = layers.len();
+    if shared >= n {
+        return Err(Error::Metadata(format!(
+            "{name}: {shared} layers sharing keys and values of {n} leaves none to keep them"
+        )));
+    }
+    let first = n - shared;
+    for i in first..n {
+        let window = layers[i].window;
+        let source = (0..first).rev().find(|&j| layers[j].window == window);
+        let Some(source) = source else {
+            return Err(Error::Metadata(format!(
+                "{name}: layer {i} shares keys and values, but no earlier layer of its kind \
+                 keeps any"
+            )));
+        };
+        layers[i].kv_from = Some(source);
+    }
+    Ok(layers)
 }
 
 impl Family {
@@ -302,6 +352,7 @@ impl Family {
                 LayerAttention {
                     window: Some(w),
                     local_rope: false,
+                    kv_from: None,
                 };
                 n
             ],
@@ -330,10 +381,12 @@ impl Family {
                     .map(|on| LayerAttention {
                         window: on.then_some(w),
                         local_rope: on && self.local_rope_theta.is_some(),
+                        kv_from: None,
                     })
                     .collect()
             }
         };
+        let layers = share_kv(layers, facts.shared_kv_layers, self.gguf)?;
         Ok(Variant {
             qk_norm: self.qk_norm,
             post_norms: self.post_norms,
@@ -343,7 +396,7 @@ impl Family {
                 .then(|| (facts.hidden_size as f32).sqrt())),
             residual_scale: facts.residual_scale,
             logit_scale: facts.logit_scale,
-            attention_scale: facts.attention_scale,
+            attention_scale: self.attention_scale.or(facts.attention_scale),
             attention_softcap: facts.attention_softcap,
             final_softcap: facts.final_softcap,
             local_rope_theta: layers
@@ -360,6 +413,10 @@ impl Family {
             moe: self.moe(facts)?,
             mixers: self.mixers(facts)?,
             gated_attention: matches!(self.mixers, Mixers::DeltaNet { .. }),
+            global_heads: facts.global_heads,
+            proportional_pairs: facts.proportional_pairs,
+            value_norm: self.value_norm,
+            mlp_widths: facts.mlp_widths.clone().unwrap_or_default(),
         })
     }
 

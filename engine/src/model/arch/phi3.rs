@@ -26,5 +26,7 @@ pub const FAMILY: Family = Family {
     gguf_rope_switch: false,
     experts: None,
     mixers: Mixers::Attention,
+    attention_scale: None,
+    value_norm: false,
     hf_renames: &[],
 };

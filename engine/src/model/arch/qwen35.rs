@@ -36,5 +36,7 @@ pub const FAMILY: Family = Family {
         interval: 4,
         key_heads_of_values: KeyHeadsOfValues::Tiled,
     },
+    attention_scale: None,
+    value_norm: false,
     hf_renames: &[],
 };

@@ -41,13 +41,19 @@ pub struct AttentionWeights {
     pub sinks: Option<Vec<f32>>,
 }
 
-/// The shape attention reads for `cfg`, with the layer's `sinks`.
-fn head_shape<'a>(cfg: &ModelConfig, sinks: Option<&'a [f32]>) -> HeadShape<'a> {
+/// The shape layer `index` of `cfg` attends in, with the layer's `sinks`.
+pub(super) fn head_shape<'a>(
+    cfg: &ModelConfig,
+    index: usize,
+    sinks: Option<&'a [f32]>,
+) -> HeadShape<'a> {
+    let (kv_heads, head_dim) = cfg.layer_heads(index);
+    let plain = HeadShape::plain(cfg.num_heads, kv_heads, head_dim);
     HeadShape {
-        scale: cfg.attention_scale(),
+        scale: cfg.variant.attention_scale.unwrap_or(plain.scale),
         softcap: cfg.variant.attention_softcap,
         sinks,
-        ..HeadShape::plain(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        ..plain
     }
 }
 
@@ -86,15 +92,21 @@ impl TokenMixer for AttentionWeights {
         let cfg = model.config();
         let (cos, sin) = at.rope;
         let eps = cfg.rms_norm_eps as f32;
+        let (kv_heads, head_dim) = cfg.layer_heads(at.index);
+        let rotary = cfg.layer_rotary(at.index);
         let mut q = self.q.forward(h)?;
         let mut k = self.k.forward(h)?;
         if let Some((q_norm, k_norm)) = &self.qk_norm {
-            q = head_norm(&q, q_norm, cfg.head_dim, eps)?;
-            k = head_norm(&k, k_norm, cfg.head_dim, eps)?;
+            q = head_norm(&q, q_norm, head_dim, eps)?;
+            k = head_norm(&k, k_norm, head_dim, eps)?;
         }
-        let q = model.rotate(&q, cfg.num_heads, cos, sin)?;
-        let k = model.rotate(&k, cfg.num_kv_heads, cos, sin)?;
-        let v = self.v.forward(h)?;
+        let q = model.rotate(&q, cfg.num_heads, rotary, cos, sin)?;
+        let k = model.rotate(&k, kv_heads, rotary, cos, sin)?;
+        let mut v = self.v.forward(h)?;
+        if cfg.variant.value_norm {
+            let ones = Tensor::ones(head_dim, v.dtype(), v.device())?;
+            v = head_norm(&v, &ones, head_dim, eps)?;
+        }
         // K back to row-major [rows][kv_heads][dim] for the store; Q stays head-major.
         let k = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
         let seen = at.seen;
@@ -104,24 +116,14 @@ impl TokenMixer for AttentionWeights {
             &k.flatten_all()?.to_vec1::<f32>()?,
             &v.flatten_all()?.to_vec1::<f32>()?,
         )?;
-        let shape = head_shape(cfg, self.sinks.as_deref());
-        let device = model.device();
-        let attn = match model.attention() {
-            AttentionKernel::Reference => {
-                gathered_tree_attention(&q, kv.layer(at.index), seen, shape, device)?
-            }
-            AttentionKernel::Fused => {
-                let q = q.flatten_all()?.to_vec1::<f32>()?;
-                let attn = paged_tree_attention(&q, kv.layer(at.index), seen, shape);
-                Tensor::from_vec(attn, (h.dim(0)?, cfg.attention_width()), device)?
-            }
-        };
+        let shape = head_shape(cfg, at.index, self.sinks.as_deref());
+        let attn = attend(at, &q, kv, shape)?;
         let attn = match &self.output_gate {
             Some(gate) => {
                 let mut values = attn.flatten_all()?.to_vec1::<f32>()?;
                 let gates = gate.forward(h)?.flatten_all()?.to_vec1::<f32>()?;
                 apply_gate(&mut values, &gates);
-                Tensor::from_vec(values, attn.dims(), device)?
+                Tensor::from_vec(values, attn.dims(), model.device())?
             }
             None => attn,
         };
@@ -150,8 +152,32 @@ impl TokenMixer for AttentionWeights {
     }
 }
 
+/// Attention of the rotated queries `q` (`[1, heads, rows, dim]`) over what layer `at.index`
+/// reads in `kv` (its own keys and values, or those of the layer it shares): `[rows, heads *
+/// dim]`.
+pub(super) fn attend(
+    at: &CandleAt<'_>,
+    q: &Tensor,
+    kv: &PagedKvStore,
+    shape: HeadShape<'_>,
+) -> Result<Tensor> {
+    let model = at.model;
+    let device = model.device();
+    Ok(match model.attention() {
+        AttentionKernel::Reference => {
+            gathered_tree_attention(q, kv.layer(at.index), at.seen, shape, device)?
+        }
+        AttentionKernel::Fused => {
+            let q = q.flatten_all()?.to_vec1::<f32>()?;
+            let attn = paged_tree_attention(&q, kv.layer(at.index), at.seen, shape);
+            let width = shape.num_heads * shape.head_dim;
+            Tensor::from_vec(attn, (at.batch.num_rows(), width), device)?
+        }
+    })
+}
+
 /// RMSNorm of each head of `x` (`[rows, heads * dim]`) with the per-head weight `alpha`.
-fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Tensor> {
+pub(super) fn head_norm(x: &Tensor, alpha: &Tensor, head_dim: usize, eps: f32) -> Result<Tensor> {
     let (rows, width) = x.dims2()?;
     let heads = x.reshape((rows * width / head_dim, head_dim))?;
     Ok(candle_nn::ops::rms_norm(&heads, alpha, eps)?.reshape((rows, width))?)
@@ -214,13 +240,28 @@ impl FusedMixer for FusedAttention {
                 std::mem::swap(x, &mut w.normed);
             }
         }
+        if cfg.variant.value_norm {
+            let ones = vec![1.0; cfg.layer_heads(at.index).1];
+            w.normed.resize(w.v.len(), 0.0);
+            rms_norm(&w.v, &ones, eps, &mut w.normed);
+            std::mem::swap(&mut w.v, &mut w.normed);
+        }
         let positions = &at.batch.positions;
-        let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
-        rotate(cfg, at.table, positions, &w.q, heads, &mut w.q_heads, true);
-        rotate(cfg, at.table, positions, &[], kv_heads, &mut w.k, false);
+        let (heads, kv_heads) = (cfg.num_heads, cfg.layer_heads(at.index).0);
+        let rotary = cfg.layer_rotary(at.index);
+        rotate(
+            rotary,
+            at.table,
+            positions,
+            &w.q,
+            heads,
+            &mut w.q_heads,
+            true,
+        );
+        rotate(rotary, at.table, positions, &[], kv_heads, &mut w.k, false);
         clock.lap(|p| &mut p.other);
         kv.write(at.index, &at.seen.slots, &w.k, &w.v)?;
-        let shape = head_shape(cfg, self.sinks.as_deref());
+        let shape = head_shape(cfg, at.index, self.sinks.as_deref());
         let mut attn = paged_tree_attention(&w.q_heads, kv.layer(at.index), at.seen, shape);
         clock.lap(|p| &mut p.attention);
         if let Some(gate) = &self.output_gate {

@@ -17,6 +17,7 @@ pub(crate) mod attention;
 pub(crate) mod delta_net;
 mod delta_net_rows;
 pub(crate) mod mamba2;
+pub(crate) mod shared_kv;
 pub(crate) mod short_conv;
 
 use std::fmt::Debug;
@@ -37,6 +38,7 @@ use crate::Result;
 pub use attention::AttentionWeights;
 pub use delta_net::{DeltaNetParts, DeltaNetWeights};
 pub use mamba2::{Mamba2Parts, Mamba2Weights};
+pub use shared_kv::SharedKvAttention;
 pub use short_conv::ShortConvWeights;
 
 /// One layer's token mixer, as loaded.

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use crate::model::config::Architecture;
 use crate::{Error, Result};
 
+mod gemma4;
 mod gguf;
 mod gptoss;
 mod gptoss_hf;
@@ -22,6 +23,7 @@ mod qwen35_hf;
 mod qwen3next_hf;
 mod retype;
 
+pub use gemma4::{write_tiny_gemma4_gguf, TinyGemma4};
 pub use gguf::write_tiny_gguf;
 pub use gptoss::{write_tiny_gptoss_gguf, TinyGptOss};
 pub use gptoss_hf::{write_tiny_gptoss_hf, GptOssHfConfig};
@@ -109,6 +111,11 @@ impl Default for TinyModelSpec {
 
 /// Writes `config.json` and `model.safetensors` for `spec` into `dir`.
 pub fn write_tiny_hf_model(dir: &Path, spec: &TinyModelSpec) -> Result<()> {
+    if spec.architecture == Architecture::Gemma4 {
+        return Err(Error::Metadata(
+            "gemma4: the tiny Gemma 4 is written as GGUF (`write_tiny_gemma4_gguf`)".into(),
+        ));
+    }
     if spec.architecture.family().mixers != crate::model::arch::Mixers::Attention {
         return Err(Error::Metadata(format!(
             "{}: tiny hybrids are written as GGUF (`write_tiny_lfm2_gguf`)",
@@ -288,6 +295,7 @@ fn hf_config(spec: &TinyModelSpec, hd: usize) -> serde_json::Value {
         Architecture::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
         Architecture::GraniteHybrid => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
         Architecture::GptOss => ("GptOssForCausalLM", "gpt_oss"),
+        Architecture::Gemma4 => ("Gemma4ForCausalLM", "gemma4_text"),
     };
     let mut config = serde_json::json!({
         "architectures": [architecture],
