@@ -33,7 +33,10 @@ llama.cpp's greedy tokens and every step's logits on a tiny random model, for ea
 - `gemma4`: tests/data/gemma4_llamacpp.json, the tiny Gemma 4 of `tests/model/gemma4.rs`
   (windowed and global layers of different heads, proportional RoPE, values from the keys'
   projection in one layer, keys and values shared by the last two layers, per-layer
-  embeddings, output scales, a soft-cap), with a context of 256.
+  embeddings, output scales, a soft-cap), with a context of 256;
+- `gemma4_moe`: tests/data/gemma4_moe_llamacpp.json, the tiny Gemma 4 in 26B-A4B's arrangement
+  (a mixture of experts beside every layer's dense MLP, values from the keys' projection in
+  every global layer), with a context of 256.
 
 `--build DIR` names the build directory under the source tree (default `build`) and
 `--build-note` how it was built, for the record (default: the AVX2 build above).
@@ -93,6 +96,8 @@ CASES = {
                      "tests/data/gptoss_mxfp4_llamacpp.json", False),
     "gemma4": ("model::gemma4::write_the_reference_gguf", [256],
                "tests/data/gemma4_llamacpp.json", False),
+    "gemma4_moe": ("model::gemma4::write_the_moe_reference_gguf", [256],
+                   "tests/data/gemma4_moe_llamacpp.json", False),
 }
 
 

@@ -40,6 +40,15 @@ fn write_the_reference_gguf() {
     write_tiny_gemma4_gguf(std::path::Path::new(&path), &spec, GgmlDType::F32).unwrap();
 }
 
+/// The same for the tiny mixture, for `--case gemma4_moe`.
+#[test]
+#[ignore = "writes the reference GGUF for scripts/rope-scaling-reference.py"]
+fn write_the_moe_reference_gguf() {
+    let path = std::env::var("THICKET_REFERENCE_GGUF").expect("THICKET_REFERENCE_GGUF");
+    let spec = TinyGemma4::mixture();
+    write_tiny_gemma4_gguf(std::path::Path::new(&path), &spec, GgmlDType::F32).unwrap();
+}
+
 #[test]
 fn the_file_declares_its_layers_heads_and_shared_keys_and_values() {
     let spec = TinyGemma4::default();
@@ -106,4 +115,46 @@ fn gemma4_fused_pass_chunks_and_trees_keep_their_bits() {
     fused_gives_candle_bits(&model);
     chunked_prefill_gives_token_by_token(&model, 5);
     tree_nodes_give_root_paths(&model, 6);
+}
+
+#[test]
+fn the_mixture_sits_beside_every_dense_mlp() {
+    let (model, _) = load(&TinyGemma4::mixture(), GgmlDType::F32, Some(DType::F32));
+    let moe = model.config().variant.moe.as_ref().unwrap();
+    assert_eq!(
+        (moe.num_experts, moe.experts_per_token, moe.expert_width),
+        (8, 3, 32)
+    );
+    for layer in &model.weights().layers {
+        let engine::model::experts::Mlp::Experts(mixture) = &layer.mlp else {
+            panic!("a dense layer");
+        };
+        let beside = mixture.beside.as_ref().unwrap();
+        assert_eq!(beside.expert_scales.as_ref().map(Vec::len), Some(8));
+        assert!(mixture.shared.as_ref().is_some_and(|s| s.gate.is_none()));
+        assert!(layer.per_layer_input.is_none());
+    }
+}
+
+#[test]
+fn gemma4_mixture_matches_llama_cpp() {
+    // As `gemma4_matches_llama_cpp`, llama.cpp's GELU reads its f16 table. Measured: 1.5e-3
+    // of the logit scale (0.0076 against logits up to 5.27), greedy tokens identical for 32
+    // steps.
+    let (model, bytes) = load(&TinyGemma4::mixture(), GgmlDType::F32, Some(DType::F32));
+    let model = model.with_kv_dtype(KvDtype::F32);
+    super::hybrid_checks::matches_llama_cpp_in_chunks(
+        &model,
+        &bytes,
+        include_str!("../data/gemma4_moe_llamacpp.json"),
+        4e-3,
+    );
+}
+
+#[test]
+fn gemma4_mixture_fused_pass_chunks_and_trees_keep_their_bits() {
+    let (model, _) = load(&TinyGemma4::mixture(), GgmlDType::Q8_0, None);
+    fused_gives_candle_bits(&model);
+    chunked_prefill_gives_token_by_token(&model, 7);
+    tree_nodes_give_root_paths(&model, 8);
 }

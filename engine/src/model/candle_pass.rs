@@ -69,7 +69,7 @@ impl Model {
             let gated = |g: &Tensor, u: &Tensor| self.gated(variant.activation, g, u);
             let mut out = match &layer.mlp {
                 Mlp::Dense(mlp) => crate::model::experts::candle_mlp(mlp, &h, &gated)?,
-                Mlp::Experts(moe) => moe.forward_candle(&h, &gated)?,
+                Mlp::Experts(moe) => moe.forward_candle(&x, &h, &gated)?,
             };
             if let Some((_, post_mlp)) = &layer.post_norms {
                 out = candle_nn::ops::rms_norm(&out, post_mlp, eps)?;

@@ -274,7 +274,7 @@ impl FusedWeights {
             let act = cfg.variant.activation;
             layer
                 .mlp
-                .run(&w.h, rows, act, &mut w.mlp, &mut w.rows, &mut w.out)?;
+                .run(&w.x, &w.h, rows, act, &mut w.mlp, &mut w.rows, &mut w.out)?;
             scale_residual(cfg, &mut w.out);
             clock.lap(|p| &mut p.matmul);
             if let Some((_, post_mlp)) = &layer.post_norms {

@@ -445,17 +445,18 @@ fn weights_from(
             };
             (Box::new(attention), Mlp::Dense(DenseMlp { gate, up, down }))
         } else {
-            let mlp =
-                match &config.variant.moe {
-                    Some(moe) if moe.is_sparse(i) => Mlp::Experts(Box::new(
-                        expert_tensors.mixture(&p, moe, config.hidden_size)?,
-                    )),
-                    _ => Mlp::Dense(DenseMlp {
-                        gate: proj("ffn_gate", Role::Up, false)?,
-                        up: proj("ffn_up", Role::Up, false)?,
-                        down: proj("ffn_down", Role::Down, false)?,
-                    }),
-                };
+            let mlp = match &config.variant.moe {
+                Some(moe) if moe.is_sparse(i) => {
+                    let mut mixture = expert_tensors.mixture(&p, moe, config.hidden_size)?;
+                    gguf_per_layer::place_beside(&parts, &config, (&p, i), &mut mixture)?;
+                    Mlp::Experts(Box::new(mixture))
+                }
+                _ => Mlp::Dense(DenseMlp {
+                    gate: proj("ffn_gate", Role::Up, false)?,
+                    up: proj("ffn_up", Role::Up, false)?,
+                    down: proj("ffn_down", Role::Down, false)?,
+                }),
+            };
             let mixer: Box<dyn TokenMixer> = if let Some(source) = config.layer_attention(i).kv_from
             {
                 Box::new(gguf_per_layer::shared_attention(

@@ -2,13 +2,15 @@
 //! (`per_layer_token_embd`, `per_layer_model_proj`, `per_layer_proj_norm`, and each block's
 //! `inp_gate`, `proj`, `post_norm`), each block's output scale (`layer_output_scale`), and the
 //! attention of a layer that reads an earlier layer's keys and values (`attn_q`, its norm and
-//! `attn_output` only; keys and values the file may still carry for it are not read).
+//! `attn_output` only; keys and values the file may still carry for it are not read), and the
+//! 26B's mixture of experts beside each layer's dense MLP.
 
 use candle_core::quantized::QTensor;
 use candle_core::DType;
 use candle_core::Tensor;
 
 use crate::model::embedding::Embedding;
+use crate::model::experts::{Beside, DenseMlp, ExpertMlp, SharedExpert};
 use crate::model::linear::Linear;
 use crate::model::per_layer::{PerLayerEmbedding, PerLayerInput};
 use crate::model::shapes::{Role, Shapes};
@@ -138,4 +140,48 @@ pub(super) fn shared_attention(
         q: proj("attn_q", Role::Q)?,
         o: proj("attn_output", Role::O)?,
     })
+}
+
+/// Where block `p` (layer `index`) has a router scale (`ffn_gate_inp.scale`), sets its
+/// mixture beside the layer's dense MLP as Gemma 4 has it (`experts::Beside`): the dense
+/// MLP (`ffn_gate`, `ffn_up`, `ffn_down`) as its shared expert, the three norms of the halves
+/// (`pre_ffw_norm_2`, `post_ffw_norm_1`, `post_ffw_norm_2`), and each expert's output scale
+/// (`ffn_down_exps.scale`) where the file has them.
+pub(super) fn place_beside(
+    r: &Reader<'_>,
+    cfg: &ModelConfig,
+    (p, index): (&str, usize),
+    mixture: &mut ExpertMlp,
+) -> Result<()> {
+    let scale_name = format!("{p}.ffn_gate_inp.scale");
+    if !(r.has)(&scale_name) {
+        return Ok(());
+    }
+    let hidden = cfg.hidden_size;
+    let width = cfg.layer_mlp_width(index);
+    let host = |t: Tensor| -> Result<Vec<f32>> { Ok(t.to_vec1::<f32>()?) };
+    let norm = |name: &str| host(r.vector(&format!("{p}.{name}.weight"), hidden)?);
+    let scales_name = format!("{p}.ffn_down_exps.scale");
+    let expert_scales = match (r.has)(&scales_name) {
+        true => Some(host(r.vector(&scales_name, mixture.experts.len())?)?),
+        false => None,
+    };
+    let dense = DenseMlp {
+        gate: r.linear(&format!("{p}.ffn_gate.weight"), [width, hidden])?,
+        up: r.linear(&format!("{p}.ffn_up.weight"), [width, hidden])?,
+        down: r.linear(&format!("{p}.ffn_down.weight"), [hidden, width])?,
+    };
+    mixture.shared = Some(SharedExpert {
+        mlp: dense,
+        gate: None,
+    });
+    mixture.beside = Some(Box::new(Beside {
+        experts_in: norm("pre_ffw_norm_2")?,
+        experts_out: norm("post_ffw_norm_2")?,
+        dense_out: norm("post_ffw_norm_1")?,
+        router_scale: host(r.vector(&scale_name, hidden)?)?,
+        expert_scales,
+        eps: cfg.rms_norm_eps as f32,
+    }));
+    Ok(())
 }

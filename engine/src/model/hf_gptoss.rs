@@ -160,6 +160,7 @@ pub(crate) fn experts(
         shared: None,
         top_k: moe.experts_per_token,
         normalize: moe.normalize,
+        beside: None,
     })
 }
 

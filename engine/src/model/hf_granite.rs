@@ -247,6 +247,7 @@ impl HfGranite {
             }),
             top_k: moe.experts_per_token,
             normalize: moe.normalize,
+            beside: None,
         })))
     }
 }

@@ -7,9 +7,11 @@
 //! proportional RoPE (the leading quarter of pairs turning with the whole head's frequencies);
 //! the last layers reading the keys and values of the last layer of their kind before them;
 //! per-layer embeddings and a scale on each block's output, where the file has them (loaded
-//! by `model::gemma4`); a final logit soft-cap.
+//! by `model::per_layer`); a final logit soft-cap; and in 26B-A4B, a mixture of experts beside
+//! every layer's dense MLP, each half normed on its own, the router reading the residual with
+//! a scale of its own and each expert's output scaled (`experts::Beside`).
 
-use super::{Architecture, Family, Mixers, Windows};
+use super::{Architecture, Experts, Family, Mixers, Windows};
 use crate::model::config::{Activation, RopeStyle};
 
 /// The declaration.
@@ -29,7 +31,12 @@ pub const FAMILY: Family = Family {
     local_rope_theta: Some(10_000.0),
     gguf_residual_query_scale_at: &[],
     gguf_rope_switch: false,
-    experts: None,
+    experts: Some(Experts {
+        required: false,
+        shared_expert: false,
+        hf_normalize: true,
+        gguf_normalize: true,
+    }),
     mixers: Mixers::Attention,
     attention_scale: Some(1.0),
     value_norm: true,

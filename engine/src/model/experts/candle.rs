@@ -21,15 +21,30 @@ pub(crate) fn mlp(
 }
 
 impl ExpertMlp {
-    /// The mixture's output for each row of `h` (`[rows, hidden]`).
+    /// The mixture's output for each row of `h` (`[rows, hidden]`, the layer's MLP norm of
+    /// the residual `x`, which a mixture beside a dense MLP reads too).
     pub(crate) fn forward_candle(
         &self,
+        x: &Tensor,
         h: &Tensor,
         gated: &dyn Fn(&Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let (rows, hidden) = h.dims2()?;
         let host = h.flatten_all()?.to_vec1::<f32>()?;
-        let routes = self.route(&host);
+        let (mut router_rows, mut expert_rows) = (Vec::new(), Vec::new());
+        let (routed, inputs) = match &self.beside {
+            Some(beside) => {
+                let residual = x.flatten_all()?.to_vec1::<f32>()?;
+                beside.inputs(&residual, &mut router_rows, &mut expert_rows);
+                let inputs = Tensor::from_slice(&expert_rows, (rows, hidden), h.device())?;
+                (router_rows.as_slice(), inputs)
+            }
+            None => (host.as_slice(), h.clone()),
+        };
+        let mut routes = self.route(routed);
+        if let Some(beside) = &self.beside {
+            beside.scale_routes(&mut routes);
+        }
         let mut chosen = vec![0f32; rows * routes.top_k * hidden];
         for (expert, group) in routes.by_expert(self.experts.len()).iter().enumerate() {
             if group.is_empty() {
@@ -37,7 +52,7 @@ impl ExpertMlp {
             }
             let picked: Vec<u32> = group.iter().map(|&(r, _)| r as u32).collect();
             let picked = Tensor::new(picked.as_slice(), h.device())?;
-            let x = h.index_select(&picked, 0)?;
+            let x = inputs.index_select(&picked, 0)?;
             let y = mlp(&self.experts[expert], &x, gated)?;
             let y = y.flatten_all()?.to_vec1::<f32>()?;
             for (i, &(r, choice)) in group.iter().enumerate() {
@@ -51,7 +66,10 @@ impl ExpertMlp {
             let y = mlp(&shared.mlp, h, gated)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
-            add_shared(&host, &y, shared.gate.as_deref(), &mut out);
+            match &self.beside {
+                Some(beside) => beside.outputs(&mut out, &y, &mut Vec::new()),
+                None => add_shared(&host, &y, shared.gate.as_deref(), &mut out),
+            }
         }
         Ok(Tensor::from_vec(out, (rows, hidden), h.device())?)
     }

@@ -132,6 +132,10 @@ pub(crate) struct ExpertBuffers {
     chosen: Vec<f32>,
     /// Per chosen expert, where they run side by side.
     each: Vec<ExpertRun>,
+    /// A mixture beside a dense MLP: the router's rows, the experts' rows, a norm's output.
+    router_rows: Vec<f32>,
+    expert_rows: Vec<f32>,
+    normed: Vec<f32>,
 }
 
 impl FusedFfn {
@@ -172,9 +176,12 @@ impl FusedFfn {
         }
     }
 
-    /// The MLP of the `rows` rows of `h`, into `out`.
+    /// The MLP of the `rows` rows of `h` (the layer's MLP norm of the residual `x`, which a
+    /// mixture beside a dense MLP reads too), into `out`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &self,
+        x: &[f32],
         h: &[f32],
         rows: usize,
         act: Activation,
@@ -184,14 +191,16 @@ impl FusedFfn {
     ) -> Result<()> {
         match self {
             Self::Dense(mlp) => mlp.run(h, rows, act, &mut b.mlp, acts, out),
-            Self::Experts(moe) => moe.run(h, rows, act, b, acts, out),
+            Self::Experts(moe) => moe.run(x, h, rows, act, b, acts, out),
         }
     }
 }
 
 impl FusedExperts {
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
+        x: &[f32],
         h: &[f32],
         rows: usize,
         act: Activation,
@@ -199,12 +208,40 @@ impl FusedExperts {
         acts: &mut Activations,
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        let mut expert_rows = std::mem::take(&mut b.expert_rows);
+        let (routes, inputs) = match &self.moe.beside {
+            Some(beside) => {
+                beside.inputs(x, &mut b.router_rows, &mut expert_rows);
+                let mut routes = self.moe.route(&b.router_rows);
+                beside.scale_routes(&mut routes);
+                (routes, expert_rows.as_slice())
+            }
+            None => (self.moe.route(h), h),
+        };
+        let result = self.run_routed(&routes, inputs, h, (rows, act), b, acts, out);
+        b.expert_rows = expert_rows;
+        result
+    }
+
+    /// The experts `routes` chose over their rows of `inputs`, combined into `out`, and the
+    /// shared expert over `h`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_routed(
+        &self,
+        routes: &Routes,
+        inputs: &[f32],
+        h: &[f32],
+        (rows, act): (usize, Activation),
+        b: &mut ExpertBuffers,
+        acts: &mut Activations,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let hidden = self.moe.hidden();
-        let routes: Routes = self.moe.route(h);
+        let h_experts = inputs;
         b.chosen.resize(rows * routes.top_k * hidden, 0.0);
         let groups = routes.by_expert(self.experts.len());
         if let Some(packed) = &self.packed {
-            side_by_side(packed, h, hidden, &groups, routes.top_k, act, b)?;
+            side_by_side(packed, h_experts, hidden, &groups, routes.top_k, act, b)?;
         } else {
             for (expert, group) in groups.iter().enumerate() {
                 if group.is_empty() {
@@ -212,16 +249,19 @@ impl FusedExperts {
                 }
                 b.x.clear();
                 for &(r, _) in group {
-                    b.x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
+                    b.x.extend_from_slice(&h_experts[r * hidden..(r + 1) * hidden]);
                 }
                 self.experts[expert].run(&b.x, group.len(), act, &mut b.mlp, acts, &mut b.y)?;
                 scatter(group, &b.y, hidden, routes.top_k, &mut b.chosen);
             }
         }
-        combine(&routes, &b.chosen, hidden, out);
+        combine(routes, &b.chosen, hidden, out);
         if let (Some(mlp), Some(shared)) = (&self.shared, &self.moe.shared) {
             mlp.run(h, rows, act, &mut b.mlp, acts, &mut b.y)?;
-            add_shared(h, &b.y, shared.gate.as_deref(), out);
+            match &self.moe.beside {
+                Some(beside) => beside.outputs(out, &b.y, &mut b.normed),
+                None => add_shared(h, &b.y, shared.gate.as_deref(), out),
+            }
         }
         Ok(())
     }

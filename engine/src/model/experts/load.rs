@@ -21,6 +21,7 @@ use crate::model::arch::ExpertFacts;
 use crate::model::config::{Architecture, Moe};
 use crate::model::gguf_header::RawBlocks;
 use crate::model::linear::Linear;
+use crate::model::shapes::split_quantized;
 use crate::{Error, Result};
 
 /// An error naming `name` unless `dims` is `want`.
@@ -184,12 +185,31 @@ impl GgufTensors<'_> {
         let (n, width) = (moe.num_experts, moe.expert_width);
         let router_name = format!("{p}.ffn_gate_inp.weight");
         let router = f32_values(&router_name, &self.dense(&router_name)?, &[&[n, hidden]])?;
-        let gate = self.biased(
-            p,
-            "ffn_gate",
-            self.experts(p, "ffn_gate", n, width, hidden)?,
-        )?;
-        let up = self.biased(p, "ffn_up", self.experts(p, "ffn_up", n, width, hidden)?)?;
+        let merged = format!("{p}.ffn_gate_up_exps.weight");
+        let (gate, up) = match (self.has)(&merged) {
+            // Gemma 4's converter stacks each expert's gate and up rows in one tensor.
+            true => {
+                let q = (self.read)(&merged)?;
+                let mut gates = Vec::with_capacity(n);
+                let mut ups = Vec::with_capacity(n);
+                for both in split_stacked(&merged, &q, [n, 2 * width, hidden])? {
+                    let [gate, up] =
+                        <[QTensor; 2]>::try_from(split_quantized(&both, &[width, width])?)
+                            .map_err(|_| Error::Metadata(format!("{merged} split wrongly")))?;
+                    gates.push(self.linear(gate)?);
+                    ups.push(self.linear(up)?);
+                }
+                (gates, ups)
+            }
+            false => (
+                self.biased(
+                    p,
+                    "ffn_gate",
+                    self.experts(p, "ffn_gate", n, width, hidden)?,
+                )?,
+                self.biased(p, "ffn_up", self.experts(p, "ffn_up", n, width, hidden)?)?,
+            ),
+        };
         let down = self.biased(
             p,
             "ffn_down",
@@ -242,6 +262,7 @@ impl GgufTensors<'_> {
             shared,
             top_k: moe.experts_per_token,
             normalize: moe.normalize,
+            beside: None,
         })
     }
 }
@@ -327,6 +348,7 @@ pub(crate) fn from_hf(
         shared,
         top_k: moe.experts_per_token,
         normalize: moe.normalize,
+        beside: None,
     })
 }
 

@@ -16,7 +16,7 @@ pub mod prepared;
 pub(crate) use candle::mlp as candle_mlp;
 
 use crate::cpu::team::{self, Disjoint};
-use crate::model::fused_rows::add_into;
+use crate::model::fused_rows::{add_into, rms_norm};
 use crate::model::linear::Linear;
 
 /// A gated MLP: `down(act(gate(x)) * up(x))`.
@@ -72,6 +72,66 @@ pub struct ExpertMlp {
     pub top_k: usize,
     /// Whether the chosen probabilities are divided by their sum.
     pub normalize: bool,
+    /// Gemma 4's arrangement beside the layer's dense MLP (the shared expert), where the
+    /// family has it.
+    pub beside: Option<Box<Beside>>,
+}
+
+/// Gemma 4's mixture beside the layer's dense MLP (held as the shared expert, reading the
+/// layer's MLP norm of the residual): the experts read the residual normed by `experts_in`,
+/// their weighted sum is normed by `experts_out` and the dense MLP's output by `dense_out`,
+/// and the two are added; the router reads the residual RMS-normed without a weight, times
+/// `hidden^-1/2`, times `router_scale`, and each chosen expert's weight is times its
+/// `expert_scales` entry (as llama.cpp and transformers compute them).
+#[derive(Debug, Clone)]
+pub struct Beside {
+    /// RMSNorm weight of the experts' input.
+    pub experts_in: Vec<f32>,
+    /// RMSNorm weight of the experts' weighted sum.
+    pub experts_out: Vec<f32>,
+    /// RMSNorm weight of the dense MLP's output.
+    pub dense_out: Vec<f32>,
+    /// Per residual dimension, the router input's factor.
+    pub router_scale: Vec<f32>,
+    /// Per expert, a factor on its output, where the file has them.
+    pub expert_scales: Option<Vec<f32>>,
+    /// The model's RMSNorm epsilon.
+    pub eps: f32,
+}
+
+impl Beside {
+    /// The router's rows and the experts' rows from the residual rows `x`.
+    pub(crate) fn inputs(&self, x: &[f32], router_rows: &mut Vec<f32>, expert_rows: &mut Vec<f32>) {
+        let hidden = self.experts_in.len();
+        expert_rows.resize(x.len(), 0.0);
+        rms_norm(x, &self.experts_in, self.eps, expert_rows);
+        router_rows.resize(x.len(), 0.0);
+        rms_norm(x, &vec![1.0; hidden], self.eps, router_rows);
+        let inverse = 1.0 / (hidden as f32).sqrt();
+        for row in router_rows.chunks_exact_mut(hidden.max(1)) {
+            for (v, s) in row.iter_mut().zip(&self.router_scale) {
+                *v = *v * inverse * *s;
+            }
+        }
+    }
+
+    /// Each chosen expert's weight times its factor.
+    pub(crate) fn scale_routes(&self, routes: &mut Routes) {
+        if let Some(scales) = &self.expert_scales {
+            for (w, &e) in routes.weights.iter_mut().zip(&routes.experts) {
+                *w *= scales[e as usize];
+            }
+        }
+    }
+
+    /// `out = norm(out, experts_out) + norm(dense, dense_out)`, `normed` a buffer.
+    pub(crate) fn outputs(&self, out: &mut [f32], dense: &[f32], normed: &mut Vec<f32>) {
+        normed.resize(out.len(), 0.0);
+        rms_norm(dense, &self.dense_out, self.eps, normed);
+        let experts = out.to_vec();
+        rms_norm(&experts, &self.experts_out, self.eps, out);
+        add_into(normed, out);
+    }
 }
 
 /// A layer's MLP.

@@ -31,6 +31,7 @@ fn mixture(bias: &[f32], top_k: usize, normalize: bool) -> ExpertMlp {
         shared: None,
         top_k,
         normalize,
+        beside: None,
     }
 }
 

@@ -3,7 +3,9 @@
 //! global ones with heads of another count and width and a proportional RoPE (`rope_freqs`
 //! with 1e30 past the pairs that turn), a global layer whose values are its keys' projection,
 //! the last layers sharing earlier layers' keys and values with MLPs twice as wide, per-layer
-//! embeddings, each block's output scale, a final soft-cap; with no tokenizer.
+//! embeddings, each block's output scale, a final soft-cap; or 26B-A4B's arrangement, a
+//! mixture of experts beside every layer's dense MLP (`TinyGemma4::mixture`); with no
+//! tokenizer.
 
 use std::path::Path;
 
@@ -43,6 +45,9 @@ pub struct TinyGemma4 {
     pub window: usize,
     /// Final logit soft-cap.
     pub final_softcap: f32,
+    /// A mixture beside every layer's dense MLP: experts, experts per token, expert width
+    /// (26B-A4B's arrangement).
+    pub experts: Option<(usize, usize, usize)>,
     /// Seed of every weight.
     pub seed: u64,
 }
@@ -63,7 +68,24 @@ impl Default for TinyGemma4 {
             per_layer_width: 32,
             window: 8,
             final_softcap: 15.0,
+            experts: None,
             seed: 404,
+        }
+    }
+}
+
+impl TinyGemma4 {
+    /// 26B-A4B's arrangement: no per-layer embeddings and no shared keys and values, every
+    /// global layer's values from its keys' projection, 8 experts of which 3 run beside each
+    /// layer's dense MLP.
+    pub fn mixture() -> Self {
+        Self {
+            shared_kv_layers: 0,
+            keys_as_values: vec![2, 4, 6],
+            per_layer_width: 0,
+            experts: Some((8, 3, 32)),
+            seed: 405,
+            ..Self::default()
         }
     }
 }
@@ -142,6 +164,24 @@ fn draw(spec: &TinyGemma4) -> Result<Vec<Named>> {
         d.proj(t("ffn_up.weight"), f, h, 2.0)?;
         d.proj(t("ffn_down.weight"), h, f, 1.0)?;
         d.norm(t("post_ffw_norm.weight"), h)?;
+        if let Some((e, _, w)) = spec.experts {
+            let g = 1.0 / (h as f32).sqrt();
+            d.put(t("ffn_gate_inp.weight"), &[e, h], 2.0 * g, 0.0, true)?;
+            d.put(t("ffn_gate_inp.scale"), &[h], 0.5, 1.0, true)?;
+            d.put(
+                t("ffn_gate_up_exps.weight"),
+                &[e, 2 * w, h],
+                2.0 * g,
+                0.0,
+                false,
+            )?;
+            let down = 1.0 / (w as f32).sqrt();
+            d.put(t("ffn_down_exps.weight"), &[e, h, w], down, 0.0, false)?;
+            d.put(t("ffn_down_exps.scale"), &[e], 0.3, 1.0, true)?;
+            d.norm(t("pre_ffw_norm_2.weight"), h)?;
+            d.norm(t("post_ffw_norm_1.weight"), h)?;
+            d.norm(t("post_ffw_norm_2.weight"), h)?;
+        }
         if ple > 0 {
             d.proj(t("inp_gate.weight"), ple, h, 2.0)?;
             d.proj(t("proj.weight"), h, ple, 1.0)?;
@@ -177,7 +217,7 @@ pub fn write_tiny_gemma4_gguf(path: &Path, spec: &TinyGemma4, dtype: GgmlDType) 
         Value::Array((0..n).map(|i| Value::U32(f(i) as u32)).collect())
     };
     let local_hd = spec.local_heads.1;
-    let metadata: Vec<(String, Value)> = vec![
+    let mut metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(name.into())),
         (
             "tokenizer.ggml.model".into(),
@@ -235,5 +275,12 @@ pub fn write_tiny_gemma4_gguf(path: &Path, spec: &TinyGemma4, dtype: GgmlDType) 
             Value::F32(spec.final_softcap),
         ),
     ];
+    if let Some((e, used, w)) = spec.experts {
+        metadata.extend([
+            (format!("{name}.expert_count"), u32_of(e)),
+            (format!("{name}.expert_used_count"), u32_of(used)),
+            (format!("{name}.expert_feed_forward_length"), u32_of(w)),
+        ]);
+    }
     super::gguf::write_file(path, &metadata, &tensors)
 }
