@@ -7,7 +7,8 @@
 //! `stop_sequences`) all return that call. Cut by the token limit inside the string, every
 //! format's answer says `length` and reports the call as far as its arguments got, streamed
 //! or not, with no markup leaking into the content (the Messages API's `input`: those
-//! arguments closed where they were cut). A forced call that cannot be made (no
+//! arguments closed where they were cut). Gemma 4's grammar, its strings between `<|"|>`
+//! quotes, is held to the same. A forced call that cannot be made (no
 //! tools, a function not offered, a schema the grammar engine cannot compile) is a 400
 //! naming the field, in one line, in every API.
 
@@ -156,6 +157,47 @@ async fn a_forced_call_that_tries_to_end_inside_a_string_is_completed_in_every_a
         }
         assert_eq!(stop, "tool_use", "{choice}");
         assert_eq!(arguments(&input), want());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_gemma4_call_that_tries_to_end_inside_a_string_is_completed() {
+    // Gemma 4's grammar writes the keys in its template's order (`content` before `path`),
+    // strings between `<|"|>` quotes, which here hold its close marker and the stop string.
+    let inner = "<|tool_call>call:write_file{content:<|\"|>x = 1 STOP\n<tool_call|>";
+    let answer = format!("{inner} y<|\"|>,path:<|\"|>a.py<|\"|>}}<tool_call|>");
+    let server = scripted_ending_at(&answer, inner.len(), Some("gemma4"));
+    let app = &server.app;
+    let want = json!({"path": "a.py", "content": "x = 1 STOP\n<tool_call|> y"});
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "write_file"}}),
+    ] {
+        let (status, whole) = call(
+            app,
+            "POST",
+            "/v1/chat/completions",
+            Some(chat(choice.clone())),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{whole}");
+        let c = &whole["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {whole}");
+        assert_eq!(c["message"]["content"], Value::Null, "{whole}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{whole}");
+        let arguments_text = calls[0]["function"]["arguments"].as_str().unwrap();
+        assert_eq!(arguments(arguments_text), want);
+        let (content, calls, finish) = chat_streamed(app, chat(choice.clone())).await;
+        assert_eq!(
+            (content.as_str(), finish),
+            ("", json!("tool_calls")),
+            "{choice}"
+        );
+        assert_eq!(
+            calls,
+            vec![("write_file".to_string(), arguments_text.to_string())]
+        );
     }
 }
 

@@ -19,6 +19,8 @@ const ANSWERS: &[(&str, &str)] = &[
     ("llama3_json", "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}"),
     ("mistral", "Checking.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}]"),
     ("qwen3_coder", "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"),
+    // Gemma 4 hands control back after its calls: the answer ends there.
+    ("gemma4", "Checking.<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,days:2}<tool_call|><|tool_response>"),
     // Read with the harmony reasoning parser, as it always is.
     ("openai", "<|channel|>analysis<|message|>Oslo, two days.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"days\": 2}<|call|>"),
 ];
@@ -180,7 +182,10 @@ fn messages_body() -> Value {
 async fn a_call_inside_the_thinking_is_not_read_in_any_format() {
     // (Harmony's thinking is a channel of its own: `harmony` checks it.)
     for (format, answer) in ANSWERS.iter().filter(|(f, _)| parser_of(f).is_none()) {
-        let thinking = answer.replace("Oslo", "Bergen");
+        // (Gemma 4's `<|tool_response>` ends the answer: not written while thinking.)
+        let thinking = answer
+            .replace("Oslo", "Bergen")
+            .replace("<|tool_response>", "");
         let script = format!("<think>Maybe {thinking}</think>{answer}");
         let server = scripted_with(&script, Some(ReasoningParser::DeepSeekR1), Some(format));
         let (status, whole) = call(

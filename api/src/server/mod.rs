@@ -15,6 +15,7 @@ pub mod answer;
 pub mod anthropic;
 pub mod body;
 pub mod error;
+pub mod gemma4_thinking;
 pub mod harmony;
 pub mod harmony_formats;
 mod layers;

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use engine::handle::{EngineHandle, RequestStream};
-use engine::ModelTokenizer;
+use engine::{ModelTokenizer, StopConditions};
 
 use super::adapter::template_kwargs;
 use super::error::{ApiError, ApiResult};
@@ -22,7 +22,7 @@ use super::request::{ChatMessageIn, ChatRequest, MessageContent, ToolCallIn};
 use super::settings::output_format::response_format;
 use super::settings::{settings, ResponseOptions, Settings};
 use super::tools::format::Markers;
-use super::tools::{Calls, ToolRequest};
+use super::tools::{Calls, ToolFormat, ToolRequest};
 use super::AppState;
 use crate::chat::{render_chat_with, ChatMessage};
 use crate::server::answer::Answer;
@@ -140,6 +140,7 @@ pub fn start_chat(state: &AppState, body: ChatRequest) -> ApiResult<Started> {
     {
         settings.stop.skip_special_tokens = false;
     }
+    end_at_hand_back(tokenizer, format.as_ref(), &mut settings.stop);
     settings.options.format_field = settings.constraint_field;
     settings.predict(tokenizer)?;
     let setup = template_setup(state, &body)?;
@@ -252,6 +253,25 @@ fn harmony_answer(tokenizer: &ModelTokenizer, settings: &mut Settings) {
             settings.constraint = Some(harmony_formats::after_analysis(&markers));
             settings.constraint_field = "thinking_token_budget";
             settings.options.format_field = settings.constraint_field;
+        }
+    }
+}
+
+/// The answer ends where the model hands control back after its calls (Gemma 4's
+/// `<|tool_response>`), as at its end token: at the marker's token where the vocabulary has
+/// it as one, else at its text. Neither is part of the answer.
+pub(crate) fn end_at_hand_back(
+    tokenizer: &ModelTokenizer,
+    format: &dyn ToolFormat,
+    stop: &mut StopConditions,
+) {
+    for marker in format.end_markers() {
+        let id = tokenizer
+            .token_to_id(marker)
+            .filter(|&id| tokenizer.decode(&[id]).is_ok_and(|text| text == *marker));
+        match id {
+            Some(id) => stop.stop_token_ids.push(id),
+            None => stop.stop.push(marker.to_string()),
         }
     }
 }

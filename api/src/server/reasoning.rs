@@ -6,11 +6,13 @@
 //! the output opens with the start string (the R1 templates put it in the prompt); `qwen3`
 //! takes thinking only where the output opens with the start string or the rendered prompt
 //! ends inside an opened one, and otherwise reads the whole output as the answer (Qwen3 with
-//! thinking turned off). Thinking that never ends is all thinking.
+//! thinking turned off); `gemma4` reads Gemma 4's `<|channel>thought ... <channel|>` blocks
+//! (`super::gemma4_thinking`). Thinking that never ends is all thinking.
 
 use engine::constraint::ThinkingSpec;
 
 use crate::server::error::{ApiError, ApiResult};
+use crate::server::gemma4_thinking::{self as gemma4, Gemma4Splitter};
 use crate::server::harmony::{self, HarmonySplitter};
 
 /// A reasoning format, as `--reasoning-parser` names it.
@@ -32,10 +34,13 @@ pub enum ReasoningParser {
     /// answer, calls to functions go into the answer for the `openai` tool-call format
     /// (`super::harmony`).
     Harmony,
+    /// Gemma 4: thinking in `<|channel>thought ... <channel|>` blocks.
+    Gemma4,
 }
 
 /// The names `--reasoning-parser` takes.
-pub const REASONING_PARSERS: &[&str] = &["deepseek_r1", "qwen3", "openai_gptoss", "generic"];
+pub const REASONING_PARSERS: &[&str] =
+    &["deepseek_r1", "qwen3", "openai_gptoss", "gemma4", "generic"];
 
 impl ReasoningParser {
     /// The parser `name` names; an error listing the names otherwise.
@@ -44,6 +49,7 @@ impl ReasoningParser {
             "deepseek_r1" => Ok(Self::DeepSeekR1),
             "qwen3" => Ok(Self::Qwen3),
             "openai_gptoss" => Ok(Self::Harmony),
+            "gemma4" => Ok(Self::Gemma4),
             other => Err(format!(
                 "unknown reasoning parser {other:?} (known: {})",
                 REASONING_PARSERS.join(", ")
@@ -52,11 +58,14 @@ impl ReasoningParser {
     }
 
     /// The parser a chat template implies: `openai_gptoss` where it writes harmony
-    /// channels, `qwen3` where it takes `enable_thinking`, `deepseek_r1` where its
-    /// generation prompt opens `<think>`, none otherwise.
+    /// channels, `gemma4` where it writes Gemma 4's, `qwen3` where it takes
+    /// `enable_thinking`, `deepseek_r1` where its generation prompt opens `<think>`, none
+    /// otherwise.
     pub fn default_for_template(template: Option<&str>) -> Option<Self> {
         let template = template?;
-        if template.contains("<|channel|>") && template.contains("<|message|>") {
+        if template.contains(gemma4::CHANNEL) && template.contains(gemma4::END) {
+            Some(Self::Gemma4)
+        } else if template.contains("<|channel|>") && template.contains("<|message|>") {
             Some(Self::Harmony)
         } else if template.contains("enable_thinking") && template.contains("<think>") {
             Some(Self::Qwen3)
@@ -95,6 +104,7 @@ impl ReasoningParser {
             Self::Generic { start, end } => (start, end),
             Self::DeepSeekR1 | Self::Qwen3 => ("<think>", "</think>"),
             Self::Harmony => ("<|channel|>analysis<|message|>", harmony::END),
+            Self::Gemma4 => (gemma4::START, gemma4::END),
         }
     }
 
@@ -139,6 +149,9 @@ impl Reasoning {
     pub fn splitter(self) -> Splitter {
         if self.parser == ReasoningParser::Harmony {
             return Splitter(Splitting::Harmony(HarmonySplitter::new()));
+        }
+        if self.parser == ReasoningParser::Gemma4 {
+            return Splitter(Splitting::Gemma4(Gemma4Splitter::new(self.opened)));
         }
         let (start, end) = self.parser.markers();
         let thinking_first = self.opened || self.parser == ReasoningParser::DeepSeekR1;
@@ -196,6 +209,7 @@ pub struct Splitter(Splitting);
 enum Splitting {
     Marked(MarkedSplitter),
     Harmony(HarmonySplitter),
+    Gemma4(Gemma4Splitter),
 }
 
 impl Splitter {
@@ -204,6 +218,7 @@ impl Splitter {
         match &mut self.0 {
             Splitting::Marked(s) => s.push(text),
             Splitting::Harmony(s) => s.push(text),
+            Splitting::Gemma4(s) => s.push(text),
         }
     }
 
@@ -212,6 +227,7 @@ impl Splitter {
         match &mut self.0 {
             Splitting::Marked(s) => s.finish(),
             Splitting::Harmony(s) => s.finish(),
+            Splitting::Gemma4(s) => s.finish(),
         }
     }
 }

@@ -41,6 +41,11 @@ pub trait ToolFormat: Send + Sync + std::fmt::Debug {
     fn calls_so_far(&self, _block: &str, _offered: &[Tool]) -> Vec<CallSoFar> {
         Vec::new()
     }
+    /// Markers with which the model hands control back after its calls (to wait for their
+    /// results): the answer ends at them, as at the model's end token.
+    fn end_markers(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// A Lark grammar whose sentences are one call of one of `allowed` (several, separated
     /// as the format separates them, when `several`), arguments valid against the schema;
     /// its markers written as `markers` says.
@@ -79,6 +84,11 @@ impl<'a> Markers<'a> {
     /// Markers written as the token `token` gives for them, where it gives one.
     pub fn new(token: &'a dyn Fn(&str) -> Option<u32>) -> Self {
         Self { token }
+    }
+
+    /// Whether `marker` is written as the model's own token.
+    pub fn is_token(&self, marker: &str) -> bool {
+        (self.token)(marker).is_some()
     }
 
     /// `marker` in Lark: `<[id]>` for the model's token, else a string literal.

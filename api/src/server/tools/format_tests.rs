@@ -1,11 +1,13 @@
 //! Every tool-call format read whole and streamed, its answer cut at every character: the
-//! same content and calls either way; malformed calls in each syntax stay text.
+//! same content and calls either way; malformed calls in each syntax stay text. The helpers
+//! serve `gemma4_tests` too.
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use super::format::{as_text, Markers, ToolFormat};
+use super::gemma4::Gemma4;
 use super::hermes::Hermes;
 use super::llama3::Llama3Json;
 use super::mistral::Mistral;
@@ -13,7 +15,7 @@ use super::openai::OpenAi;
 use super::qwen3_coder::Qwen3Coder;
 use super::{parse_calls, CallReader, Calls, Piece, Tool};
 
-fn tools() -> Vec<Tool> {
+pub(super) fn tools() -> Vec<Tool> {
     let tool = |name: &str, parameters: Value| Tool {
         name: name.into(),
         parameters,
@@ -30,7 +32,7 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
-fn calls(format: impl ToolFormat + 'static) -> Calls {
+pub(super) fn calls(format: impl ToolFormat + 'static) -> Calls {
     Calls::new(Arc::new(format), tools())
 }
 
@@ -54,7 +56,7 @@ fn whole(calls: &Calls, text: &str) -> (Option<String>, Vec<(String, Value)>) {
 
 /// The pieces of `text` read streamed in pieces of `step` characters, and how many calls the
 /// reader counted.
-fn stream_pieces(calls: &Calls, text: &str, step: usize) -> (Vec<Piece>, usize) {
+pub(super) fn stream_pieces(calls: &Calls, text: &str, step: usize) -> (Vec<Piece>, usize) {
     let mut reader = CallReader::new(calls.clone());
     let chars: Vec<char> = text.chars().collect();
     let mut pieces = Vec::new();
@@ -79,7 +81,7 @@ pub(super) fn text_of(pieces: &[Piece]) -> String {
 /// The (name, arguments) calls of streamed pieces, in order of their indexes. A streamed
 /// call starts once, its fragments joined are exactly the arguments it ends with, and
 /// nothing of it comes after its end.
-fn calls_of(pieces: Vec<Piece>) -> Vec<(String, String)> {
+pub(super) fn calls_of(pieces: Vec<Piece>) -> Vec<(String, String)> {
     let mut calls: Vec<(String, String, bool)> = Vec::new();
     for piece in pieces {
         match piece {
@@ -135,7 +137,7 @@ fn streamed(calls: &Calls, text: &str, step: usize) -> (Option<String>, Vec<(Str
 }
 
 /// Whole and streamed at every cut agree, and give `want`.
-fn check(calls: &Calls, text: &str, content: Option<&str>, want: &[(&str, Value)]) {
+pub(super) fn check(calls: &Calls, text: &str, content: Option<&str>, want: &[(&str, Value)]) {
     let want: Vec<(String, Value)> = want
         .iter()
         .map(|(n, a)| (n.to_string(), a.clone()))
@@ -276,7 +278,7 @@ fn qwen3_coder_xml_typed_by_the_schema() {
 
 /// The calls of `text` as (name, arguments text), read whole and streamed at every cut:
 /// the same either way, and `want`.
-fn check_raw(calls: &Calls, text: &str, want: &[(&str, &str)]) {
+pub(super) fn check_raw(calls: &Calls, text: &str, want: &[(&str, &str)]) {
     let want: Vec<(String, String)> = want
         .iter()
         .map(|(n, a)| (n.to_string(), a.to_string()))
@@ -493,6 +495,10 @@ fn two_calls() -> Vec<(Calls, String)> {
         (
             calls(Qwen3Coder),
             format!("Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n{plain}\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call>"),
+        ),
+        (
+            calls(Gemma4),
+            format!("Sure.<|tool_call>call:get_weather{{city:<|\"|>{plain}<|\"|>,days:3}}<tool_call|><|tool_call>call:now{{}}<tool_call|><|tool_response>"),
         ),
     ]
 }

@@ -2,20 +2,29 @@
 //! them: `hermes` (`<tool_call>` blocks of JSON, Qwen2.5 and most fine-tunes), `llama3_json`
 //! (a bare JSON object per call, `;` between them, after an optional `<|python_tag|>`),
 //! `mistral` (`[TOOL_CALLS]` and a JSON list, or `[TOOL_CALLS]name[ARGS]{...}`) and
-//! `qwen3_coder` (`<tool_call><function=NAME><parameter=P>` XML) and `openai` (gpt-oss's
-//! harmony messages to `functions.NAME`, read with the `openai_gptoss` reasoning parser). [`default_for_template`]
-//! picks the one a model's chat template writes.
+//! `qwen3_coder` (`<tool_call><function=NAME><parameter=P>` XML), `openai` (gpt-oss's
+//! harmony messages to `functions.NAME`, read with the `openai_gptoss` reasoning parser) and
+//! `gemma4` (`<|tool_call>call:NAME{key:value}<tool_call|>`, Gemma 4's value syntax).
+//! [`default_for_template`] picks the one a model's chat template writes.
 
 use std::sync::Arc;
 
 use super::format::ToolFormat;
+use super::gemma4;
 use super::{
-    hermes::Hermes, llama3::Llama3Json, mistral::Mistral, openai::OpenAi, qwen3_coder::Qwen3Coder,
+    gemma4::Gemma4, hermes::Hermes, llama3::Llama3Json, mistral::Mistral, openai::OpenAi,
+    qwen3_coder::Qwen3Coder,
 };
 
 /// The names `--tool-call-parser` takes.
-pub const TOOL_CALL_PARSERS: &[&str] =
-    &["hermes", "llama3_json", "mistral", "qwen3_coder", "openai"];
+pub const TOOL_CALL_PARSERS: &[&str] = &[
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "qwen3_coder",
+    "openai",
+    "gemma4",
+];
 
 /// The format `name` names; an error listing the names otherwise.
 pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
@@ -25,6 +34,7 @@ pub fn tool_format(name: &str) -> Result<Arc<dyn ToolFormat>, String> {
         "mistral" => Ok(Arc::new(Mistral)),
         "qwen3_coder" => Ok(Arc::new(Qwen3Coder)),
         "openai" => Ok(Arc::new(OpenAi)),
+        "gemma4" => Ok(Arc::new(Gemma4)),
         other => Err(format!(
             "unknown tool-call parser {other:?} (known: {})",
             TOOL_CALL_PARSERS.join(", ")
@@ -39,6 +49,8 @@ pub fn default_for_template(template: Option<&str>) -> Arc<dyn ToolFormat> {
     let template = template.unwrap_or_default();
     if template.contains("<|channel|>") && template.contains("<|call|>") {
         Arc::new(OpenAi)
+    } else if template.contains(gemma4::CALL_OPEN) && template.contains(gemma4::CALL_CLOSE) {
+        Arc::new(Gemma4)
     } else if template.contains("<function=") && template.contains("<parameter=") {
         Arc::new(Qwen3Coder)
     } else if template.contains("[TOOL_CALLS]") {
@@ -77,6 +89,12 @@ mod tests {
             pick("{{ '<|start|>assistant<|channel|>commentary ' }}{{ '<|call|>' }}"),
             "openai"
         );
+        assert_eq!(
+            pick("{{- '<|tool_call>call:' + name + '{' -}}{{- '}<tool_call|>' -}}"),
+            "gemma4"
+        );
+        // One of its markers alone (beside Hermes' `</tool_call>`) is not enough.
+        assert_eq!(pick("{{ '<|tool_call>' }}{{ '</tool_call>' }}"), "hermes");
         assert_eq!(default_for_template(None).name(), "hermes");
     }
 }

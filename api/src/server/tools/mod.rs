@@ -11,6 +11,10 @@ pub mod format;
 #[cfg(test)]
 mod format_tests;
 pub mod formats;
+pub mod gemma4;
+pub mod gemma4_grammar;
+#[cfg(test)]
+mod gemma4_tests;
 pub mod hermes;
 pub mod llama3;
 pub mod mistral;
