@@ -58,6 +58,25 @@ are about 0.1 GB smaller). About 12.5 GB for 24 layers; `--layers 6` keeps a qua
         --head-dim 64 --experts 32 --experts-used 4 --expert-ffn 2880 --rope-theta 150000 \
         --rms-eps 1e-5 --quant q8_0 --expert-quant mxfp4 --untied
 
+Gemma 4 E4B's shape (42 layers over a residual of 2560; five layers windowed at 512 tokens
+to one global; 8 query heads, 2 KV heads of 256 in the windowed layers and of 512 in the
+global ones, whose RoPE turns a quarter of the pairs; the last 18 layers reading the keys and
+values of the last two that keep them; per-layer embeddings of 256; MLPs of 10240; a final
+soft-cap of 30), Q4_0 projections, Q8_0 embedding (tied) and per-layer table, with Gemma 3's
+tokenizer (the same 262,144-token size). About 5.5 GB:
+
+    python3 benches/random_gguf.py --like models/gemma3-270m.gguf --arch gemma4 \
+        --out /tmp/gemma4-e4b-shape.gguf --hidden 2560 --layers 42 --heads 8 --kv-heads 2 \
+        --head-dim 256 --global-head-dim 512 --sliding-window 512 --window-period 6 \
+        --shared-kv-layers 18 --per-layer-width 256 --ffn 10240 --quant q4_0 \
+        --embd-quant q8_0
+
+Gemma 4 26B-A4B's shape (30 layers over 2816; 16 query heads, 8 KV heads of 256 windowed at
+1024 and 2 of 512 global, whose values are their keys' projection; a dense MLP of 2112 beside
+128 experts of 704, 8 per token, in every layer) takes `--global-kv-heads 2 --keys-as-values
+--experts 128 --experts-used 8 --expert-ffn 704 --ffn 2112 --per-layer-width 0
+--shared-kv-layers 0 --sliding-window 1024`.
+
 Quantized weights are random blocks (random quants under one small scale per block), written
 without quantizing floats first, so a file of many gigabytes takes seconds per gigabyte.
 
@@ -116,7 +135,18 @@ def main():
     p.add_argument("--expert-quant", default=None, choices=["f16", "q8_0", "q4_0", "mxfp4"],
                    help="the experts' type (default --quant)")
     p.add_argument("--sliding-window", type=int, default=128,
-                   help="gpt-oss: the windowed layers' window")
+                   help="gpt-oss, gemma4: the windowed layers' window")
+    p.add_argument("--window-period", type=int, default=6,
+                   help="gemma4: every this-many-th layer is global, the others windowed")
+    p.add_argument("--global-head-dim", type=int, default=512,
+                   help="gemma4: the global layers' head width")
+    p.add_argument("--global-kv-heads", type=int, help="gemma4: their KV heads (default --kv-heads)")
+    p.add_argument("--keys-as-values", action="store_true",
+                   help="gemma4: the global layers read their keys' projection as values")
+    p.add_argument("--shared-kv-layers", type=int, default=0,
+                   help="gemma4: the last layers reading earlier layers' keys and values")
+    p.add_argument("--per-layer-width", type=int, default=0,
+                   help="gemma4: per-layer embeddings of this width (0: none)")
     p.add_argument("--experts", type=int, default=0, help="a mixture of this many experts")
     p.add_argument("--experts-used", type=int, default=8)
     p.add_argument("--expert-ffn", type=int, default=768)
@@ -162,10 +192,17 @@ def main():
         skip.add("attention.layer_norm_rms_epsilon")
     if arch == "gpt-oss":
         skip.add("context_length")
+    if arch == "gemma4":
+        # Every key of the family is written below.
+        skip |= {f.name[len(like_arch) + 1:] for f in reader.fields.values()
+                 if f.name.startswith(like_arch + ".")}
     writer = GGUFWriter(args.out, arch)
     copy_fields(reader, writer, like_arch, arch, skip)
-    writer.add_uint32(f"{arch}.attention.key_length", head_dim)
-    writer.add_uint32(f"{arch}.attention.value_length", head_dim)
+    if arch == "gemma4":
+        gemma4_keys(writer, args, head_dim)
+    else:
+        writer.add_uint32(f"{arch}.attention.key_length", head_dim)
+        writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     writer.add_uint32(f"{arch}.embedding_length", args.hidden)
     writer.add_uint32(f"{arch}.block_count", args.layers)
     writer.add_uint32(f"{arch}.attention.head_count", args.heads)
@@ -175,7 +212,7 @@ def main():
         per_layer = [args.kv_heads if i in attending else 0 for i in range(args.layers)]
         writer.add_array(f"{arch}.attention.head_count_kv", per_layer)
         writer.add_uint32(f"{arch}.shortconv.l_cache", conv_kernel)
-    else:
+    elif arch != "gemma4":
         writer.add_uint32(f"{arch}.attention.head_count_kv", args.kv_heads)
     if qwen35:
         every = args.full_attention_interval
@@ -195,7 +232,8 @@ def main():
         writer.add_uint32(f"{arch}.ssm.inner_size", args.linear_value_heads * args.linear_head_dim)
     if arch != "qwen35moe":
         writer.add_uint32(f"{arch}.feed_forward_length", args.ffn)
-    writer.add_uint32(f"{arch}.rope.dimension_count", rotary_dim)
+    if arch != "gemma4":
+        writer.add_uint32(f"{arch}.rope.dimension_count", rotary_dim)
     if args.rope_theta is not None:
         writer.add_float32(f"{arch}.rope.freq_base", args.rope_theta)
     if args.rms_eps is not None:
@@ -251,6 +289,13 @@ def main():
 
     ones = np.ones(args.hidden, dtype=np.float32)
     add("token_embd.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
+    if arch == "gemma4":
+        gemma4_tensors(writer, args, vocab, head_dim, weight, add, rng)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return
     if args.untied:
         add("output.weight", weight(vocab, args.hidden, args.embd_quant or args.quant))
     # LFM2's converter names the final norm after the embedding.
@@ -333,6 +378,90 @@ def main():
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def gemma4_windowed(args):
+    """Per layer, whether it is windowed (every `--window-period`-th is global)."""
+    return [(i + 1) % args.window_period != 0 for i in range(args.layers)]
+
+
+def gemma4_keys(writer, args, head_dim):
+    """Gemma 4's keys, as llama.cpp's converter writes them."""
+    a = "gemma4"
+    windowed = gemma4_windowed(args)
+    global_kv = args.global_kv_heads or args.kv_heads
+    writer.add_uint32(f"{a}.context_length", 131072)
+    writer.add_uint32(f"{a}.attention.key_length", args.global_head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", args.global_head_dim)
+    writer.add_uint32(f"{a}.attention.key_length_swa", head_dim)
+    writer.add_uint32(f"{a}.attention.value_length_swa", head_dim)
+    writer.add_uint32(f"{a}.rope.dimension_count", args.global_head_dim)
+    writer.add_uint32(f"{a}.rope.dimension_count_swa", head_dim)
+    writer.add_float32(f"{a}.rope.freq_base", 1e6)
+    writer.add_float32(f"{a}.rope.freq_base_swa", 1e4)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_uint32(f"{a}.attention.sliding_window", args.sliding_window)
+    writer.add_array(f"{a}.attention.sliding_window_pattern", windowed)
+    writer.add_uint32(f"{a}.attention.shared_kv_layers", args.shared_kv_layers)
+    writer.add_uint32(f"{a}.embedding_length_per_layer_input", args.per_layer_width)
+    writer.add_float32(f"{a}.final_logit_softcapping", 30.0)
+    if global_kv != args.kv_heads:
+        writer.add_array(f"{a}.attention.head_count_kv",
+                         [args.kv_heads if w else global_kv for w in windowed])
+    else:
+        writer.add_uint32(f"{a}.attention.head_count_kv", args.kv_heads)
+
+
+def gemma4_tensors(writer, args, vocab, head_dim, weight, add, rng):
+    """Gemma 4's tensors after the embedding, by llama.cpp's names."""
+    h, n = args.hidden, args.layers
+    windowed = gemma4_windowed(args)
+    first_shared = n - args.shared_kv_layers
+    global_kv = args.global_kv_heads or args.kv_heads
+    ple = args.per_layer_width
+    ones = np.ones(h, dtype=np.float32)
+    writer.add_tensor("output_norm.weight", ones)
+    pairs = args.global_head_dim // 2
+    turning = pairs // 4
+    writer.add_tensor("rope_freqs.weight",
+                      np.array([1.0] * turning + [1e30] * (pairs - turning), dtype=np.float32))
+    if ple:
+        add("per_layer_token_embd.weight", weight(vocab, n * ple, args.embd_quant or args.quant))
+        add("per_layer_model_proj.weight", weight(n * ple, h))
+        writer.add_tensor("per_layer_proj_norm.weight", np.ones(ple, dtype=np.float32))
+    for i in range(n):
+        b = f"blk.{i}"
+        hd = head_dim if windowed[i] else args.global_head_dim
+        kv = args.kv_heads if windowed[i] else global_kv
+        for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            writer.add_tensor(f"{b}.{name}.weight", ones)
+        add(f"{b}.attn_q.weight", weight(args.heads * hd, h))
+        writer.add_tensor(f"{b}.attn_q_norm.weight", np.ones(hd, dtype=np.float32))
+        if i < first_shared:
+            add(f"{b}.attn_k.weight", weight(kv * hd, h))
+            writer.add_tensor(f"{b}.attn_k_norm.weight", np.ones(hd, dtype=np.float32))
+            if windowed[i] or not args.keys_as_values:
+                add(f"{b}.attn_v.weight", weight(kv * hd, h))
+        add(f"{b}.attn_output.weight", weight(h, args.heads * hd))
+        add(f"{b}.ffn_gate.weight", weight(args.ffn, h))
+        add(f"{b}.ffn_up.weight", weight(args.ffn, h))
+        add(f"{b}.ffn_down.weight", weight(h, args.ffn))
+        if args.experts:
+            e, f = args.experts, args.expert_ffn
+            quant = args.expert_quant or args.quant
+            router = rng.standard_normal((e, h), dtype=np.float32) * 0.02
+            writer.add_tensor(f"{b}.ffn_gate_inp.weight", router)
+            writer.add_tensor(f"{b}.ffn_gate_inp.scale", ones)
+            add(f"{b}.ffn_gate_up_exps.weight", weight(2 * f, h, quant, stack=e))
+            add(f"{b}.ffn_down_exps.weight", weight(h, f, quant, stack=e))
+            writer.add_tensor(f"{b}.ffn_down_exps.scale", np.ones(e, dtype=np.float32))
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                writer.add_tensor(f"{b}.{name}.weight", ones)
+        if ple:
+            add(f"{b}.inp_gate.weight", weight(ple, h))
+            add(f"{b}.proj.weight", weight(h, ple))
+            writer.add_tensor(f"{b}.post_norm.weight", ones)
+        writer.add_tensor(f"{b}.layer_output_scale.weight", np.ones(1, dtype=np.float32))
 
 
 if __name__ == "__main__":

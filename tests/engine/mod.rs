@@ -7,6 +7,7 @@ mod cache_salt;
 mod complete_or_length;
 mod framed_formats;
 mod gemma3;
+mod gemma4;
 mod lfm2;
 mod masked_sampling;
 mod mock_backend;

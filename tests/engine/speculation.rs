@@ -36,6 +36,8 @@ pub(crate) struct Setup {
     pub(crate) max_draft: usize,
     pub(crate) cost: CostCurve,
     pub(crate) recycling_state: Option<std::path::PathBuf>,
+    /// The windowed layers' own space, where they have one.
+    pub(crate) window: Option<kvcache::WindowConfig>,
 }
 
 impl Default for Setup {
@@ -48,6 +50,7 @@ impl Default for Setup {
             max_draft: 8,
             cost: CostCurve::flat(),
             recycling_state: None,
+            window: None,
         }
     }
 }
@@ -63,7 +66,7 @@ pub(crate) fn start(loaded: &LoadedModel, setup: Setup) -> (EngineHandle, JoinHa
                 block_size: setup.block_size,
                 prefix_caching: true,
                 watermark: 0.0,
-                window: None,
+                window: setup.window,
             },
         },
         max_pending: 64,
@@ -243,7 +246,7 @@ fn every_method_is_lossless_on_gptoss() {
 
 /// Every method equals plain decoding alone with large trees, and in batches of 4 and 16
 /// mixing methods with prefill chunks and preemption.
-fn assert_lossless_alone_and_in_mixed_batches(loaded: &LoadedModel) {
+pub(crate) fn assert_lossless_alone_and_in_mixed_batches(loaded: &LoadedModel) {
     let loaded = loaded.clone();
     let mut rng = StdRng::seed_from_u64(5);
     let prompts = repetitive_prompts(&mut rng, 16, 256);
