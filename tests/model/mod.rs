@@ -10,6 +10,7 @@ pub(crate) mod families_gguf;
 pub(crate) mod forward;
 mod gemma3_real;
 mod gemma4;
+mod gemma4_hf;
 mod gemma4_tokenizer;
 mod gptoss;
 mod gptoss_hf;

@@ -19,6 +19,7 @@ use crate::model::config::{
 };
 use crate::model::experts;
 use crate::model::hf_delta_net::{deal_dense, delta_net_parts};
+use crate::model::hf_gemma4;
 use crate::model::hf_gptoss::{self, HfGptOss};
 use crate::model::hf_granite::HfGranite;
 use crate::model::hf_hybrid::{windowed_layers, HfHybrid};
@@ -129,15 +130,26 @@ pub fn load_hf_dir(
     })?;
     let raw: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Metadata(format!("{}: {e}", config_path.display())))?;
+    let audio = raw.get("audio_config").is_some_and(|a| !a.is_null());
     let (raw, vision) = text_model(raw);
-    let hf: HfConfig = serde_json::from_value(raw)
-        .map_err(|e| Error::Metadata(format!("{}: {e}", config_path.display())))?;
-    if vision {
+    if vision || audio {
         tracing::info!(
-            "{}: the text model only (the vision tower's weights are not read)",
-            dir.display()
+            "{}: the text model only (the {} weights are not read)",
+            dir.display(),
+            match audio {
+                true => "vision and audio towers'",
+                false => "vision tower's",
+            }
         );
     }
+    if named_architecture(&raw).is_some_and(|a| a == Architecture::Gemma4) {
+        let files = safetensor_files(dir)?;
+        // SAFETY: the files are mapped read-only and not modified while the model is loaded.
+        let st = unsafe { MmapedSafetensors::multi(&files)? };
+        return hf_gemma4::load(dir, raw, &st, dtype, device);
+    }
+    let hf: HfConfig = serde_json::from_value(raw)
+        .map_err(|e| Error::Metadata(format!("{}: {e}", config_path.display())))?;
     let arch_name = hf
         .architectures
         .first()
@@ -145,12 +157,6 @@ pub fn load_hf_dir(
         .or(hf.model_type.clone())
         .ok_or_else(|| Error::Metadata("config.json names no architecture".into()))?;
     let architecture = Architecture::parse(&arch_name)?;
-    if architecture == Architecture::Gemma4 {
-        return Err(Error::Metadata(format!(
-            "{arch_name}: Gemma 4 loads from GGUF files; its Hugging Face checkpoints are not \
-             read yet"
-        )));
-    }
     hf.gptoss.check(architecture)?;
     let gptoss = architecture == Architecture::GptOss;
     let family = architecture.family();
@@ -441,7 +447,16 @@ pub fn load_hf_dir(
         final_norm: norm("model.norm", Role::Norm)?,
         lm_head,
     };
-    let eos_ids = match hf.eos_token_id {
+    Ok(HfModel {
+        config,
+        weights,
+        eos_ids: eos_ids(hf.eos_token_id),
+    })
+}
+
+/// `eos_token_id` of config.json (one id or a list) as ids.
+pub(crate) fn eos_ids(value: Option<serde_json::Value>) -> Vec<u32> {
+    match value {
         Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| x as u32).into_iter().collect(),
         Some(serde_json::Value::Array(xs)) => xs
             .iter()
@@ -449,12 +464,16 @@ pub fn load_hf_dir(
             .map(|x| x as u32)
             .collect(),
         _ => Vec::new(),
-    };
-    Ok(HfModel {
-        config,
-        weights,
-        eos_ids,
-    })
+    }
+}
+
+/// The architecture a text config names, where it names one thicket knows.
+fn named_architecture(raw: &serde_json::Value) -> Option<Architecture> {
+    let named = raw
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .or_else(|| raw.get("model_type"))?;
+    Architecture::parse(named.as_str()?).ok()
 }
 
 /// Refuses a config whose activation is not the one the family's forward computes.

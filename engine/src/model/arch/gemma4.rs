@@ -18,7 +18,12 @@ use crate::model::config::{Activation, RopeStyle};
 pub const FAMILY: Family = Family {
     architecture: Architecture::Gemma4,
     gguf: "gemma4",
-    hf: &["Gemma4ForCausalLM", "gemma4_text"],
+    hf: &[
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "gemma4_text",
+        "gemma4",
+    ],
     attention_bias: false,
     qk_norm: true,
     fused_projections: false,

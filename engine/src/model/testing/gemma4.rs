@@ -120,7 +120,7 @@ impl TinyGemma4 {
 
 /// Every tensor of `spec` by its GGUF name, drawn from its seed (norms, scales and the RoPE
 /// divisors marked f32).
-fn draw(spec: &TinyGemma4) -> Result<Vec<Named>> {
+pub(super) fn draw(spec: &TinyGemma4) -> Result<Vec<Named>> {
     let (h, v, heads) = (spec.hidden_size, spec.vocab_size, spec.num_heads);
     let n = spec.num_layers();
     let mut d = Drawer {

@@ -11,6 +11,7 @@ use crate::model::config::Architecture;
 use crate::{Error, Result};
 
 mod gemma4;
+mod gemma4_hf;
 mod gguf;
 mod gptoss;
 mod gptoss_hf;
@@ -24,6 +25,7 @@ mod qwen3next_hf;
 mod retype;
 
 pub use gemma4::{write_tiny_gemma4_gguf, TinyGemma4};
+pub use gemma4_hf::write_tiny_gemma4_hf;
 pub use gguf::write_tiny_gguf;
 pub use gptoss::{write_tiny_gptoss_gguf, TinyGptOss};
 pub use gptoss_hf::{write_tiny_gptoss_hf, GptOssHfConfig};
