@@ -65,6 +65,17 @@ pub fn forward_costs(
     sizes: &[usize],
     repeats: usize,
 ) -> Result<Vec<MeasuredCurve>> {
+    forward_costs_of(models, context_len, sizes, (repeats, LogitRows::All))
+}
+
+/// `forward_costs` with the new tokens' `logits` (every token's, as a draft verified, or
+/// the last's, as a prefill chunk that ends its prompt).
+pub fn forward_costs_of(
+    models: &[&Model],
+    context_len: usize,
+    sizes: &[usize],
+    (repeats, logits): (usize, LogitRows),
+) -> Result<Vec<MeasuredCurve>> {
     let block_size = 16;
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let mut pool = BlockPool::new((context_len + largest).div_ceil(block_size), block_size);
@@ -116,7 +127,7 @@ pub fn forward_costs(
                 context_len,
                 &table,
                 &TokenTree::chain(&tokens),
-                LogitRows::All,
+                logits,
             )?;
             // Verified, not kept: every repeat starts from the context's state.
             batch.set_state(

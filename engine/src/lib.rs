@@ -52,6 +52,7 @@ pub mod sampler;
 pub mod spec;
 pub mod tree;
 pub(crate) mod tree_batch;
+mod tree_batch_cut;
 mod validation;
 
 pub use backend::{Backend, CpuBackend, MockBackend};

@@ -14,7 +14,10 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device};
 use engine::cpu::kv_store::{KvDtype, LayerStorage};
 use engine::model::testing::{write_tiny_gemma4_gguf, TinyGemma4};
-use engine::Model;
+use engine::{LogitRows, Model, TokenTree, TreeBatch};
+use kvcache::{BlockPool, BlockTable};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::hybrid_checks::{
     chunked_prefill_gives_token_by_token, fused_gives_candle_bits, tree_nodes_give_root_paths,
@@ -157,4 +160,93 @@ fn gemma4_mixture_fused_pass_chunks_and_trees_keep_their_bits() {
     fused_gives_candle_bits(&model);
     chunked_prefill_gives_token_by_token(&model, 7);
     tree_nodes_give_root_paths(&model, 8);
+}
+
+/// Logits of two steps of three sequences (prompts of 13, 21 and 6 tokens; then a draft tree
+/// of 9 nodes, the rest of the second prompt, and one token), where the prompt chunks return
+/// the logits `wanted` says (the tree always every node's), by sequence and step.
+fn two_steps(model: &Model, wanted: LogitRows) -> Vec<Vec<Vec<u32>>> {
+    let bs = 8;
+    let vocab = model.config().vocab_size as u32;
+    let mut rng = StdRng::seed_from_u64(11);
+    let prompts: Vec<Vec<u32>> = [13, 21, 6]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let tree = super::forward::random_tree(&mut rng, 9, vocab);
+    let mut pool = BlockPool::new(24, bs);
+    let tables: Vec<BlockTable> = (0..3)
+        .map(|_| {
+            let mut t = BlockTable::new();
+            assert!(t.ensure_capacity(40, &mut pool));
+            t
+        })
+        .collect();
+    let mut kv = model.new_kv_store(pool.num_slots());
+    let steps: [[(usize, TokenTree, LogitRows); 3]; 2] = [
+        [
+            (0, TokenTree::chain(&prompts[0]), wanted),
+            (0, TokenTree::chain(&prompts[1][..15]), LogitRows::None),
+            (0, TokenTree::chain(&prompts[2]), wanted),
+        ],
+        [
+            (13, tree, LogitRows::All),
+            (15, TokenTree::chain(&prompts[1][15..]), wanted),
+            (6, TokenTree::chain(&[7]), wanted),
+        ],
+    ];
+    let mut out = vec![Vec::new(); 3];
+    for (index, step) in steps.into_iter().enumerate() {
+        let mut batch = TreeBatch::new(bs);
+        let mut ranges = Vec::new();
+        for (s, (context, tree, rows)) in step.iter().enumerate() {
+            ranges.push(batch.push(*context, &tables[s], tree, *rows).unwrap());
+        }
+        let logits = model.forward(&batch, &mut kv).unwrap();
+        let vocab = vocab as usize;
+        let all: Vec<u32> = logits
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        // Each sequence's logit rows, in the order the batch returns them.
+        let mut at = 0;
+        for (s, (_, _, rows)) in step.iter().enumerate() {
+            let n = match rows {
+                LogitRows::None => 0,
+                LogitRows::Last => 1,
+                LogitRows::All => ranges[s].len(),
+            };
+            let mine = all[at * vocab..(at + n) * vocab].to_vec();
+            // Of a prompt chunk's every row, the last (the one the other run returns).
+            let tree = index == 1 && s == 0;
+            let mine = match wanted == LogitRows::All && n > 0 && !tree {
+                true => mine[(n - 1) * vocab..].to_vec(),
+                false => mine,
+            };
+            out[s].push(mine);
+            at += n;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layers_reading_shared_kv_run_only_for_the_rows_that_give_logits() {
+    // Past layer 4, the last that writes, a prompt chunk keeps only its last row (and one
+    // that ends no prompt none): the logits are the bits of the run that computes every row,
+    // on the fused pass and against candle's, which computes every row.
+    let (model, _) = load(&TinyGemma4::default(), GgmlDType::Q8_0, None);
+    assert_eq!(model.config().reading_tail(), Some(5));
+    let every = two_steps(&model, LogitRows::All);
+    let cut = two_steps(&model, LogitRows::Last);
+    assert_eq!(cut, every);
+    let candle = two_steps(&model.clone().without_fused_pass(), LogitRows::Last);
+    assert_eq!(cut, candle);
+    // Every sequence gave logits at some step; the tree all nine nodes'.
+    assert!(cut.iter().all(|steps| steps.iter().any(|l| !l.is_empty())));
+    assert_eq!(cut[0][1].len(), 9 * model.config().vocab_size);
 }

@@ -9,7 +9,7 @@ pub fn run(
     loaded: &LoadedModel,
     context: usize,
     sizes: &[usize],
-    repeats: usize,
+    (repeats, last_logits): (usize, bool),
 ) -> anyhow::Result<()> {
     println!(
         "CPU: {}; quantized matmul: {} kernel, {} path; layers: {}",
@@ -35,7 +35,12 @@ pub fn run(
         .then(|| loaded.model.clone().without_fused_pass());
     let mut models = vec![&loaded.model];
     models.extend(unfused.as_ref());
-    let curves = engine::calibration::forward_costs(&models, context, sizes, repeats)?;
+    let logits = match last_logits {
+        true => engine::LogitRows::Last,
+        false => engine::LogitRows::All,
+    };
+    let curves =
+        engine::calibration::forward_costs_of(&models, context, sizes, (repeats, logits))?;
     for curve in &curves {
         println!("Backend: {}", curve.backend);
     }

@@ -29,6 +29,10 @@ pub(super) enum BenchCommand {
         /// Timed runs per size (median reported).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Only the last new token's logits, as a prefill chunk that ends its prompt (default:
+        /// every token's, as a draft verified).
+        #[arg(long)]
+        last_logits: bool,
     },
     /// Output tokens/s of the serving engine at several concurrencies (greedy, fixed length).
     Engine {
@@ -63,7 +67,8 @@ pub(super) fn run(bench: BenchCommand) -> anyhow::Result<()> {
             context,
             sizes,
             repeats,
-        } => forward::run(&load(&model)?, context, &sizes, repeats),
+            last_logits,
+        } => forward::run(&load(&model)?, context, &sizes, (repeats, last_logits)),
         BenchCommand::Engine {
             model,
             engine,

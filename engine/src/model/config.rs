@@ -410,6 +410,16 @@ impl ModelConfig {
         self.variant.layers.get(index).copied().unwrap_or_default()
     }
 
+    /// The first of the layers at the end that write nothing of their own (each reads an
+    /// earlier layer's keys and values), where there are such layers after one that writes.
+    pub fn reading_tail(&self) -> Option<usize> {
+        let first = (0..self.num_layers)
+            .rev()
+            .take_while(|&i| self.layer_attention(i).kv_from.is_some())
+            .last()?;
+        (first > 0).then_some(first)
+    }
+
     /// Layer `index`'s token mixer.
     pub fn layer_mixer(&self, index: usize) -> LayerMixer {
         self.variant.mixers.get(index).copied().unwrap_or_default()

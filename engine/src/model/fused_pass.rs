@@ -230,11 +230,15 @@ impl FusedWeights {
         kv: &mut PagedKvStore,
         w: &mut Workspace,
     ) -> Result<Tensor> {
-        let rows = batch.num_rows();
+        let mut rows = batch.num_rows();
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
-        let reaches = (0..cfg.num_layers).filter_map(|i| cfg.layer_reach(i));
-        let windows = WindowViews::new(batch, reaches)?;
+        let reaches = || (0..cfg.num_layers).filter_map(|i| cfg.layer_reach(i));
+        let mut windows = WindowViews::new(batch, reaches())?;
+        let full = batch;
+        // Past the last layer that writes, only the rows that give logits (`cut_to_logit_rows`).
+        let mut cut: Option<TreeBatch> = None;
+        let tail = cfg.reading_tail();
         let mut clock = Clock::new(profiling());
         weights.embedding.rows_into(&batch.token_ids, &mut w.x)?;
         if let Some(scale) = cfg.variant.embedding_scale {
@@ -248,6 +252,22 @@ impl FusedWeights {
         }
         w.h.resize(rows * hidden, 0.0);
         for (index, layer) in self.layers.iter().enumerate() {
+            if Some(index) == tail {
+                if full.logit_rows.is_empty() {
+                    break;
+                }
+                if let Some((fewer, kept)) = full.cut_to_logit_rows() {
+                    keep_rows(&mut w.x, &kept, hidden);
+                    if let Some(p) = &self.per_layer {
+                        keep_rows(&mut w.per_layer.inputs, &kept, p.width() * cfg.num_layers);
+                    }
+                    rows = fewer.num_rows();
+                    w.h.resize(rows * hidden, 0.0);
+                    windows = WindowViews::new(&fewer, reaches())?;
+                    cut = Some(fewer);
+                }
+            }
+            let batch = cut.as_ref().unwrap_or(full);
             rms_norm(&w.x, &layer.attn_norm, eps, &mut w.h);
             clock.lap(|p| &mut p.other);
             let at = FusedAt {
@@ -294,7 +314,7 @@ impl FusedWeights {
             }
             clock.lap(|p| &mut p.other);
         }
-        let wanted = &batch.logit_rows;
+        let wanted = &cut.as_ref().unwrap_or(full).logit_rows;
         let vocab = cfg.vocab_size;
         if wanted.is_empty() {
             return Ok(Tensor::zeros(
@@ -371,6 +391,14 @@ impl Drop for Clock {
 }
 
 /// A mixer's or MLP's output times the family's residual scale, where it has one (Granite).
+/// Keeps rows `kept` (ascending) of `values` (`[rows, width]`), in order.
+fn keep_rows(values: &mut Vec<f32>, kept: &[usize], width: usize) {
+    for (to, &from) in kept.iter().enumerate() {
+        values.copy_within(from * width..(from + 1) * width, to * width);
+    }
+    values.truncate(kept.len() * width);
+}
+
 fn scale_residual(cfg: &ModelConfig, out: &mut [f32]) {
     if let Some(scale) = cfg.variant.residual_scale {
         for v in out {

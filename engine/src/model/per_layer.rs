@@ -62,7 +62,7 @@ pub(crate) struct FusedLayerInput {
 #[derive(Default)]
 pub(crate) struct PerLayerBuffers {
     /// `[rows][layers * width]`: every row's inputs for every layer.
-    inputs: Vec<f32>,
+    pub(super) inputs: Vec<f32>,
     gate: Vec<f32>,
     mine: Vec<f32>,
     out: Vec<f32>,
