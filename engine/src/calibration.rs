@@ -123,12 +123,7 @@ pub fn forward_costs_of(
         .map(|&n| {
             let tokens: Vec<u32> = (context_len..context_len + n).map(token).collect();
             let mut batch = TreeBatch::new(block_size);
-            batch.push(
-                context_len,
-                &table,
-                &TokenTree::chain(&tokens),
-                logits,
-            )?;
+            batch.push(context_len, &table, &TokenTree::chain(&tokens), logits)?;
             // Verified, not kept: every repeat starts from the context's state.
             batch.set_state(
                 0,

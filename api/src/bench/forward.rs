@@ -39,8 +39,7 @@ pub fn run(
         true => engine::LogitRows::Last,
         false => engine::LogitRows::All,
     };
-    let curves =
-        engine::calibration::forward_costs_of(&models, context, sizes, (repeats, logits))?;
+    let curves = engine::calibration::forward_costs_of(&models, context, sizes, (repeats, logits))?;
     for curve in &curves {
         println!("Backend: {}", curve.backend);
     }
