@@ -11,9 +11,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::speculation::{
-    assert_lossless_alone_and_in_mixed_batches, plain_outputs, request, run_all, start, Setup,
+    assert_lossless_alone_and_in_mixed_batches, gguf_loaded, plain_outputs, request, run_all,
+    start, Setup,
 };
-use engine::model::testing::write_tiny_tokenizer;
 
 fn loaded(spec: engine::model::testing::TinyGemma4) -> (tempfile::TempDir, LoadedModel) {
     let dir = tempfile::tempdir().unwrap();
@@ -21,22 +21,14 @@ fn loaded(spec: engine::model::testing::TinyGemma4) -> (tempfile::TempDir, Loade
         vocab_size: 256,
         ..spec
     };
-    let path = dir.path().join("gemma4.gguf");
-    engine::model::testing::write_tiny_gemma4_gguf(
-        &path,
-        &spec,
-        candle_core::quantized::GgmlDType::Q8_0,
-    )
-    .unwrap();
-    let cpu = candle_core::Device::Cpu;
-    let (config, weights) = engine::model::gguf::load_gguf_weights(&path, None, &cpu).unwrap();
-    write_tiny_tokenizer(dir.path(), spec.vocab_size).unwrap();
-    let loaded = LoadedModel {
-        model: engine::Model::new(config, weights, cpu).unwrap(),
-        tokenizer: engine::ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap(),
-        source: engine::model::fetch::ModelSource::Gguf(path),
-    };
-    assert!(loaded.model.is_fused());
+    let loaded = gguf_loaded(dir.path(), "gemma4.gguf", spec.vocab_size, |path| {
+        engine::model::testing::write_tiny_gemma4_gguf(
+            path,
+            &spec,
+            candle_core::quantized::GgmlDType::Q8_0,
+        )
+        .unwrap()
+    });
     (dir, loaded)
 }
 

@@ -225,23 +225,37 @@ fn every_method_is_lossless_on_gptoss() {
         vocab_size: 256,
         ..Default::default()
     };
-    let path = dir.path().join("gptoss.gguf");
-    engine::model::testing::write_tiny_gptoss_gguf(
-        &path,
-        &spec,
-        candle_core::quantized::GgmlDType::Q8_0,
-    )
-    .unwrap();
+    let loaded = gguf_loaded(dir.path(), "gptoss.gguf", spec.vocab_size, |path| {
+        engine::model::testing::write_tiny_gptoss_gguf(
+            path,
+            &spec,
+            candle_core::quantized::GgmlDType::Q8_0,
+        )
+        .unwrap()
+    });
+    assert_lossless_alone_and_in_mixed_batches(&loaded);
+}
+
+/// The GGUF `write` puts at `dir/name` (quantized, on the fused pass), with a tiny tokenizer of
+/// `vocab` tokens beside it.
+pub(crate) fn gguf_loaded(
+    dir: &Path,
+    name: &str,
+    vocab: usize,
+    write: impl FnOnce(&Path),
+) -> LoadedModel {
+    let path = dir.join(name);
+    write(&path);
     let cpu = candle_core::Device::Cpu;
     let (config, weights) = engine::model::gguf::load_gguf_weights(&path, None, &cpu).unwrap();
-    write_tiny_tokenizer(dir.path(), spec.vocab_size).unwrap();
+    write_tiny_tokenizer(dir, vocab).unwrap();
     let loaded = LoadedModel {
         model: engine::Model::new(config, weights, cpu).unwrap(),
-        tokenizer: engine::ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap(),
+        tokenizer: engine::ModelTokenizer::from_hf_dir(dir, Vec::new()).unwrap(),
         source: engine::model::fetch::ModelSource::Gguf(path),
     };
     assert!(loaded.model.is_fused());
-    assert_lossless_alone_and_in_mixed_batches(&loaded);
+    loaded
 }
 
 /// Every method equals plain decoding alone with large trees, and in batches of 4 and 16
