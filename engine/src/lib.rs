@@ -21,6 +21,8 @@
 //!               methods/ (a file or a folder per draft source) and the engine-side
 //!               coordinator
 //! constraint/   output formats (llguidance): JSON schema, grammars, tool calls
+//! encoder/      encoders (BERT): embeddings and cross-encoder scores, on a thread of their
+//!               own that packs every queued input into one bidirectional forward
 //! engine_loop/  the one thread's step: intake -> schedule -> batch -> forward -> decide
 //!               -> update -> emit (the diagram in engine_loop/mod.rs)
 //! handle        spawning the engine thread; the channels in and out
@@ -42,6 +44,7 @@ pub mod backend;
 pub mod calibration;
 pub mod constraint;
 pub mod cpu;
+pub mod encoder;
 mod engine_loop;
 mod error;
 pub mod handle;

@@ -13,6 +13,7 @@ mod harmony;
 mod harmony_reference;
 mod mock_server;
 mod no_chat_template;
+mod pooling;
 mod reasoning;
 mod scripted;
 mod tool_formats;

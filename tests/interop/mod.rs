@@ -1,10 +1,11 @@
 //! Third-party clients and tools, pinned and installed under `target/`, against the real
-//! `thicket serve`: the `openai` package, the agent SDKs, aiperf, schemathesis, and
+//! `thicket serve`: the `openai` package (on a chat model and on an encoder), the agent SDKs, aiperf, schemathesis, and
 //! vllm-router with the Kubernetes example.
 
 mod agent_sdks;
 mod aiperf;
-mod openai_client;
+pub(crate) mod openai_client;
+mod openai_embeddings;
 mod reasoning_clients;
 mod schemathesis;
 mod vllm_router;

@@ -17,7 +17,7 @@ const OPENAI_VERSION: &str = "3.54.0";
 /// The plain HTTP client the disconnect check uses.
 const HTTPX_VERSION: &str = "0.28.1";
 
-fn python_deps() -> PathBuf {
+pub(crate) fn python_deps() -> PathBuf {
     python_packages(
         &format!("openai-{OPENAI_VERSION}-httpx-{HTTPX_VERSION}"),
         &[

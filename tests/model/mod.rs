@@ -5,6 +5,7 @@
 
 mod candle_oracle;
 mod cuda;
+pub(crate) mod encoder;
 pub(crate) mod families;
 pub(crate) mod families_gguf;
 pub(crate) mod forward;

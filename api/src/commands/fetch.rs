@@ -1,6 +1,7 @@
 //! `thicket fetch ALIAS`: downloads, assembles and verifies a model of the catalogue into the
 //! models directory, prints its path, and writes its tokenizer beside it in Hugging Face's
-//! layout for clients that cannot reach a hub.
+//! layout for clients that cannot reach a hub (a model published as a Hugging Face folder
+//! already holds its `tokenizer.json`).
 
 use anyhow::bail;
 use engine::model::fetch::{find_alias, models_dir};
@@ -17,6 +18,9 @@ pub fn run(alias: &str) -> anyhow::Result<()> {
     };
     let path = engine::model::fetch::fetch(model, &models_dir())?;
     println!("{}", path.display());
+    if model.is_directory() {
+        return Ok(());
+    }
     let (content, _) = engine::model::gguf::read_content(&path)?;
     let tokenizer = engine::ModelTokenizer::from_gguf(&content)?;
     let dir = models_dir().join(format!("{alias}.tokenizer"));

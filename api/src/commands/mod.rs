@@ -113,6 +113,47 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The folder of the encoder `args` names (fetching an alias if needed), `None` for a model
+/// that generates.
+fn encoder_dir(args: &ModelArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let path = std::path::Path::new(&args.model);
+    let is_alias = engine::model::fetch::find_alias(&args.model).is_some_and(|a| a.is_directory());
+    if !(path.is_dir() || is_alias && !path.exists()) {
+        return Ok(None);
+    }
+    match engine::model::fetch::resolve_model(&args.model)
+        .with_context(|| format!("fetching model '{}'", args.model))?
+    {
+        engine::model::fetch::ModelSource::HfDir(dir) if engine::encoder::is_encoder_dir(&dir) => {
+            Ok(Some(dir))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Loads the encoder in `dir` and starts its thread.
+fn start_encoder(
+    dir: &std::path::Path,
+    args: &ModelArgs,
+) -> anyhow::Result<(engine::encoder::EncoderHandle, std::thread::JoinHandle<()>)> {
+    let started = Instant::now();
+    let encoder = engine::encoder::Encoder::load(dir, args.dtype)
+        .with_context(|| format!("loading encoder '{}'", args.model))?;
+    announce(&format!(
+        "loaded {} (an encoder: {} layers, {} wide, {:?}, inputs up to {} tokens) in {:.1}s",
+        args.model,
+        encoder.model.config().num_layers,
+        encoder.model.config().hidden_size,
+        encoder.task,
+        encoder.tokenizer.max_length(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(engine::encoder::spawn_encoder(
+        encoder,
+        engine::encoder::EncoderServeConfig::default(),
+    )?)
+}
+
 /// Loads (fetching if needed) the model named by `args`.
 fn load(args: &ModelArgs) -> anyhow::Result<LoadedModel> {
     let started = Instant::now();

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use super::{announce, load};
+use super::{announce, encoder_dir, load, start_encoder};
 use crate::args::{spawn, EngineArgs, ModelArgs};
 use crate::chat::check_template;
 use crate::server::openai::responses::store::{
@@ -137,6 +137,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        if let Some(dir) = encoder_dir(&args.model)? {
+            let (handle, thread) = start_encoder(&dir, &args.model)?;
+            loader_state.set_encoder(handle);
+            announce(&format!(
+                "ready: serving '{}' on /v1/embeddings, /v1/rerank and /v1/score",
+                loader_state.model_name()
+            ));
+            return Ok(thread);
+        }
         let loaded = load(&args.model)?;
         let config = args.engine.config(&loaded.model)?;
         let (handle, thread) = spawn(&loaded, config)?;
@@ -168,9 +177,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let served = server.await;
-    if let Some(engine) = state.started_engine() {
-        engine.shutdown();
-    }
+    state.stop_workers();
     if let Some(thread) = engine_thread {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
@@ -221,14 +228,10 @@ async fn shutdown_signal(
     ));
     state.begin_shutdown();
     let deadline = tokio::time::Instant::now() + grace;
-    while state.started_engine().is_some_and(|e| e.pending() > 0)
-        && tokio::time::Instant::now() < deadline
-    {
+    while state.pending() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if let Some(engine) = state.started_engine() {
-        engine.shutdown();
-    }
+    state.stop_workers();
 }
 
 /// `--reasoning-parser` (with `--reasoning-start` and `--reasoning-end` for `generic`): `auto`,

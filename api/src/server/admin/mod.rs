@@ -63,7 +63,7 @@ pub struct DetokenizeRequest {
 
 /// `GET /health`: 200 once the model has loaded, 503 before and while shutting down.
 pub(super) async fn health(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
-    state.engine()?;
+    state.ready()?;
     Ok(Json(serde_json::json!({"status": "ok"})))
 }
 
@@ -81,22 +81,29 @@ pub(super) async fn render_metrics(State(state): State<AppState>) -> Response {
     response
 }
 
-fn card(state: &AppState, engine: &EngineHandle) -> ModelCard {
-    ModelCard {
+/// The served model's card: its longest sequence from the engine or the encoder.
+fn card(state: &AppState) -> ApiResult<ModelCard> {
+    state.ready()?;
+    let max_model_len = match state.started_encoder() {
+        Some(encoder) => encoder.tokenizer().max_length(),
+        None => state
+            .engine()
+            .map(|e: &EngineHandle| e.limits().max_model_len)?,
+    };
+    Ok(ModelCard {
         id: state.model_name().to_string(),
         object: "model",
         created: state.inner.created,
         owned_by: "thicket",
-        max_model_len: engine.limits().max_model_len,
-    }
+        max_model_len,
+    })
 }
 
 /// `GET /v1/models`.
 pub(super) async fn models(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
-    let engine = state.engine()?;
     Ok(Json(serde_json::json!({
         "object": "list",
-        "data": [card(&state, engine)],
+        "data": [card(&state)?],
     })))
 }
 
@@ -105,11 +112,11 @@ pub(super) async fn model(
     State(state): State<AppState>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> ApiResult<Json<ModelCard>> {
-    let engine = state.engine()?;
+    let card = card(&state)?;
     if name != state.model_name() {
         return Err(ApiError::unknown_model(&name, state.model_name()));
     }
-    Ok(Json(card(&state, engine)))
+    Ok(Json(card))
 }
 
 /// `POST /tokenize`.
