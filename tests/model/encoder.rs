@@ -53,8 +53,7 @@ fn thicket_embeddings(encoder: &Encoder, inputs: &[EncoderInput]) -> Vec<Vec<f32
     let EncoderTask::Embed(pooling) = encoder.task else {
         panic!("MiniLM is an embedding model")
     };
-    let states = encoder.model.forward(inputs).unwrap();
-    let flat = states.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let flat = encoder.model.forward(inputs).unwrap();
     let hidden = encoder.model.config().hidden_size;
     engine::encoder::bert::spans(inputs)
         .into_iter()

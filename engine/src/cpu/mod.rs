@@ -2,7 +2,8 @@
 //! tree attention (`attention`: its driver and inner loops), the paged KV store it reads and
 //! writes in place (`kv_store`), the gated delta rule of linear-attention layers in its
 //! recurrent and chunked forms (`delta_rule`) and the one-token steps of it and of Mamba-2
-//! (`delta_step`), the vectorised softmax and `exp`, SiLU, fixed-order
+//! (`delta_step`), the dense f32 projection with its weight packed once (`sgemm`), the
+//! vectorised softmax and `exp`, SiLU and GELU, fixed-order
 //! reductions (`reduce`) and the team of pool workers a forward runs its parallel loops on
 //! (`team`). The model's one-pass forward (`crate::model`) is built from these; nothing here
 //! knows what a model, a request or a drafter is. Every kernel computes a row's result
@@ -14,6 +15,7 @@ pub mod delta_step;
 pub mod kv_store;
 pub mod qgemm;
 pub(crate) mod reduce;
-pub(crate) mod silu;
+pub mod sgemm;
+pub mod silu;
 pub(crate) mod softmax;
 pub(crate) mod team;

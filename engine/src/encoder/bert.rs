@@ -1,14 +1,20 @@
 //! `BertEncoder`: a BERT encoder's weights and its forward over a packed batch. Every
 //! sequence's tokens sit in one `[tokens, hidden]` matrix, so each projection is one matmul
-//! for the whole batch with no padding; attention is bidirectional within a sequence and never
-//! across, computed row by row on the CPU; nothing is cached between calls. A cross-encoder
-//! adds BERT's pooler (`tanh` of a projection of `[CLS]`) and its classifier.
+//! for the whole batch with no padding (f32 weights packed once for `cpu::sgemm`, or any
+//! `Linear` for the other dtypes); attention is bidirectional within a sequence and never
+//! across, computed row by row; the norms and GELU run row by row on the team's workers, and
+//! nothing is cached between calls. A cross-encoder adds BERT's pooler (`tanh` of a projection
+//! of `[CLS]`) and its classifier.
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
-use rayon::prelude::*;
 
 use super::config::{EncoderActivation, EncoderConfig, EncoderTask};
+use crate::cpu::reduce::dot;
+use crate::cpu::sgemm::PackedF32;
+use crate::cpu::silu::{gelu_erf, gelu_tanh};
+use crate::cpu::softmax::softmax_in_place;
+use crate::cpu::team::{self, Disjoint};
 use crate::model::linear::Linear;
 use crate::{Error, Result};
 
@@ -22,31 +28,79 @@ pub struct EncoderInput {
 }
 
 struct Norm {
-    weight: Tensor,
-    bias: Tensor,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// One projection: f32 packed for `sgemm`, or a `Linear` (Q8_0, f16, bf16).
+enum Projection {
+    Packed(PackedF32),
+    Linear(Linear, usize),
+}
+
+impl Projection {
+    fn new(weight: Tensor, bias: Tensor, dtype: Option<DType>) -> Result<Self> {
+        let (n, k) = weight.dims2()?;
+        Ok(match dtype {
+            Some(DType::F32) => Self::Packed(PackedF32::pack(
+                &weight.flatten_all()?.to_vec1::<f32>()?,
+                n,
+                k,
+                Some(&bias.to_vec1::<f32>()?),
+            )),
+            _ => Self::Linear(Linear::from_dense(weight, Some(bias), dtype)?, k),
+        })
+    }
+
+    fn rows(&self) -> usize {
+        match self {
+            Self::Packed(p) => p.rows(),
+            Self::Linear(l, _) => l.rows(),
+        }
+    }
+
+    fn weight_bytes(&self) -> usize {
+        match self {
+            Self::Packed(p) => p.bytes(),
+            Self::Linear(l, _) => l.weight_bytes(),
+        }
+    }
+
+    /// `out = x W^T + b` for the `rows` rows of `x`; `out` is resized to fit.
+    fn forward(&self, x: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        out.resize(rows * self.rows(), 0.0);
+        match self {
+            Self::Packed(p) => p.matmul(x, rows, out),
+            Self::Linear(l, k) => {
+                let input = Tensor::from_slice(&x[..rows * k], (rows, *k), &Device::Cpu)?;
+                out.copy_from_slice(&l.forward(&input)?.flatten_all()?.to_vec1::<f32>()?);
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Layer {
     /// Query, key and value projections stacked: `[3 hidden, hidden]`.
-    qkv: Linear,
-    out: Linear,
+    qkv: Projection,
+    out: Projection,
     attention_norm: Norm,
-    up: Linear,
-    down: Linear,
+    up: Projection,
+    down: Projection,
     output_norm: Norm,
 }
 
 struct Classifier {
-    pooler: Linear,
-    classifier: Linear,
+    pooler: Projection,
+    classifier: Projection,
 }
 
 /// A loaded BERT encoder.
 pub struct BertEncoder {
     config: EncoderConfig,
-    words: Tensor,
-    positions: Tensor,
-    types: Option<Tensor>,
+    words: Vec<f32>,
+    positions: Vec<f32>,
+    types: Option<Vec<f32>>,
     embedding_norm: Norm,
     layers: Vec<Layer>,
     classifier: Option<Classifier>,
@@ -83,23 +137,27 @@ impl Names<'_> {
 
     fn norm(&self, name: &str) -> Result<Norm> {
         Ok(Norm {
-            weight: self.tensor(&format!("{name}.weight"))?,
-            bias: self.tensor(&format!("{name}.bias"))?,
+            weight: self.tensor(&format!("{name}.weight"))?.to_vec1::<f32>()?,
+            bias: self.tensor(&format!("{name}.bias"))?.to_vec1::<f32>()?,
         })
     }
 
-    fn linear(&self, name: &str, dtype: Option<DType>) -> Result<Linear> {
-        Linear::from_dense(
+    fn linear(&self, name: &str, dtype: Option<DType>) -> Result<Projection> {
+        Projection::new(
             self.tensor(&format!("{name}.weight"))?,
-            Some(self.tensor(&format!("{name}.bias"))?),
+            self.tensor(&format!("{name}.bias"))?,
             dtype,
         )
     }
 }
 
+fn table(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
+}
+
 impl BertEncoder {
-    /// Loads the weights of `config` from `st`; dense weights in `dtype`, or Q8_0 where
-    /// `dtype` is `None`.
+    /// Loads the weights of `config` from `st`; projections in `dtype` (f32: packed for
+    /// `cpu::sgemm`), or Q8_0 where `dtype` is `None`.
     pub fn load(
         st: &MmapedSafetensors,
         config: EncoderConfig,
@@ -150,7 +208,7 @@ impl BertEncoder {
                 0,
             )?;
             layers.push(Layer {
-                qkv: Linear::from_dense(qkv_weight, Some(qkv_bias), dtype)?,
+                qkv: Projection::new(qkv_weight, qkv_bias, dtype)?,
                 out: names.linear(&at("attention.output.dense"), dtype)?,
                 attention_norm: names.norm(&at("attention.output.LayerNorm"))?,
                 up: names.linear(&at("intermediate.dense"), dtype)?,
@@ -161,9 +219,9 @@ impl BertEncoder {
         let classifier = match task {
             EncoderTask::Embed(_) => None,
             EncoderTask::Classify { labels } => {
-                let classifier = Linear::from_dense(
+                let classifier = Projection::new(
                     names.raw("classifier.weight")?,
-                    Some(names.raw("classifier.bias")?),
+                    names.raw("classifier.bias")?,
                     Some(DType::F32),
                 )?;
                 if classifier.rows() != labels {
@@ -181,9 +239,9 @@ impl BertEncoder {
         Ok(Self {
             embedding_norm: names.norm("embeddings.LayerNorm")?,
             config,
-            words,
-            positions,
-            types,
+            words: table(&words)?,
+            positions: table(&positions)?,
+            types: types.as_ref().map(table).transpose()?,
             layers,
             classifier,
         })
@@ -203,7 +261,7 @@ impl BertEncoder {
         ]
         .into_iter()
         .flatten()
-        .map(|t| t.elem_count() * 4)
+        .map(|t| t.len() * 4)
         .sum::<usize>();
         tables
             + self
@@ -251,75 +309,126 @@ impl BertEncoder {
         Ok(())
     }
 
-    /// The last layer's state of every token of `inputs`, packed: `[sum of lengths, hidden]`.
-    /// Inputs must have passed [`BertEncoder::check`].
-    pub fn forward(&self, inputs: &[EncoderInput]) -> Result<Tensor> {
+    /// The last layer's state of every token of `inputs`, packed: `[sum of lengths, hidden]`
+    /// row-major. Inputs must have passed [`BertEncoder::check`].
+    pub fn forward(&self, inputs: &[EncoderInput]) -> Result<Vec<f32>> {
+        team::with_team(|| self.forward_in_team(inputs))
+    }
+
+    fn forward_in_team(&self, inputs: &[EncoderInput]) -> Result<Vec<f32>> {
         let spans = spans(inputs);
-        let total = spans.last().map_or(0, |&(start, len)| start + len);
-        if total == 0 {
+        let rows = spans.last().map_or(0, |&(start, len)| start + len);
+        if rows == 0 {
             return Err(Error::InvalidBatch("no tokens to encode".into()));
         }
-        let ids: Vec<u32> = inputs.iter().flat_map(|i| i.ids.iter().copied()).collect();
-        let positions: Vec<u32> = spans.iter().flat_map(|&(_, len)| 0..len as u32).collect();
-        let device = Device::Cpu;
-        let mut x = self
-            .words
-            .index_select(&Tensor::new(ids.as_slice(), &device)?, 0)?
-            .add(
-                &self
-                    .positions
-                    .index_select(&Tensor::new(positions.as_slice(), &device)?, 0)?,
-            )?;
-        if let Some(table) = &self.types {
-            let types: Vec<u32> = inputs
-                .iter()
-                .flat_map(|i| match i.types.is_empty() {
-                    true => vec![0; i.ids.len()],
-                    false => i.types.clone(),
-                })
-                .collect();
-            x = x.add(&table.index_select(&Tensor::new(types.as_slice(), &device)?, 0)?)?;
-        }
+        let h = self.config.hidden_size;
         let eps = self.config.layer_norm_eps as f32;
-        let norm = |x: &Tensor, n: &Norm| -> Result<Tensor> {
-            Ok(candle_nn::ops::layer_norm(
-                &x.contiguous()?,
-                &n.weight,
-                &n.bias,
-                eps,
-            )?)
-        };
-        x = norm(&x, &self.embedding_norm)?;
+        let mut x = vec![0f32; rows * h];
+        for (input, &(start, _)) in inputs.iter().zip(&spans) {
+            for (p, &id) in input.ids.iter().enumerate() {
+                let row = &mut x[(start + p) * h..(start + p + 1) * h];
+                let word = &self.words[id as usize * h..(id as usize + 1) * h];
+                let position = &self.positions[p * h..(p + 1) * h];
+                for ((o, w), q) in row.iter_mut().zip(word).zip(position) {
+                    *o = w + q;
+                }
+                if let Some(types) = &self.types {
+                    let t = input.types.get(p).copied().unwrap_or(0) as usize;
+                    for (o, v) in row.iter_mut().zip(&types[t * h..(t + 1) * h]) {
+                        *o += v;
+                    }
+                }
+            }
+        }
+        layer_norm(&mut x, None, h, &self.embedding_norm, eps);
+        let (mut qkv, mut context, mut sum, mut up) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for layer in &self.layers {
-            let qkv = layer.qkv.forward(&x)?.flatten_all()?.to_vec1::<f32>()?;
-            let context = attention(&qkv, &spans, &self.config);
-            let context = Tensor::from_vec(context, (total, self.config.hidden_size), &device)?;
-            x = norm(
-                &layer.out.forward(&context)?.add(&x)?,
-                &layer.attention_norm,
-            )?;
-            let up = layer.up.forward(&x)?;
-            let up = match self.config.activation {
-                EncoderActivation::Gelu => up.gelu_erf()?,
-                EncoderActivation::GeluTanh => up.gelu()?,
-                EncoderActivation::Relu => up.relu()?,
-            };
-            x = norm(&layer.down.forward(&up)?.add(&x)?, &layer.output_norm)?;
+            layer.qkv.forward(&x, rows, &mut qkv)?;
+            context.resize(rows * h, 0.0);
+            attention(&qkv, &spans, &self.config, &mut context);
+            layer.out.forward(&context, rows, &mut sum)?;
+            layer_norm(&mut sum, Some(&x), h, &layer.attention_norm, eps);
+            std::mem::swap(&mut x, &mut sum);
+            layer.up.forward(&x, rows, &mut up)?;
+            activate(&mut up, self.config.activation);
+            layer.down.forward(&up, rows, &mut sum)?;
+            layer_norm(&mut sum, Some(&x), h, &layer.output_norm, eps);
+            std::mem::swap(&mut x, &mut sum);
         }
         Ok(x)
     }
 
-    /// A cross-encoder's logits for each input (`[inputs, labels]`) from the packed states
+    /// A cross-encoder's logits for each input (`[inputs][labels]`) from the packed states
     /// [`BertEncoder::forward`] gave; `None` for a model without a classifier.
-    pub fn classify(&self, states: &Tensor, inputs: &[EncoderInput]) -> Result<Option<Tensor>> {
+    pub fn classify(
+        &self,
+        states: &[f32],
+        inputs: &[EncoderInput],
+    ) -> Result<Option<Vec<Vec<f32>>>> {
         let Some(head) = &self.classifier else {
             return Ok(None);
         };
-        let firsts: Vec<u32> = spans(inputs).iter().map(|&(s, _)| s as u32).collect();
-        let cls = states.index_select(&Tensor::new(firsts.as_slice(), &Device::Cpu)?, 0)?;
-        let pooled = head.pooler.forward(&cls)?.tanh()?;
-        Ok(Some(head.classifier.forward(&pooled)?))
+        let h = self.config.hidden_size;
+        let cls: Vec<f32> = spans(inputs)
+            .iter()
+            .flat_map(|&(s, _)| states[s * h..(s + 1) * h].iter().copied())
+            .collect();
+        let (mut pooled, mut logits) = (Vec::new(), Vec::new());
+        head.pooler.forward(&cls, inputs.len(), &mut pooled)?;
+        pooled.iter_mut().for_each(|v| *v = v.tanh());
+        head.classifier
+            .forward(&pooled, inputs.len(), &mut logits)?;
+        let labels = head.classifier.rows();
+        Ok(Some(
+            logits.chunks_exact(labels).map(<[f32]>::to_vec).collect(),
+        ))
     }
+}
+
+/// Rows per task of the element-wise loops.
+const ROWS_PER_TASK: usize = 16;
+
+/// `x = LayerNorm(x + residual)` row by row, on the team.
+fn layer_norm(x: &mut [f32], residual: Option<&[f32]>, h: usize, norm: &Norm, eps: f32) {
+    let rows = x.len() / h;
+    let shared = Disjoint::new(x);
+    team::for_each(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let first = task * ROWS_PER_TASK;
+        let last = (first + ROWS_PER_TASK).min(rows);
+        // SAFETY: each task owns its rows.
+        let block = unsafe { shared.run(first * h, (last - first) * h) };
+        for (i, row) in block.chunks_exact_mut(h).enumerate() {
+            if let Some(r) = residual {
+                for (v, add) in row.iter_mut().zip(&r[(first + i) * h..(first + i + 1) * h]) {
+                    *v += add;
+                }
+            }
+            let mean = row.iter().sum::<f32>() / h as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, w), b) in row.iter_mut().zip(&norm.weight).zip(&norm.bias) {
+                *v = (*v - mean) * inv * w + b;
+            }
+        }
+    });
+}
+
+/// The feed-forward activation in place, on the team.
+fn activate(x: &mut [f32], activation: EncoderActivation) {
+    const CHUNK: usize = 1 << 14;
+    let len = x.len();
+    let shared = Disjoint::new(x);
+    team::for_each(len.div_ceil(CHUNK), |task| {
+        let first = task * CHUNK;
+        // SAFETY: each task owns its chunk.
+        let chunk = unsafe { shared.run(first, CHUNK.min(len - first)) };
+        match activation {
+            EncoderActivation::Gelu => chunk.iter_mut().for_each(|v| *v = gelu_erf(*v)),
+            EncoderActivation::GeluTanh => chunk.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+            EncoderActivation::Relu => chunk.iter_mut().for_each(|v| *v = v.max(0.0)),
+        }
+    });
 }
 
 /// `(first row, length)` of each input in the packed matrix.
@@ -336,65 +445,44 @@ pub fn spans(inputs: &[EncoderInput]) -> Vec<(usize, usize)> {
 }
 
 /// Bidirectional attention within each span: `qkv` holds each row's query, key and value
-/// (`[rows, 3 hidden]`); returns `[rows, hidden]`.
-fn attention(qkv: &[f32], spans: &[(usize, usize)], config: &EncoderConfig) -> Vec<f32> {
+/// (`[rows, 3 hidden]`); writes `[rows, hidden]` into `out`.
+fn attention(qkv: &[f32], spans: &[(usize, usize)], config: &EncoderConfig, out: &mut [f32]) {
     let hidden = config.hidden_size;
     let d = config.head_dim();
     let scale = 1.0 / (d as f32).sqrt();
-    let rows: usize = spans.iter().map(|s| s.1).sum();
-    let mut out = vec![0f32; rows * hidden];
     let owner: Vec<(usize, usize)> = spans
         .iter()
         .flat_map(|&span| std::iter::repeat_n(span, span.1))
         .collect();
-    out.par_chunks_mut(hidden).enumerate().for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (row, out)| {
+    let rows = owner.len();
+    let shared = Disjoint::new(out);
+    team::for_each(rows.div_ceil(ROWS_PER_TASK), |task| {
+        let first = task * ROWS_PER_TASK;
+        let last = (first + ROWS_PER_TASK).min(rows);
+        // SAFETY: each task owns its rows.
+        let block = unsafe { shared.run(first * hidden, (last - first) * hidden) };
+        let mut scores = Vec::new();
+        for (i, out) in block.chunks_exact_mut(hidden).enumerate() {
+            let row = first + i;
             let (start, len) = owner[row];
             let query = &qkv[row * 3 * hidden..row * 3 * hidden + hidden];
             for head in 0..config.num_heads {
                 let q = &query[head * d..(head + 1) * d];
                 scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for key_row in start..start + len {
+                scores.extend((start..start + len).map(|key_row| {
                     let base = key_row * 3 * hidden + hidden + head * d;
-                    let s = dot(q, &qkv[base..base + d]) * scale;
-                    max = max.max(s);
-                    scores.push(s);
-                }
-                let mut sum = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
+                    dot(q, &qkv[base..base + d]) * scale
+                }));
+                softmax_in_place(&mut scores);
                 let o = &mut out[head * d..(head + 1) * d];
-                for (j, p) in scores.iter().enumerate() {
+                o.fill(0.0);
+                for (j, w) in scores.iter().enumerate() {
                     let base = (start + j) * 3 * hidden + 2 * hidden + head * d;
-                    let w = p / sum;
                     for (o, v) in o.iter_mut().zip(&qkv[base..base + d]) {
                         *o += w * v;
                     }
                 }
             }
-        },
-    );
-    out
-}
-
-/// A dot product in eight lanes (vectorizes).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for k in 0..8 {
-            lanes[k] += x[k] * y[k];
         }
-    }
-    lanes.iter().sum::<f32>() + tail
+    });
 }

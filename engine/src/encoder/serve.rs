@@ -298,18 +298,14 @@ fn step(encoder: &Encoder, inputs: &[EncoderInput]) -> Result<Vec<Vec<f32>>> {
     match encoder.task {
         EncoderTask::Embed(pooling) => {
             let hidden = encoder.model.config().hidden_size;
-            let flat = states.flatten_all()?.to_vec1::<f32>()?;
             Ok(spans(inputs)
                 .into_iter()
-                .map(|span| pool(&flat, hidden, span, pooling))
+                .map(|span| pool(&states, hidden, span, pooling))
                 .collect())
         }
-        EncoderTask::Classify { .. } => {
-            let logits = encoder
-                .model
-                .classify(&states, inputs)?
-                .ok_or_else(|| Error::Config("the model has no classifier".into()))?;
-            Ok(logits.to_vec2::<f32>()?)
-        }
+        EncoderTask::Classify { .. } => encoder
+            .model
+            .classify(&states, inputs)?
+            .ok_or_else(|| Error::Config("the model has no classifier".into())),
     }
 }
