@@ -2,8 +2,9 @@
 //! its four input shapes and two encodings against the encoder's own forward, `/v1/rerank`
 //! (and `/rerank`, `/v2/rerank`) sorted, cut and with or without documents, `/v1/score` one
 //! against many and pair by pair, every bad input as a 400 naming its field, the generating
-//! routes refused with 400, a generating model refusing the pooling routes, and concurrent
-//! clients batched together getting what each gets alone.
+//! routes refused with 400, a generating model refusing the pooling routes, an encoder served
+//! beside a generating model (`--embedding-model`), and concurrent clients batched together
+//! getting what each gets alone.
 
 use api::server::{router, AppState, Choice, ServerConfig};
 use axum::http::StatusCode;
@@ -16,16 +17,22 @@ use serde_json::{json, Value};
 use super::mock_server::{assert_error, call, server_with, KEY};
 use crate::model::encoder::minilm_dir;
 
-fn minilm_server(max_batch_tokens: usize) -> Router {
+fn minilm(max_batch_tokens: usize, sharing_cores: bool) -> engine::encoder::EncoderHandle {
     let encoder = Encoder::load(&minilm_dir(), engine::WeightDType::Auto).unwrap();
-    let (handle, _) = spawn_encoder(
+    spawn_encoder(
         encoder,
         EncoderServeConfig {
             max_batch_tokens,
             max_pending: 256,
+            sharing_cores,
         },
     )
-    .unwrap();
+    .unwrap()
+    .0
+}
+
+fn minilm_server(max_batch_tokens: usize) -> Router {
+    let handle = minilm(max_batch_tokens, false);
     let state = AppState::new(ServerConfig {
         served_model_name: "minilm".into(),
         api_key: Some(KEY.into()),
@@ -293,6 +300,82 @@ async fn a_generating_model_refuses_the_pooling_routes() {
             "{err}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_encoder_beside_a_generating_model_serves_the_pooling_routes_under_its_own_name() {
+    let server = server_with(8, 1 << 20);
+    server.state.expect_encoder_beside("minilm".into());
+    // Until the encoder has loaded, the server is not ready and embeddings wait.
+    let (status, _) = call(&server.app, "GET", "/health", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = call(
+        &server.app,
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"input": "a"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    // Beside an engine the encoder runs its loops without a team of its own.
+    server.state.set_encoder(minilm(8192, true));
+    let (status, _) = call(&server.app, "GET", "/health", None).await;
+    assert_eq!(status, StatusCode::OK);
+    for model in [json!("minilm"), Value::Null] {
+        let (status, body) = call(
+            &server.app,
+            "POST",
+            "/v1/embeddings",
+            Some(json!({"model": model, "input": WEATHER})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["model"], "minilm");
+        assert_eq!(body["data"].as_array().unwrap().len(), 3);
+    }
+    let (status, err) = call(
+        &server.app,
+        "POST",
+        "/v1/embeddings",
+        Some(json!({"model": "mock", "input": "a"})),
+    )
+    .await;
+    assert_eq!(assert_error(status, &err, StatusCode::BAD_REQUEST), "model");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'minilm' serves"),
+        "{err}"
+    );
+    let (status, err) = call(
+        &server.app,
+        "POST",
+        "/v1/score",
+        Some(json!({"model": "other", "text_1": "a", "text_2": "b"})),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND);
+    // The generating model still answers chat.
+    let (status, chat) = call(
+        &server.app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": "mock", "prompt": "<5> <6>", "max_tokens": 3})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{chat}");
+    let (_, models) = call(&server.app, "GET", "/v1/models", None).await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mock", "minilm"]);
+    let (status, card) = call(&server.app, "GET", "/v1/models/minilm", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(card["max_model_len"], 256);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -115,14 +115,14 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
 
 /// The folder of the encoder `args` names (fetching an alias if needed), `None` for a model
 /// that generates.
-fn encoder_dir(args: &ModelArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
-    let path = std::path::Path::new(&args.model);
-    let is_alias = engine::model::fetch::find_alias(&args.model).is_some_and(|a| a.is_directory());
+fn encoder_dir(spec: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let path = std::path::Path::new(spec);
+    let is_alias = engine::model::fetch::find_alias(spec).is_some_and(|a| a.is_directory());
     if !(path.is_dir() || is_alias && !path.exists()) {
         return Ok(None);
     }
-    match engine::model::fetch::resolve_model(&args.model)
-        .with_context(|| format!("fetching model '{}'", args.model))?
+    match engine::model::fetch::resolve_model(spec)
+        .with_context(|| format!("fetching model '{spec}'"))?
     {
         engine::model::fetch::ModelSource::HfDir(dir) if engine::encoder::is_encoder_dir(&dir) => {
             Ok(Some(dir))
@@ -131,17 +131,20 @@ fn encoder_dir(args: &ModelArgs) -> anyhow::Result<Option<std::path::PathBuf>> {
     }
 }
 
-/// Loads the encoder in `dir` and starts its thread.
+/// Loads the encoder in `dir` (named `spec`) with weights in `dtype`, and starts its thread
+/// (`sharing_cores` when a generating engine runs beside it).
 fn start_encoder(
     dir: &std::path::Path,
-    args: &ModelArgs,
+    spec: &str,
+    dtype: engine::WeightDType,
+    sharing_cores: bool,
 ) -> anyhow::Result<(engine::encoder::EncoderHandle, std::thread::JoinHandle<()>)> {
     let started = Instant::now();
-    let encoder = engine::encoder::Encoder::load(dir, args.dtype)
-        .with_context(|| format!("loading encoder '{}'", args.model))?;
+    let encoder = engine::encoder::Encoder::load(dir, dtype)
+        .with_context(|| format!("loading encoder '{spec}'"))?;
     announce(&format!(
         "loaded {} (an encoder: {} layers, {} wide, {:?}, inputs up to {} tokens) in {:.1}s",
-        args.model,
+        spec,
         encoder.model.config().num_layers,
         encoder.model.config().hidden_size,
         encoder.task,
@@ -150,7 +153,10 @@ fn start_encoder(
     ));
     Ok(engine::encoder::spawn_encoder(
         encoder,
-        engine::encoder::EncoderServeConfig::default(),
+        engine::encoder::EncoderServeConfig {
+            sharing_cores,
+            ..Default::default()
+        },
     )?)
 }
 

@@ -43,6 +43,13 @@ pub struct ServeArgs {
     /// The model name clients send [default: the --model value].
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// An encoder (alias or folder, e.g. all-minilm-l6-v2) served beside the model on
+    /// /v1/embeddings, /v1/rerank and /v1/score, on a thread of its own.
+    #[arg(long)]
+    pub embedding_model: Option<String>,
+    /// The name clients send for --embedding-model [default: its value].
+    #[arg(long, requires = "embedding_model")]
+    pub served_embedding_model_name: Option<String>,
     /// Split chat answers into thinking (`reasoning_content`) and answer: `deepseek_r1`
     /// (thinking until `</think>`), `qwen3` (thinking inside `<think>...</think>`), `generic`
     /// (thinking inside --reasoning-start and --reasoning-end), `none`, or `auto`: the one
@@ -126,6 +133,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.max_stored_responses_mib.saturating_mul(1 << 20),
     );
     let state = AppState::with_response_store(config, store);
+    if let Some(embedding) = &args.embedding_model {
+        let name = args
+            .served_embedding_model_name
+            .clone()
+            .unwrap_or_else(|| embedding.clone());
+        state.expect_encoder_beside(name);
+    }
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
@@ -137,21 +151,47 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        if let Some(dir) = encoder_dir(&args.model)? {
-            let (handle, thread) = start_encoder(&dir, &args.model)?;
+        if let Some(dir) = encoder_dir(&args.model.model)? {
+            if args.embedding_model.is_some() {
+                anyhow::bail!(
+                    "--embedding-model goes beside a generating --model, and '{}' is an encoder",
+                    args.model.model
+                );
+            }
+            let (handle, thread) = start_encoder(&dir, &args.model.model, args.model.dtype, false)?;
             loader_state.set_encoder(handle);
             announce(&format!(
                 "ready: serving '{}' on /v1/embeddings, /v1/rerank and /v1/score",
                 loader_state.model_name()
             ));
-            return Ok(thread);
+            return Ok(vec![thread]);
+        }
+        let mut threads = Vec::new();
+        if let Some(embedding) = &args.embedding_model {
+            let dir = encoder_dir(embedding)?.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--embedding-model '{embedding}' is not an encoder (a BERT folder or alias)"
+                )
+            })?;
+            // The encoder keeps f32 whatever --dtype says of the generating model.
+            let (handle, thread) = start_encoder(&dir, embedding, engine::WeightDType::Auto, true)?;
+            loader_state.set_encoder(handle);
+            threads.push(thread);
         }
         let loaded = load(&args.model)?;
         let config = args.engine.config(&loaded.model)?;
         let (handle, thread) = spawn(&loaded, config)?;
         loader_state.set_engine(handle);
-        announce(&format!("ready: serving '{}'", loader_state.model_name()));
-        Ok(thread)
+        threads.push(thread);
+        match &args.embedding_model {
+            Some(_) => announce(&format!(
+                "ready: serving '{}', and '{}' on /v1/embeddings, /v1/rerank and /v1/score",
+                loader_state.model_name(),
+                loader_state.embedding_model_name()
+            )),
+            None => announce(&format!("ready: serving '{}'", loader_state.model_name())),
+        }
+        Ok(threads)
     });
 
     let app = router(state.clone());
@@ -163,8 +203,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let server = tokio::spawn(async move { server.await });
 
-    let engine_thread = match loading.await {
-        Ok(Ok(thread)) => Some(thread),
+    let worker_threads = match loading.await {
+        Ok(Ok(threads)) => threads,
         Ok(Err(e)) => {
             let _ = load_failed_tx.send(());
             let _ = server.await;
@@ -178,7 +218,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let served = server.await;
     state.stop_workers();
-    if let Some(thread) = engine_thread {
+    for thread in worker_threads {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     served

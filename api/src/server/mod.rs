@@ -88,6 +88,8 @@ struct Shared {
     config: ServerConfig,
     engine: OnceLock<EngineHandle>,
     encoder: OnceLock<EncoderHandle>,
+    /// The name of the encoder served beside a generating model, when there is one.
+    embedding_name: OnceLock<String>,
     shutting_down: AtomicBool,
     metrics: PrometheusHandle,
     created: u64,
@@ -130,6 +132,7 @@ impl AppState {
                 config,
                 engine: OnceLock::new(),
                 encoder: OnceLock::new(),
+                embedding_name: OnceLock::new(),
                 shutting_down: AtomicBool::new(false),
                 metrics,
                 created: unix_now(),
@@ -148,6 +151,12 @@ impl AppState {
     /// generating ones answer 400.
     pub fn set_encoder(&self, encoder: EncoderHandle) {
         let _ = self.inner.encoder.set(encoder);
+    }
+
+    /// An encoder named `name` will serve the pooling routes beside the generating model
+    /// (`--embedding-model`): until both have loaded the server is not ready.
+    pub fn expect_encoder_beside(&self, name: String) {
+        let _ = self.inner.embedding_name.set(name);
     }
 
     /// Refuse new work from now on (shutdown has begun).
@@ -188,8 +197,10 @@ impl AppState {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
+        let beside = self.inner.embedding_name.get().is_some();
         let encoder = match (self.inner.encoder.get(), self.inner.engine.get()) {
             (Some(encoder), _) => encoder,
+            (None, _) if beside => return Err(ApiError::unavailable("the model is still loading")),
             (None, Some(_)) => {
                 return Err(ApiError::invalid(
                     "model",
@@ -210,11 +221,43 @@ impl AppState {
         Ok(encoder)
     }
 
-    /// 200 once a model serves requests; 503 while loading, after a stop, or shutting down.
+    /// 200 once every model serves requests; 503 while loading, after a stop, or shutting
+    /// down.
     pub fn ready(&self) -> ApiResult<()> {
-        match self.inner.encoder.get() {
-            Some(_) => self.encoder().map(|_| ()),
-            None => self.engine().map(|_| ()),
+        let beside = self.inner.embedding_name.get().is_some();
+        if beside || self.inner.encoder.get().is_some() {
+            self.encoder()?;
+        }
+        if beside || self.inner.encoder.get().is_none() {
+            self.engine()?;
+        }
+        Ok(())
+    }
+
+    /// The name the pooling routes answer to: the encoder's beside a generating model, else
+    /// the served model's.
+    pub fn embedding_model_name(&self) -> &str {
+        self.inner
+            .embedding_name
+            .get()
+            .map_or(self.model_name(), String::as_str)
+    }
+
+    /// For the pooling routes: 404 unless `model` is absent or the encoder's name; the
+    /// generating model's name beside it is a 400 saying which model embeds.
+    pub fn check_embedding_model(&self, model: Option<&str>) -> ApiResult<()> {
+        let name = self.embedding_model_name();
+        match model {
+            Some(m) if !m.is_empty() && m != name => {
+                if self.inner.embedding_name.get().is_some() && m == self.model_name() {
+                    return Err(ApiError::invalid(
+                        "model",
+                        format!("'{m}' generates text and cannot pool; '{name}' serves embeddings, rerank and score"),
+                    ));
+                }
+                Err(ApiError::unknown_model(m, name))
+            }
+            _ => Ok(()),
         }
     }
 

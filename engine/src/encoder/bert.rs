@@ -315,6 +315,12 @@ impl BertEncoder {
         team::with_team(|| self.forward_in_team(inputs))
     }
 
+    /// [`BertEncoder::forward`] with its loops on rayon's pool, recruiting no team: the
+    /// workers stay free between loops for a generating engine's team on the same cores.
+    pub fn forward_sharing_cores(&self, inputs: &[EncoderInput]) -> Result<Vec<f32>> {
+        self.forward_in_team(inputs)
+    }
+
     fn forward_in_team(&self, inputs: &[EncoderInput]) -> Result<Vec<f32>> {
         let spans = spans(inputs);
         let rows = spans.last().map_or(0, |&(start, len)| start + len);

@@ -23,6 +23,10 @@ pub struct EncoderServeConfig {
     pub max_batch_tokens: usize,
     /// Jobs accepted but not answered, beyond which new ones are refused.
     pub max_pending: usize,
+    /// The cores are shared with a generating engine: the forward's loops run on rayon's
+    /// pool without recruiting the pool's workers as a team, so the engine's team keeps them
+    /// (generation slows less under an embedding load; the encoder alone runs slower).
+    pub sharing_cores: bool,
 }
 
 impl Default for EncoderServeConfig {
@@ -30,6 +34,7 @@ impl Default for EncoderServeConfig {
         Self {
             max_batch_tokens: 8192,
             max_pending: 1024,
+            sharing_cores: false,
         }
     }
 }
@@ -248,7 +253,7 @@ fn run(
             .iter()
             .map(|&(j, i)| queue[j].job.inputs[i].clone())
             .collect();
-        match step(encoder, &inputs) {
+        match step(encoder, &inputs, config.sharing_cores) {
             Ok(outputs) => {
                 for (&(j, _), output) in picked.iter().zip(outputs) {
                     queue[j].outputs.push(output);
@@ -290,11 +295,14 @@ fn take(command: Command, queue: &mut VecDeque<Running>, stopping: &mut bool) {
 }
 
 /// One forward over `inputs`, then each input's vector.
-fn step(encoder: &Encoder, inputs: &[EncoderInput]) -> Result<Vec<Vec<f32>>> {
+fn step(encoder: &Encoder, inputs: &[EncoderInput], sharing_cores: bool) -> Result<Vec<Vec<f32>>> {
     for input in inputs {
         encoder.model.check(input).map_err(Error::InvalidBatch)?;
     }
-    let states = encoder.model.forward(inputs)?;
+    let states = match sharing_cores {
+        true => encoder.model.forward_sharing_cores(inputs)?,
+        false => encoder.model.forward(inputs)?,
+    };
     match encoder.task {
         EncoderTask::Embed(pooling) => {
             let hidden = encoder.model.config().hidden_size;

@@ -9,7 +9,6 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::handle::EngineHandle;
 use serde::{Deserialize, Serialize};
 
 use super::body::JsonBody;
@@ -81,29 +80,33 @@ pub(super) async fn render_metrics(State(state): State<AppState>) -> Response {
     response
 }
 
-/// The served model's card: its longest sequence from the engine or the encoder.
-fn card(state: &AppState) -> ApiResult<ModelCard> {
+/// The served models' cards (the generating model first, then an encoder beside it), each
+/// with its longest sequence.
+fn cards(state: &AppState) -> ApiResult<Vec<ModelCard>> {
     state.ready()?;
-    let max_model_len = match state.started_encoder() {
-        Some(encoder) => encoder.tokenizer().max_length(),
-        None => state
-            .engine()
-            .map(|e: &EngineHandle| e.limits().max_model_len)?,
-    };
-    Ok(ModelCard {
-        id: state.model_name().to_string(),
+    let card = |id: &str, max_model_len| ModelCard {
+        id: id.to_string(),
         object: "model",
         created: state.inner.created,
         owned_by: "thicket",
         max_model_len,
-    })
+    };
+    let mut cards = Vec::new();
+    if let Some(engine) = state.started_engine() {
+        cards.push(card(state.model_name(), engine.limits().max_model_len));
+    }
+    if let Some(encoder) = state.started_encoder() {
+        let name = state.embedding_model_name();
+        cards.push(card(name, encoder.tokenizer().max_length()));
+    }
+    Ok(cards)
 }
 
 /// `GET /v1/models`.
 pub(super) async fn models(State(state): State<AppState>) -> ApiResult<Json<serde_json::Value>> {
     Ok(Json(serde_json::json!({
         "object": "list",
-        "data": [card(&state)?],
+        "data": cards(&state)?,
     })))
 }
 
@@ -112,11 +115,11 @@ pub(super) async fn model(
     State(state): State<AppState>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> ApiResult<Json<ModelCard>> {
-    let card = card(&state)?;
-    if name != state.model_name() {
-        return Err(ApiError::unknown_model(&name, state.model_name()));
-    }
-    Ok(Json(card))
+    cards(&state)?
+        .into_iter()
+        .find(|c| c.id == name)
+        .map(Json)
+        .ok_or_else(|| ApiError::unknown_model(&name, state.model_name()))
 }
 
 /// `POST /tokenize`.

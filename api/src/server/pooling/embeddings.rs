@@ -45,7 +45,7 @@ pub(crate) async fn create(
     JsonBody(body): JsonBody<EmbeddingsRequest>,
 ) -> ApiResult<Json<Value>> {
     let encoder = state.encoder()?;
-    state.check_model(body.model.as_deref())?;
+    state.check_embedding_model(body.model.as_deref())?;
     let base64 = match body.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -82,7 +82,7 @@ pub(crate) async fn create(
     Ok(Json(json!({
         "object": "list",
         "data": data,
-        "model": state.model_name(),
+        "model": state.embedding_model_name(),
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
 }

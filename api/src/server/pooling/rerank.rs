@@ -66,7 +66,7 @@ pub(crate) async fn rerank(
     JsonBody(body): JsonBody<RerankRequest>,
 ) -> ApiResult<Json<Value>> {
     let encoder = state.encoder()?;
-    state.check_model(body.model.as_deref())?;
+    state.check_embedding_model(body.model.as_deref())?;
     let Value::String(query) = &body.query else {
         return Err(ApiError::invalid("query", "query must be a string"));
     };
@@ -113,7 +113,7 @@ pub(crate) async fn rerank(
         .collect();
     Ok(Json(json!({
         "id": format!("rerank-{}", request_id()),
-        "model": state.model_name(),
+        "model": state.embedding_model_name(),
         "results": results,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
@@ -125,7 +125,7 @@ pub(crate) async fn score(
     JsonBody(body): JsonBody<ScoreRequest>,
 ) -> ApiResult<Json<Value>> {
     let encoder = state.encoder()?;
-    state.check_model(body.model.as_deref())?;
+    state.check_embedding_model(body.model.as_deref())?;
     let firsts = one_or_many(&body.text_1, "text_1")?;
     let seconds = one_or_many(&body.text_2, "text_2")?;
     let pairs: Vec<(usize, usize)> = match (firsts.len(), seconds.len()) {
@@ -159,7 +159,7 @@ pub(crate) async fn score(
         "id": format!("score-{}", request_id()),
         "object": "list",
         "created": crate::server::unix_now(),
-        "model": state.model_name(),
+        "model": state.embedding_model_name(),
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
