@@ -11,7 +11,7 @@ mod forced_calls;
 mod gemma4_template;
 mod harmony;
 mod harmony_reference;
-mod mock_server;
+pub(crate) mod mock_server;
 mod no_chat_template;
 mod pooling;
 mod reasoning;

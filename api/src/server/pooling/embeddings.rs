@@ -46,6 +46,16 @@ pub(crate) async fn create(
 ) -> ApiResult<Json<Value>> {
     let encoder = state.encoder()?;
     state.check_embedding_model(body.model.as_deref())?;
+    if let engine::encoder::EncoderTask::Classify { .. } = encoder.task() {
+        return Err(ApiError::invalid(
+            "model",
+            format!(
+                "'{}' is a cross-encoder: it scores text pairs (/v1/rerank, /v1/score) and \
+                 gives no embeddings",
+                state.embedding_model_name()
+            ),
+        ));
+    }
     let base64 = match body.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use crate::model::config::Architecture;
 use crate::{Error, Result};
 
+mod bert_hf;
 mod gemma4;
 mod gemma4_hf;
 mod gguf;
@@ -24,6 +25,7 @@ mod qwen35_hf;
 mod qwen3next_hf;
 mod retype;
 
+pub use bert_hf::{write_tiny_bert_hf, TinyBert};
 pub use gemma4::{write_tiny_gemma4_gguf, TinyGemma4};
 pub use gemma4_hf::write_tiny_gemma4_hf;
 pub use gguf::write_tiny_gguf;
