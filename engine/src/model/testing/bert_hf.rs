@@ -20,6 +20,9 @@ const WORDS: &[&str] = &[
     "kind", "of", "in", "to", "and", "who", "sleep", "##ed", "big", "small",
 ];
 
+/// Draws a named tensor of a shape: `offset + scale * uniform(-1, 1)`.
+type Put<'a> = dyn FnMut(String, &[usize], f32, f32) -> Result<()> + 'a;
+
 /// The tiny BERT's geometry.
 #[derive(Debug, Clone, Copy)]
 pub struct TinyBert {
@@ -69,11 +72,7 @@ pub fn write_tiny_bert_hf(dir: &Path, spec: &TinyBert) -> Result<()> {
         tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
         Ok(())
     };
-    let linear = |put: &mut dyn FnMut(String, &[usize], f32, f32) -> Result<()>,
-                  name: String,
-                  out: usize,
-                  inp: usize|
-     -> Result<()> {
+    let linear = |put: &mut Put, name: String, out: usize, inp: usize| -> Result<()> {
         put(
             format!("{name}.weight"),
             &[out, inp],
@@ -82,7 +81,7 @@ pub fn write_tiny_bert_hf(dir: &Path, spec: &TinyBert) -> Result<()> {
         )?;
         put(format!("{name}.bias"), &[out], 0.1, 0.0)
     };
-    let norm = |put: &mut dyn FnMut(String, &[usize], f32, f32) -> Result<()>, name: String| {
+    let norm = |put: &mut Put, name: String| {
         put(format!("{name}.weight"), &[h], 0.2, 1.0)?;
         put(format!("{name}.bias"), &[h], 0.1, 0.0)
     };
