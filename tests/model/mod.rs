@@ -6,6 +6,7 @@
 mod candle_oracle;
 mod cuda;
 pub(crate) mod encoder;
+mod encoder_gguf;
 mod encoder_hf;
 pub(crate) mod families;
 pub(crate) mod families_gguf;

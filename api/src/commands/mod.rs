@@ -113,10 +113,13 @@ pub fn run_parsed(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The folder of the encoder `args` names (fetching an alias if needed), `None` for a model
-/// that generates.
-fn encoder_dir(spec: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+/// Where the encoder `spec` names is (a `bert` GGUF, or a folder, fetching an alias if
+/// needed), `None` for a model that generates.
+fn encoder_path(spec: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
     let path = std::path::Path::new(spec);
+    if path.is_file() {
+        return Ok(engine::encoder::is_encoder_gguf(path).then(|| path.to_path_buf()));
+    }
     let is_alias = engine::model::fetch::find_alias(spec).is_some_and(|a| a.is_directory());
     if !(path.is_dir() || is_alias && !path.exists()) {
         return Ok(None);

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use super::{announce, encoder_dir, load, start_encoder};
+use super::{announce, encoder_path, load, start_encoder};
 use crate::args::{spawn, EngineArgs, ModelArgs};
 use crate::chat::check_template;
 use crate::server::openai::responses::store::{
@@ -151,7 +151,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        if let Some(dir) = encoder_dir(&args.model.model)? {
+        if let Some(dir) = encoder_path(&args.model.model)? {
             if args.embedding_model.is_some() {
                 anyhow::bail!(
                     "--embedding-model goes beside a generating --model, and '{}' is an encoder",
@@ -168,7 +168,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         let mut threads = Vec::new();
         if let Some(embedding) = &args.embedding_model {
-            let dir = encoder_dir(embedding)?.ok_or_else(|| {
+            let dir = encoder_path(embedding)?.ok_or_else(|| {
                 anyhow::anyhow!(
                     "--embedding-model '{embedding}' is not an encoder (a BERT folder or alias)"
                 )

@@ -6,7 +6,6 @@
 //! nothing is cached between calls. A cross-encoder adds BERT's pooler (`tanh` of a projection
 //! of `[CLS]`) and its classifier.
 
-use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::{EncoderActivation, EncoderConfig, EncoderTask};
@@ -115,24 +114,25 @@ impl std::fmt::Debug for BertEncoder {
     }
 }
 
-/// Reads tensors under BERT's names, with or without the `bert.` prefix a task head adds.
+/// Where a checkpoint's tensors are read from, by their names in transformers' `BertModel`
+/// (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.bias`, ...;
+/// `classifier.weight` for a cross-encoder's head), in f32.
+pub trait TensorSource {
+    /// The tensor named `name`, in f32.
+    fn tensor(&self, name: &str) -> Result<Tensor>;
+}
+
 struct Names<'a> {
-    st: &'a MmapedSafetensors,
-    prefix: &'static str,
+    source: &'a dyn TensorSource,
 }
 
 impl Names<'_> {
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        let full = format!("{}{name}", self.prefix);
-        self.raw(&full)
+        self.source.tensor(name)
     }
 
     fn raw(&self, name: &str) -> Result<Tensor> {
-        self.st
-            .load(name, &Device::Cpu)
-            .map_err(|e| Error::Metadata(format!("tensor {name}: {e}")))?
-            .to_dtype(DType::F32)
-            .map_err(Error::from)
+        self.source.tensor(name)
     }
 
     fn norm(&self, name: &str) -> Result<Norm> {
@@ -156,20 +156,15 @@ fn table(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 impl BertEncoder {
-    /// Loads the weights of `config` from `st`; projections in `dtype` (f32: packed for
+    /// Loads the weights of `config` from `source`; projections in `dtype` (f32: packed for
     /// `cpu::sgemm`), or Q8_0 where `dtype` is `None`.
     pub fn load(
-        st: &MmapedSafetensors,
+        source: &dyn TensorSource,
         config: EncoderConfig,
         task: EncoderTask,
         dtype: Option<DType>,
     ) -> Result<Self> {
-        let prefix = if st.get("bert.embeddings.word_embeddings.weight").is_ok() {
-            "bert."
-        } else {
-            ""
-        };
-        let names = Names { st, prefix };
+        let names = Names { source };
         let words = names.tensor("embeddings.word_embeddings.weight")?;
         let positions = names.tensor("embeddings.position_embeddings.weight")?;
         let types = match config.type_vocab_size {

@@ -5,9 +5,11 @@
 //! keeps its first tokens and the special tokens around them (sentence-transformers' rule).
 
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use candle_core::safetensors::MmapedSafetensors;
+use candle_core::DType;
 use tokenizers::utils::truncation::{
     truncate_encodings, TruncationDirection, TruncationParams, TruncationStrategy,
 };
@@ -15,6 +17,7 @@ use tokenizers::{Encoding, Tokenizer};
 
 use super::bert::{BertEncoder, EncoderInput};
 use super::config::{declared_max_length, read_config, EncoderTask};
+use super::weights::{Gguf, Safetensors};
 use crate::model::linear::WeightDType;
 use crate::{Error, Result};
 
@@ -170,10 +173,32 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// Loads the encoder at `path`: a GGUF file (`bert`) or a Hugging Face folder.
+    pub fn load(path: &Path, dtype: WeightDType) -> Result<Self> {
+        match path.is_file() {
+            true => Self::load_gguf(path, dtype),
+            false => Self::load_dir(path, dtype),
+        }
+    }
+
+    /// Loads a `bert` GGUF written by llama.cpp's converter (weights dequantized to f32, then
+    /// held as `dtype` says).
+    pub fn load_gguf(path: &Path, dtype: WeightDType) -> Result<Self> {
+        let (content, reader) = crate::model::gguf::read_content(path)?;
+        let (config, task) = super::gguf::read_config(&content)?;
+        let json = super::gguf::tokenizer_json(&content)?;
+        let inner = Tokenizer::from_str(&json.to_string())
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let max_length = config.max_positions;
+        let vocab_size = config.vocab_size;
+        let model = BertEncoder::load(&Gguf::new(content, reader), config, task, dense(dtype))?;
+        Ok(Self::assemble(model, task, inner, max_length, vocab_size))
+    }
+
     /// Loads the encoder in the Hugging Face directory `dir` (`config.json`, `*.safetensors`,
     /// `tokenizer.json`, and sentence-transformers' module files where there are). Weights
     /// stay f32 unless `dtype` asks for another (`q`: Q8_0).
-    pub fn load(dir: &Path, dtype: WeightDType) -> Result<Self> {
+    pub fn load_dir(dir: &Path, dtype: WeightDType) -> Result<Self> {
         let (config, task) = read_config(dir)?;
         let files: Vec<_> = std::fs::read_dir(dir)
             .map_err(|e| Error::io(format!("read {}", dir.display()), e))?
@@ -185,26 +210,31 @@ impl Encoder {
         }
         // SAFETY: the files are mapped read-only and not modified while the model is loaded.
         let st = unsafe { MmapedSafetensors::multi(&files)? };
-        let dense = match dtype {
-            WeightDType::Auto => Some(candle_core::DType::F32),
-            other => other.dense(),
-        };
         let max_length = declared_max_length(dir)
             .unwrap_or(config.max_positions)
             .min(config.max_positions);
         let vocab_size = config.vocab_size;
-        let model = BertEncoder::load(&st, config, task, dense)?;
+        let model = BertEncoder::load(&Safetensors::new(st), config, task, dense(dtype))?;
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(Error::MissingFile(path));
         }
-        let mut inner = Tokenizer::from_file(&path)
+        let inner = Tokenizer::from_file(&path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self::assemble(model, task, inner, max_length, vocab_size))
+    }
+
+    fn assemble(
+        model: BertEncoder,
+        task: EncoderTask,
+        mut inner: Tokenizer,
+        max_length: usize,
+        vocab_size: usize,
+    ) -> Self {
         inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(Self {
+        // Clearing truncation cannot fail (only a stride past the length can).
+        let _ = inner.with_truncation(None);
+        Self {
             model,
             task,
             tokenizer: Arc::new(EncoderTokenizer {
@@ -212,6 +242,14 @@ impl Encoder {
                 max_length,
                 vocab_size,
             }),
-        })
+        }
+    }
+}
+
+/// The dtype projections are held in: f32 unless `dtype` asks for another (`None`: Q8_0).
+fn dense(dtype: WeightDType) -> Option<DType> {
+    match dtype {
+        WeightDType::Auto => Some(DType::F32),
+        other => other.dense(),
     }
 }

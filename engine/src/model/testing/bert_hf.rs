@@ -151,48 +151,26 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// BERT's tokenizer over the tiny vocabulary, as `tokenizer.json` (the layout the
-/// `tokenizers` library saves BERT's in).
+/// BERT's tokenizer over the tiny vocabulary, as `tokenizer.json`.
 fn write_wordpiece(dir: &Path) -> Result<()> {
     let specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
-    let vocab: serde_json::Map<String, serde_json::Value> = specials
+    let vocab: Vec<String> = specials
         .iter()
         .chain(WORDS)
-        .enumerate()
-        .map(|(i, w)| (w.to_string(), serde_json::json!(i)))
+        .map(|w| w.to_string())
         .collect();
-    let added: Vec<serde_json::Value> = specials
+    let marked: Vec<(usize, String)> = specials
         .iter()
         .enumerate()
-        .map(|(id, content)| {
-            serde_json::json!({"id": id, "content": content, "single_word": false,
-                "lstrip": false, "rstrip": false, "normalized": false, "special": true})
-        })
+        .map(|(i, s)| (i, s.to_string()))
         .collect();
-    let special = |id: &str, type_id: u32| serde_json::json!({"SpecialToken": {"id": id, "type_id": type_id}});
-    let sequence =
-        |id: &str, type_id: u32| serde_json::json!({"Sequence": {"id": id, "type_id": type_id}});
-    let tokenizer = serde_json::json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
-            "strip_accents": null, "lowercase": true},
-        "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [special("[CLS]", 0), sequence("A", 0), special("[SEP]", 0)],
-            "pair": [special("[CLS]", 0), sequence("A", 0), special("[SEP]", 0),
-                sequence("B", 1), special("[SEP]", 1)],
-            "special_tokens": {
-                "[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
-                "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]},
-            },
-        },
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
-        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-            "max_input_chars_per_word": 100, "vocab": vocab},
-    });
-    write(dir, "tokenizer.json", &tokenizer.to_string())
+    let json = crate::encoder::gguf::wordpiece_json(
+        &vocab,
+        &marked,
+        ("[CLS]", 2),
+        ("[SEP]", 3),
+        "[UNK]",
+        true,
+    );
+    write(dir, "tokenizer.json", &json.to_string())
 }

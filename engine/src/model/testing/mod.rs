@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use crate::model::config::Architecture;
 use crate::{Error, Result};
 
+mod bert_gguf;
 mod bert_hf;
 mod gemma4;
 mod gemma4_hf;
@@ -25,6 +26,7 @@ mod qwen35_hf;
 mod qwen3next_hf;
 mod retype;
 
+pub use bert_gguf::write_bert_gguf;
 pub use bert_hf::{write_tiny_bert_hf, TinyBert};
 pub use gemma4::{write_tiny_gemma4_gguf, TinyGemma4};
 pub use gemma4_hf::write_tiny_gemma4_hf;
