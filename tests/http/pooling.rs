@@ -274,6 +274,59 @@ async fn bad_pooling_requests_are_400s_naming_their_field() {
     let (status, models) = call(&app, "GET", "/v1/models", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(models["data"][0]["max_model_len"], 256);
+    // Tokenize and detokenize with the encoder's WordPiece.
+    let (status, tok) = call(
+        &app,
+        "POST",
+        "/tokenize",
+        Some(json!({"prompt": WEATHER[0]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{tok}");
+    assert_eq!(
+        tok["tokens"],
+        json!([101, 1996, 4633, 2003, 8403, 2651, 1012, 102])
+    );
+    assert_eq!(tok["max_model_len"], 256);
+    let (_, plain) = call(
+        &app,
+        "POST",
+        "/tokenize",
+        Some(json!({"prompt": WEATHER[0], "add_special_tokens": false})),
+    )
+    .await;
+    assert_eq!(plain["count"], 6);
+    let (status, text) = call(
+        &app,
+        "POST",
+        "/detokenize",
+        Some(json!({"tokens": tok["tokens"]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(text["prompt"], "the weather is lovely today.");
+    let (status, err) = call(
+        &app,
+        "POST",
+        "/detokenize",
+        Some(json!({"tokens": [5, 40000]})),
+    )
+    .await;
+    assert_eq!(
+        assert_error(status, &err, StatusCode::BAD_REQUEST),
+        "tokens"
+    );
+    let (status, err) = call(
+        &app,
+        "POST",
+        "/tokenize",
+        Some(json!({"messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await;
+    assert_eq!(
+        assert_error(status, &err, StatusCode::BAD_REQUEST),
+        "messages"
+    );
     let (status, _) = call(&app, "GET", "/health", None).await;
     assert_eq!(status, StatusCode::OK);
 }
@@ -376,6 +429,24 @@ async fn an_encoder_beside_a_generating_model_serves_the_pooling_routes_under_it
     let (status, card) = call(&server.app, "GET", "/v1/models/minilm", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(card["max_model_len"], 256);
+    // /tokenize follows `model`: the encoder's WordPiece, or the generating model's tokenizer.
+    let (_, enc) = call(
+        &server.app,
+        "POST",
+        "/tokenize",
+        Some(json!({"model": "minilm", "prompt": "x"})),
+    )
+    .await;
+    assert_eq!(enc["tokens"], json!([101, 1060, 102]), "{enc}");
+    let (status, gen) = call(
+        &server.app,
+        "POST",
+        "/tokenize",
+        Some(json!({"prompt": "<5> <6>"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{gen}");
+    assert_ne!(gen["tokens"], enc["tokens"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -93,9 +93,25 @@ impl EncoderTokenizer {
         })
     }
 
-    /// The text of token ids (for `return_documents` of token inputs and for logs).
-    pub fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode(ids, true).unwrap_or_default()
+    /// The ids of `text` (with the model's special tokens when `special`), whatever its
+    /// length (`/tokenize`).
+    pub fn tokenize(&self, text: &str, special: bool) -> std::result::Result<Vec<u32>, String> {
+        self.inner
+            .encode(text, special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The text of token ids, special tokens left out (`/detokenize`); ids outside the
+    /// vocabulary are an error.
+    pub fn detokenize(&self, ids: &[u32]) -> std::result::Result<String, String> {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(format!(
+                "token id {bad} outside the vocabulary of {}",
+                self.vocab_size
+            ));
+        }
+        self.inner.decode(ids, true).map_err(|e| e.to_string())
     }
 
     fn limit(&self, truncate: Option<usize>) -> std::result::Result<usize, String> {

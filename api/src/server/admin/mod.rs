@@ -122,11 +122,45 @@ pub(super) async fn model(
         .ok_or_else(|| ApiError::unknown_model(&name, state.model_name()))
 }
 
+/// The encoder `/tokenize` and `/detokenize` use: the served model when it is an encoder, or
+/// the one beside a generating model when `model` names it; `None` for the generating model.
+fn encoder_for<'a>(
+    state: &'a AppState,
+    model: Option<&str>,
+) -> ApiResult<Option<&'a engine::encoder::EncoderHandle>> {
+    let Some(_) = state.started_encoder() else {
+        return Ok(None);
+    };
+    let named = model.is_some_and(|m| m == state.embedding_model_name());
+    if state.started_engine().is_none() || named {
+        state.check_embedding_model(model)?;
+        return state.encoder().map(Some);
+    }
+    Ok(None)
+}
+
 /// `POST /tokenize`.
 pub(super) async fn tokenize(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<TokenizeRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    if let Some(encoder) = encoder_for(&state, body.model.as_deref())? {
+        let Some(prompt) = body.prompt.filter(|_| body.messages.is_none()) else {
+            return Err(ApiError::invalid(
+                "messages",
+                "an encoder has no chat template: give a prompt",
+            ));
+        };
+        let tokens = encoder
+            .tokenizer()
+            .tokenize(&prompt, body.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::invalid("prompt", e))?;
+        return Ok(Json(serde_json::json!({
+            "count": tokens.len(),
+            "max_model_len": encoder.tokenizer().max_length(),
+            "tokens": tokens,
+        })));
+    }
     let engine = state.engine()?;
     state.check_model(body.model.as_deref())?;
     let tokenizer = engine.tokenizer();
@@ -168,6 +202,13 @@ pub(super) async fn detokenize(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<DetokenizeRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    if let Some(encoder) = encoder_for(&state, body.model.as_deref())? {
+        let text = encoder
+            .tokenizer()
+            .detokenize(&body.tokens)
+            .map_err(|e| ApiError::invalid("tokens", e))?;
+        return Ok(Json(serde_json::json!({ "prompt": text })));
+    }
     let engine = state.engine()?;
     state.check_model(body.model.as_deref())?;
     let vocab = engine.limits().vocab_size;
