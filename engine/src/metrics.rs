@@ -9,6 +9,10 @@ use crate::engine_loop::StateStats;
 
 /// Counter: engine steps run.
 pub const STEPS: &str = "thicket_engine_steps_total";
+/// Counter: tokens an encoder read (embeddings, rerank, score).
+pub const ENCODER_TOKENS: &str = "thicket_encoder_tokens_total";
+/// Histogram: wall time of one encoder step (one packed forward).
+pub const ENCODER_STEP_DURATION: &str = "thicket_encoder_step_duration_seconds";
 /// Histogram: wall time of one step (schedule, forward, sampling, events).
 pub const STEP_DURATION: &str = "thicket_engine_step_duration_seconds";
 /// Histogram: seconds of one step spent in each of its phases, by `phase`: `forward`,
@@ -141,6 +145,15 @@ pub fn publish_states(stats: &StateStats) {
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(STEPS, "Engine steps run");
+    describe_counter!(
+        ENCODER_TOKENS,
+        "Tokens an encoder read (embeddings, rerank, score)"
+    );
+    describe_histogram!(
+        ENCODER_STEP_DURATION,
+        Unit::Seconds,
+        "Wall time of one encoder step (one packed forward)"
+    );
     describe_histogram!(STEP_DURATION, Unit::Seconds, "Wall time of one engine step");
     describe_histogram!(
         STEP_PHASE,

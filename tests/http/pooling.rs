@@ -155,6 +155,16 @@ async fn embeddings_in_every_input_shape_and_encoding_agree() {
     )
     .await;
     assert_eq!(max["usage"]["prompt_tokens"], 256);
+    let (_, metrics) = call(&app, "GET", "/metrics", None).await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics.contains("thicket_encoder_tokens_total"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("thicket_encoder_step_duration_seconds"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -253,7 +253,11 @@ fn run(
             .iter()
             .map(|&(j, i)| queue[j].job.inputs[i].clone())
             .collect();
-        match step(encoder, &inputs, config.sharing_cores) {
+        let started = std::time::Instant::now();
+        let outcome = step(encoder, &inputs, config.sharing_cores);
+        metrics::histogram!(crate::metrics::ENCODER_STEP_DURATION)
+            .record(started.elapsed().as_secs_f64());
+        match outcome {
             Ok(outputs) => {
                 for (&(j, _), output) in picked.iter().zip(outputs) {
                     queue[j].outputs.push(output);
@@ -271,7 +275,7 @@ fn run(
                 }
             }
         }
-        metrics::counter!("thicket_encoder_tokens_total").increment(tokens as u64);
+        metrics::counter!(crate::metrics::ENCODER_TOKENS).increment(tokens as u64);
         while queue.front().is_some_and(|r| r.next == r.job.inputs.len()) {
             if let Some(done) = queue.pop_front() {
                 if done.outputs.len() == done.job.inputs.len() {
