@@ -14,6 +14,8 @@ mod harmony_reference;
 pub(crate) mod mock_server;
 mod no_chat_template;
 mod pooling;
+mod pooling_beside;
+mod pooling_fuzz;
 mod reasoning;
 mod scripted;
 mod tool_formats;

@@ -2,9 +2,9 @@
 //! its four input shapes and two encodings against the encoder's own forward, `/v1/rerank`
 //! (and `/rerank`, `/v2/rerank`) sorted, cut and with or without documents, `/v1/score` one
 //! against many and pair by pair, every bad input as a 400 naming its field, the generating
-//! routes refused with 400, a generating model refusing the pooling routes, an encoder served
-//! beside a generating model (`--embedding-model`), and concurrent clients batched together
-//! getting what each gets alone.
+//! routes refused with 400, and concurrent clients batched together getting what each gets
+//! alone. A generating model beside or without an encoder is in `pooling_beside`, random
+//! bodies in `pooling_fuzz`.
 
 use api::server::{router, AppState, Choice, ServerConfig};
 use axum::http::StatusCode;
@@ -14,10 +14,13 @@ use engine::encoder::pooling::cosine;
 use engine::encoder::{spawn_encoder, Encoder, EncoderServeConfig};
 use serde_json::{json, Value};
 
-use super::mock_server::{assert_error, call, server_with, KEY};
+use super::mock_server::{assert_error, call, KEY};
 use crate::model::encoder::minilm_dir;
 
-fn minilm(max_batch_tokens: usize, sharing_cores: bool) -> engine::encoder::EncoderHandle {
+pub(crate) fn minilm(
+    max_batch_tokens: usize,
+    sharing_cores: bool,
+) -> engine::encoder::EncoderHandle {
     let encoder = Encoder::load(&minilm_dir(), engine::WeightDType::Auto).unwrap();
     spawn_encoder(
         encoder,
@@ -31,7 +34,7 @@ fn minilm(max_batch_tokens: usize, sharing_cores: bool) -> engine::encoder::Enco
     .0
 }
 
-fn minilm_server(max_batch_tokens: usize) -> Router {
+pub(crate) fn minilm_server(max_batch_tokens: usize) -> Router {
     let handle = minilm(max_batch_tokens, false);
     let state = AppState::new(ServerConfig {
         served_model_name: "minilm".into(),
@@ -53,7 +56,7 @@ fn vector(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-const WEATHER: [&str; 3] = [
+pub(crate) const WEATHER: [&str; 3] = [
     "The weather is lovely today.",
     "It's so sunny outside!",
     "He drove to the stadium.",
@@ -339,124 +342,6 @@ async fn bad_pooling_requests_are_400s_naming_their_field() {
     );
     let (status, _) = call(&app, "GET", "/health", None).await;
     assert_eq!(status, StatusCode::OK);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_generating_model_refuses_the_pooling_routes() {
-    let server = server_with(8, 1 << 20);
-    for (path, body) in [
-        ("/v1/embeddings", json!({"input": "a"})),
-        ("/v1/rerank", json!({"query": "q", "documents": ["a"]})),
-        ("/v1/score", json!({"text_1": "q", "text_2": "a"})),
-    ] {
-        let (status, err) = call(&server.app, "POST", path, Some(body)).await;
-        assert_eq!(
-            assert_error(status, &err, StatusCode::BAD_REQUEST),
-            "model",
-            "{path}"
-        );
-        assert!(
-            err["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("cannot pool"),
-            "{err}"
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_encoder_beside_a_generating_model_serves_the_pooling_routes_under_its_own_name() {
-    let server = server_with(8, 1 << 20);
-    server.state.expect_encoder_beside("minilm".into());
-    // Until the encoder has loaded, the server is not ready and embeddings wait.
-    let (status, _) = call(&server.app, "GET", "/health", None).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let (status, _) = call(
-        &server.app,
-        "POST",
-        "/v1/embeddings",
-        Some(json!({"input": "a"})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    // Beside an engine the encoder runs its loops without a team of its own.
-    server.state.set_encoder(minilm(8192, true));
-    let (status, _) = call(&server.app, "GET", "/health", None).await;
-    assert_eq!(status, StatusCode::OK);
-    for model in [json!("minilm"), Value::Null] {
-        let (status, body) = call(
-            &server.app,
-            "POST",
-            "/v1/embeddings",
-            Some(json!({"model": model, "input": WEATHER})),
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body["model"], "minilm");
-        assert_eq!(body["data"].as_array().unwrap().len(), 3);
-    }
-    let (status, err) = call(
-        &server.app,
-        "POST",
-        "/v1/embeddings",
-        Some(json!({"model": "mock", "input": "a"})),
-    )
-    .await;
-    assert_eq!(assert_error(status, &err, StatusCode::BAD_REQUEST), "model");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("'minilm' serves"),
-        "{err}"
-    );
-    let (status, err) = call(
-        &server.app,
-        "POST",
-        "/v1/score",
-        Some(json!({"model": "other", "text_1": "a", "text_2": "b"})),
-    )
-    .await;
-    assert_error(status, &err, StatusCode::NOT_FOUND);
-    // The generating model still answers chat.
-    let (status, chat) = call(
-        &server.app,
-        "POST",
-        "/v1/completions",
-        Some(json!({"model": "mock", "prompt": "<5> <6>", "max_tokens": 3})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{chat}");
-    let (_, models) = call(&server.app, "GET", "/v1/models", None).await;
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["mock", "minilm"]);
-    let (status, card) = call(&server.app, "GET", "/v1/models/minilm", None).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(card["max_model_len"], 256);
-    // /tokenize follows `model`: the encoder's WordPiece, or the generating model's tokenizer.
-    let (_, enc) = call(
-        &server.app,
-        "POST",
-        "/tokenize",
-        Some(json!({"model": "minilm", "prompt": "x"})),
-    )
-    .await;
-    assert_eq!(enc["tokens"], json!([101, 1060, 102]), "{enc}");
-    let (status, gen) = call(
-        &server.app,
-        "POST",
-        "/tokenize",
-        Some(json!({"prompt": "<5> <6>"})),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{gen}");
-    assert_ne!(gen["tokens"], enc["tokens"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
