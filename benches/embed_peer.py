@@ -19,6 +19,9 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_peer import wait_ready  # noqa: E402
+
 THICKET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release",
                        "thicket")
 
@@ -36,19 +39,6 @@ def sentences(rng, count):
         n = rng.randint(6, 40)
         out.append(" ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + ".")
     return out
-
-
-def wait_ready(port, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    sys.exit(f"server on port {port} never became ready")
 
 
 def post(port, body):

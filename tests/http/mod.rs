@@ -13,7 +13,7 @@ mod harmony;
 mod harmony_reference;
 pub(crate) mod mock_server;
 mod no_chat_template;
-mod pooling;
+pub(crate) mod pooling;
 mod pooling_beside;
 mod pooling_fuzz;
 mod reasoning;

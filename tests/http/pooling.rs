@@ -35,9 +35,13 @@ pub(crate) fn minilm(
 }
 
 pub(crate) fn minilm_server(max_batch_tokens: usize) -> Router {
-    let handle = minilm(max_batch_tokens, false);
+    encoder_app(minilm(max_batch_tokens, false), "minilm")
+}
+
+/// The router over an encoder alone, served as `name`, behind the test key.
+pub(crate) fn encoder_app(handle: engine::encoder::EncoderHandle, name: &str) -> Router {
     let state = AppState::new(ServerConfig {
-        served_model_name: "minilm".into(),
+        served_model_name: name.into(),
         api_key: Some(KEY.into()),
         max_body_bytes: 1 << 20,
         reasoning_parser: Choice::Off,

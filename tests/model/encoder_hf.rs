@@ -5,13 +5,13 @@
 //! state and the logit; and `/v1/rerank` and `/v1/score` on it, scoring pairs by the sigmoid of
 //! that logit.
 
-use api::server::{router, AppState, Choice, ServerConfig};
 use axum::http::StatusCode;
 use engine::encoder::{spawn_encoder, Encoder, EncoderServeConfig, EncoderTask};
 use engine::model::testing::{write_tiny_bert_hf, TinyBert};
 use serde_json::{json, Value};
 
-use crate::http::mock_server::{call, KEY};
+use crate::http::mock_server::call;
+use crate::http::pooling::encoder_app;
 
 fn reference() -> Value {
     let path = concat!(
@@ -116,16 +116,7 @@ fn the_tiny_cross_encoder_agrees_with_transformers() {
 async fn rerank_and_score_on_a_cross_encoder_are_sigmoids_of_its_logits() {
     let (_dir, encoder) = tiny();
     let (handle, _) = spawn_encoder(encoder, EncoderServeConfig::default()).unwrap();
-    let state = AppState::new(ServerConfig {
-        served_model_name: "tiny".into(),
-        api_key: Some(KEY.into()),
-        max_body_bytes: 1 << 20,
-        reasoning_parser: Choice::Off,
-        tool_call_parser: Choice::Auto,
-        template: Default::default(),
-    });
-    state.set_encoder(handle);
-    let app = router(state);
+    let app = encoder_app(handle, "tiny");
     let reference = reference();
     let pairs: Vec<&Value> = reference["pairs"]
         .as_array()
