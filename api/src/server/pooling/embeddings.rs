@@ -9,7 +9,7 @@ use axum::Json;
 use base64::Engine as _;
 use engine::encoder::pooling::truncate_dimensions;
 use engine::encoder::{EncoderHandle, EncoderInput};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{run, strings, text_input, token_count, truncation, MAX_INPUTS};
@@ -43,7 +43,7 @@ pub struct EmbeddingsRequest {
 pub(crate) async fn create(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EmbeddingsRequest>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<EmbeddingsResponse>> {
     let encoder = state.encoder()?;
     state.check_embedding_model(body.model.as_deref())?;
     if let engine::encoder::EncoderTask::Classify { .. } = encoder.task() {
@@ -71,7 +71,7 @@ pub(crate) async fn create(
     let inputs = inputs(&body.input, encoder, truncate)?;
     let tokens = token_count(&inputs);
     let vectors = run(encoder, inputs).await?;
-    let data: Vec<Value> = vectors
+    let data: Vec<EmbeddingOut> = vectors
         .into_iter()
         .enumerate()
         .map(|(index, v)| {
@@ -82,19 +82,47 @@ pub(crate) async fn create(
             let embedding = match base64 {
                 true => {
                     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
                 }
-                false => json!(v),
+                false => Vector::Float(v),
             };
-            json!({"object": "embedding", "index": index, "embedding": embedding})
+            EmbeddingOut {
+                object: "embedding",
+                index,
+                embedding,
+            }
         })
         .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "model": state.embedding_model_name(),
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    })))
+    Ok(Json(EmbeddingsResponse {
+        object: "list",
+        data,
+        model: state.embedding_model_name().to_string(),
+        usage: json!({"prompt_tokens": tokens, "total_tokens": tokens}),
+    }))
+}
+
+/// The answer of `POST /v1/embeddings`, typed so that each f32 is written as the shortest
+/// decimal that reads back as that f32 (a `serde_json::Value` would write its f64 digits).
+#[derive(Serialize)]
+pub struct EmbeddingsResponse {
+    object: &'static str,
+    data: Vec<EmbeddingOut>,
+    model: String,
+    usage: Value,
+}
+
+#[derive(Serialize)]
+struct EmbeddingOut {
+    object: &'static str,
+    index: usize,
+    embedding: Vector,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
 }
 
 /// `dimensions`: a positive count, no larger than the model's width, and other than the width
