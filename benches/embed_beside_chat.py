@@ -7,6 +7,9 @@ earlier one); the two modes alternate which goes first from round to round. Prin
 inter-token latency (mean, p50, p90, p99) and output tokens/s per mode, and the embedding rate.
 
     python3 benches/embed_beside_chat.py --chat smollm2-135m --encoder all-minilm-l6-v2 --rounds 2
+
+`--encoder self` has the chat model embed as well (`--task embed`): the embedding requests are
+then prefill-only requests of the same engine, scheduled and batched with the chat's steps.
 """
 
 import argparse
@@ -40,8 +43,11 @@ def embed_load(stop, batch, seed, counter):
 
 
 def measure(args, with_load, seed):
-    cmd = [args.thicket, "serve", "--model", args.chat, "--embedding-model", args.encoder,
-           "--port", str(PORT), "--speculation", "none"] + args.thicket_args.split()
+    # `--encoder self`: the chat model embeds too (`--task embed`), in the same engine.
+    pooling = (["--task", "embed"] if args.encoder == "self"
+               else ["--embedding-model", args.encoder])
+    cmd = ([args.thicket, "serve", "--model", args.chat] + pooling
+           + ["--port", str(PORT), "--speculation", "none"] + args.thicket_args.split())
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(PORT)

@@ -114,6 +114,8 @@ pub struct EngineHandle {
     limits: RequestLimits,
     tokenizer: Arc<ModelTokenizer>,
     grammars: Arc<Grammars>,
+    /// Whether the backend returns final-normed states (`Backend::returns_states`).
+    returns_states: bool,
 }
 
 /// Starts the engine thread for `model`. Errors on a configuration that cannot work.
@@ -189,6 +191,7 @@ pub fn spawn_with_backend(
     }
     let scheduler = Scheduler::new(config.scheduler).map_err(|e| Error::Config(e.to_string()))?;
     let vocab_size = backend.vocab_size();
+    let returns_states = backend.returns_states();
     if let Some(draft) = &config.speculation.draft_model {
         if draft.model.config().vocab_size != vocab_size {
             return Err(Error::Metadata(format!(
@@ -254,6 +257,7 @@ pub fn spawn_with_backend(
             grammar_ends,
         )),
         tokenizer,
+        returns_states,
     };
     Ok((handle, thread))
 }
@@ -339,6 +343,12 @@ impl EngineHandle {
         })
     }
 
+    /// Whether pooling requests may ask for final-normed states (`Pooling::State`): the
+    /// backend returns them (not the CUDA one, which returns logits only).
+    pub fn returns_states(&self) -> bool {
+        self.returns_states
+    }
+
     /// Asks the engine to stop: pending requests get an error event.
     pub fn shutdown(&self) {
         let _ = self.commands.send(Command::Shutdown);
@@ -393,6 +403,8 @@ pub struct SampleOutput {
     pub finish: Option<FinishReason>,
     /// Token counts.
     pub usage: Usage,
+    /// A pooling request's answer (`Event::Pooled`).
+    pub pooled: Option<Vec<f32>>,
 }
 
 impl RequestStream {
@@ -437,6 +449,13 @@ impl RequestStream {
                     slot(&mut samples, index);
                     samples[index].finish = Some(reason);
                     samples[index].usage = usage;
+                }
+                Event::Pooled { values, usage } => {
+                    return Ok(vec![SampleOutput {
+                        pooled: Some(values),
+                        usage,
+                        ..SampleOutput::default()
+                    }]);
                 }
                 Event::Error(failure) => return Err(failure.message),
             }

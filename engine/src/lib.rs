@@ -72,7 +72,7 @@ pub use model::load::{load_model, DeviceChoice, LoadOptions, LoadedModel};
 pub use model::tokenizer::ModelTokenizer;
 pub use model::Model;
 pub use request::{
-    Event, Failure, FinishReason, InvalidRequest, Request, StopConditions, Usage,
+    Event, Failure, FinishReason, InvalidRequest, Pooling, Request, StopConditions, Usage,
     MAX_CACHE_SALT_BYTES,
 };
 pub use sampler::SamplingParams;

@@ -79,6 +79,19 @@ pub struct Request {
     /// same salt, or by requests without one when it has none. Non-empty, at most
     /// `MAX_CACHE_SALT_BYTES`.
     pub cache_salt: Option<Arc<str>>,
+    /// What to read off the prompt's last token instead of generating (an embedding, or
+    /// some of its logits): the request then ends after its prompt with one
+    /// [`Event::Pooled`], and neither drafts nor samples.
+    pub pooling: Option<Pooling>,
+}
+
+/// What a pooling request reads off its prompt's last token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pooling {
+    /// The final-normed state (a decoder's last-token embedding, not normalized).
+    State,
+    /// The logits of these tokens, in this order (a reranker's `no` and `yes`).
+    Logits(Arc<[u32]>),
 }
 
 /// Longest cache salt, in bytes.
@@ -172,6 +185,13 @@ pub enum Event {
         /// Its token counts.
         usage: Usage,
     },
+    /// A pooling request's answer ([`Request::pooling`]); nothing follows.
+    Pooled {
+        /// The state, or the logits asked for.
+        values: Vec<f32>,
+        /// Its token counts (no completion tokens).
+        usage: Usage,
+    },
     /// The request failed; nothing follows.
     Error(Failure),
 }
@@ -255,7 +275,51 @@ impl Request {
             thinking: None,
             prediction: None,
             cache_salt: None,
+            pooling: None,
         }
+    }
+
+    /// A request for `pooling` of `prompt`: one sequence, no drafting.
+    pub fn pooling(prompt: Vec<u32>, pooling: Pooling) -> Self {
+        Self {
+            pooling: Some(pooling),
+            speculation: Some(SpecRequest {
+                method: SpecMethod::None,
+                max_draft_tokens: None,
+            }),
+            ..Self::greedy(prompt, 1, None)
+        }
+    }
+
+    /// A pooling request reads its prompt and nothing else: one sample, no format, no
+    /// prediction, logits of tokens in the vocabulary.
+    fn validate_pooling(
+        &self,
+        pooling: &Pooling,
+        limits: &RequestLimits,
+    ) -> Result<(), InvalidRequest> {
+        if self.n != 1 {
+            return Err(invalid("n", "a pooling request has one sample"));
+        }
+        if self.constraint.is_some() || self.thinking.is_some() {
+            return Err(invalid(
+                "response_format",
+                "a pooling request generates nothing to format",
+            ));
+        }
+        if self.prediction.is_some() {
+            return Err(invalid(
+                "prediction",
+                "a pooling request generates nothing to predict",
+            ));
+        }
+        if let Pooling::Logits(ids) = pooling {
+            if ids.is_empty() {
+                return Err(invalid("pooling", "no token's logit asked for"));
+            }
+            in_vocabulary("pooling", ids, limits.vocab_size)?;
+        }
+        Ok(())
     }
 
     /// The prefix-cache scope of the request's cache salt (`None` without one).
@@ -315,6 +379,9 @@ impl Request {
                     format!("at most {MAX_CACHE_SALT_BYTES} bytes"),
                 ));
             }
+        }
+        if let Some(pooling) = &self.pooling {
+            self.validate_pooling(pooling, limits)?;
         }
         if self.n == 0 || self.n > limits.max_n {
             return Err(invalid(

@@ -34,6 +34,9 @@ pub enum LogitRows {
     Last,
     /// Every node (verification).
     All,
+    /// Only the last node, and its final-normed state instead of logits (a pooling
+    /// request's last prompt row: an embedding).
+    Hidden,
 }
 
 /// One sequence's part of a batch.
@@ -110,6 +113,9 @@ pub struct TreeBatch {
     pub seqs: Vec<SeqEntry>,
     /// Rows whose logits are returned, in this order.
     pub logit_rows: Vec<usize>,
+    /// Which of `logit_rows` (indices into it, ascending) return the row's final-normed state
+    /// (`[hidden]`) instead of its logits.
+    pub hidden_outputs: Vec<usize>,
     /// Slots per block of every block table.
     pub block_size: usize,
     /// Snapshots of recurrent states to keep as the forward passes them.
@@ -197,6 +203,10 @@ impl TreeBatch {
             LogitRows::None => {}
             LogitRows::Last => self.logit_rows.push(rows.end - 1),
             LogitRows::All => self.logit_rows.extend(rows.clone()),
+            LogitRows::Hidden => {
+                self.hidden_outputs.push(self.logit_rows.len());
+                self.logit_rows.push(rows.end - 1);
+            }
         }
         self.seqs.push(SeqEntry {
             context_len,
@@ -223,6 +233,38 @@ impl TreeBatch {
         }
         entry.state = Some(state);
         Ok(())
+    }
+
+    /// Whether output `i` (the `i`-th of `logit_rows`) is the row's final-normed state.
+    pub fn wants_hidden(&self, i: usize) -> bool {
+        self.hidden_outputs.binary_search(&i).is_ok()
+    }
+
+    /// The outputs in `logit_rows` order, from the logits of the rows that give logits and
+    /// the states of those that give states (each in order).
+    pub fn interleave_outputs(
+        &self,
+        logits: Vec<Vec<f32>>,
+        hidden: Vec<Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>> {
+        if logits.len() + hidden.len() != self.logit_rows.len()
+            || hidden.len() != self.hidden_outputs.len()
+        {
+            return Err(Error::InvalidBatch(format!(
+                "{} logit rows and {} states for {} outputs ({} states)",
+                logits.len(),
+                hidden.len(),
+                self.logit_rows.len(),
+                self.hidden_outputs.len()
+            )));
+        }
+        let (mut logits, mut hidden) = (logits.into_iter(), hidden.into_iter());
+        Ok((0..self.logit_rows.len())
+            .filter_map(|i| match self.wants_hidden(i) {
+                true => hidden.next(),
+                false => logits.next(),
+            })
+            .collect())
     }
 
     /// Also returns the logits of `row` (after every row requested so far).

@@ -82,6 +82,8 @@ impl TreeBatch {
             .iter()
             .filter_map(|r| kept.binary_search(r).ok())
             .collect();
+        // Every logit row is kept, in order: the same positions of it return states.
+        cut.hidden_outputs = self.hidden_outputs.clone();
         Some((cut, kept))
     }
 }

@@ -460,6 +460,32 @@ impl Scheduler {
         Ok(moves)
     }
 
+    /// Commits `seq`'s last prompt chunk, fed this step, without a new token: a request that
+    /// ends with its prompt (a pooling request's). Its computed blocks enter the prefix
+    /// cache as a generating sequence's do.
+    pub fn commit_prompt_end(&mut self, id: SeqId) -> Result<(), SchedulerError> {
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(SchedulerError::UnknownSeq(id))?;
+        let computed = seq.num_computed + seq.scheduled;
+        if seq.scheduled == 0 || seq.scheduled_draft != 0 || computed != seq.tokens.len() {
+            return Err(SchedulerError::InvalidUpdate {
+                seq: id,
+                reason: format!(
+                    "{} fed after {} computed do not end its {} tokens without a draft",
+                    seq.scheduled,
+                    seq.num_computed,
+                    seq.tokens.len()
+                ),
+            });
+        }
+        seq.num_computed = computed;
+        seq.scheduled = 0;
+        self.blocks.commit(id, &seq.tokens[..computed])?;
+        Ok(())
+    }
+
     /// Creates `child` from `parent` after the parent's prompt is computed: the child shares
     /// the parent's KV blocks (copy-on-write) and its own first token is `pending`.
     pub fn fork(

@@ -262,6 +262,7 @@ fn request(case: &Case, prompt: Vec<u32>, how: How, stop_token: u32, spec: bool)
         thinking: case.thinking.clone(),
         prediction: None,
         cache_salt: None,
+        pooling: None,
     }
 }
 

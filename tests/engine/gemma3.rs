@@ -184,6 +184,7 @@ fn n_samples_fork_one_prefill_and_repeat_by_seed() {
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     };
     let a = run_all(&handle, vec![sampled(7)]);
     let b = run_all(&handle, vec![sampled(7)]);
@@ -239,6 +240,7 @@ fn a_json_schema_holds_on_gemma3() {
                 thinking: None,
                 prediction: None,
                 cache_salt: None,
+                pooling: None,
             }],
         );
         let value: serde_json::Value = serde_json::from_str(&out[0].text)

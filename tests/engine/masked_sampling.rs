@@ -83,6 +83,7 @@ fn sample(
                 thinking: None,
                 prediction: None,
                 cache_salt: None,
+                pooling: None,
             };
             handle.submit(request).unwrap()
         })

@@ -11,6 +11,8 @@ mod gemma4;
 mod lfm2;
 mod masked_sampling;
 mod mock_backend;
+mod pooling;
+mod pooling_rerank;
 mod prediction;
 mod qwen35;
 mod requests;

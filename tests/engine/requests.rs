@@ -147,6 +147,7 @@ fn seeded_sampling_does_not_depend_on_batch_mates() {
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     };
     let alone = handle.submit(sampled(7)).unwrap().wait().unwrap();
     // The same request among others with other seeds and prompts.

@@ -83,6 +83,7 @@ pub(crate) fn request(
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     }
 }
 

@@ -87,7 +87,9 @@ fn a_format_beyond_the_grammar_engines_limits_fails_its_request_as_the_formats_f
     let failure = loop {
         match stream.recv() {
             Some(Event::Error(failure)) => break failure,
-            Some(Event::Finished { .. }) | None => panic!("the request did not fail"),
+            Some(Event::Finished { .. } | Event::Pooled { .. }) | None => {
+                panic!("the request did not fail")
+            }
             Some(Event::Output { .. }) => {}
         }
     };

@@ -223,6 +223,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     };
     let busy = [
         s.engine.submit(long()).unwrap(),

@@ -62,6 +62,10 @@ impl Backend for SlowBackend {
     fn move_kv(&mut self, moves: &[kvcache::KvMove]) -> engine::Result<()> {
         self.inner.move_kv(moves)
     }
+
+    fn returns_states(&self) -> bool {
+        self.inner.returns_states()
+    }
 }
 
 /// The mock model behind the API key `KEY`, answering at once.

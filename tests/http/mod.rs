@@ -15,6 +15,7 @@ pub(crate) mod mock_server;
 mod no_chat_template;
 pub(crate) mod pooling;
 mod pooling_beside;
+mod pooling_decoder;
 mod pooling_fuzz;
 mod reasoning;
 mod scripted;

@@ -217,7 +217,7 @@ fn two_steps(model: &Model, wanted: LogitRows) -> Vec<Vec<Vec<u32>>> {
         for (s, (_, _, rows)) in step.iter().enumerate() {
             let n = match rows {
                 LogitRows::None => 0,
-                LogitRows::Last => 1,
+                LogitRows::Last | LogitRows::Hidden => 1,
                 LogitRows::All => ranges[s].len(),
             };
             let mine = all[at * vocab..(at + n) * vocab].to_vec();

@@ -60,6 +60,7 @@ pub fn run(
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     };
     // Warm-up: page in the weights.
     handle
@@ -87,6 +88,7 @@ pub fn run(
                                 tokens += token_ids.len();
                             }
                             Event::Error(e) => anyhow::bail!("request failed: {e}"),
+                            Event::Pooled { .. } => anyhow::bail!("a generation request pooled"),
                             Event::Finished { .. } => {}
                         }
                     }

@@ -90,6 +90,7 @@ pub(crate) fn read_timed(started: Instant, stream: engine::RequestStream) -> any
             }
             Event::Finished { usage: u, .. } => usage = Some(u),
             Event::Error(e) => bail!("{e}"),
+            Event::Pooled { .. } => bail!("the engine pooled a generation request"),
         }
     }
     let usage = usage.context("the engine stopped early")?;

@@ -89,6 +89,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
         thinking: None,
         prediction: None,
         cache_salt: None,
+        pooling: None,
     };
     let started = Instant::now();
     let stream = handle.submit(request)?;
@@ -122,6 +123,7 @@ pub fn run(loaded: &LoadedModel, args: &GenerateArgs) -> anyhow::Result<()> {
                 usage = done;
             }
             Event::Error(e) => bail!("generation failed: {e}"),
+            Event::Pooled { .. } => bail!("the engine pooled a generation request"),
         }
     }
     let finish = finish.context("the engine stopped before the request finished")?;

@@ -21,6 +21,7 @@ use crate::server::reasoning::{ReasoningParser, REASONING_PARSERS};
 use crate::server::settings::template::{parse_kwargs, TemplateSetup};
 use crate::server::tools::{tool_format, ToolFormat, TOOL_CALL_PARSERS};
 use crate::server::{router, AppState, Choice, ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use engine::encoder::{decoder_pooler, DecoderTask};
 
 /// Flags of `thicket serve`.
 #[derive(Debug, Args)]
@@ -50,6 +51,18 @@ pub struct ServeArgs {
     /// The name clients send for --embedding-model [default: its value].
     #[arg(long, requires = "embedding_model")]
     pub served_embedding_model_name: Option<String>,
+    /// What a generating --model also serves: `generate` (only generation), `embed` (also
+    /// /v1/embeddings and /v1/score: the last token's final-normed state, normalized, as
+    /// Qwen3-Embedding is used) or `rerank` (also /v1/rerank and /v1/score: the probability
+    /// of `yes` against `no` after Qwen3-Reranker's template). Pooling requests are
+    /// prefill-only requests of the engine, batched with generation and cached like it.
+    /// `--convert` is vLLM's name for it.
+    #[arg(long, alias = "convert", value_parser = task_value, default_value = "generate")]
+    pub task: TaskArg,
+    /// vLLM's `--runner`: `pooling` is `--task embed` unless --task / --convert says
+    /// otherwise; `generate` and `auto` change nothing.
+    #[arg(long, value_parser = ["auto", "generate", "pooling"], default_value = "auto")]
+    pub runner: String,
     /// Split chat answers into thinking (`reasoning_content`) and answer: `deepseek_r1`
     /// (thinking until `</think>`), `qwen3` (thinking inside `<think>...</think>`), `generic`
     /// (thinking inside --reasoning-start and --reasoning-end), `none`, or `auto`: the one
@@ -151,7 +164,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loader_state = state.clone();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let task = pooling_task(&args);
         if let Some(dir) = encoder_path(&args.model.model)? {
+            if task.is_some() {
+                anyhow::bail!(
+                    "--task and --runner pooling choose what a generating model serves, and                      '{}' is an encoder: it embeds (or scores) as its checkpoint says",
+                    args.model.model
+                );
+            }
             if args.embedding_model.is_some() {
                 anyhow::bail!(
                     "--embedding-model goes beside a generating --model, and '{}' is an encoder",
@@ -167,6 +187,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             return Ok(vec![thread]);
         }
         let mut threads = Vec::new();
+        if let (Some(_), Some(embedding)) = (task, &args.embedding_model) {
+            anyhow::bail!(
+                "--embedding-model '{embedding}' and --task both serve the pooling routes:                  give one"
+            );
+        }
         if let Some(embedding) = &args.embedding_model {
             let dir = encoder_path(embedding)?.ok_or_else(|| {
                 anyhow::anyhow!(
@@ -181,15 +206,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let loaded = load(&args.model)?;
         let config = args.engine.config(&loaded.model)?;
         let (handle, thread) = spawn(&loaded, config)?;
+        if let Some(task) = task {
+            let hidden = loaded.model.config().hidden_size;
+            loader_state.set_encoder(decoder_pooler(handle.clone(), task, hidden)?);
+        }
         loader_state.set_engine(handle);
         threads.push(thread);
-        match &args.embedding_model {
-            Some(_) => announce(&format!(
+        match (&args.embedding_model, task) {
+            (_, Some(task)) => announce(&format!(
+                "ready: serving '{}', which also {} on {}",
+                loader_state.model_name(),
+                match task {
+                    DecoderTask::Embed => "embeds",
+                    DecoderTask::Rerank => "reranks",
+                },
+                match task {
+                    DecoderTask::Embed => "/v1/embeddings and /v1/score",
+                    DecoderTask::Rerank => "/v1/rerank and /v1/score",
+                }
+            )),
+            (Some(_), None) => announce(&format!(
                 "ready: serving '{}', and '{}' on /v1/embeddings, /v1/rerank and /v1/score",
                 loader_state.model_name(),
                 loader_state.embedding_model_name()
             )),
-            None => announce(&format!("ready: serving '{}'", loader_state.model_name())),
+            (None, None) => announce(&format!("ready: serving '{}'", loader_state.model_name())),
         }
         Ok(threads)
     });
@@ -322,5 +363,25 @@ fn api_tool_call_parser(name: &str) -> Result<Choice<Arc<dyn ToolFormat>>, Strin
                 TOOL_CALL_PARSERS.join(", ")
             )
         }),
+    }
+}
+
+/// `--task`: `generate` (no pooling) or a pooling task.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskArg(pub Option<DecoderTask>);
+
+fn task_value(s: &str) -> Result<TaskArg, String> {
+    match s {
+        "generate" => Ok(TaskArg(None)),
+        other => other.parse::<DecoderTask>().map(|t| TaskArg(Some(t))),
+    }
+}
+
+/// The pooling task a generating model serves: `--task`, or `embed` under `--runner pooling`.
+fn pooling_task(args: &ServeArgs) -> Option<DecoderTask> {
+    match (args.task.0, args.runner.as_str()) {
+        (Some(task), _) => Some(task),
+        (None, "pooling") => Some(DecoderTask::Embed),
+        (None, _) => None,
     }
 }

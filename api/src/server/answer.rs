@@ -13,7 +13,7 @@ use engine::{Event, Failure, ModelTokenizer};
 
 use super::parts::ChoiceReader;
 pub use super::parts::{Ending, Part};
-use crate::server::error::{engine_failure, ApiResult};
+use crate::server::error::{engine_failure, not_generated, ApiResult};
 use crate::server::reasoning::Reasoning;
 use crate::server::tools::{Calls, Piece, ToolCallOut};
 
@@ -116,6 +116,10 @@ impl Answer {
                 Some(Event::Error(failure)) => {
                     self.ended = true;
                     return Some(Err(engine_failure(&failure, self.format_field)));
+                }
+                Some(Event::Pooled { .. }) => {
+                    self.ended = true;
+                    return Some(Err(engine_failure(&not_generated(), "")));
                 }
                 None => {
                     self.ended = true;

@@ -198,6 +198,12 @@ impl IntoResponse for ApiError {
 
 /// Result of a handler.
 pub type ApiResult<T> = Result<T, ApiError>;
+/// What a generating request that the engine answered with pooled values (which it never
+/// does) fails with.
+pub fn not_generated() -> Failure {
+    Failure::engine("the engine pooled a request that generates")
+}
+
 /// A request the engine could not finish: a 400 naming `format_field` when its output format
 /// failed it (another try would fail alike, so it is no 5xx a router would retry), else a
 /// 503 (the engine is shutting down, the request cannot fit, an internal error).

@@ -72,10 +72,13 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
-        Ok(self
-            .model
-            .forward(batch, &mut self.store)?
-            .to_vec2::<f32>()?)
+        self.model
+            .forward_output(batch, &mut self.store)?
+            .into_rows(batch)
+    }
+
+    fn returns_states(&self) -> bool {
+        true
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {

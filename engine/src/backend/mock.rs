@@ -91,6 +91,20 @@ impl MockBackend {
         (h % vocab.max(1) as u64) as u32
     }
 
+    /// The mock model's final-normed state after `tokens` (what a pooling request gets): a
+    /// bag of its tokens, component `k` one plus how many of them are `k` modulo
+    /// [`MockBackend::STATE_WIDTH`]. Equal token bags give equal states.
+    pub fn state(tokens: &[u32]) -> Vec<f32> {
+        let mut state = vec![1.0; Self::STATE_WIDTH];
+        for &t in tokens {
+            state[t as usize % Self::STATE_WIDTH] += 1.0;
+        }
+        state
+    }
+
+    /// Width of [`MockBackend::state`].
+    pub const STATE_WIDTH: usize = 8;
+
     /// Logits that make `next` the most likely token, then tokens close to it.
     fn logits(&self, next: u32) -> Vec<f32> {
         (0..self.vocab as u32)
@@ -170,12 +184,18 @@ impl Backend for MockBackend {
         Ok(batch
             .logit_rows
             .iter()
-            .map(|&row| match &self.rule {
+            .enumerate()
+            .map(|(i, &row)| match &self.rule {
+                _ if batch.wants_hidden(i) => Self::state(&seen[row]),
                 Some(Rule::One(rule)) => self.logits(rule(&seen[row])),
                 Some(Rule::Ranked(rule)) => self.ranked_logits(&rule(&seen[row])),
                 None => self.logits(Self::next_token(&seen[row], self.vocab)),
             })
             .collect())
+    }
+
+    fn returns_states(&self) -> bool {
+        true
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()> {

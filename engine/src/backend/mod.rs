@@ -41,8 +41,14 @@ pub trait Backend: Send + 'static {
         false
     }
     /// Runs `batch`, writing every row's K/V at its slot; returns the logits of
-    /// `batch.logit_rows`, in that order.
+    /// `batch.logit_rows`, in that order, or for those in `batch.hidden_outputs` the row's
+    /// final-normed state (where [`Backend::returns_states`]).
     fn forward(&mut self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>>;
+    /// Whether its forward returns final-normed states (`TreeBatch::hidden_outputs`): a
+    /// decoder that embeds. A backend that does not fails such a batch.
+    fn returns_states(&self) -> bool {
+        false
+    }
     /// Copies KV rows, in order (copy-on-write and compaction).
     fn move_kv(&mut self, moves: &[KvMove]) -> Result<()>;
     /// Whether the model has layers that carry a recurrent state per sequence: every batch

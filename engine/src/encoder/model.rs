@@ -17,15 +17,18 @@ use tokenizers::{Encoding, Tokenizer};
 
 use super::bert::{BertEncoder, EncoderInput};
 use super::config::{declared_max_length, read_config, EncoderTask};
+use super::decoder::DecoderText;
 use super::weights::{Gguf, Safetensors};
 use crate::model::linear::WeightDType;
 use crate::{Error, Result};
 
 /// Text to token ids for an encoder.
 pub struct EncoderTokenizer {
-    inner: Tokenizer,
-    max_length: usize,
-    vocab_size: usize,
+    pub(super) inner: Tokenizer,
+    pub(super) max_length: usize,
+    pub(super) vocab_size: usize,
+    /// How a decoder that pools reads its inputs (`None`: an encoder's WordPiece rules).
+    pub(super) decoder: Option<DecoderText>,
 }
 
 impl std::fmt::Debug for EncoderTokenizer {
@@ -49,7 +52,10 @@ impl EncoderTokenizer {
         text: &str,
         truncate: Option<usize>,
     ) -> std::result::Result<EncoderInput, String> {
-        self.encode(text, None, truncate)
+        match &self.decoder {
+            Some(decoder) => decoder.text(self, text, truncate),
+            None => self.encode(text, None, truncate),
+        }
     }
 
     /// A pair (query, document) as a cross-encoder reads it, the two segments told apart by
@@ -60,7 +66,10 @@ impl EncoderTokenizer {
         second: &str,
         truncate: Option<usize>,
     ) -> std::result::Result<EncoderInput, String> {
-        self.encode(first, Some(second), truncate)
+        match &self.decoder {
+            Some(decoder) => decoder.pair(self, first, second, truncate),
+            None => self.encode(first, Some(second), truncate),
+        }
     }
 
     /// Token ids as given (no special tokens added), checked against the vocabulary and,
@@ -114,7 +123,7 @@ impl EncoderTokenizer {
         self.inner.decode(ids, true).map_err(|e| e.to_string())
     }
 
-    fn limit(&self, truncate: Option<usize>) -> std::result::Result<usize, String> {
+    pub(super) fn limit(&self, truncate: Option<usize>) -> std::result::Result<usize, String> {
         match truncate {
             None => Ok(self.max_length),
             Some(0) => Err("truncation must keep at least one token".into()),
@@ -126,7 +135,7 @@ impl EncoderTokenizer {
         }
     }
 
-    fn too_long(&self, tokens: usize) -> String {
+    pub(super) fn too_long(&self, tokens: usize) -> String {
         format!(
             "an input has {tokens} tokens; this model reads at most {} (truncate_prompt_tokens \
              shortens inputs)",
@@ -257,6 +266,7 @@ impl Encoder {
                 inner,
                 max_length,
                 vocab_size,
+                decoder: None,
             }),
         }
     }

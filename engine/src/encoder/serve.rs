@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 
 use super::bert::{spans, EncoderInput};
 use super::config::EncoderTask;
+use super::decoder::EnginePooling;
 use super::model::{Encoder, EncoderTokenizer};
 use super::pooling::pool;
 use crate::{Error, Result};
@@ -66,7 +67,7 @@ enum Command {
 /// Submits encoding jobs to the encoder thread. Clone freely.
 #[derive(Debug, Clone)]
 pub struct EncoderHandle {
-    commands: flume::Sender<Command>,
+    route: Route,
     tokenizer: Arc<EncoderTokenizer>,
     task: EncoderTask,
     hidden_size: usize,
@@ -85,6 +86,15 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// Where a handle's jobs run.
+#[derive(Debug, Clone)]
+enum Route {
+    /// The encoder's own thread.
+    Thread(flume::Sender<Command>),
+    /// The generating engine, as prefill-only requests (a decoder served for pooling).
+    Engine(EnginePooling),
+}
+
 /// Starts the encoder thread.
 pub fn spawn_encoder(
     encoder: Encoder,
@@ -97,7 +107,7 @@ pub fn spawn_encoder(
     }
     let (commands, receiver) = flume::bounded(config.max_pending);
     let handle = EncoderHandle {
-        commands,
+        route: Route::Thread(commands),
         tokenizer: Arc::clone(&encoder.tokenizer),
         task: encoder.task,
         hidden_size: encoder.model.config().hidden_size,
@@ -121,6 +131,31 @@ pub fn spawn_encoder(
 }
 
 impl EncoderHandle {
+    /// A handle whose jobs run on a generating engine (`decoder::decoder_pooler`).
+    pub(super) fn on_engine(
+        pooling: EnginePooling,
+        tokenizer: Arc<EncoderTokenizer>,
+        task: EncoderTask,
+        hidden_size: usize,
+    ) -> Self {
+        Self {
+            route: Route::Engine(pooling),
+            tokenizer,
+            task,
+            hidden_size,
+            matryoshka: None,
+            pending: Arc::new(AtomicUsize::new(0)),
+            running: Arc::new(AtomicBool::new(true)),
+            max_pending: usize::MAX,
+        }
+    }
+
+    /// Whether its jobs run on the generating engine (a decoder served for pooling) rather
+    /// than on an encoder thread of their own.
+    pub fn on_the_engine(&self) -> bool {
+        matches!(self.route, Route::Engine(_))
+    }
+
     /// The tokenizer inputs are prepared with.
     pub fn tokenizer(&self) -> &Arc<EncoderTokenizer> {
         &self.tokenizer
@@ -153,17 +188,26 @@ impl EncoderHandle {
 
     /// Jobs queued or running.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::SeqCst)
+        match &self.route {
+            Route::Thread(_) => self.pending.load(Ordering::SeqCst),
+            // The engine's count is the server's already.
+            Route::Engine(_) => 0,
+        }
     }
 
     /// Whether the thread still runs.
     pub fn is_running(&self) -> bool {
-        self.running.load(Ordering::SeqCst)
+        match &self.route {
+            Route::Thread(_) => self.running.load(Ordering::SeqCst),
+            Route::Engine(engine) => engine.is_running(),
+        }
     }
 
     /// Asks the thread to stop once the jobs already queued are answered.
     pub fn shutdown(&self) {
-        let _ = self.commands.try_send(Command::Shutdown);
+        if let Route::Thread(commands) = &self.route {
+            let _ = commands.try_send(Command::Shutdown);
+        }
     }
 
     /// Encodes `inputs` (one vector each: a pooled embedding, or a classifier's logits).
@@ -174,13 +218,17 @@ impl EncoderHandle {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
+        let commands = match &self.route {
+            Route::Thread(commands) => commands,
+            Route::Engine(engine) => return engine.pool(inputs).await,
+        };
         let pending = self.pending.fetch_add(1, Ordering::SeqCst);
         let guard = PendingGuard(&self.pending);
         if pending >= self.max_pending {
             return Err(EncodeError::Overloaded(pending));
         }
         let (reply, answer) = flume::bounded(1);
-        self.commands
+        commands
             .try_send(Command::Job(Job { inputs, reply }))
             .map_err(|e| match e {
                 flume::TrySendError::Full(_) => EncodeError::Overloaded(pending),

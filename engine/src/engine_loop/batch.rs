@@ -9,6 +9,7 @@ use scheduler::ScheduledSeq;
 use super::states::{Planned, Step};
 use super::{missing, Engine};
 use crate::metrics as names;
+use crate::request::Pooling;
 use crate::spec::speculator::Before;
 use crate::tree::TokenTree;
 use crate::tree_batch::{LogitRows, StateSave, TreeBatch};
@@ -53,10 +54,13 @@ impl Engine {
                 batch.push_windowed(s.num_computed, table, window, tree, LogitRows::All)?;
             } else {
                 let fed = &seq.tokens()[s.num_computed..s.num_computed + s.num_new_tokens];
-                let rows = if s.samples {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
+                let pooled = self
+                    .request_of(s.seq)
+                    .and_then(|r| r.request.pooling.as_ref());
+                let rows = match (s.samples, pooled) {
+                    (false, _) => LogitRows::None,
+                    (true, Some(Pooling::State)) => LogitRows::Hidden,
+                    (true, _) => LogitRows::Last,
                 };
                 let chain = TokenTree::chain(fed);
                 let pushed = batch.push_windowed(s.num_computed, table, window, &chain, rows)?;

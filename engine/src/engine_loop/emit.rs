@@ -34,6 +34,26 @@ impl Engine {
         Ok(())
     }
 
+    /// `seq_id`'s request (a pooling one) ends with `values`, read off its last prompt row.
+    pub(super) fn finish_pooled(&mut self, seq_id: SeqId, values: Vec<f32>) {
+        let Some(request_id) = self.records.get(&seq_id).map(|r| r.request) else {
+            return;
+        };
+        let Some(request) = self.requests.get(&request_id) else {
+            return;
+        };
+        let usage = Usage {
+            prompt_tokens: request.request.prompt.len(),
+            cached_tokens: request.cached_tokens,
+            ..Usage::default()
+        };
+        let events = request.events.clone();
+        // Out of the pending count before its answer is out, so that a client may submit
+        // again as soon as it has read it.
+        self.remove_request(request_id);
+        let _ = events.send(Event::Pooled { values, usage });
+    }
+
     /// The speculation counts of `seq_id`'s last verified tree go to its totals and the
     /// metrics, its accepted drafts among the first `emitted` tokens of its path only.
     pub(super) fn settle(&mut self, seq_id: SeqId, emitted: usize) {

@@ -57,7 +57,7 @@ use crate::backend::Backend;
 use crate::constraint::{Constraint, TokenMask};
 use crate::metrics as names;
 use crate::model::tokenizer::ModelTokenizer;
-use crate::request::{Event, Failure, Request};
+use crate::request::{Event, Failure, Pooling, Request};
 use crate::sampler::{sample, SampleContext, Sampled};
 use crate::spec::coordinator::Speculation;
 use crate::tree::TokenTree;
@@ -255,6 +255,12 @@ impl Engine {
             events,
             submitted,
         } = submission;
+        if request.pooling == Some(Pooling::State) && !self.backend.returns_states() {
+            let message = "this backend returns logits only: it cannot embed";
+            let _ = events.send(Event::Error(Failure::engine(message)));
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         let scope = request.cache_scope();
@@ -268,13 +274,20 @@ impl Engine {
         }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
         self.spec.admitted(&request.prompt, scope);
-        let drafter = self.spec.drafter_for(
-            request.speculation,
-            &request.prompt,
-            request.prompt.len(),
-            request.prediction.as_ref(),
-            scope,
-        );
+        // A pooling request reads its prompt only: nothing to draft.
+        let drafter = request
+            .pooling
+            .is_none()
+            .then(|| {
+                self.spec.drafter_for(
+                    request.speculation,
+                    &request.prompt,
+                    request.prompt.len(),
+                    request.prediction.as_ref(),
+                    scope,
+                )
+            })
+            .flatten();
         let record = SeqRecord::new(id, 0, &request, drafter, constraint, &self.eos_ids);
         self.records.insert(seq, record);
         self.requests.insert(
@@ -510,6 +523,11 @@ impl Engine {
 
     fn seq(&self, seq: SeqId) -> Result<&scheduler::Sequence> {
         self.scheduler.seq(seq).ok_or_else(|| missing(seq))
+    }
+
+    /// What `seq`'s request pools (`None`: it generates, or it has gone).
+    fn pooling_of(&self, seq: SeqId) -> Option<&Pooling> {
+        self.request_of(seq)?.request.pooling.as_ref()
     }
 
     fn request_of(&self, seq: SeqId) -> Option<&ActiveRequest> {

@@ -12,7 +12,7 @@ use super::constrain::Masks;
 use super::record::SeqRecord;
 use super::{missing, Engine};
 use crate::constraint::TokenMask;
-use crate::request::Failure;
+use crate::request::{Failure, Pooling};
 use crate::sampler::Sampled;
 use crate::spec::verify::{verify, Verified};
 use crate::tree::TokenTree;
@@ -33,6 +33,8 @@ pub(super) enum SeqOutcome {
         /// Whether the tree was the format's forced tokens (not its drafter's).
         forced: bool,
     },
+    /// A pooling request's last prompt row: what it asked for.
+    Pooled(Vec<f32>),
     /// The sequence left the engine before its rows came back.
     Gone,
 }
@@ -81,6 +83,17 @@ impl Engine {
                         tree,
                         verified,
                         forced: seq_masks.is_some_and(|m| m.forced),
+                    }
+                }
+                None if self.pooling_of(s.seq).is_some() => {
+                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
+                    match self.pooling_of(s.seq) {
+                        Some(Pooling::Logits(ids)) => SeqOutcome::Pooled(
+                            ids.iter()
+                                .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NAN))
+                                .collect(),
+                        ),
+                        _ => SeqOutcome::Pooled(row),
                     }
                 }
                 None => {
@@ -166,6 +179,10 @@ impl Engine {
                     self.scheduler.commit(s.seq, Progress::Chain, &[])?;
                 }
                 SeqOutcome::Gone => {}
+                SeqOutcome::Pooled(values) => {
+                    self.scheduler.commit_prompt_end(s.seq)?;
+                    self.finish_pooled(s.seq, values);
+                }
                 SeqOutcome::Verified {
                     tree,
                     verified,

@@ -12,7 +12,7 @@ use crate::cpu::attention::{softcap, AttentionKernel, WindowViews};
 use crate::cpu::kv_store::PagedKvStore;
 use crate::model::config::Activation;
 use crate::model::mixer::CandleAt;
-use crate::model::{Mlp, Model};
+use crate::model::{ForwardOutput, Mlp, Model};
 use crate::tree_batch::TreeBatch;
 use crate::Result;
 
@@ -22,7 +22,7 @@ impl Model {
         &self,
         batch: &TreeBatch,
         kv: &mut PagedKvStore,
-    ) -> Result<Tensor> {
+    ) -> Result<ForwardOutput> {
         let cfg = self.config();
         let variant = &cfg.variant;
         let weights = self.weights();
@@ -90,28 +90,50 @@ impl Model {
             }
         }
         if batch.logit_rows.is_empty() {
-            return Ok(Tensor::zeros((0, cfg.vocab_size), DType::F32, device)?);
+            let logits = Tensor::zeros((0, cfg.vocab_size), DType::F32, device)?;
+            return Ok(ForwardOutput {
+                logits,
+                hidden: Vec::new(),
+            });
         }
         let wanted: Vec<u32> = batch.logit_rows.iter().map(|&r| r as u32).collect();
         let wanted = Tensor::new(wanted.as_slice(), device)?;
         let x = x.index_select(&wanted, 0)?;
         let x = candle_nn::ops::rms_norm(&x, &weights.final_norm, eps)?;
+        // The states asked for leave here; the other rows go through the head.
+        let mut hidden = Vec::with_capacity(batch.hidden_outputs.len());
+        let heads: Vec<u32> = (0..batch.logit_rows.len())
+            .filter(|&i| !batch.wants_hidden(i))
+            .map(|i| i as u32)
+            .collect();
+        for &i in &batch.hidden_outputs {
+            hidden.push(x.get(i)?.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+        }
+        let x = match heads.len() == batch.logit_rows.len() {
+            true => x,
+            false => x.index_select(&Tensor::new(heads.as_slice(), device)?, 0)?,
+        };
+        if heads.is_empty() {
+            let logits = Tensor::zeros((0, cfg.vocab_size), DType::F32, device)?;
+            return Ok(ForwardOutput { logits, hidden });
+        }
         let mut logits = weights.lm_head.forward(&x)?;
         if let Some(scale) = variant.logit_scale {
             // As llama.cpp scales: times the f32 reciprocal.
             logits = (logits * f64::from(1.0 / scale))?;
         }
-        match variant.final_softcap {
+        let logits = match variant.final_softcap {
             Some(cap) => {
                 let (n, vocab) = logits.dims2()?;
                 let mut values = logits.flatten_all()?.to_vec1::<f32>()?;
                 for v in &mut values {
                     *v = softcap(*v, cap);
                 }
-                Ok(Tensor::from_vec(values, (n, vocab), device)?)
+                Tensor::from_vec(values, (n, vocab), device)?
             }
-            None => Ok(logits),
-        }
+            None => logits,
+        };
+        Ok(ForwardOutput { logits, hidden })
     }
 
     /// `act(gate) * up`: thicket's own activations (`cpu::silu`: what the fused pass computes)

@@ -32,7 +32,7 @@ use crate::model::fused_rows::{add_into, rms_norm};
 use crate::model::mixer::{FusedAt, FusedMixer, MixerBuffers};
 use crate::model::per_layer::{FusedLayerInput, FusedPerLayer, PerLayerBuffers};
 use crate::model::projection::{project, Projection};
-use crate::model::ModelWeights;
+use crate::model::{ForwardOutput, ModelWeights};
 use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 
@@ -210,7 +210,7 @@ impl FusedWeights {
         weights: &ModelWeights,
         batch: &TreeBatch,
         kv: &mut PagedKvStore,
-    ) -> Result<Tensor> {
+    ) -> Result<ForwardOutput> {
         // The forward's parallel loops run on one team of the pool's workers, recruited once.
         crate::cpu::team::with_team(|| {
             WORKSPACE.with(|cell| match cell.try_borrow_mut() {
@@ -229,7 +229,7 @@ impl FusedWeights {
         batch: &TreeBatch,
         kv: &mut PagedKvStore,
         w: &mut Workspace,
-    ) -> Result<Tensor> {
+    ) -> Result<ForwardOutput> {
         let mut rows = batch.num_rows();
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
@@ -314,28 +314,37 @@ impl FusedWeights {
             }
             clock.lap(|p| &mut p.other);
         }
-        let wanted = &cut.as_ref().unwrap_or(full).logit_rows;
+        let out = cut.as_ref().unwrap_or(full);
+        let wanted = &out.logit_rows;
         let vocab = cfg.vocab_size;
-        if wanted.is_empty() {
-            return Ok(Tensor::zeros(
-                (0, vocab),
-                candle_core::DType::F32,
-                &Device::Cpu,
-            )?);
-        }
         w.h.clear();
         for &r in wanted {
             w.h.extend_from_slice(&w.x[r * hidden..(r + 1) * hidden]);
         }
         let mut last = vec![0f32; w.h.len()];
         rms_norm(&w.h, &self.final_norm, eps, &mut last);
+        // The states asked for leave here; the other rows go through the head.
+        let mut states = Vec::with_capacity(out.hidden_outputs.len());
+        if !out.hidden_outputs.is_empty() {
+            let mut heads = Vec::with_capacity(last.len());
+            for (i, row) in last.chunks_exact(hidden).enumerate() {
+                match out.wants_hidden(i) {
+                    true => states.push(row.to_vec()),
+                    false => heads.extend_from_slice(row),
+                }
+            }
+            last = heads;
+        }
+        let heads = last.len() / hidden;
         let mut logits = Vec::new();
-        project(
-            &last,
-            wanted.len(),
-            &mut [(&self.lm_head, &mut logits)],
-            &mut w.rows,
-        )?;
+        if heads > 0 {
+            project(
+                &last,
+                heads,
+                &mut [(&self.lm_head, &mut logits)],
+                &mut w.rows,
+            )?;
+        }
         if let Some(scale) = cfg.variant.logit_scale {
             let inverse = 1.0 / scale;
             for v in &mut logits {
@@ -347,9 +356,12 @@ impl FusedWeights {
                 *v = softcap(*v, cap);
             }
         }
-        let logits = Tensor::from_vec(logits, (wanted.len(), vocab), &Device::Cpu)?;
+        let logits = Tensor::from_vec(logits, (heads, vocab), &Device::Cpu)?;
         clock.lap(|p| &mut p.head);
-        Ok(logits)
+        Ok(ForwardOutput {
+            logits,
+            hidden: states,
+        })
     }
 
     /// The RoPE table of global layers, or of windowed ones (`local`) where they have one.

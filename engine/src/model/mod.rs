@@ -79,6 +79,23 @@ use crate::tree_batch::TreeBatch;
 use crate::{Error, Result};
 use kvcache::KvGroup;
 
+/// What one forward returns: the logits of the rows that give logits, and the final-normed
+/// states of those that give states (`TreeBatch::hidden_outputs`), each in `logit_rows` order.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// `[rows, vocab]` logits.
+    pub logits: Tensor,
+    /// One `[hidden]` state per row in `hidden_outputs`.
+    pub hidden: Vec<Vec<f32>>,
+}
+
+impl ForwardOutput {
+    /// Every output as one row each, in `batch.logit_rows` order.
+    pub fn into_rows(self, batch: &TreeBatch) -> Result<Vec<Vec<f32>>> {
+        batch.interleave_outputs(self.logits.to_vec2::<f32>()?, self.hidden)
+    }
+}
+
 /// One decoder block's weights.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
@@ -427,8 +444,18 @@ impl Model {
     }
 
     /// Runs every row of `batch` through the decoder, writing each row's K/V at its slot,
-    /// and returns `[batch.logit_rows.len(), vocab]` f32 logits in `logit_rows` order.
+    /// and returns `[rows, vocab]` f32 logits of the `logit_rows` that give logits, in
+    /// order (those in `hidden_outputs` are left out: [`Model::forward_output`] has them).
     pub fn forward(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+        Ok(self.forward_output(batch, kv)?.logits)
+    }
+
+    /// [`Model::forward`] with the final-normed states of the rows in `hidden_outputs`.
+    pub fn forward_output(
+        &self,
+        batch: &TreeBatch,
+        kv: &mut PagedKvStore,
+    ) -> Result<ForwardOutput> {
         if self.is_fused() && self.fused.as_ref().is_some_and(|f| f.all_packed()) {
             // The fused pass on thicket's kernel runs on the calling thread (the engine's),
             // which leads a team of the pool's workers for its parallel loops: handing the
@@ -436,21 +463,21 @@ impl Model {
             // side of every step, and the engine's thread would then share the cores with
             // two workers. (Candle's matmul of dense weights would have that thread wait on
             // the pool from outside it, while the workers help its team.)
-            let logits = self.forward_on_pool(batch, kv);
+            let output = self.forward_on_pool(batch, kv);
             crate::cpu::team::linger();
-            return logits;
+            return output;
         }
         // Candle's ops split their work over the pool each: from a worker of the pool they
         // run there or hand it to the others directly, instead of each waking the pool from
         // outside (hundreds of times per forward).
         rayon::scope(|_| {
-            let logits = self.forward_on_pool(batch, kv);
+            let output = self.forward_on_pool(batch, kv);
             crate::cpu::team::linger();
-            logits
+            output
         })
     }
 
-    fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<Tensor> {
+    fn forward_on_pool(&self, batch: &TreeBatch, kv: &mut PagedKvStore) -> Result<ForwardOutput> {
         batch.validate(
             self.config.vocab_size,
             self.config.max_position_embeddings,

@@ -95,7 +95,8 @@ fn cards(state: &AppState) -> ApiResult<Vec<ModelCard>> {
     if let Some(engine) = state.started_engine() {
         cards.push(card(state.model_name(), engine.limits().max_model_len));
     }
-    if let Some(encoder) = state.started_encoder() {
+    // A decoder that pools is the served model, already listed.
+    if let Some(encoder) = state.started_encoder().filter(|e| !e.on_the_engine()) {
         let name = state.embedding_model_name();
         cards.push(card(name, encoder.tokenizer().max_length()));
     }
@@ -128,9 +129,13 @@ fn encoder_for<'a>(
     state: &'a AppState,
     model: Option<&str>,
 ) -> ApiResult<Option<&'a engine::encoder::EncoderHandle>> {
-    let Some(_) = state.started_encoder() else {
+    // A decoder that pools reads with the generating model's tokenizer.
+    let Some(encoder) = state.started_encoder() else {
         return Ok(None);
     };
+    if encoder.on_the_engine() {
+        return Ok(None);
+    }
     let named = model.is_some_and(|m| m == state.embedding_model_name());
     if state.started_engine().is_none() || named {
         state.check_embedding_model(model)?;

@@ -10,7 +10,7 @@ use engine::{Event, Failure, ModelTokenizer};
 use super::body::{full_response, Endpoint, ResponseMeta};
 use super::choice::ChoiceState;
 use super::stream::sse_response;
-use crate::server::error::{engine_failure, ApiResult};
+use crate::server::error::{engine_failure, not_generated, ApiResult};
 use crate::server::pipeline::Started;
 use crate::server::reasoning::Reasoning;
 
@@ -88,6 +88,7 @@ async fn collect(
                 }
             }
             Some(Event::Error(failure)) => return Err(engine_failure(&failure, format_field)),
+            Some(Event::Pooled { .. }) => return Err(engine_failure(&not_generated(), "")),
             None => return Err(engine_failure(&Failure::engine("the engine stopped"), "")),
         }
     }

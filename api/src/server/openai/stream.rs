@@ -23,7 +23,7 @@ use engine::request::TokenLogprob;
 use super::body::{chunk, usage_chunk, Endpoint, ResponseMeta};
 use super::chat::stream::deltas;
 use super::choice::{ChoiceState, ChunkParts};
-use crate::server::error::engine_failure;
+use crate::server::error::{engine_failure, not_generated};
 use crate::server::parts::{ChoiceReader, Part};
 use crate::server::pipeline::Submitted;
 use crate::server::settings::ResponseOptions;
@@ -150,6 +150,10 @@ impl StreamState {
             }
             Event::Error(failure) => {
                 self.push(engine_failure(&failure, self.options.format_field).body());
+                self.done = true;
+            }
+            Event::Pooled { .. } => {
+                self.push(engine_failure(&not_generated(), "").body());
                 self.done = true;
             }
         }

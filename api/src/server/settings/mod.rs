@@ -264,6 +264,7 @@ impl Settings {
             thinking: self.thinking.clone(),
             prediction: self.prediction.clone(),
             cache_salt: self.cache_salt.clone(),
+            pooling: None,
         };
         request.validate(limits)?;
         Ok(request)

@@ -451,6 +451,11 @@ impl Backend for CudaBackend {
             self.config.max_position_embeddings,
             self.gpu.num_slots,
         )?;
+        if !batch.hidden_outputs.is_empty() {
+            return Err(Error::Device(
+                "the CUDA backend returns logits only: pooling runs on the CPU backend".into(),
+            ));
+        }
         self.gpu.bind()?;
         let logits = match &mut self.pass {
             Pass::Fused(fused) => return fused.forward(&mut self.gpu, &self.config, batch),

@@ -93,6 +93,7 @@ pub fn windowed_batch(batch: &TreeBatch, window: usize) -> Result<Option<TreeBat
         window_slots: Vec::new(),
         seqs,
         logit_rows: batch.logit_rows.clone(),
+        hidden_outputs: batch.hidden_outputs.clone(),
         block_size: batch.block_size,
         state_saves: Vec::new(),
     }))

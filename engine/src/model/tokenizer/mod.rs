@@ -48,6 +48,9 @@ pub struct ModelTokenizer {
     inner: Tokenizer,
     bos_id: Option<u32>,
     add_bos: bool,
+    /// Whether the model's inputs end with its end token (GGUF's `add_eos_token`, HF's
+    /// `add_eos_token`): what an embedding model reads, not a chat prompt.
+    add_eos: bool,
     eos_ids: Vec<u32>,
     chat_template: Option<String>,
 }
@@ -102,13 +105,15 @@ impl ModelTokenizer {
         }
         let declared_eos = vocab.token_id(md, "tokenizer.ggml.eos_token_id")?;
         let chat_template = optional_string(md, "tokenizer.chat_template").cloned();
-        Ok(Self::assemble(
+        let mut tokenizer = Self::assemble(
             inner,
             bos_id,
             add_bos,
             declared_eos.into_iter().collect(),
             chat_template,
-        ))
+        );
+        tokenizer.add_eos = bool_or(md, "tokenizer.ggml.add_eos_token", false)?;
+        Ok(tokenizer)
     }
 
     /// Loads `tokenizer.json` (and `tokenizer_config.json` and `chat_template.jinja` when
@@ -143,7 +148,9 @@ impl ModelTokenizer {
                 Err(e) => return Err(Error::io("read chat_template.jinja", e)),
             },
         };
-        Ok(Self::assemble(inner, bos_id, add_bos, eos, chat_template))
+        let mut tokenizer = Self::assemble(inner, bos_id, add_bos, eos, chat_template);
+        tokenizer.add_eos = config["add_eos_token"].as_bool().unwrap_or(false);
+        Ok(tokenizer)
     }
 
     fn assemble(
@@ -180,8 +187,26 @@ impl ModelTokenizer {
             inner,
             bos_id,
             add_bos,
+            add_eos: false,
             eos_ids,
             chat_template,
+        }
+    }
+
+    /// The tokens the model's inputs start with (its BOS, where it adds one).
+    pub fn input_start(&self) -> Vec<u32> {
+        match (self.add_bos, self.bos_id) {
+            (true, Some(bos)) => vec![bos],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The tokens the model's inputs end with: its first end token where its metadata says
+    /// inputs end with one (an embedding model's), none otherwise.
+    pub fn input_end(&self) -> Vec<u32> {
+        match (self.add_eos, self.eos_ids.first()) {
+            (true, Some(&eos)) => vec![eos],
+            _ => Vec::new(),
         }
     }
 
@@ -262,7 +287,7 @@ impl ModelTokenizer {
             "bos_token": text(self.bos_id),
             "eos_token": text(self.eos_ids.first().copied()),
             "add_bos_token": self.add_bos,
-            "add_eos_token": false,
+            "add_eos_token": self.add_eos,
             "clean_up_tokenization_spaces": false,
             "chat_template": self.chat_template,
         });

@@ -1,0 +1,98 @@
+//! A decoder served as a reranker (`DecoderTask::Rerank`) on SmolLM2, a ChatML model whose
+//! vocabulary has `yes` and `no`: a pair is read in Qwen3-Reranker's template (its system turn
+//! and empty thought around `<Instruct>: ...\n<Query>: ...\n<Document>: ...`, each part
+//! tokenized on its own, as the model card builds it), and its logit is the model's own
+//! `yes - no` at the last token, as a plain forward of the same ids gives them; truncation
+//! cuts the document's end, never the template.
+
+use engine::encoder::decoder::DEFAULT_RERANK_INSTRUCTION;
+use engine::encoder::{decoder_pooler, DecoderTask};
+use engine::{
+    CostCurve, EngineConfig, LogitRows, ManagerConfig, SchedulerConfig, SpeculationConfig,
+    TokenTree, TreeBatch,
+};
+
+use crate::support::fixtures::{one_sequence, smollm2, spawn_smollm2};
+
+const PREFIX: &str = "<|im_start|>system\nJudge whether the Document meets the requirements \
+    based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \
+    \"no\".<|im_end|>\n<|im_start|>user\n";
+const SUFFIX: &str = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 8,
+            max_model_len: 512,
+            kv: ManagerConfig {
+                num_blocks: 128,
+                block_size: 16,
+                prefix_caching: true,
+                watermark: 0.0,
+                window: None,
+            },
+        },
+        max_pending: 64,
+        speculation: SpeculationConfig {
+            cost: CostCurve::flat(),
+            ..SpeculationConfig::default()
+        },
+        kv_prefault: false,
+        state_snapshots: Default::default(),
+    }
+}
+
+#[test]
+fn a_reranking_decoder_reads_the_template_and_gives_yes_minus_no() {
+    let loaded = smollm2();
+    let tokenizer = &loaded.tokenizer;
+    let pooler = decoder_pooler(spawn_smollm2(config()), DecoderTask::Rerank, 576).unwrap();
+    let (query, document) = (
+        "What is the capital of France?",
+        "Paris is the capital of France.",
+    );
+    let input = pooler.tokenizer().pair(query, document, None).unwrap();
+    let body = format!(
+        "<Instruct>: {DEFAULT_RERANK_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
+    );
+    let parts = [PREFIX, &body, SUFFIX].map(|s| tokenizer.encode_plain(s).unwrap());
+    assert_eq!(input.ids, parts.concat());
+    // The engine's logit (prefill-only, 64-token steps) is a plain forward's yes - no.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let ours = runtime
+        .block_on(pooler.encode(vec![input.clone()]))
+        .unwrap();
+    let (table, mut kv) = one_sequence(&loaded.model, input.ids.len(), 16);
+    let mut batch = TreeBatch::new(16);
+    batch
+        .push(0, &table, &TokenTree::chain(&input.ids), LogitRows::Last)
+        .unwrap();
+    let logits = loaded.model.forward(&batch, &mut kv).unwrap();
+    let logits = logits.to_vec2::<f32>().unwrap().remove(0);
+    let id = |t: &str| tokenizer.token_to_id(t).unwrap() as usize;
+    let expected = logits[id("yes")] - logits[id("no")];
+    assert_eq!(ours[0].len(), 1);
+    // The engine ran the prompt in chunks over a cached f16 K/V, the plain forward at once.
+    assert!(
+        (ours[0][0] - expected).abs() < 0.05 * expected.abs().max(1.0),
+        "{} against {expected}",
+        ours[0][0]
+    );
+    // Truncation keeps the template whole and cuts the document's end.
+    let cut = pooler
+        .tokenizer()
+        .pair(query, document, Some(input.ids.len() - 3))
+        .unwrap();
+    assert_eq!(cut.ids.len(), input.ids.len() - 3);
+    assert!(cut.ids.starts_with(&parts[0]) && cut.ids.ends_with(&parts[2]));
+    assert_eq!(
+        cut.ids[parts[0].len()..cut.ids.len() - parts[2].len()],
+        parts[1][..parts[1].len() - 3]
+    );
+    assert!(pooler.tokenizer().pair(query, document, Some(10)).is_err());
+    let too_long = pooler.tokenizer().pair(query, &"word ".repeat(600), None);
+    assert!(too_long.unwrap_err().contains("at most 511"));
+}
