@@ -8,6 +8,9 @@
 //!   2 if nobody was preempted: admit waiting sequences in arrival order while the sequence
 //!     cap, the budget and the blocks allow (reusing cached prefix blocks); stop at the first
 //!     that does not fit, so nobody overtakes it
+//!   prefill-only sequences (pooling requests, `prefill_only`) take at most a share of a step
+//!   while a generating sequence is in the scheduler; one with no room left this step is
+//!   passed over, not waited on
 //!  grant_drafts(plan, offers):  split the room left among the decoding sequences' offers
 //!   (`crate::budget`)
 //!  commit(seq, progress, new tokens):  computed += fed (or accepted path), tokens += new
@@ -15,6 +18,8 @@
 //! Preempted sequences drop their KV and go to the front of the queue in arrival order; they
 //! recompute their known tokens as a prefill, which gives the same logits, so they resume
 //! with identical output.
+
+mod prefill_only;
 
 use std::collections::{HashMap, VecDeque};
 
@@ -124,6 +129,7 @@ impl Scheduler {
                 scheduled: 0,
                 scheduled_draft: 0,
                 cache_scope,
+                prefill_only: false,
             },
         );
         self.waiting.push_back(seq);
@@ -240,6 +246,7 @@ impl Scheduler {
         }
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_num_batched_tokens;
+        let mut prefill_room = self.prefill_only_room();
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
@@ -247,11 +254,24 @@ impl Scheduler {
             let still_to_serve = self.running.len() - i - 1;
             let want = seq.tokens.len() - seq.num_computed;
             let n = want.min(budget.saturating_sub(still_to_serve)).max(1);
+            let prefill_only = seq.prefill_only;
+            let n = match prefill_only {
+                true => n.min(prefill_room),
+                false => n,
+            };
+            if n == 0 {
+                // A prefill-only sequence with no room this step waits for the next.
+                i += 1;
+                continue;
+            }
             let end = seq.num_computed + n;
             match self.blocks.ensure_capacity(id, end) {
                 Ok(Some(copies)) => {
                     plan.kv_copies.extend(copies);
                     budget = budget.saturating_sub(n);
+                    if prefill_only {
+                        prefill_room -= n;
+                    }
                     self.mark_scheduled(id, n, false, &mut plan);
                     i += 1;
                 }
@@ -264,7 +284,7 @@ impl Scheduler {
             }
         }
         if plan.preempted.is_empty() {
-            self.admit_waiting(&mut budget, &mut plan);
+            self.admit_waiting(&mut budget, &mut prefill_room, &mut plan);
         }
         plan
     }
@@ -326,22 +346,32 @@ impl Scheduler {
         }
     }
 
-    fn admit_waiting(&mut self, budget: &mut usize, plan: &mut StepPlan) {
-        while let Some(&id) = self.waiting.front() {
+    fn admit_waiting(&mut self, budget: &mut usize, prefill_room: &mut usize, plan: &mut StepPlan) {
+        let mut at = 0;
+        while let Some(&id) = self.waiting.get(at) {
             if *budget == 0 {
                 break;
             }
             let seq = &self.seqs[&id];
+            // A prefill-only sequence with no room this step lets those behind it pass.
+            if seq.prefill_only && *prefill_room == 0 {
+                at += 1;
+                continue;
+            }
             let slots: usize = self.running.iter().map(|s| self.seqs[s].slots()).sum();
             if slots + seq.slots() > self.config.max_num_seqs {
                 break;
             }
             let hit = self.blocks.cached_prefix_len(&seq.tokens, seq.cache_scope);
-            let n = (seq.tokens.len() - hit).min(*budget);
+            let mut n = (seq.tokens.len() - hit).min(*budget);
+            if seq.prefill_only {
+                n = n.min(*prefill_room);
+                *prefill_room -= n;
+            }
             match self.blocks.admit(id, &seq.tokens, hit + n, seq.cache_scope) {
                 Ok(Some(cached)) => {
                     debug_assert_eq!(cached, hit, "the cache cannot change in between");
-                    self.waiting.pop_front();
+                    self.waiting.remove(at);
                     let seq = self
                         .seqs
                         .get_mut(&id)
@@ -460,32 +490,6 @@ impl Scheduler {
         Ok(moves)
     }
 
-    /// Commits `seq`'s last prompt chunk, fed this step, without a new token: a request that
-    /// ends with its prompt (a pooling request's). Its computed blocks enter the prefix
-    /// cache as a generating sequence's do.
-    pub fn commit_prompt_end(&mut self, id: SeqId) -> Result<(), SchedulerError> {
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(SchedulerError::UnknownSeq(id))?;
-        let computed = seq.num_computed + seq.scheduled;
-        if seq.scheduled == 0 || seq.scheduled_draft != 0 || computed != seq.tokens.len() {
-            return Err(SchedulerError::InvalidUpdate {
-                seq: id,
-                reason: format!(
-                    "{} fed after {} computed do not end its {} tokens without a draft",
-                    seq.scheduled,
-                    seq.num_computed,
-                    seq.tokens.len()
-                ),
-            });
-        }
-        seq.num_computed = computed;
-        seq.scheduled = 0;
-        self.blocks.commit(id, &seq.tokens[..computed])?;
-        Ok(())
-    }
-
     /// Creates `child` from `parent` after the parent's prompt is computed: the child shares
     /// the parent's KV blocks (copy-on-write) and its own first token is `pending`.
     pub fn fork(
@@ -525,6 +529,7 @@ impl Scheduler {
             scheduled: 0,
             scheduled_draft: 0,
             cache_scope: source.cache_scope,
+            prefill_only: false,
         };
         self.blocks.fork(parent, child)?;
         if let Some(source) = self.seqs.get_mut(&parent) {

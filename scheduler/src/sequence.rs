@@ -32,6 +32,9 @@ pub struct Sequence {
     pub(crate) scheduled_draft: usize,
     /// The prefix-cache scope of the request's cache salt (`None`: no salt).
     pub(crate) cache_scope: Option<BlockHash>,
+    /// It ends with its prompt (a pooling request): it yields to generating sequences
+    /// (`Scheduler::set_prefill_only`).
+    pub(crate) prefill_only: bool,
 }
 
 impl Sequence {

@@ -2,8 +2,8 @@
 //! `engine::model::testing::write_tiny_bert_hf`) against Hugging Face transformers on the same
 //! checkpoint (`tests/data/bert_cross_encoder_transformers.json`, made by
 //! `scripts/bert-reference.py`): the ids and token types of each pair, every token's last
-//! state and the logit; and `/v1/rerank` and `/v1/score` on it, scoring pairs by the sigmoid of
-//! that logit.
+//! state and the logit, from the folder and from a reranking `bert` GGUF written from it; and
+//! `/v1/rerank` and `/v1/score` on it, scoring pairs by the sigmoid of that logit.
 
 use axum::http::StatusCode;
 use engine::encoder::{spawn_encoder, Encoder, EncoderServeConfig, EncoderTask};
@@ -110,6 +110,40 @@ fn the_tiny_cross_encoder_agrees_with_transformers() {
         .fold(f32::NEG_INFINITY, f32::max)
         - logits.iter().map(|l| l[0]).fold(f32::INFINITY, f32::min);
     assert!(spread > 0.05, "{logits:?}");
+}
+
+/// The same cross-encoder as a `bert` GGUF of pooling type 4 (llama.cpp's reranker: the
+/// pooled `[CLS]` through `cls` and `cls.output`): the pairs read the same ids and types from
+/// the rebuilt WordPiece vocabulary, and give transformers' logits.
+#[test]
+fn the_tiny_cross_encoder_as_a_reranking_gguf_agrees_with_transformers() {
+    let (dir, _) = tiny();
+    let path = dir.path().join("rerank.gguf");
+    engine::model::testing::write_bert_gguf(dir.path(), &path, 4).unwrap();
+    let encoder = Encoder::load(&path, engine::WeightDType::Auto).unwrap();
+    assert_eq!(encoder.task, EncoderTask::Classify { labels: 1 });
+    let reference = reference();
+    for pair in reference["pairs"].as_array().unwrap() {
+        let input = encoder
+            .tokenizer
+            .pair(
+                pair["first"].as_str().unwrap(),
+                pair["second"].as_str().unwrap(),
+                None,
+            )
+            .unwrap();
+        let ids: Vec<u32> = floats(&pair["ids"]).iter().map(|&x| x as u32).collect();
+        let types: Vec<u32> = floats(&pair["types"]).iter().map(|&x| x as u32).collect();
+        assert_eq!((&input.ids, &input.types), (&ids, &types), "{pair}");
+        let inputs = [input];
+        let states = encoder.model.forward(&inputs).unwrap();
+        let logit = encoder.model.classify(&states, &inputs).unwrap().unwrap()[0][0];
+        let want = pair["logit"].as_f64().unwrap() as f32;
+        assert!(
+            (logit - want).abs() < 2e-5,
+            "{pair}: logit {logit} vs {want}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

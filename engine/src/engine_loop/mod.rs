@@ -272,6 +272,14 @@ impl Engine {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             return;
         }
+        if request.pooling.is_some() {
+            // It ends with its prompt, and yields to generation (`set_prefill_only`).
+            if let Err(e) = self.scheduler.set_prefill_only(seq) {
+                let _ = events.send(Event::Error(Failure::from_error(&e.into())));
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+        }
         metrics::counter!(names::PROMPT_TOKENS).increment(request.prompt.len() as u64);
         self.spec.admitted(&request.prompt, scope);
         // A pooling request reads its prompt only: nothing to draft.
