@@ -377,7 +377,7 @@ fn malformed_lines_become_error_lines_and_the_job_goes_on() {
             json!({"prompt": "The sky is", "max_tokens": 3}),
         ),
         "{this is not json".to_string(),
-        good("bad-url", "/v1/embeddings", json!({"input": "x"})),
+        good("bad-url", "/v1/audio/transcriptions", json!({"input": "x"})),
         good(
             "ok-2",
             "/v1/chat/completions",

@@ -5,6 +5,7 @@
 //! batch.
 
 mod batch;
+mod batch_pooling;
 mod bench;
 mod chat_template;
 mod forced_tool_call;

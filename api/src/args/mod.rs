@@ -6,6 +6,8 @@
 
 mod engine;
 mod model;
+mod task;
 
 pub use self::engine::{spawn, EngineArgs, KvArgs, SpecArgs};
 pub use self::model::ModelArgs;
+pub use self::task::{task_value, TaskArg};

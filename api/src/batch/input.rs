@@ -1,5 +1,6 @@
 //! Reads a batch input file: one JSON object per line, either in the OpenAI batch format
-//! (`{"custom_id", "method", "url", "body"}`, as `vllm run-batch` reads it) or the simple
+//! (`{"custom_id", "method", "url", "body"}`, as `vllm run-batch` reads it; generation, or
+//! the pooling routes: embeddings, rerank, score) or the simple
 //! form (`{"prompt": ...}` or `{"messages": [...]}` with an optional `id`). Every line
 //! becomes a [`BatchLine`] with the id its result is written under; a line that cannot be
 //! run carries the error its result line will hold, so the job goes on past it.
@@ -12,7 +13,26 @@ use crate::server::error::ApiError;
 use crate::server::openai::body::Endpoint;
 
 /// The endpoints a batch line may target.
-pub const URLS: [&str; 2] = ["/v1/completions", "/v1/chat/completions"];
+pub const URLS: [&str; 5] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/score",
+];
+
+/// Where a line goes: a generation endpoint, or a pooling route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `/v1/completions` or `/v1/chat/completions`.
+    Generate(Endpoint),
+    /// `/v1/embeddings`.
+    Embeddings,
+    /// `/v1/rerank`.
+    Rerank,
+    /// `/v1/score`.
+    Score,
+}
 
 /// One non-empty input line.
 #[derive(Debug, Clone)]
@@ -29,10 +49,10 @@ pub struct BatchLine {
 /// What a line asks for.
 #[derive(Debug, Clone)]
 pub enum Work {
-    /// A generation request for `endpoint` with this body.
+    /// A request for `endpoint` with this body.
     Request {
         /// Which endpoint.
-        endpoint: Endpoint,
+        endpoint: Target,
         /// The request body, exactly as the HTTP endpoint would receive it.
         body: Value,
     },
@@ -120,14 +140,17 @@ fn parse_batch_form(line: usize, mut object: Map<String, Value>) -> Parsed {
         }
     };
     let endpoint = match url.as_str() {
-        "/v1/completions" => Endpoint::Completion,
-        "/v1/chat/completions" => Endpoint::Chat,
+        "/v1/completions" => Target::Generate(Endpoint::Completion),
+        "/v1/chat/completions" => Target::Generate(Endpoint::Chat),
+        "/v1/embeddings" => Target::Embeddings,
+        "/v1/rerank" => Target::Rerank,
+        "/v1/score" => Target::Score,
         _ => {
             return fail(ApiError {
                 param: Some("url".into()),
                 ..ApiError::unknown_path(
                     "POST",
-                    &format!("{url} (batch lines may target {})", URLS.join(" or ")),
+                    &format!("{url} (batch lines may target {})", URLS.join(", ")),
                 )
             })
         }
@@ -176,8 +199,8 @@ fn parse_simple_form(line: usize, mut object: Map<String, Value>) -> Parsed {
         object.contains_key("prompt"),
         object.contains_key("messages"),
     ) {
-        (true, false) => Endpoint::Completion,
-        (false, true) => Endpoint::Chat,
+        (true, false) => Target::Generate(Endpoint::Completion),
+        (false, true) => Target::Generate(Endpoint::Chat),
         (has_prompt, _) => {
             let which = if has_prompt { "both" } else { "neither" };
             return Err((
@@ -235,7 +258,7 @@ pub fn parse_input(text: &str) -> BatchInput {
 mod tests {
     use super::*;
 
-    fn request(line: &BatchLine) -> (Endpoint, &Value) {
+    fn request(line: &BatchLine) -> (Target, &Value) {
         match &line.work {
             Work::Request { endpoint, body } => (*endpoint, body),
             Work::Invalid(e) => panic!("line {} is invalid: {e:?}", line.line),
@@ -257,13 +280,21 @@ mod tests {
         );
         assert_eq!(line.custom_id, "a");
         let (endpoint, body) = request(&line);
-        assert_eq!(endpoint, Endpoint::Chat);
+        assert_eq!(endpoint, Target::Generate(Endpoint::Chat));
         assert_eq!(body["max_tokens"], 4);
         let line = parse_line(
             1,
             r#"{"custom_id": "b", "url": "/v1/completions", "body": {"prompt": "x"}}"#,
         );
-        assert_eq!(request(&line).0, Endpoint::Completion);
+        assert_eq!(request(&line).0, Target::Generate(Endpoint::Completion));
+        for (url, target) in [
+            ("/v1/embeddings", Target::Embeddings),
+            ("/v1/rerank", Target::Rerank),
+            ("/v1/score", Target::Score),
+        ] {
+            let text = format!(r#"{{"custom_id": "p", "url": "{url}", "body": {{"input": "x"}}}}"#);
+            assert_eq!(request(&parse_line(1, &text)).0, target);
+        }
     }
 
     #[test]
@@ -271,12 +302,12 @@ mod tests {
         let line = parse_line(2, r#"{"id": 7, "prompt": "Hello", "max_tokens": 3}"#);
         assert_eq!(line.custom_id, "7");
         let (endpoint, body) = request(&line);
-        assert_eq!(endpoint, Endpoint::Completion);
+        assert_eq!(endpoint, Target::Generate(Endpoint::Completion));
         assert!(body.get("id").is_none(), "the id is not part of the body");
         assert_eq!(body["prompt"], "Hello");
         let line = parse_line(5, r#"{"messages": [{"role": "user", "content": "hi"}]}"#);
         assert_eq!(line.custom_id, "line-5");
-        assert_eq!(request(&line).0, Endpoint::Chat);
+        assert_eq!(request(&line).0, Target::Generate(Endpoint::Chat));
     }
 
     #[test]
@@ -285,7 +316,7 @@ mod tests {
             ("{not json", "line-1", 400),
             ("[1, 2]", "line-1", 400),
             (
-                r#"{"custom_id": "u", "url": "/v1/embeddings", "body": {}}"#,
+                r#"{"custom_id": "u", "url": "/v1/audio/transcriptions", "body": {}}"#,
                 "u",
                 404,
             ),

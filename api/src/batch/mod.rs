@@ -8,6 +8,7 @@
 
 pub mod input;
 pub mod output;
+mod pooling;
 pub mod report;
 
 use std::path::{Path, PathBuf};
@@ -15,11 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use engine::{EngineConfig, LoadedModel};
+use engine::encoder::EncoderHandle;
+use engine::handle::EngineHandle;
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::args::spawn;
 use crate::server::body::generation_body;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::openai::body::Endpoint;
@@ -30,7 +31,7 @@ use crate::server::pipeline::{start_chat, Started};
 use crate::server::request::ChatRequest;
 use crate::server::settings::fields::CommonFields;
 use crate::server::{AppState, ServerConfig, DEFAULT_MAX_BODY_BYTES};
-use input::{parse_input, BatchLine, Work};
+use input::{parse_input, BatchLine, Target, Work};
 use output::{result_line, OutputLog};
 use report::{Outcome, Progress, Summary};
 
@@ -53,13 +54,23 @@ pub struct Job {
     pub max_in_flight: Option<usize>,
 }
 
+/// What a job's lines run on, as the command's loader started it.
+pub struct Workers {
+    /// The generating engine, the speculation method its lines default to, and how many
+    /// requests it accepts at once.
+    pub engine: Option<(EngineHandle, String, usize)>,
+    /// The encoder, or the generating model served for pooling (`--task`).
+    pub encoder: Option<EncoderHandle>,
+    /// Their threads, joined when the job ends.
+    pub threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Lines in flight at once on an encoder alone.
+const ENCODER_IN_FLIGHT: usize = 64;
+
 /// Runs a batch job and returns its summary once every result is written and checked. `load`
-/// loads the model and says how its engine runs; it is called only when a line needs the
-/// engine.
-pub fn run(
-    job: &Job,
-    load: impl FnOnce() -> anyhow::Result<(LoadedModel, EngineConfig)>,
-) -> anyhow::Result<Summary> {
+/// loads the model and starts what its lines run on; it is called only when a line needs it.
+pub fn run(job: &Job, load: impl FnOnce() -> anyhow::Result<Workers>) -> anyhow::Result<Summary> {
     refuse_same_file(&job.input, &job.output)?;
     let text = std::fs::read_to_string(&job.input)
         .with_context(|| format!("reading {}", job.input.display()))?;
@@ -142,20 +153,17 @@ pub fn run(
     Ok(summary)
 }
 
-/// Loads the model, runs every line through the engine and writes each result as it
-/// finishes. Ctrl-C stops the job (the engine shuts down cleanly, saving the recycling
-/// state); the results written so far are kept for the next run.
+/// Loads the model, runs every line through the engine (or the encoder) and writes each
+/// result as it finishes. Ctrl-C stops the job (the engine shuts down cleanly, saving the
+/// recycling state); the results written so far are kept for the next run.
 async fn run_with_engine(
     job: &Job,
-    load: impl FnOnce() -> anyhow::Result<(LoadedModel, EngineConfig)>,
+    load: impl FnOnce() -> anyhow::Result<Workers>,
     todo: Vec<BatchLine>,
     log: &mut OutputLog,
     summary: &mut Summary,
 ) -> anyhow::Result<()> {
-    let (loaded, config) = load()?;
-    let default_method = config.speculation.default.method.as_str();
-    let max_pending = config.max_pending;
-    let (engine, thread) = spawn(&loaded, config)?;
+    let workers = load()?;
     let state = AppState::new(ServerConfig {
         served_model_name: job.served_model_name.clone(),
         api_key: None,
@@ -164,7 +172,16 @@ async fn run_with_engine(
         tool_call_parser: crate::server::Choice::Auto,
         template: Default::default(),
     });
-    state.set_engine(engine);
+    let (default_method, max_pending) = match workers.engine {
+        Some((engine, method, max_pending)) => {
+            state.set_engine(engine);
+            (method, max_pending)
+        }
+        None => (String::new(), ENCODER_IN_FLIGHT),
+    };
+    if let Some(encoder) = workers.encoder {
+        state.set_encoder(encoder);
+    }
 
     let in_flight = job.max_in_flight.unwrap_or(max_pending).max(1);
     let slots = Arc::new(Semaphore::new(in_flight));
@@ -187,9 +204,12 @@ async fn run_with_engine(
                 };
                 let state = state.clone();
                 let results = results.clone();
-                let method = requested_method(&body)
-                    .unwrap_or(default_method)
-                    .to_string();
+                let method = match endpoint {
+                    Target::Generate(_) => requested_method(&body)
+                        .unwrap_or(&default_method)
+                        .to_string(),
+                    _ => String::new(),
+                };
                 tokio::spawn(async move {
                     let outcome = run_line(&state, endpoint, &body).await;
                     drop(slot);
@@ -224,10 +244,10 @@ async fn run_with_engine(
     progress.finish();
     summary.finish(started.elapsed());
     feeder.abort();
-    if let Some(engine) = state.started_engine() {
-        engine.shutdown();
+    state.stop_workers();
+    for thread in workers.threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
-    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     written
 }
 
@@ -255,16 +275,22 @@ fn requested_method(body: &Value) -> Option<&str> {
     Some(spec.get("method").and_then(Value::as_str).unwrap_or("auto"))
 }
 
-/// Runs one line to its response body, offering it again while the engine's queue is full
-/// and other lines are still running (they will make room).
-async fn run_line(state: &AppState, endpoint: Endpoint, body: &Value) -> ApiResult<Value> {
+/// Runs one line to its response body, offering it again while the engine's (or the
+/// encoder's) queue is full and other lines are still running (they will make room).
+async fn run_line(state: &AppState, target: Target, body: &Value) -> ApiResult<Value> {
     loop {
-        match start(state, endpoint, body) {
-            Ok(started) => return respond::body(started, endpoint).await,
-            Err(e) if e.status.as_u16() == 429 && state.engine()?.pending() > 0 => {
+        let outcome = match target {
+            Target::Generate(endpoint) => match start(state, endpoint, body) {
+                Ok(started) => return respond::body(started, endpoint).await,
+                Err(e) => Err(e),
+            },
+            pooled => pooling::run(state, pooled, body).await,
+        };
+        match outcome {
+            Err(e) if e.status.as_u16() == 429 && state.pending() > 0 => {
                 tokio::time::sleep(RETRY_DELAY).await;
             }
-            Err(e) => return Err(e),
+            other => return other,
         }
     }
 }

@@ -1,14 +1,18 @@
 //! `thicket batch`: its flags, and the batch runner ([`crate::batch`]) run with them: the
-//! model loaded only when a line needs the engine, the summary printed as text (or one JSON
-//! object with `--json`) once every result is written.
+//! model loaded only when a line needs it (an encoder on its own thread for pooling lines, a
+//! generating model in the engine, serving pooling lines too under `--task`), the summary
+//! printed as text (or one JSON object with `--json`) once every result is written.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use super::load;
-use crate::args::{EngineArgs, ModelArgs};
-use crate::batch::{self, Job};
+use anyhow::bail;
+use engine::encoder::decoder_pooler;
+
+use super::{encoder_path, load, start_encoder};
+use crate::args::{spawn, task_value, EngineArgs, ModelArgs, TaskArg};
+use crate::batch::{self, Job, Workers};
 
 /// Flags of `thicket batch`.
 #[derive(Debug, Args)]
@@ -37,23 +41,25 @@ pub struct BatchArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// What a generating --model also serves to pooling lines (`/v1/embeddings`,
+    /// `/v1/rerank`, `/v1/score`): `embed` or `rerank`, as `thicket serve --task` (an encoder
+    /// --model serves them without it).
+    #[arg(long, alias = "convert", value_parser = task_value, default_value = "generate")]
+    pub task: TaskArg,
 }
 
 /// Runs `thicket batch`.
 pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     let job = Job {
-        input: args.input,
-        output: args.output,
+        input: args.input.clone(),
+        output: args.output.clone(),
         served_model_name: args
             .served_model_name
+            .clone()
             .unwrap_or_else(|| args.model.model.clone()),
         max_in_flight: args.max_in_flight.map(|n| n as usize),
     };
-    let summary = batch::run(&job, || {
-        let loaded = load(&args.model)?;
-        let config = args.engine.config(&loaded.model)?;
-        Ok((loaded, config))
-    })?;
+    let summary = batch::run(&job, || start(&args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -61,4 +67,39 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         println!("results: {}", job.output.display());
     }
     Ok(())
+}
+
+/// Loads the model and starts what the job's lines run on.
+fn start(args: &BatchArgs) -> anyhow::Result<Workers> {
+    if let Some(dir) = encoder_path(&args.model.model)? {
+        if args.task.0.is_some() {
+            bail!(
+                "--task chooses what a generating model serves, and '{}' is an encoder",
+                args.model.model
+            );
+        }
+        let (encoder, thread) = start_encoder(&dir, &args.model.model, args.model.dtype, false)?;
+        return Ok(Workers {
+            engine: None,
+            encoder: Some(encoder),
+            threads: vec![thread],
+        });
+    }
+    let loaded = load(&args.model)?;
+    let config = args.engine.config(&loaded.model)?;
+    let method = config.speculation.default.method.as_str().to_string();
+    let max_pending = config.max_pending;
+    let (engine, thread) = spawn(&loaded, config)?;
+    let encoder = match args.task.0 {
+        Some(task) => {
+            let hidden = loaded.model.config().hidden_size;
+            Some(decoder_pooler(engine.clone(), task, hidden)?)
+        }
+        None => None,
+    };
+    Ok(Workers {
+        engine: Some((engine, method, max_pending)),
+        encoder,
+        threads: vec![thread],
+    })
 }

@@ -12,7 +12,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use super::{announce, encoder_path, load, start_encoder};
-use crate::args::{spawn, EngineArgs, ModelArgs};
+use crate::args::{spawn, task_value, EngineArgs, ModelArgs, TaskArg};
 use crate::chat::check_template;
 use crate::server::openai::responses::store::{
     ResponseStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RESPONSES,
@@ -366,22 +366,7 @@ fn api_tool_call_parser(name: &str) -> Result<Choice<Arc<dyn ToolFormat>>, Strin
     }
 }
 
-/// `--task`: `generate` (no pooling) or a pooling task.
-#[derive(Debug, Clone, Copy)]
-pub struct TaskArg(pub Option<DecoderTask>);
-
-fn task_value(s: &str) -> Result<TaskArg, String> {
-    match s {
-        "generate" => Ok(TaskArg(None)),
-        other => other.parse::<DecoderTask>().map(|t| TaskArg(Some(t))),
-    }
-}
-
 /// The pooling task a generating model serves: `--task`, or `embed` under `--runner pooling`.
 fn pooling_task(args: &ServeArgs) -> Option<DecoderTask> {
-    match (args.task.0, args.runner.as_str()) {
-        (Some(task), _) => Some(task),
-        (None, "pooling") => Some(DecoderTask::Embed),
-        (None, _) => None,
-    }
+    args.task.with_runner(&args.runner)
 }

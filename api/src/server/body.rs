@@ -89,6 +89,15 @@ where
 }
 
 /// Reads `T` from a parsed JSON value; errors name the offending field.
+/// A request body of type `T` from a parsed JSON value (a batch line's body), with the errors
+/// the HTTP route gives.
+pub fn json_body<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::bad_body("the request body must be a JSON object"));
+    }
+    from_value(value)
+}
+
 fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
