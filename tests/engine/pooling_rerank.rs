@@ -3,7 +3,8 @@
 //! and empty thought around `<Instruct>: ...\n<Query>: ...\n<Document>: ...`, each part
 //! tokenized on its own, as the model card builds it), and its logit is the model's own
 //! `yes - no` at the last token, as a plain forward of the same ids gives them; truncation
-//! cuts the document's end, never the template.
+//! cuts the document's end, never the template. A request's `instruction` replaces the
+//! template's own (`/v1/rerank` and `/v1/score` take it; a bad one is a 400 naming it).
 
 use engine::encoder::decoder::DEFAULT_RERANK_INSTRUCTION;
 use engine::encoder::{decoder_pooler, DecoderTask};
@@ -12,6 +13,11 @@ use engine::{
     TokenTree, TreeBatch,
 };
 
+use axum::http::StatusCode;
+use serde_json::json;
+
+use crate::http::mock_server::{assert_error, call};
+use crate::http::pooling::encoder_app;
 use crate::support::fixtures::{one_sequence, smollm2, spawn_smollm2};
 
 const PREFIX: &str = "<|im_start|>system\nJudge whether the Document meets the requirements \
@@ -95,4 +101,58 @@ fn a_reranking_decoder_reads_the_template_and_gives_yes_minus_no() {
     assert!(pooler.tokenizer().pair(query, document, Some(10)).is_err());
     let too_long = pooler.tokenizer().pair(query, &"word ".repeat(600), None);
     assert!(too_long.unwrap_err().contains("at most 511"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_instruction_replaces_the_templates_own() {
+    let pooler = decoder_pooler(spawn_smollm2(config()), DecoderTask::Rerank, 576).unwrap();
+    let tokenizer = pooler.tokenizer().clone();
+    let instruction = "Find the sentence about the weather";
+    let (query, documents) = ("Is it sunny?", ["The sky is clear.", "He drove home."]);
+    let instructed: Vec<_> = documents
+        .iter()
+        .map(|d| {
+            tokenizer
+                .pair_instructed(query, d, None, Some(instruction))
+                .unwrap()
+        })
+        .collect();
+    let plain = tokenizer.pair(query, documents[0], None).unwrap();
+    assert_ne!(instructed[0].ids, plain.ids);
+    let body = smollm2()
+        .tokenizer
+        .encode_plain(&format!(
+            "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {}",
+            documents[0]
+        ))
+        .unwrap();
+    assert!(instructed[0].ids.windows(body.len()).any(|w| w == body));
+    let logits = pooler.encode(instructed).await.unwrap();
+    let app = encoder_app(pooler, "reranker");
+    let (status, answer) = call(
+        &app,
+        "POST",
+        "/v1/score",
+        Some(json!({"text_1": query, "text_2": documents, "instruction": instruction})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    for (d, logit) in answer["data"].as_array().unwrap().iter().zip(&logits) {
+        let want = 1.0 / (1.0 + (-logit[0]).exp());
+        let got = d["score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    }
+    for bad in [json!(""), json!(5)] {
+        let (status, err) = call(
+            &app,
+            "POST",
+            "/v1/rerank",
+            Some(json!({"query": query, "documents": documents, "instruction": bad})),
+        )
+        .await;
+        assert_eq!(
+            assert_error(status, &err, StatusCode::BAD_REQUEST),
+            "instruction"
+        );
+    }
 }

@@ -143,6 +143,18 @@ async fn a_decoder_embeds_under_its_own_name_beside_chat() {
     )
     .await;
     assert_error(status, &err, StatusCode::NOT_FOUND);
+    // An embedder reads texts alone: no instruction.
+    let (status, err) = call(
+        &server.app,
+        "POST",
+        "/v1/score",
+        Some(json!({"text_1": "<5>", "text_2": "<6>", "instruction": "judge"})),
+    )
+    .await;
+    assert_eq!(
+        assert_error(status, &err, StatusCode::BAD_REQUEST),
+        "instruction"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -126,21 +126,26 @@ impl DecoderText {
         self.assemble(tok, &self.before, body, &self.after, truncate)
     }
 
-    /// A (query, document) pair in the reranker's template; truncation cuts the pair's end.
+    /// Whether it reads pairs (a reranker's template).
+    pub(super) fn reads_pairs(&self) -> bool {
+        self.pair.is_some()
+    }
+
+    /// A (query, document) pair in the reranker's template, under `instruction` or the
+    /// template's own; truncation cuts the pair's end.
     pub(super) fn pair(
         &self,
         tok: &EncoderTokenizer,
         query: &str,
         document: &str,
         truncate: Option<usize>,
+        instruction: Option<&str>,
     ) -> std::result::Result<EncoderInput, String> {
         let Some(t) = &self.pair else {
             return Err("this model embeds texts; it does not read pairs".into());
         };
-        let body = format!(
-            "<Instruct>: {}\n<Query>: {query}\n<Document>: {document}",
-            t.instruction
-        );
+        let instruction = instruction.unwrap_or(&t.instruction);
+        let body = format!("<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}");
         let body = Self::plain(tok, &body)?;
         self.assemble(tok, &t.prefix, body, &t.suffix, truncate)
     }

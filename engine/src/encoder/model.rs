@@ -66,10 +66,31 @@ impl EncoderTokenizer {
         second: &str,
         truncate: Option<usize>,
     ) -> std::result::Result<EncoderInput, String> {
-        match &self.decoder {
-            Some(decoder) => decoder.pair(self, first, second, truncate),
-            None => self.encode(first, Some(second), truncate),
+        self.pair_instructed(first, second, truncate, None)
+    }
+
+    /// [`EncoderTokenizer::pair`] judged under `instruction` instead of the template's own,
+    /// for a model whose pair template has one ([`EncoderTokenizer::takes_instruction`]).
+    pub fn pair_instructed(
+        &self,
+        first: &str,
+        second: &str,
+        truncate: Option<usize>,
+        instruction: Option<&str>,
+    ) -> std::result::Result<EncoderInput, String> {
+        match (&self.decoder, instruction) {
+            (Some(decoder), _) => decoder.pair(self, first, second, truncate, instruction),
+            (None, None) => self.encode(first, Some(second), truncate),
+            (None, Some(_)) => {
+                Err("this model reads a pair as it is: it takes no instruction".into())
+            }
         }
+    }
+
+    /// Whether pairs are read under an instruction a request may replace (a decoder
+    /// reranker's template).
+    pub fn takes_instruction(&self) -> bool {
+        self.decoder.as_ref().is_some_and(DecoderText::reads_pairs)
     }
 
     /// Token ids as given (no special tokens added), checked against the vocabulary and,

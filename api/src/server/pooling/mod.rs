@@ -42,6 +42,30 @@ pub fn truncation(value: Option<&Value>, encoder: &EncoderHandle) -> ApiResult<O
     }
 }
 
+/// `instruction`: absent, or a non-empty string for a model that reads pairs under one (a
+/// decoder reranker's template).
+pub fn instruction<'a>(
+    value: Option<&'a Value>,
+    encoder: &EncoderHandle,
+) -> ApiResult<Option<&'a str>> {
+    const FIELD: &str = "instruction";
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => {
+            Err(ApiError::invalid(FIELD, "instruction is an empty string"))
+        }
+        Some(Value::String(_)) if !encoder.tokenizer().takes_instruction() => {
+            Err(ApiError::invalid(
+                FIELD,
+                "this model reads pairs as they are and takes no instruction (a decoder \
+                 reranker's template does)",
+            ))
+        }
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ApiError::invalid(FIELD, "instruction must be a string")),
+    }
+}
+
 /// One text input, tokenized with the model's special tokens; `field` names it in errors.
 pub fn text_input(
     encoder: &EncoderHandle,
@@ -152,7 +176,7 @@ pub async fn score_pairs(
     firsts: &[String],
     seconds: &[String],
     pairs: &[(usize, usize)],
-    truncate: Option<usize>,
+    (truncate, instruction): (Option<usize>, Option<&str>),
     (first_field, second_field): (&str, &str),
 ) -> ApiResult<(Vec<f32>, usize)> {
     match Scorer::of(encoder)? {
@@ -187,7 +211,7 @@ pub async fn score_pairs(
             for &(i, j) in pairs {
                 let input = encoder
                     .tokenizer()
-                    .pair(&firsts[i], &seconds[j], truncate)
+                    .pair_instructed(&firsts[i], &seconds[j], truncate, instruction)
                     .map_err(|e| {
                         let field = indexed(second_field, j, seconds.len());
                         ApiError::invalid(field.clone(), format!("{field}: {e}"))

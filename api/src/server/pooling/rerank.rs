@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{score_pairs, strings, truncation};
+use super::{instruction, score_pairs, strings, truncation};
 use crate::server::body::JsonBody;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::AppState;
@@ -32,6 +32,9 @@ pub struct RerankRequest {
     /// Cap on each input's tokens (`-1`: the model's limit).
     #[serde(default)]
     pub truncate_prompt_tokens: Option<Value>,
+    /// What the pairs are judged under, for a decoder reranker's template.
+    #[serde(default)]
+    pub instruction: Option<Value>,
 }
 
 /// The body of `POST /v1/score`.
@@ -47,6 +50,9 @@ pub struct ScoreRequest {
     /// Cap on each input's tokens (`-1`: the model's limit).
     #[serde(default)]
     pub truncate_prompt_tokens: Option<Value>,
+    /// What the pairs are judged under, for a decoder reranker's template.
+    #[serde(default)]
+    pub instruction: Option<Value>,
 }
 
 fn one_or_many(value: &Value, field: &str) -> ApiResult<Vec<String>> {
@@ -87,13 +93,14 @@ pub(crate) async fn rerank(
         },
     };
     let truncate = truncation(body.truncate_prompt_tokens.as_ref(), encoder)?;
+    let instruction = instruction(body.instruction.as_ref(), encoder)?;
     let pairs: Vec<(usize, usize)> = (0..documents.len()).map(|j| (0, j)).collect();
     let (scores, tokens) = score_pairs(
         encoder,
         std::slice::from_ref(query),
         &documents,
         &pairs,
-        truncate,
+        (truncate, instruction),
         ("query", "documents"),
     )
     .await?;
@@ -141,12 +148,13 @@ pub(crate) async fn score(
         }
     };
     let truncate = truncation(body.truncate_prompt_tokens.as_ref(), encoder)?;
+    let instruction = instruction(body.instruction.as_ref(), encoder)?;
     let (scores, tokens) = score_pairs(
         encoder,
         &firsts,
         &seconds,
         &pairs,
-        truncate,
+        (truncate, instruction),
         ("text_1", "text_2"),
     )
     .await?;
