@@ -10,7 +10,7 @@ use std::process::Stdio;
 
 use serde_json::{json, Value};
 
-use crate::http::pooling::WEATHER;
+use crate::http::pooling::{vectors, WEATHER};
 use crate::support::fixtures::smollm2_path;
 use crate::support::processes::thicket;
 
@@ -56,24 +56,8 @@ fn body<'a>(results: &'a HashMap<String, Value>, id: &str, status: u64) -> &'a V
     &response["body"]
 }
 
-fn vectors(body: &Value) -> Vec<Vec<f64>> {
-    body["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| {
-            d["embedding"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect()
-        })
-        .collect()
-}
-
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum()
 }
 
 #[test]

@@ -66,14 +66,27 @@ fn start_on(add_eos: bool, fused: bool) -> (tempfile::TempDir, EngineHandle) {
     )
     .unwrap();
     let tokenizer = ModelTokenizer::from_hf_dir(dir.path(), Vec::new()).unwrap();
-    let config = EngineConfig {
+    let config = engine_config(32, 256, BLOCK);
+    let (handle, _thread) =
+        engine::spawn(model, Arc::new(tokenizer), vec![2], config).expect("start the engine");
+    (dir, handle)
+}
+
+/// An engine of 128 blocks of `block_size` with prefix caching, steps of `step_tokens`
+/// tokens, sequences of `max_model_len`, drafting on a flat cost curve.
+pub(super) fn engine_config(
+    step_tokens: usize,
+    max_model_len: usize,
+    block_size: usize,
+) -> EngineConfig {
+    EngineConfig {
         scheduler: SchedulerConfig {
-            max_num_batched_tokens: 32,
+            max_num_batched_tokens: step_tokens,
             max_num_seqs: 8,
-            max_model_len: 256,
+            max_model_len,
             kv: ManagerConfig {
                 num_blocks: 128,
-                block_size: BLOCK,
+                block_size,
                 prefix_caching: true,
                 watermark: 0.0,
                 window: None,
@@ -86,10 +99,7 @@ fn start_on(add_eos: bool, fused: bool) -> (tempfile::TempDir, EngineHandle) {
         },
         kv_prefault: false,
         state_snapshots: Default::default(),
-    };
-    let (handle, _thread) =
-        engine::spawn(model, Arc::new(tokenizer), vec![2], config).expect("start the engine");
-    (dir, handle)
+    }
 }
 
 /// candle-transformers' Qwen3 on the same folder: every position's final-normed state and

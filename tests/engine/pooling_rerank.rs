@@ -8,14 +8,12 @@
 
 use engine::encoder::decoder::DEFAULT_RERANK_INSTRUCTION;
 use engine::encoder::{decoder_pooler, DecoderTask};
-use engine::{
-    CostCurve, EngineConfig, LogitRows, ManagerConfig, SchedulerConfig, SpeculationConfig,
-    TokenTree, TreeBatch,
-};
+use engine::{EngineConfig, LogitRows, TokenTree, TreeBatch};
 
 use axum::http::StatusCode;
 use serde_json::json;
 
+use super::pooling::engine_config;
 use crate::http::mock_server::{assert_error, call};
 use crate::http::pooling::encoder_app;
 use crate::support::fixtures::{one_sequence, smollm2, spawn_smollm2};
@@ -26,27 +24,7 @@ const PREFIX: &str = "<|im_start|>system\nJudge whether the Document meets the r
 const SUFFIX: &str = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
 
 fn config() -> EngineConfig {
-    EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 8,
-            max_model_len: 512,
-            kv: ManagerConfig {
-                num_blocks: 128,
-                block_size: 16,
-                prefix_caching: true,
-                watermark: 0.0,
-                window: None,
-            },
-        },
-        max_pending: 64,
-        speculation: SpeculationConfig {
-            cost: CostCurve::flat(),
-            ..SpeculationConfig::default()
-        },
-        kv_prefault: false,
-        state_snapshots: Default::default(),
-    }
+    engine_config(64, 512, 16)
 }
 
 #[test]

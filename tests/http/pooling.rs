@@ -52,11 +52,22 @@ pub(crate) fn encoder_app(handle: engine::encoder::EncoderHandle, name: &str) ->
     router(state)
 }
 
-fn vector(v: &Value) -> Vec<f32> {
+/// One JSON array of numbers as f32.
+pub(crate) fn vector(v: &Value) -> Vec<f32> {
     v.as_array()
         .unwrap_or_else(|| panic!("not a vector: {v}"))
         .iter()
         .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// The `embedding` of every item of an answer's `data`, in order.
+pub(crate) fn vectors(body: &Value) -> Vec<Vec<f32>> {
+    body["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no data: {body}"))
+        .iter()
+        .map(|d| vector(&d["embedding"]))
         .collect()
 }
 

@@ -8,9 +8,10 @@
 use axum::http::StatusCode;
 use engine::encoder::{decoder_pooler, DecoderTask};
 use engine::MockBackend;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::mock_server::{assert_error, call, server_with, Server};
+use super::pooling::vectors;
 
 fn embedding_server() -> Server {
     let server = server_with(300, 1 << 20);
@@ -22,22 +23,6 @@ fn embedding_server() -> Server {
     .unwrap();
     server.state.set_encoder(pooler);
     server
-}
-
-fn vectors(body: &Value) -> Vec<Vec<f32>> {
-    body["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| {
-            d["embedding"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect()
 }
 
 /// The mock's state after `ids`, normalized.

@@ -85,25 +85,27 @@ impl Engine {
                         forced: seq_masks.is_some_and(|m| m.forced),
                     }
                 }
-                None if self.pooling_of(s.seq).is_some() => {
-                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    match self.pooling_of(s.seq) {
-                        Some(Pooling::Logits(ids)) => SeqOutcome::Pooled(
+                None => match self.pooling_of(s.seq) {
+                    Some(Pooling::Logits(ids)) => {
+                        let row = rows.next().ok_or_else(|| missing(s.seq))?;
+                        SeqOutcome::Pooled(
                             ids.iter()
                                 .map(|&t| row.get(t as usize).copied().unwrap_or(f32::NAN))
                                 .collect(),
-                        ),
-                        _ => SeqOutcome::Pooled(row),
+                        )
                     }
-                }
-                None => {
-                    let row = rows.next().ok_or_else(|| missing(s.seq))?;
-                    let mask = masks.get(&s.seq).and_then(|m| m.rows.first());
-                    match self.sample_row(s.seq, &row, mask)? {
-                        Some(drawn) => SeqOutcome::Sampled(drawn),
-                        None => SeqOutcome::Gone,
+                    Some(Pooling::State) => {
+                        SeqOutcome::Pooled(rows.next().ok_or_else(|| missing(s.seq))?)
                     }
-                }
+                    None => {
+                        let row = rows.next().ok_or_else(|| missing(s.seq))?;
+                        let mask = masks.get(&s.seq).and_then(|m| m.rows.first());
+                        match self.sample_row(s.seq, &row, mask)? {
+                            Some(drawn) => SeqOutcome::Sampled(drawn),
+                            None => SeqOutcome::Gone,
+                        }
+                    }
+                },
             };
             outcomes.push(outcome);
         }
